@@ -1,0 +1,5 @@
+import sys
+
+from omnistage.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""GET /v1/models, /health, /v1/omni/stages: what is served and whether it can serve."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from omnistage.api.errors import error_body
+from omnistage.api.routes.chat import _json
+
+router = APIRouter()
+
+
+def _json_response(obj: object, status: int = 200) -> Response:
+    return Response(_json.encode(obj), status_code=status, media_type="application/json")
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    omni = request.app.state.omni
+    config = omni.config
+    finals = [config.stage(sid) for sid in omni.graph.final]
+    return _json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": config.pipeline,
+                    "object": "model",
+                    "created": omni.started_at,
+                    "owned_by": "omnistage",
+                    "description": config.description,
+                    "output_modalities": sorted({s.output_modality for s in finals}),
+                    "stages": [
+                        {"stage_id": s.stage_id, "name": s.name, "engine": s.engine}
+                        for s in config.stages
+                    ],
+                }
+            ],
+        }
+    )
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    missing = request.app.state.omni.stages_without_replicas()
+    if missing:
+        names = ", ".join(f"{sid} ({name})" for sid, name in missing)
+        body = error_body(f"no live replica for stage(s) {names}", "service_unavailable")
+        body["status"] = "unavailable"
+        return _json_response(body, 503)
+    return _json_response({"status": "ok"})
+
+
+@router.get("/v1/omni/stages")
+async def stages(request: Request) -> Response:
+    return _json_response(request.app.state.omni.stages_status())

@@ -1,0 +1,95 @@
+"""Request bodies of the OpenAI-compatible endpoints.
+
+Unknown fields are ignored (OpenAI clients send many); known fields are type-checked,
+and a bad one is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(_Body):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class AudioOptions(_Body):
+    voice: str = "default"
+    format: str = "wav"
+
+
+class SamplingFields(_Body):
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    n: int = Field(default=1, ge=1, le=16)
+    # omnistage extension: per-stage sampling overrides, keyed by stage id or name.
+    stage_params: dict[str, dict[str, Any]] | None = None
+
+    def sampling_params(self) -> dict[str, Any]:
+        keys = (
+            "temperature",
+            "top_p",
+            "top_k",
+            "stop",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+        )
+        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        if max_tokens is not None:
+            out["max_tokens"] = max_tokens
+        return out
+
+
+class ChatCompletionRequest(SamplingFields):
+    model: str | None = None
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOptions | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _has_content(cls, value: list[ChatMessageIn]) -> list[ChatMessageIn]:
+        if not any(m.text().strip() for m in value):
+            raise ValueError("at least one message must have text content")
+        return value
+
+
+class CompletionRequest(SamplingFields):
+    model: str | None = None
+    prompt: str = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None

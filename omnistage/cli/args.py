@@ -1,0 +1,178 @@
+"""The ``omnistage serve`` flags and their validation.
+
+Flag names follow vLLM-Omni's serve command. Validation runs before anything starts;
+a violation is one line naming the flag, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from omnistage.control.balancing import POLICIES
+
+DEFAULT_PORT = 8091
+HEARTBEAT_INTERVAL_S = 1.0
+WORKER_BACKENDS = ("multi_process", "ray")
+
+
+class UsageError(Exception):
+    """A flag value or combination that cannot work; reported with exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnistage")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command")
+    s = sub.add_parser(
+        "serve",
+        help="serve a pipeline (head), or one stage's replicas (--headless)",
+        description="Serve a multi-stage pipeline behind an OpenAI-compatible API.",
+    )
+    s.add_argument(
+        "model_or_config",
+        nargs="?",
+        default=None,
+        metavar="MODEL_OR_CONFIG",
+        help="a built-in pipeline name or a deploy config YAML (default: the built-in default)",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8091)")
+    s.add_argument("--deploy-config", default=None, metavar="PATH", help="deploy config YAML")
+    s.add_argument(
+        "--stage-overrides",
+        default=None,
+        metavar="JSON",
+        help='per-stage field overrides, e.g. \'{"1": {"replicas": 2}}\'',
+    )
+    s.add_argument(
+        "--stage-id",
+        type=int,
+        default=None,
+        help="launch only this stage locally (head) or serve it (--headless)",
+    )
+    s.add_argument(
+        "--headless",
+        action="store_true",
+        help="run replicas of --stage-id that join a head at -oma/-omp",
+    )
+    s.add_argument(
+        "-oma",
+        "--omni-master-address",
+        default=None,
+        help="master (registration) address; head default 127.0.0.1",
+    )
+    s.add_argument(
+        "-omp",
+        "--omni-master-port",
+        type=int,
+        default=None,
+        help="master port; head default: a free port, logged at start",
+    )
+    s.add_argument(
+        "-ora",
+        "--omni-replica-address",
+        default=None,
+        help="this host's address as seen by the head (headless; auto-detected)",
+    )
+    s.add_argument(
+        "--omni-dp-size-local",
+        type=int,
+        default=1,
+        help="replicas of --stage-id to run in this process tree (default 1)",
+    )
+    s.add_argument(
+        "--omni-lb-policy",
+        default="random",
+        help=f"replica balancing: {', '.join(POLICIES)} (default random)",
+    )
+    s.add_argument(
+        "--omni-heartbeat-timeout",
+        type=float,
+        default=5.0,
+        help="seconds of silence before a replica is marked ERROR (default 5)",
+    )
+    s.add_argument(
+        "--omni-stage-wait-timeout",
+        type=float,
+        default=3.0,
+        help="seconds a request waits for a live replica before 503 (default 3)",
+    )
+    s.add_argument(
+        "--stage-init-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a replica may take to register and load (default 300)",
+    )
+    s.add_argument(
+        "--init-timeout",
+        type=float,
+        default=600.0,
+        help="seconds the head waits for every stage to have a replica (default 600)",
+    )
+    s.add_argument(
+        "--worker-backend",
+        default="multi_process",
+        help="how local replicas run: multi_process (default) or ray",
+    )
+    s.add_argument("--ray-address", default=None, help="Ray cluster address (ray backend)")
+    s.add_argument("--api-key", default=None, help="require this bearer key on /v1/*")
+    s.add_argument("--log-stats", action="store_true", help="log request statistics")
+    s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    return parser
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Raise UsageError naming the flag for any invalid value or combination."""
+    has_master = args.omni_master_address is not None and args.omni_master_port is not None
+    if args.headless:
+        if args.stage_id is None:
+            raise UsageError("--headless requires --stage-id")
+        if not has_master:
+            raise UsageError(
+                "--headless requires both --omni-master-address (-oma) and "
+                "--omni-master-port (-omp)"
+            )
+    if args.stage_id is not None:
+        if args.stage_id < 0:
+            raise UsageError(f"--stage-id must be >= 0, got {args.stage_id}")
+        if not has_master:
+            raise UsageError(
+                "--stage-id requires both --omni-master-address (-oma) and "
+                "--omni-master-port (-omp)"
+            )
+    if args.omni_replica_address is not None and not args.headless:
+        raise UsageError("--omni-replica-address requires --headless")
+    if args.omni_dp_size_local < 1:
+        raise UsageError(f"--omni-dp-size-local must be >= 1, got {args.omni_dp_size_local}")
+    if args.omni_dp_size_local != 1 and args.stage_id is None:
+        raise UsageError("--omni-dp-size-local != 1 requires --stage-id")
+    if args.omni_lb_policy not in POLICIES:
+        raise UsageError(
+            f"--omni-lb-policy={args.omni_lb_policy!r} is not one of: {', '.join(POLICIES)}"
+        )
+    if args.omni_heartbeat_timeout <= 0:
+        raise UsageError(
+            f"--omni-heartbeat-timeout must be > 0, got {args.omni_heartbeat_timeout:g}"
+        )
+    if args.omni_heartbeat_timeout < 2 * HEARTBEAT_INTERVAL_S:
+        raise UsageError(
+            f"--omni-heartbeat-timeout must be at least twice the heartbeat interval "
+            f"({2 * HEARTBEAT_INTERVAL_S:g}s), got {args.omni_heartbeat_timeout:g}"
+        )
+    for flag in ("stage_init_timeout", "init_timeout", "omni_stage_wait_timeout"):
+        if getattr(args, flag) <= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag):g}")
+    for flag in ("port", "omni_master_port"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value <= 65535:
+            raise UsageError(f"--{flag.replace('_', '-')} must be in 0..65535, got {value}")
+    if args.worker_backend not in WORKER_BACKENDS:
+        raise UsageError(
+            f"--worker-backend={args.worker_backend!r} is not one of: {', '.join(WORKER_BACKENDS)}"
+        )
+    if args.worker_backend == "ray":
+        raise UsageError("--worker-backend ray is not available yet; use multi_process")
+    if args.ray_address is not None:
+        raise UsageError("--ray-address requires --worker-backend ray")
+    if args.model_or_config and args.deploy_config:
+        raise UsageError("give either MODEL_OR_CONFIG or --deploy-config, not both")

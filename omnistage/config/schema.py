@@ -1,0 +1,133 @@
+"""The deploy config: one typed schema, validated at load time and frozen after."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from omnistage.config.engine_args import ENGINE_ARGS
+
+Modality = Literal["text", "audio", "image"]
+ENGINES = ("echo", "llm", "tts", "diffusion")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StageConfig(_Frozen):
+    stage_id: int = Field(ge=0)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    engine: str
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    # Replicas the head launches locally for this stage when it runs every stage.
+    replicas: int = Field(default=1, ge=0)
+    devices: str = "cpu"
+    inputs: tuple[int, ...] = ()
+    final_output: bool = False
+    output_modality: Modality = "text"
+    default_sampling_params: dict[str, Any] = Field(default_factory=dict)
+    # Requests one replica works on at once; the head balances within this budget.
+    max_inflight_per_replica: int = Field(default=256, ge=1)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        if value not in ENGINES:
+            raise ValueError(f"unknown engine {value!r}; expected one of {', '.join(ENGINES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_engine_args(self) -> StageConfig:
+        schema = ENGINE_ARGS.get(self.engine)
+        if schema is not None:
+            try:
+                schema.model_validate(self.engine_args)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                field = ".".join(str(p) for p in err["loc"])
+                raise _located(f"engine_args.{field}", err["msg"]) from None
+        return self
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_inputs(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("inputs must not repeat a stage id")
+        return value
+
+
+class DeployConfig(_Frozen):
+    pipeline: str = Field(min_length=1)
+    description: str = ""
+    stages: tuple[StageConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> DeployConfig:
+        ids = [s.stage_id for s in self.stages]
+        seen: set[int] = set()
+        for index, sid in enumerate(ids):
+            if sid in seen:
+                raise _located(f"stages.{index}.stage_id", f"duplicate stage_id {sid}")
+            seen.add(sid)
+        for index, stage in enumerate(self.stages):
+            for pos, upstream in enumerate(stage.inputs):
+                if upstream not in seen:
+                    raise _located(
+                        f"stages.{index}.inputs.{pos}", f"unknown upstream stage {upstream}"
+                    )
+                if upstream == stage.stage_id:
+                    raise _located(f"stages.{index}.inputs.{pos}", "a stage cannot feed itself")
+        _check_acyclic(self.stages)
+        if not any(s.final_output for s in self.stages):
+            raise _located("stages", "no stage has final_output: true")
+        return self
+
+    def stage(self, stage_id: int) -> StageConfig:
+        for stage in self.stages:
+            if stage.stage_id == stage_id:
+                return stage
+        raise KeyError(stage_id)
+
+    @property
+    def stage_ids(self) -> list[int]:
+        return [s.stage_id for s in self.stages]
+
+
+class _LocatedError(ValueError):
+    """A model-level check that knows which field is at fault."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
+
+
+def _located(path: str, message: str) -> _LocatedError:
+    return _LocatedError(path, message)
+
+
+def _check_acyclic(stages: tuple[StageConfig, ...]) -> None:
+    inputs = {s.stage_id: s.inputs for s in stages}
+    state: dict[int, int] = {}  # 1 = on the DFS stack, 2 = done
+
+    def visit(sid: int, trail: list[int]) -> None:
+        if state.get(sid) == 2:
+            return
+        if state.get(sid) == 1:
+            cycle = " -> ".join(str(s) for s in [*trail[trail.index(sid) :], sid])
+            raise _located("stages", f"stage graph has a cycle: {cycle}")
+        state[sid] = 1
+        for upstream in inputs[sid]:
+            visit(upstream, [*trail, sid])
+        state[sid] = 2
+
+    for sid in inputs:
+        visit(sid, [])

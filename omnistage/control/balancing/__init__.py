@@ -1,0 +1,28 @@
+"""Load-balancing policies, one small class per file, chosen by --omni-lb-policy."""
+
+from __future__ import annotations
+
+import random
+
+from omnistage.control.balancing.base import BalancingPolicy, ReplicaLoad
+from omnistage.control.balancing.least_queue import LeastQueueLengthPolicy
+from omnistage.control.balancing.power_of_two import PowerOfTwoPolicy
+from omnistage.control.balancing.random_policy import RandomPolicy
+from omnistage.control.balancing.round_robin import RoundRobinPolicy
+
+POLICIES: dict[str, type] = {
+    p.name: p for p in (RandomPolicy, RoundRobinPolicy, LeastQueueLengthPolicy, PowerOfTwoPolicy)
+}
+
+
+def make_policy(name: str, rng: random.Random | None = None) -> BalancingPolicy:
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy {name!r}; expected one of {', '.join(POLICIES)}"
+        ) from None
+    return cls() if cls is RoundRobinPolicy else cls(rng)
+
+
+__all__ = ["POLICIES", "BalancingPolicy", "ReplicaLoad", "make_policy"]

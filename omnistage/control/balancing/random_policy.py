@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from omnistage.control.balancing.base import ReplicaLoad
+
+
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+
+    def choose(self, candidates: Sequence[ReplicaLoad]) -> int:
+        return self._rng.randrange(len(candidates))

@@ -1,0 +1,108 @@
+"""The coordinator: heartbeats in, replica state transitions out.
+
+Owns the replica table behind a lock shared with the master. Transitions are reported
+to one listener (the head's stage pools), always outside the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from omnistage.control.replica_table import (
+    ReplicaEntry,
+    ReplicaKey,
+    ReplicaState,
+    ReplicaTable,
+    Transition,
+)
+from omnistage.protocol import codec
+from omnistage.protocol.errors import ProtocolError
+from omnistage.protocol.messages import Heartbeat
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        table: ReplicaTable,
+        lock: threading.Lock,
+        on_transition: Callable[[Transition], None],
+    ) -> None:
+        self._table = table
+        self._lock = lock
+        self._on_transition = on_transition
+
+    # -- socket side (control thread) ------------------------------------------------
+
+    def handle(self, frames: list[bytes]) -> list[bytes] | None:
+        """One ROUTER message: ``[identity, tag, body]`` carrying a Heartbeat."""
+        try:
+            msg = codec.decode_frames(frames[1:])
+            if not isinstance(msg, Heartbeat):
+                raise ProtocolError(f"coordinator expects Heartbeat, got {type(msg).__name__}")
+        except ProtocolError as exc:
+            log.warning("coordinator dropped a message: %s", exc)
+            return None
+        with self._lock:
+            t = self._table.heartbeat(
+                (msg.stage_id, msg.replica_id),
+                msg.epoch,
+                msg.status,
+                msg.queue_length,
+                msg.in_flight,
+                msg.progress,
+                msg.seq,
+            )
+        self._emit([t] if t else [])
+        return None
+
+    def tick(self) -> None:
+        with self._lock:
+            transitions = self._table.expire()
+        self._emit(transitions)
+
+    # -- head side -------------------------------------------------------------------
+
+    def register(
+        self, key: ReplicaKey, epoch: int, address: str, local: bool, start_timeout_s: float
+    ) -> None:
+        with self._lock:
+            transitions = self._table.register(key, epoch, address, local, start_timeout_s)
+        self._emit(transitions)
+
+    def ready(self, key: ReplicaKey, epoch: int, capacity: int, pid: int) -> bool:
+        with self._lock:
+            t = self._table.ready(key, epoch, capacity, pid)
+        self._emit([t] if t else [])
+        return t is not None
+
+    def mark(self, key: ReplicaKey, epoch: int | None, state: ReplicaState, reason: str) -> None:
+        with self._lock:
+            t = self._table.mark(key, epoch, state, reason)
+        self._emit([t] if t else [])
+
+    def snapshot(self) -> list[ReplicaEntry]:
+        with self._lock:
+            return self._table.snapshot()
+
+    def _emit(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            e = t.entry
+            level = logging.WARNING if t.new == ReplicaState.ERROR else logging.INFO
+            log.log(
+                level,
+                "stage %d replica %d (epoch %d): %s -> %s%s",
+                e.stage_id,
+                e.replica_id,
+                e.epoch,
+                t.old or "-",
+                t.new,
+                f" ({t.reason})" if t.reason else "",
+            )
+            try:
+                self._on_transition(t)
+            except Exception:
+                log.exception("transition listener failed")

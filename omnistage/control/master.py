@@ -1,0 +1,106 @@
+"""The master: answers registrations on the ROUTER at -oma:-omp.
+
+Handles one message at a time on the control thread, which makes slot allocation
+race-free under concurrent registrations. Bad input gets an ``{"error": ...}`` reply and
+a log line; nothing a peer sends can stop the master.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from omnistage.control.slots import Slot, SlotTable
+from omnistage.net import tcp_url
+from omnistage.protocol import codec
+from omnistage.protocol.errors import ProtocolError, RegistrationError
+from omnistage.protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorReply,
+    RegisterReply,
+    RegisterRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HeadAddresses:
+    """Where replicas connect on the head (connect-side URLs)."""
+
+    handshake: str
+    input: str
+    output: str
+    coordinator: str
+
+
+OnRegister = Callable[[Slot, RegisterRequest], None]
+
+
+class Master:
+    def __init__(
+        self,
+        slots: SlotTable,
+        addresses: HeadAddresses,
+        on_register: OnRegister,
+        lock: threading.Lock,
+    ) -> None:
+        self._slots = slots
+        self._addresses = addresses
+        self._on_register = on_register
+        self._lock = lock
+
+    def handle(self, frames: list[bytes]) -> list[bytes] | None:
+        """Answer one ROUTER message; returns the reply frames."""
+        if len(frames) < 2:
+            log.warning("registration with %d frame(s) dropped", len(frames))
+            return None
+        identity, body = frames[0], frames[-1]
+        # A REQ client puts an empty delimiter first; echo it back so REQ works too.
+        envelope = [identity, b""] if len(frames) >= 3 and frames[1] == b"" else [identity]
+        try:
+            reply = self._register(body)
+        except (ProtocolError, RegistrationError) as exc:
+            log.warning("registration refused: %s", exc)
+            return [*envelope, codec.encode_register_reply(ErrorReply(error=str(exc)))]
+        return [*envelope, codec.encode_register_reply(reply)]
+
+    def _register(self, body: bytes) -> RegisterReply:
+        req = codec.decode_register_request(body)
+        version = req.protocol_version if req.protocol_version is not None else 1
+        if version != PROTOCOL_VERSION:
+            raise RegistrationError(
+                f"protocol_version {version} is not supported; this head speaks "
+                f"{PROTOCOL_VERSION} (upgrade the replica or the head so they match)"
+            )
+        with self._lock:
+            slot = self._slots.register(req)
+        self._on_register(slot, req)
+        log.info(
+            "stage %d replica %d registered (epoch %d, from %s)",
+            slot.stage_id,
+            slot.replica_id,
+            slot.epoch,
+            req.replica_bind_address or "?",
+        )
+        return self._reply(slot)
+
+    def _reply(self, slot: Slot) -> RegisterReply:
+        a = self._addresses
+        handshake, inp, out = a.handshake, a.input, a.output
+        if slot.binds_sockets and slot.replica_ports and slot.bind_address:
+            hs_port, in_port, out_port = slot.replica_ports
+            handshake = tcp_url(slot.bind_address, hs_port)
+            inp = tcp_url(slot.bind_address, in_port)
+            out = tcp_url(slot.bind_address, out_port)
+        return RegisterReply(
+            handshake_address=handshake,
+            input_address=inp,
+            output_address=out,
+            replica_id=slot.replica_id,
+            coordinator_router_address=a.coordinator,
+            stage_id=slot.stage_id,
+            epoch=slot.epoch,
+        )

@@ -1,0 +1,202 @@
+"""The replica table: who serves each stage and in what state. Pure state.
+
+No sockets, no threads, no wall clock: time comes from the injected ``clock`` so expiry
+is unit-testable without sleeping. The coordinator wraps it with a lock.
+
+States: STARTING (registered, engine loading) -> UP (READY received, taking traffic)
+-> ERROR (silent past the heartbeat timeout, failed, or process exited) or DOWN
+(said goodbye). An ERROR replica that heartbeats again returns to UP: a network blip
+or a long GC pause must not retire a healthy replica for good.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ReplicaKey = tuple[int, int]  # (stage_id, replica_id)
+
+
+class ReplicaState(enum.StrEnum):
+    STARTING = "STARTING"
+    UP = "UP"
+    DOWN = "DOWN"
+    ERROR = "ERROR"
+
+
+@dataclass
+class ReplicaEntry:
+    stage_id: int
+    replica_id: int
+    epoch: int
+    state: ReplicaState
+    address: str
+    local: bool
+    registered_at: float
+    last_seen: float
+    start_deadline: float
+    capacity: int = 0
+    queue_length: int = 0
+    in_flight: int = 0
+    progress: int = 0
+    heartbeat_seq: int = -1
+    reason: str = ""
+    pid: int = 0
+
+    @property
+    def key(self) -> ReplicaKey:
+        return (self.stage_id, self.replica_id)
+
+    @property
+    def identity(self) -> bytes:
+        """Routing id of this incarnation on the head's input socket."""
+        return routing_id(self.stage_id, self.replica_id, self.epoch)
+
+
+def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
+    return f"{stage_id}.{replica_id}.{epoch}".encode()
+
+
+@dataclass(frozen=True)
+class Transition:
+    entry: ReplicaEntry  # a snapshot taken after the change
+    old: ReplicaState | None
+    new: ReplicaState
+    reason: str
+
+
+class ReplicaTable:
+    def __init__(self, clock: Callable[[], float], heartbeat_timeout_s: float) -> None:
+        if heartbeat_timeout_s <= 0:
+            raise ValueError("heartbeat_timeout_s must be > 0")
+        self._clock = clock
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._entries: dict[ReplicaKey, ReplicaEntry] = {}
+
+    def get(self, key: ReplicaKey) -> ReplicaEntry | None:
+        return self._entries.get(key)
+
+    def snapshot(self) -> list[ReplicaEntry]:
+        return [dataclasses.replace(self._entries[k]) for k in sorted(self._entries)]
+
+    def register(
+        self,
+        key: ReplicaKey,
+        epoch: int,
+        address: str,
+        local: bool,
+        start_timeout_s: float,
+    ) -> list[Transition]:
+        """A replica registered; a previous incarnation of the slot is retired."""
+        now = self._clock()
+        out: list[Transition] = []
+        old = self._entries.get(key)
+        if (
+            old is not None
+            and old.epoch != epoch
+            and old.state
+            in (
+                ReplicaState.UP,
+                ReplicaState.STARTING,
+            )
+        ):
+            out.append(self._set(old, ReplicaState.DOWN, "replaced by a new registration"))
+        entry = ReplicaEntry(
+            stage_id=key[0],
+            replica_id=key[1],
+            epoch=epoch,
+            state=ReplicaState.STARTING,
+            address=address,
+            local=local,
+            registered_at=now,
+            last_seen=now,
+            start_deadline=now + start_timeout_s,
+        )
+        self._entries[key] = entry
+        out.append(Transition(dataclasses.replace(entry), None, ReplicaState.STARTING, ""))
+        return out
+
+    def ready(self, key: ReplicaKey, epoch: int, capacity: int, pid: int) -> Transition | None:
+        entry = self._current(key, epoch)
+        if entry is None or entry.state != ReplicaState.STARTING:
+            return None
+        entry.capacity = capacity
+        entry.pid = pid
+        entry.last_seen = self._clock()
+        return self._set(entry, ReplicaState.UP, "ready")
+
+    def heartbeat(
+        self,
+        key: ReplicaKey,
+        epoch: int,
+        status: str,
+        queue_length: int,
+        in_flight: int,
+        progress: int,
+        seq: int,
+    ) -> Transition | None:
+        """Record a heartbeat; stale epochs and out-of-order sequence numbers are ignored."""
+        entry = self._current(key, epoch)
+        if entry is None or seq <= entry.heartbeat_seq:
+            return None
+        entry.heartbeat_seq = seq
+        entry.last_seen = self._clock()
+        entry.queue_length = queue_length
+        entry.in_flight = in_flight
+        entry.progress = progress
+        if status == ReplicaState.DOWN:
+            if entry.state != ReplicaState.DOWN:
+                return self._set(entry, ReplicaState.DOWN, "replica shut down")
+            return None
+        if entry.state == ReplicaState.ERROR and entry.reason == TIMEOUT_REASON:
+            # Only silence is forgiven; a replica that failed for another reason
+            # (process exit, engine error) does not come back by heartbeating.
+            return self._set(entry, ReplicaState.UP, "heartbeats resumed")
+        return None
+
+    def mark(
+        self, key: ReplicaKey, epoch: int | None, state: ReplicaState, reason: str
+    ) -> Transition | None:
+        """Force a state (process exit, unreachable socket). ``epoch=None`` means any."""
+        entry = self._entries.get(key)
+        if entry is None or (epoch is not None and entry.epoch != epoch):
+            return None
+        if entry.state == state or entry.state == ReplicaState.DOWN:
+            return None
+        return self._set(entry, state, reason)
+
+    def expire(self) -> list[Transition]:
+        """Mark silent UP replicas, and STARTING ones past their deadline, as ERROR."""
+        now = self._clock()
+        out: list[Transition] = []
+        for entry in self._entries.values():
+            if entry.state == ReplicaState.UP:
+                if now - entry.last_seen > self.heartbeat_timeout_s:
+                    out.append(self._set(entry, ReplicaState.ERROR, TIMEOUT_REASON))
+            elif entry.state == ReplicaState.STARTING and now > entry.start_deadline:
+                out.append(
+                    self._set(entry, ReplicaState.ERROR, "no READY within --stage-init-timeout")
+                )
+        return out
+
+    def remove(self, key: ReplicaKey, epoch: int) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.epoch == epoch:
+            del self._entries[key]
+
+    def _current(self, key: ReplicaKey, epoch: int) -> ReplicaEntry | None:
+        entry = self._entries.get(key)
+        if entry is None or entry.epoch != epoch:
+            return None
+        return entry
+
+    def _set(self, entry: ReplicaEntry, state: ReplicaState, reason: str) -> Transition:
+        old = entry.state
+        entry.state = state
+        entry.reason = reason
+        return Transition(dataclasses.replace(entry), old, state, reason)
+
+
+TIMEOUT_REASON = "no heartbeat within --omni-heartbeat-timeout"

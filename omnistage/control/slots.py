@@ -1,0 +1,112 @@
+"""Per-(stage, replica) registration slots: pure state, no sockets, no threads.
+
+Rules (the seed's, kept exactly):
+- allocation is idempotent: the same (stage, replica) always maps to the same slot;
+- auto-assign fills the lowest pre-allocated, unfilled slot that is not reserved for
+  the head's own local replicas, and only then a new id past every existing one;
+- a head-local slot is never handed to an auto-assigned registration, even before the
+  head's own replica has registered.
+Each registration bumps a global epoch: the (stage, replica, epoch) triple names one
+incarnation of a replica, so messages from a stale incarnation can be fenced off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnistage.protocol.errors import RegistrationError
+from omnistage.protocol.messages import RegisterRequest
+
+
+@dataclass
+class Slot:
+    stage_id: int
+    replica_id: int
+    head_local: bool = False
+    filled: bool = False
+    epoch: int = 0
+    # What the replica told us at registration (seed keys), kept for display and checks.
+    stage_config: Any = None
+    bind_address: str | None = None
+    binds_sockets: bool = False
+    replica_ports: tuple[int, int, int] | None = None
+    coordinator_addresses: dict[str, str | None] = field(default_factory=dict)
+
+
+class SlotTable:
+    def __init__(
+        self,
+        stage_ids: list[int],
+        preallocated: dict[int, int] | None = None,
+        head_local: dict[int, list[int]] | None = None,
+    ) -> None:
+        self._stage_ids = set(stage_ids)
+        self._slots: dict[tuple[int, int], Slot] = {}
+        self._epoch = 0
+        local = {(sid, rid) for sid, rids in (head_local or {}).items() for rid in rids}
+        for sid, count in (preallocated or {}).items():
+            if count < 0:
+                raise ValueError(f"preallocated[{sid}] must be >= 0, got {count}")
+            for rid in range(count):
+                self._slots[(sid, rid)] = Slot(sid, rid, head_local=(sid, rid) in local)
+        for sid, rid in local:
+            self._slots.setdefault((sid, rid), Slot(sid, rid, head_local=True))
+
+    @property
+    def stage_ids(self) -> set[int]:
+        return set(self._stage_ids)
+
+    def get(self, stage_id: int, replica_id: int) -> Slot | None:
+        return self._slots.get((stage_id, replica_id))
+
+    def slots(self) -> list[Slot]:
+        return [self._slots[k] for k in sorted(self._slots)]
+
+    def register(self, req: RegisterRequest) -> Slot:
+        """Fill (or refill) a slot for ``req`` and return it with a fresh epoch."""
+        if req.stage_id not in self._stage_ids:
+            known = ", ".join(str(s) for s in sorted(self._stage_ids))
+            raise RegistrationError(f"unknown stage_id {req.stage_id} (this head serves {known})")
+        if req.replica_id < 0:
+            rid = self._next_free_replica_id(req.stage_id)
+        else:
+            rid = req.replica_id
+        slot = self._slots.setdefault((req.stage_id, rid), Slot(req.stage_id, rid))
+        binds = bool(req.replica_binds_sockets) and bool(req.replica_bind_address)
+        ports = (req.replica_handshake_port, req.replica_input_port, req.replica_output_port)
+        if binds and any(p is None or not 0 < p < 65536 for p in ports):
+            raise RegistrationError(
+                "replica_binds_sockets needs replica_handshake_port, replica_input_port "
+                "and replica_output_port in 1..65535"
+            )
+        self._epoch += 1
+        slot.filled = True
+        slot.epoch = self._epoch
+        slot.stage_config = req.stage_config
+        slot.bind_address = req.replica_bind_address
+        slot.binds_sockets = binds
+        slot.replica_ports = ports if binds else None  # type: ignore[assignment]
+        slot.coordinator_addresses = {
+            "coordinator_input": req.coordinator_input,
+            "coordinator_output": req.coordinator_output,
+            "frontend_stats_publish_address": req.frontend_stats_publish_address,
+        }
+        return slot
+
+    def is_current(self, stage_id: int, replica_id: int, epoch: int) -> bool:
+        slot = self._slots.get((stage_id, replica_id))
+        return slot is not None and slot.filled and slot.epoch == epoch
+
+    def _next_free_replica_id(self, stage_id: int) -> int:
+        used: set[int] = set()
+        for (sid, rid), slot in sorted(self._slots.items()):
+            if sid != stage_id:
+                continue
+            used.add(rid)
+            if not slot.filled and not slot.head_local:
+                return rid
+        rid = 0
+        while rid in used:
+            rid += 1
+        return rid

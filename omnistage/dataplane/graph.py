@@ -1,0 +1,33 @@
+"""The stage DAG of a deploy config, with the queries the orchestrator needs."""
+
+from __future__ import annotations
+
+from omnistage.config.schema import DeployConfig, StageConfig
+
+
+class StageGraph:
+    def __init__(self, config: DeployConfig) -> None:
+        self.config = config
+        self.stages: dict[int, StageConfig] = {s.stage_id: s for s in config.stages}
+        self.downstream: dict[int, list[int]] = {sid: [] for sid in self.stages}
+        for stage in config.stages:
+            for upstream in stage.inputs:
+                self.downstream[upstream].append(stage.stage_id)
+        self.final = [s.stage_id for s in config.stages if s.final_output]
+
+    def upstream(self, stage_id: int) -> tuple[int, ...]:
+        return self.stages[stage_id].inputs
+
+    def finals_with(self, modalities: set[str]) -> list[int]:
+        return [sid for sid in self.final if self.stages[sid].output_modality in modalities]
+
+    def required_for(self, finals: list[int]) -> set[int]:
+        """The final stages asked for and every stage they depend on."""
+        needed: set[int] = set()
+        todo = list(finals)
+        while todo:
+            sid = todo.pop()
+            if sid not in needed:
+                needed.add(sid)
+                todo.extend(self.stages[sid].inputs)
+        return needed

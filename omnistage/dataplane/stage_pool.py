@@ -1,0 +1,113 @@
+"""One pool per stage: its live replicas, their load, and the balancing policy.
+
+Lives on the head's event loop (no locks). The coordinator's transitions arrive here;
+``acquire`` waits, boundedly, for a replica when none is live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from omnistage.control.balancing import BalancingPolicy
+from omnistage.control.replica_table import ReplicaEntry, ReplicaState, Transition
+from omnistage.protocol.errors import StageUnavailableError
+
+
+@dataclass
+class ReplicaHandle:
+    stage_id: int
+    replica_id: int
+    epoch: int
+    identity: bytes
+    capacity: int
+    up: bool = True
+    in_flight: int = 0  # the head's live count: sent and not yet finished
+    queue_length: int = 0  # from the last heartbeat
+    requests: set[str] = field(default_factory=set)
+    dispatched_total: int = 0
+
+
+class StagePool:
+    def __init__(self, stage_id: int, name: str, policy: BalancingPolicy) -> None:
+        self.stage_id = stage_id
+        self.name = name
+        self.policy = policy
+        self.replicas: dict[int, ReplicaHandle] = {}
+        self._changed = asyncio.Event()
+
+    def live(self) -> list[ReplicaHandle]:
+        return [r for r in self.replicas.values() if r.up]
+
+    def apply(self, t: Transition) -> set[str]:
+        """Apply a state transition; returns request ids lost with a failed replica."""
+        e = t.entry
+        handle = self.replicas.get(e.replica_id)
+        if handle is not None and handle.epoch != e.epoch:
+            if t.new != ReplicaState.UP:
+                return set()  # news about an older incarnation
+            handle = None  # a new incarnation replaces the old one
+        if t.new == ReplicaState.UP:
+            if handle is None:
+                handle = _handle_from(e)
+                self.replicas[e.replica_id] = handle
+            handle.up = True
+            self._wake()
+            return set()
+        if handle is None:
+            return set()
+        handle.up = False
+        lost = set(handle.requests)
+        if t.new in (ReplicaState.DOWN, ReplicaState.ERROR):
+            handle.requests.clear()
+            handle.in_flight = 0
+        if t.new == ReplicaState.DOWN:
+            del self.replicas[e.replica_id]
+        self._wake()
+        return lost
+
+    def observe(self, entry: ReplicaEntry) -> None:
+        """Refresh heartbeat-reported load (display and tie-breaking only)."""
+        handle = self.replicas.get(entry.replica_id)
+        if handle is not None and handle.epoch == entry.epoch:
+            handle.queue_length = entry.queue_length
+
+    async def acquire(self, request_id: str, wait_s: float) -> ReplicaHandle:
+        """Pick a live replica with spare capacity, waiting up to ``wait_s`` for one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            candidates = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
+            if candidates:
+                handle = candidates[self.policy.choose(candidates)]
+                handle.in_flight += 1
+                handle.dispatched_total += 1
+                handle.requests.add(request_id)
+                return handle
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StageUnavailableError(self.stage_id, self.name, wait_s)
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                pass
+
+    def release(self, handle: ReplicaHandle, request_id: str) -> None:
+        if request_id in handle.requests:
+            handle.requests.discard(request_id)
+            handle.in_flight -= 1
+            self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+
+def _handle_from(e: ReplicaEntry) -> ReplicaHandle:
+    return ReplicaHandle(
+        stage_id=e.stage_id,
+        replica_id=e.replica_id,
+        epoch=e.epoch,
+        identity=e.identity,
+        capacity=max(1, e.capacity),
+    )

@@ -1,0 +1,18 @@
+"""Engines by name. Heavy engines import their libraries only when built."""
+
+from __future__ import annotations
+
+from omnistage.config.schema import StageConfig
+from omnistage.engines.base import Engine
+from omnistage.protocol.errors import EngineError
+
+
+def build_engine(stage: StageConfig) -> Engine:
+    if stage.engine == "echo":
+        from omnistage.engines.echo import EchoEngine
+
+        return EchoEngine(stage)
+    raise EngineError(
+        f"engine {stage.engine!r} (stage {stage.stage_id} {stage.name!r}) is not available "
+        "in this build"
+    )

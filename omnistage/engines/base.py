@@ -1,0 +1,89 @@
+"""The engine interface: what a replica runs for its stage.
+
+start -> generate (one async iterator per request) -> shutdown. Abort is cancellation:
+the runtime cancels the task iterating ``generate``, and an engine must free the
+request's resources when that happens (``finally`` blocks, cancelled futures).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnistage.config.schema import StageConfig
+from omnistage.protocol.messages import Prompt
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """One chunk of an upstream stage's output."""
+
+    source_stage: int
+    modality: str
+    text: str = ""
+    data: bytes = b""
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt: Prompt | None
+    params: dict[str, Any]
+    # Upstream chunks as they arrive; ends when every upstream stage has finished.
+    inputs: AsyncIterator[StageInput]
+
+
+@dataclass
+class EngineChunk:
+    modality: str
+    text: str = ""
+    data: bytes = b""
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = field(default=None)
+
+
+class Engine(abc.ABC):
+    def __init__(self, stage: StageConfig) -> None:
+        self.stage = stage
+        # Bumped on every unit of work done (decode step, chunk); heartbeats report it
+        # so the head can tell a stalled engine from a merely busy one.
+        self.progress = 0
+
+    @property
+    def name(self) -> str:
+        return self.stage.engine
+
+    @property
+    def capacity(self) -> int:
+        """How many requests this engine works on at once."""
+        return self.stage.max_inflight_per_replica
+
+    @property
+    def queue_length(self) -> int:
+        """Requests accepted but not yet being worked on."""
+        return 0
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Load weights; may take long (bounded by --stage-init-timeout)."""
+
+    @abc.abstractmethod
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Stream the output for one request; the last chunk has ``finished=True``."""
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
+
+
+def prompt_text(prompt: Prompt | None) -> str:
+    """The text a text-in engine should read from a client prompt."""
+    if prompt is None:
+        return ""
+    if prompt.text is not None:
+        return prompt.text
+    for message in reversed(prompt.messages or []):
+        if message.role == "user":
+            return message.content
+    return ""

@@ -1,0 +1,368 @@
+"""The head process: API, orchestrator, stage pools, master, coordinator, launcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+import zmq
+import zmq.asyncio
+
+from omnistage.api.app import create_app
+from omnistage.config.schema import DeployConfig
+from omnistage.control.balancing import make_policy
+from omnistage.control.coordinator import Coordinator
+from omnistage.control.handshake import HandshakeServer
+from omnistage.control.master import HeadAddresses, Master
+from omnistage.control.plane import ControlPlane, bind_router
+from omnistage.control.replica_table import ReplicaState, ReplicaTable, Transition, routing_id
+from omnistage.control.slots import Slot, SlotTable
+from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.orchestrator import Orchestrator
+from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.net import tcp_url
+from omnistage.protocol.messages import HandshakeInit, Ready, RegisterRequest, Shutdown
+from omnistage.replica.launch import LocalLauncher, LocalReplicaProcess, ReplicaSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeadOptions:
+    config: DeployConfig
+    host: str = "127.0.0.1"
+    port: int = 8091
+    master_host: str = "127.0.0.1"
+    master_port: int = 0  # 0: pick a free port (logged at start)
+    stage_id: int | None = None  # only this stage runs locally; others join headless
+    dp_size_local: int = 1
+    lb_policy: str = "random"
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    stage_init_timeout_s: float = 300.0
+    init_timeout_s: float = 600.0
+    no_replica_wait_s: float = 3.0
+    shutdown_grace_s: float = 10.0
+    log_level: str = "INFO"
+    stage_overrides_json: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def local_replicas(self) -> dict[int, int]:
+        """How many replicas of each stage this head launches itself."""
+        if self.stage_id is not None:
+            return {
+                s.stage_id: (self.dp_size_local if s.stage_id == self.stage_id else 0)
+                for s in self.config.stages
+            }
+        return {s.stage_id: s.replicas for s in self.config.stages}
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the head owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Head:
+    def __init__(self, opts: HeadOptions) -> None:
+        self.opts = opts
+        self.config = opts.config
+        self.graph = StageGraph(opts.config)
+        self.model_names = {opts.config.pipeline}
+        self.started_at = int(time.time())
+        self._lock = threading.Lock()
+        self._stop = asyncio.Event()
+        self.exit_code = 0
+
+    # -- start-up --------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self._loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+        self._start_control_and_data()
+        self._launch_local()
+        app = create_app(self)
+        server = _Server(
+            uvicorn.Config(
+                app,
+                host=self.opts.host,
+                port=self.opts.port,
+                log_level=self.opts.log_level.lower(),
+                lifespan="off",
+                access_log=False,
+            )
+        )
+        self._server = server
+        server_task = asyncio.create_task(server.serve(), name="omni-http")
+        watch_task = asyncio.create_task(self._await_stages(), name="omni-init-wait")
+        observe_task = asyncio.create_task(self._observe_load(), name="omni-load")
+        stop_task = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({server_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        if server_task.done() and not self._stop.is_set():
+            exc = server_task.exception()
+            log.error("HTTP server exited%s", f": {exc}" if exc else "")
+            self.exit_code = 1
+        for task in (watch_task, observe_task, stop_task):
+            task.cancel()
+        server.should_exit = True
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(server_task, self.opts.shutdown_grace_s)
+        await self._shutdown()
+        return self.exit_code
+
+    def _start_control_and_data(self) -> None:
+        opts = self.opts
+        self._zctx = zmq.Context()
+        actx = zmq.asyncio.Context.shadow(self._zctx)
+        host = opts.master_host
+        master_sock, master_url = bind_router(self._zctx, tcp_url(host, opts.master_port))
+        handshake_sock, handshake_url = bind_router(self._zctx, tcp_url(host, 0))
+        coord_sock, coord_url = bind_router(self._zctx, tcp_url(host, 0))
+        self.master_url = master_url
+        self.channels = DataChannels(actx, host, self._on_output, self._on_ready)
+        self.addresses = HeadAddresses(
+            handshake=handshake_url,
+            input=self.channels.input_url,
+            output=self.channels.output_url,
+            coordinator=coord_url,
+        )
+        local = opts.local_replicas()
+        self.slots = SlotTable(
+            self.config.stage_ids,
+            preallocated=local,
+            head_local={sid: list(range(n)) for sid, n in local.items()},
+        )
+        table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s)
+        self.coordinator = Coordinator(table, self._lock, self._post_transition)
+        master = Master(self.slots, self.addresses, self._on_register, self._lock)
+        handshake = HandshakeServer(self.slots, self._lock, self._init_for)
+        self.control = ControlPlane(self.coordinator.tick)
+        self.control.add(master_sock, master.handle)
+        self.control.add(handshake_sock, handshake.handle)
+        self.control.add(coord_sock, self.coordinator.handle)
+        self.control.start()
+        self.pools = {
+            s.stage_id: StagePool(s.stage_id, s.name, make_policy(opts.lb_policy))
+            for s in self.config.stages
+        }
+        self.orchestrator = Orchestrator(
+            self.graph, self.pools, self.channels, self._on_unreachable, opts.no_replica_wait_s
+        )
+        self.channels.start()
+        log.info(
+            "master listening on %s (-oma %s -omp %s); pipeline %r with stages %s",
+            master_url,
+            host,
+            master_url.rsplit(":", 1)[1],
+            self.config.pipeline,
+            ", ".join(f"{s.stage_id}:{s.name}" for s in self.config.stages),
+        )
+
+    def _launch_local(self) -> None:
+        self.launcher = LocalLauncher(on_exit=self._on_process_exit)
+        port = int(self.master_url.rsplit(":", 1)[1])
+        connect_host = self.opts.master_host
+        if connect_host in ("0.0.0.0", "::", "*"):
+            connect_host = "127.0.0.1"
+        for sid, count in self.opts.local_replicas().items():
+            for rid in range(count):
+                self.launcher.launch(
+                    ReplicaSpec(
+                        stage_id=sid,
+                        replica_id=rid,
+                        master_host=connect_host,
+                        master_port=port,
+                        stage_init_timeout_s=self.opts.stage_init_timeout_s,
+                        log_level=self.opts.log_level,
+                    )
+                )
+
+    async def _await_stages(self) -> None:
+        """Report stages still waiting for replicas; give up after --init-timeout."""
+        deadline = time.monotonic() + self.opts.init_timeout_s
+        announced = False
+        next_note = time.monotonic() + 10
+        while True:
+            missing = self.stages_without_replicas()
+            if not missing:
+                if not announced:
+                    log.info(
+                        "all stages have live replicas; serving on http://%s:%d",
+                        self.opts.host,
+                        self.opts.port,
+                    )
+                    announced = True
+            elif time.monotonic() > deadline:
+                names = ", ".join(f"{sid} ({n})" for sid, n in missing)
+                log.error(
+                    "stage(s) %s got no replica within --init-timeout (%gs); shutting down",
+                    names,
+                    self.opts.init_timeout_s,
+                )
+                self.exit_code = 1
+                self._stop.set()
+                return
+            elif time.monotonic() > next_note:
+                names = ", ".join(f"{sid} ({n})" for sid, n in missing)
+                log.info("waiting for replicas of stage(s) %s", names)
+                next_note = time.monotonic() + 10
+            if announced:
+                return
+            await asyncio.sleep(0.1)
+
+    async def _observe_load(self) -> None:
+        while True:
+            await asyncio.sleep(self.opts.heartbeat_interval_s)
+            for entry in self.coordinator.snapshot():
+                pool = self.pools.get(entry.stage_id)
+                if pool is not None:
+                    pool.observe(entry)
+
+    # -- events ----------------------------------------------------------------------
+
+    def _on_register(self, slot: Slot, req: RegisterRequest) -> None:
+        """Control thread: a replica registered; it is STARTING until READY."""
+        self.coordinator.register(
+            (slot.stage_id, slot.replica_id),
+            slot.epoch,
+            req.replica_bind_address or "",
+            slot.head_local,
+            self.opts.stage_init_timeout_s,
+        )
+
+    def _init_for(self, stage_id: int) -> HandshakeInit:
+        """Control thread: what a replica of ``stage_id`` needs to serve."""
+        return HandshakeInit(
+            stage_config=self.config.stage(stage_id).model_dump(mode="json"),
+            input_address=self.addresses.input,
+            output_address=self.addresses.output,
+            coordinator_address=self.addresses.coordinator,
+            heartbeat_interval_s=self.opts.heartbeat_interval_s,
+            stage_init_timeout_s=self.opts.stage_init_timeout_s,
+        )
+
+    def _on_ready(self, identity: bytes, ready: Ready) -> None:
+        if identity != routing_id(ready.stage_id, ready.replica_id, ready.epoch):
+            log.warning("READY with a mismatched routing id %r dropped", identity)
+            return
+        ok = self.coordinator.ready(
+            (ready.stage_id, ready.replica_id), ready.epoch, ready.capacity, ready.pid
+        )
+        if not ok:
+            log.warning(
+                "READY from stage %d replica %d epoch %d ignored (not a current registration)",
+                ready.stage_id,
+                ready.replica_id,
+                ready.epoch,
+            )
+            with contextlib.suppress(Exception):
+                self.channels.send(identity, Shutdown("stale registration"))
+
+    def _on_output(self, chunk: Any) -> None:
+        self.orchestrator.on_output(chunk)
+
+    def _post_transition(self, t: Transition) -> None:
+        # Called from the control thread, launcher threads or the loop itself.
+        self._loop.call_soon_threadsafe(self.orchestrator.on_transition, t)
+
+    def _on_unreachable(self, handle: ReplicaHandle) -> None:
+        self.coordinator.mark(
+            (handle.stage_id, handle.replica_id),
+            handle.epoch,
+            ReplicaState.ERROR,
+            "unreachable on the input channel",
+        )
+
+    def _on_process_exit(self, proc: LocalReplicaProcess, code: int) -> None:
+        spec = proc.spec
+        self.coordinator.mark(
+            (spec.stage_id, spec.replica_id),
+            None,
+            ReplicaState.ERROR,
+            f"local process exited with code {code}",
+        )
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("received %s; shutting down", signal.Signals(sig).name)
+        self._stop.set()
+
+    # -- shutdown --------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        for pool in self.pools.values():
+            for handle in pool.live():
+                with contextlib.suppress(Exception):
+                    self.channels.send(handle.identity, Shutdown("head shutting down"))
+        await asyncio.sleep(0.05)  # let the Shutdown messages leave
+        await asyncio.to_thread(self.launcher.stop_all, self.opts.shutdown_grace_s)
+        await self.channels.stop()
+        self.control.stop()
+        self._zctx.term()
+        log.info("head stopped")
+
+    # -- status for the API ----------------------------------------------------------
+
+    def stages_without_replicas(self) -> list[tuple[int, str]]:
+        return [(sid, p.name) for sid, p in self.pools.items() if not p.live()]
+
+    def stages_status(self) -> dict[str, Any]:
+        entries = self.coordinator.snapshot()
+        now = time.monotonic()
+        stages = []
+        for stage in self.config.stages:
+            pool = self.pools[stage.stage_id]
+            replicas = []
+            for e in entries:
+                if e.stage_id != stage.stage_id:
+                    continue
+                handle = pool.replicas.get(e.replica_id)
+                live = handle is not None and handle.epoch == e.epoch
+                replicas.append(
+                    {
+                        "replica_id": e.replica_id,
+                        "epoch": e.epoch,
+                        "state": str(e.state),
+                        "reason": e.reason,
+                        "address": e.address,
+                        "local": e.local,
+                        "pid": e.pid,
+                        "capacity": e.capacity,
+                        "queue_length": e.queue_length,
+                        "in_flight": handle.in_flight if live and handle else 0,
+                        "reported_in_flight": e.in_flight,
+                        "dispatched_total": handle.dispatched_total if live and handle else 0,
+                        "progress": e.progress,
+                        "last_heartbeat_age_s": round(now - e.last_seen, 3),
+                    }
+                )
+            stages.append(
+                {
+                    "stage_id": stage.stage_id,
+                    "name": stage.name,
+                    "engine": stage.engine,
+                    "inputs": list(stage.inputs),
+                    "final_output": stage.final_output,
+                    "output_modality": stage.output_modality,
+                    "status": "ready" if pool.live() else "waiting",
+                    "replicas": replicas,
+                }
+            )
+        return {
+            "pipeline": self.config.pipeline,
+            "master_address": self.master_url,
+            "lb_policy": self.opts.lb_policy,
+            "heartbeat_timeout_s": self.opts.heartbeat_timeout_s,
+            "stages": stages,
+        }

@@ -1,0 +1,84 @@
+"""``omnistage serve --headless``: run replicas of one stage that join a remote head.
+
+With --omni-dp-size-local 1 the replica runs in this process; with K > 1 this process
+supervises K replica processes, each registering with an auto-assigned id, and
+forwards SIGTERM/SIGINT to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import threading
+
+from omnistage.replica.launch import LocalLauncher, ReplicaSpec
+from omnistage.replica.runtime import ReplicaOptions, ReplicaRuntime
+
+log = logging.getLogger(__name__)
+
+
+def run_headless(args: argparse.Namespace) -> int:
+    overrides = _stage_overrides(args)
+    if args.omni_dp_size_local == 1:
+        opts = ReplicaOptions(
+            stage_id=args.stage_id,
+            master_host=args.omni_master_address,
+            master_port=args.omni_master_port,
+            replica_id=-1,
+            advertise_address=args.omni_replica_address,
+            stage_init_timeout_s=args.stage_init_timeout,
+            stage_overrides=overrides,
+        )
+        return asyncio.run(ReplicaRuntime(opts).run())
+    return _supervise(args, overrides)
+
+
+def _stage_overrides(args: argparse.Namespace) -> dict:
+    """This stage's entry of --stage-overrides, applied on top of the head's config."""
+    if not args.stage_overrides:
+        return {}
+    raw = json.loads(args.stage_overrides)
+    return dict(raw.get(str(args.stage_id)) or raw.get(args.stage_id) or {})
+
+
+def _supervise(args: argparse.Namespace, overrides: dict) -> int:
+    codes: list[int] = []
+    all_done = threading.Event()
+    count = args.omni_dp_size_local
+
+    def on_exit(_proc, code: int) -> None:  # type: ignore[no-untyped-def]
+        codes.append(code)
+        if len(codes) == count:
+            all_done.set()
+
+    launcher = LocalLauncher(on_exit=on_exit)
+    stop = threading.Event()
+
+    def on_signal(sig: int, _frame) -> None:  # type: ignore[no-untyped-def]
+        log.info("received %s; stopping %d replicas", signal.Signals(sig).name, count)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    for _ in range(count):
+        launcher.launch(
+            ReplicaSpec(
+                stage_id=args.stage_id,
+                master_host=args.omni_master_address,
+                master_port=args.omni_master_port,
+                replica_id=-1,
+                advertise_address=args.omni_replica_address,
+                stage_init_timeout_s=args.stage_init_timeout,
+                stage_overrides_json=json.dumps(overrides) if overrides else None,
+                log_level=args.log_level,
+            )
+        )
+    while not all_done.wait(0.2):
+        if stop.is_set():
+            launcher.stop_all(grace_s=10.0)
+            all_done.wait(5)
+            break
+    return max(codes, default=0)

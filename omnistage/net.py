@@ -1,0 +1,46 @@
+"""Small network helpers shared by the head and the replicas."""
+
+from __future__ import annotations
+
+import socket
+
+
+def tcp_url(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
+
+
+def split_tcp_url(url: str) -> tuple[str, int]:
+    rest = url.removeprefix("tcp://")
+    host, _, port = rest.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def detect_local_address(master_host: str, master_port: int) -> str:
+    """The local IP the kernel would use to reach the master.
+
+    connect() on a UDP socket sends nothing but resolves the route, so getsockname()
+    returns the source address of that route: the address the master can reach us on.
+    """
+    family = socket.AF_INET6 if ":" in master_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((master_host, master_port))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def connectable_url(url: str, fallback_host: str) -> str:
+    """Replace a wildcard bind host (0.0.0.0, *, ::) with a host peers can dial."""
+    host, port = split_tcp_url(url)
+    if host in ("0.0.0.0", "*", "::", ""):
+        return tcp_url(fallback_host, port)
+    return url
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,83 @@
+"""Encoding and decoding of wire messages; never pickle."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from omnistage.protocol.errors import ProtocolError
+from omnistage.protocol.messages import TAGS, ErrorReply, RegisterReply, RegisterRequest
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[bytes, msgspec.msgpack.Decoder[Any]] = {
+    tag: msgspec.msgpack.Decoder(cls) for cls, tag in TAGS.items()
+}
+_register_request_decoder = msgspec.msgpack.Decoder(RegisterRequest)
+_raw_decoder = msgspec.msgpack.Decoder()
+
+# A registration or a tagged body larger than this is refused unread (hostile peers).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def encode(msg: msgspec.Struct) -> list[bytes]:
+    """Return the ``[tag, body]`` frames of a tagged message."""
+    try:
+        tag = TAGS[type(msg)]
+    except KeyError:
+        raise ProtocolError(f"{type(msg).__name__} is not a tagged wire message") from None
+    return [tag, _encoder.encode(msg)]
+
+
+def decode(tag: bytes, body: bytes) -> Any:
+    """Decode a tagged body, checking the tag before touching the body."""
+    decoder = _decoders.get(bytes(tag))
+    if decoder is None:
+        raise ProtocolError(f"unknown message tag {bytes(tag)[:8]!r}")
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        return decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(f"invalid {decoder.type.__name__}: {exc}") from None
+
+
+def decode_frames(frames: list[bytes]) -> Any:
+    """Decode ``[tag, body]``; anything else is a ProtocolError."""
+    if len(frames) != 2:
+        raise ProtocolError(f"expected 2 frames (tag, body), got {len(frames)}")
+    return decode(frames[0], frames[1])
+
+
+def decode_register_request(body: bytes) -> RegisterRequest:
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("registration message too large")
+    try:
+        return _register_request_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(f"invalid registration: {exc}") from None
+
+
+def encode_register_reply(reply: RegisterReply | ErrorReply) -> bytes:
+    return _encoder.encode(reply)
+
+
+def decode_register_reply(body: bytes) -> RegisterReply:
+    """Decode the master's reply; an error reply becomes a ProtocolError with its text."""
+    try:
+        raw = _raw_decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"undecodable registration reply: {exc}") from None
+    if isinstance(raw, dict) and "error" in raw:
+        raise ProtocolError(str(raw["error"]))
+    try:
+        return msgspec.convert(raw, RegisterReply)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"invalid registration reply: {exc}") from None
+
+
+def encode_raw(obj: Any) -> bytes:
+    """Encode builtins (maps, lists, scalars) as msgpack."""
+    return _encoder.encode(obj)

@@ -1,0 +1,60 @@
+"""The exception tree shared by every omnistage component."""
+
+from __future__ import annotations
+
+
+class OmniError(Exception):
+    """Base class of every error omnistage raises on purpose."""
+
+
+class ConfigError(OmniError):
+    """A deploy config or CLI value is invalid; ``path`` names the offending field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class ProtocolError(OmniError):
+    """A peer sent bytes that are not a valid message of the expected type."""
+
+
+class RegistrationError(OmniError):
+    """The master refused or did not answer a registration."""
+
+
+class HandshakeError(OmniError):
+    """HELLO/READY did not complete (timeout, refusal, engine failure)."""
+
+
+class StageUnavailableError(OmniError):
+    """No live replica of a stage could take a request within the bounded wait."""
+
+    def __init__(self, stage_id: int, stage_name: str, waited_s: float) -> None:
+        self.stage_id = stage_id
+        self.stage_name = stage_name
+        super().__init__(
+            f"stage {stage_id} ({stage_name}) has no live replica (waited {waited_s:.1f}s)"
+        )
+
+
+class StageFailedError(OmniError):
+    """A stage replica reported an error for a request, or died while holding it."""
+
+    def __init__(self, stage_id: int, stage_name: str, message: str) -> None:
+        self.stage_id = stage_id
+        self.stage_name = stage_name
+        super().__init__(f"stage {stage_id} ({stage_name}) failed: {message}")
+
+
+class EngineError(OmniError):
+    """An engine could not start or could not serve a request."""
+
+
+class BadRequestError(OmniError):
+    """A request the deployment cannot serve as asked (maps to HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.param = param
+        super().__init__(message)

@@ -1,0 +1,197 @@
+"""Every message that crosses a process boundary, as typed msgspec Structs.
+
+Two families:
+- Registration (replica DEALER -> master ROUTER) is one msgpack *map* each way with the
+  seed's keys, so a client written against vLLM-Omni's ``register_stage_with_omni_master``
+  registers unchanged. Unknown keys are ignored for forward compatibility.
+- Everything else travels as two frames ``[tag, body]``: a one-byte type tag and the
+  msgpack body of the Struct bound to that tag (see ``codec``). Bodies are array-like
+  structs: compact, and fast to encode on the hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# Registration sentinel: any negative replica id asks the master to pick one.
+AUTO_ASSIGN_REPLICA_ID = -1
+
+StageId = Annotated[int, msgspec.Meta(ge=0)]
+
+# --------------------------------------------------------------------------------------
+# Registration (seed wire format, msgpack maps)
+# --------------------------------------------------------------------------------------
+
+
+class RegisterRequest(msgspec.Struct, omit_defaults=True):
+    stage_id: StageId
+    # The seed defaults a missing replica_id to 0 (a pre-allocated slot).
+    replica_id: int = 0
+    stage_config: Any = None
+    coordinator_input: str | None = None
+    coordinator_output: str | None = None
+    frontend_stats_publish_address: str | None = None
+    replica_bind_address: str | None = None
+    replica_handshake_port: int | None = None
+    replica_input_port: int | None = None
+    replica_output_port: int | None = None
+    replica_binds_sockets: bool | None = None
+    # Absent in seed clients, which speak version 1 of this format.
+    protocol_version: int | None = None
+
+
+class RegisterReply(msgspec.Struct):
+    handshake_address: str
+    input_address: str
+    output_address: str
+    replica_id: int
+    coordinator_router_address: str | None
+    # Extensions; seed clients ignore unknown keys.
+    stage_id: int = 0
+    epoch: int = 0
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class ErrorReply(msgspec.Struct):
+    error: str
+
+
+# --------------------------------------------------------------------------------------
+# Tagged messages (two frames: tag, body)
+# --------------------------------------------------------------------------------------
+
+
+class _Tagged(msgspec.Struct, array_like=True, omit_defaults=False):
+    pass
+
+
+class Hello(_Tagged):
+    """Replica -> head handshake socket: 'I registered as (stage, replica, epoch)'."""
+
+    stage_id: int
+    replica_id: int
+    epoch: int
+    pid: int
+    host: str
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class HandshakeInit(_Tagged):
+    """Head -> replica: everything the replica needs to load its engine and serve."""
+
+    stage_config: dict[str, Any]
+    input_address: str
+    output_address: str
+    coordinator_address: str
+    heartbeat_interval_s: float
+    stage_init_timeout_s: float
+    error: str | None = None
+
+
+class Ready(_Tagged):
+    """Replica -> head, sent on the *input* channel once the engine is loaded.
+
+    Travelling on the data socket (not the handshake socket) proves the request path
+    is connected before the head routes any traffic to the replica.
+    """
+
+    stage_id: int
+    replica_id: int
+    epoch: int
+    capacity: int
+    engine: str
+    pid: int
+    address: str
+
+
+class ChatMessage(msgspec.Struct, array_like=True):
+    role: str
+    content: str
+
+
+class Prompt(_Tagged):
+    """Client input for a source stage: chat messages or plain text."""
+
+    text: str | None = None
+    messages: list[ChatMessage] | None = None
+
+
+class AddRequest(_Tagged):
+    """Head -> replica: start a request.
+
+    ``upstream`` lists the stages whose outputs will arrive as InputChunk messages;
+    empty for source stages, which read ``prompt`` instead.
+    """
+
+    request_id: str
+    prompt: Prompt | None
+    upstream: list[int]
+    params: dict[str, Any]
+
+
+class InputChunk(_Tagged):
+    """Head -> replica: one output chunk of an upstream stage, forwarded as input."""
+
+    request_id: str
+    source_stage: int
+    seq: int
+    modality: str
+    text: str
+    data: bytes
+    finished: bool
+
+
+class Abort(_Tagged):
+    request_id: str
+
+
+class Shutdown(_Tagged):
+    reason: str
+
+
+class OutputChunk(_Tagged):
+    """Replica -> head: one piece of a stage's output for a request."""
+
+    request_id: str
+    stage_id: int
+    replica_id: int
+    epoch: int
+    seq: int
+    modality: str
+    text: str = ""
+    data: bytes = b""
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    usage: dict[str, int] | None = None
+
+
+class Heartbeat(_Tagged):
+    """Replica -> coordinator, every heartbeat interval and once with status DOWN at exit."""
+
+    stage_id: int
+    replica_id: int
+    epoch: int
+    status: str  # "UP" | "DOWN"
+    queue_length: int
+    in_flight: int
+    progress: int
+    seq: int
+
+
+# The tag of each message type. Tags are part of the wire format: never reuse one.
+TAGS: dict[type[msgspec.Struct], bytes] = {
+    Hello: b"H",
+    HandshakeInit: b"I",
+    Ready: b"R",
+    AddRequest: b"A",
+    InputChunk: b"C",
+    Abort: b"X",
+    Shutdown: b"S",
+    OutputChunk: b"O",
+    Heartbeat: b"B",
+}

@@ -1,0 +1,343 @@
+"""The replica process: register, handshake, load the engine, serve, heartbeat.
+
+The same code runs as a local subprocess of the head and as a --headless replica on
+another host. Socket I/O lives on the asyncio loop; the heartbeat has its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from omnistage.config.load import apply_stage_overrides
+from omnistage.config.schema import StageConfig
+from omnistage.control.replica_table import routing_id
+from omnistage.engines import build_engine
+from omnistage.engines.base import Engine, EngineRequest, StageInput
+from omnistage.net import detect_local_address
+from omnistage.protocol import codec
+from omnistage.protocol.errors import OmniError, ProtocolError
+from omnistage.protocol.messages import (
+    Abort,
+    AddRequest,
+    HandshakeInit,
+    InputChunk,
+    OutputChunk,
+    Ready,
+    Shutdown,
+)
+from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
+from omnistage.replica.register import handshake, register
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplicaOptions:
+    stage_id: int
+    master_host: str
+    master_port: int
+    replica_id: int = -1  # -1: let the master assign one
+    advertise_address: str | None = None
+    stage_init_timeout_s: float = 300.0
+    # Fields of this stage to override locally (e.g. devices on this host).
+    stage_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Running:
+    inputs: asyncio.Queue[InputChunk]
+    task: asyncio.Task[None] | None = None
+
+
+class ReplicaRuntime:
+    def __init__(self, opts: ReplicaOptions) -> None:
+        self.opts = opts
+        self._sync_ctx = zmq.Context()
+        self._ctx = zmq.asyncio.Context.shadow(self._sync_ctx)
+        self._requests: dict[str, _Running] = {}
+        self._engine: Engine | None = None
+        self._stopping = asyncio.Event()
+        self._cancel_join = threading.Event()
+        self.replica_id = opts.replica_id
+        self.epoch = 0
+        self._chunks_sent = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        # Joining runs as its own task so a signal can interrupt a slow engine load.
+        self._join_task = asyncio.create_task(self._join())
+        try:
+            init = await self._join_task
+        except (OmniError, TimeoutError) as exc:
+            log.error("stage %d replica failed to start: %s", self.opts.stage_id, exc)
+            await self._close()
+            return 1
+        except asyncio.CancelledError:
+            await self._close()
+            return 0
+        try:
+            if not self._stopping.is_set():
+                await self._serve(init)
+        finally:
+            await self._close()
+        return 0
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("received %s; shutting down", signal.Signals(sig).name)
+        self._stopping.set()
+        self._cancel_join.set()
+        if not self._join_task.done():
+            self._join_task.cancel()
+
+    async def _join(self) -> HandshakeInit:
+        deadline = time.monotonic() + self.opts.stage_init_timeout_s
+        o = self.opts
+        address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
+        self.address = address
+        reply = await asyncio.to_thread(
+            register,
+            self._sync_ctx,
+            o.master_host,
+            o.master_port,
+            o.stage_id,
+            o.replica_id,
+            address,
+            o.stage_init_timeout_s,
+            o.stage_overrides or None,
+            self._cancel_join,
+        )
+        self.replica_id, self.epoch = reply.replica_id, reply.epoch
+        self._reply = reply
+        _tag_logs(o.stage_id, self.replica_id)
+        log.info("registered as stage %d replica %d", o.stage_id, self.replica_id)
+        init = await asyncio.to_thread(
+            handshake,
+            self._sync_ctx,
+            reply,
+            o.stage_id,
+            _left(deadline),
+            o.master_host,
+            self._cancel_join,
+        )
+        stage = self._stage_config(init)
+        self._engine = build_engine(stage)
+        log.info("loading engine %r for stage %r", stage.engine, stage.name)
+        try:
+            await asyncio.wait_for(self._engine.start(), _left(deadline))
+        except TimeoutError:
+            raise TimeoutError(
+                f"engine did not load within --stage-init-timeout "
+                f"({self.opts.stage_init_timeout_s:g}s)"
+            ) from None
+        return init
+
+    def _stage_config(self, init: HandshakeInit) -> StageConfig:
+        raw = init.stage_config
+        if self.opts.stage_overrides:
+            raw = apply_stage_overrides(
+                {"stages": [raw]}, {str(raw["stage_id"]): self.opts.stage_overrides}
+            )["stages"][0]
+        return StageConfig.model_validate(raw)
+
+    async def _serve(self, init: HandshakeInit) -> None:
+        assert self._engine is not None
+        self._in = self._ctx.socket(zmq.DEALER)
+        self._in.setsockopt(
+            zmq.ROUTING_ID, routing_id(self.opts.stage_id, self.replica_id, self.epoch)
+        )
+        self._in.setsockopt(zmq.LINGER, 0)
+        self._in.connect(init.input_address)
+        self._out = self._ctx.socket(zmq.PUSH)
+        self._out.setsockopt(zmq.LINGER, 1000)
+        self._out.connect(init.output_address)
+        self._heartbeat = HeartbeatThread(
+            self._sync_ctx,
+            init.coordinator_address,
+            self.opts.stage_id,
+            self.replica_id,
+            self.epoch,
+            init.heartbeat_interval_s,
+            self._load_report,
+        )
+        ready = Ready(
+            stage_id=self.opts.stage_id,
+            replica_id=self.replica_id,
+            epoch=self.epoch,
+            capacity=self._engine.capacity,
+            engine=self._engine.name,
+            pid=os.getpid(),
+            address=self.address,
+        )
+        await self._in.send_multipart(codec.encode(ready))
+        self._heartbeat.start()
+        log.info("ready (capacity %d)", self._engine.capacity)
+        receiver = asyncio.create_task(self._receive_loop())
+        stop = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait([receiver, stop], return_when=asyncio.FIRST_COMPLETED)
+        receiver.cancel()
+        stop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiver
+
+    async def _close(self) -> None:
+        for running in list(self._requests.values()):
+            if running.task is not None:
+                running.task.cancel()
+        if self._requests:
+            await asyncio.gather(
+                *(r.task for r in self._requests.values() if r.task), return_exceptions=True
+            )
+        hb = getattr(self, "_heartbeat", None)
+        if hb is not None:
+            hb.stop(send_down=True)
+        if self._engine is not None:
+            with contextlib.suppress(Exception):
+                await self._engine.shutdown()
+        for name in ("_in", "_out"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close()
+        self._sync_ctx.term()
+        log.info("stopped")
+
+    # -- requests --------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            frames = await self._in.recv_multipart()
+            try:
+                msg = codec.decode_frames(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a bad message from the head: %s", exc)
+                continue
+            if isinstance(msg, AddRequest):
+                self._add(msg)
+            elif isinstance(msg, InputChunk):
+                running = self._requests.get(msg.request_id)
+                if running is not None:
+                    running.inputs.put_nowait(msg)
+            elif isinstance(msg, Abort):
+                running = self._requests.get(msg.request_id)
+                if running is not None and running.task is not None:
+                    running.task.cancel()
+            elif isinstance(msg, Shutdown):
+                log.info("head asked us to shut down (%s)", msg.reason)
+                self._stopping.set()
+                return
+            else:
+                log.warning("unexpected %s on the input channel", type(msg).__name__)
+
+    def _add(self, msg: AddRequest) -> None:
+        if msg.request_id in self._requests:
+            log.warning("duplicate request id %s ignored", msg.request_id)
+            return
+        running = _Running(inputs=asyncio.Queue())
+        request = EngineRequest(
+            request_id=msg.request_id,
+            prompt=msg.prompt,
+            params=msg.params,
+            inputs=_upstream(running.inputs, set(msg.upstream)),
+        )
+        self._requests[msg.request_id] = running
+        running.task = asyncio.create_task(self._run_request(request))
+
+    async def _run_request(self, request: EngineRequest) -> None:
+        assert self._engine is not None
+        modality = self._engine.stage.output_modality
+        seq = 0
+        finished = False
+        try:
+            async for chunk in self._engine.generate(request):
+                await self._send(
+                    OutputChunk(
+                        request_id=request.request_id,
+                        stage_id=self.opts.stage_id,
+                        replica_id=self.replica_id,
+                        epoch=self.epoch,
+                        seq=seq,
+                        modality=chunk.modality,
+                        text=chunk.text,
+                        data=chunk.data,
+                        finished=chunk.finished,
+                        finish_reason=chunk.finish_reason,
+                        usage=chunk.usage,
+                    )
+                )
+                seq += 1
+                if chunk.finished:
+                    finished = True
+                    break
+            if not finished:
+                await self._send(self._final(request.request_id, seq, modality, None))
+        except asyncio.CancelledError:
+            pass  # aborted: the head no longer wants output for this request
+        except Exception as exc:
+            log.warning("request %s failed: %s", request.request_id, exc)
+            await self._send(self._final(request.request_id, seq, modality, str(exc) or repr(exc)))
+        finally:
+            self._requests.pop(request.request_id, None)
+
+    def _final(self, request_id: str, seq: int, modality: str, error: str | None) -> OutputChunk:
+        return OutputChunk(
+            request_id=request_id,
+            stage_id=self.opts.stage_id,
+            replica_id=self.replica_id,
+            epoch=self.epoch,
+            seq=seq,
+            modality=modality,
+            finished=True,
+            finish_reason="error" if error else "stop",
+            error=error,
+        )
+
+    async def _send(self, chunk: OutputChunk) -> None:
+        await self._out.send_multipart(codec.encode(chunk))
+        self._chunks_sent += 1
+
+    def _load_report(self) -> LoadReport:
+        engine = self._engine
+        return LoadReport(
+            queue_length=engine.queue_length if engine else 0,
+            in_flight=len(self._requests),
+            progress=(engine.progress if engine else 0) + self._chunks_sent,
+        )
+
+
+async def _upstream(queue: asyncio.Queue[InputChunk], open_sources: set[int]):
+    """Yield upstream chunks until every upstream stage has sent its last one."""
+    while open_sources:
+        chunk = await queue.get()
+        if chunk.text or chunk.data:
+            yield StageInput(chunk.source_stage, chunk.modality, chunk.text, chunk.data)
+        if chunk.finished:
+            open_sources.discard(chunk.source_stage)
+
+
+def _left(deadline: float) -> float:
+    return max(0.001, deadline - time.monotonic())
+
+
+def _tag_logs(stage_id: int, replica_id: int) -> None:
+    """Prefix this process's log lines with its stage and replica."""
+    prefix = f"[stage {stage_id} replica {replica_id}] "
+    for handler in logging.getLogger().handlers:
+        fmt = (handler.formatter._fmt if handler.formatter else None) or "%(message)s"
+        if prefix not in fmt:
+            handler.setFormatter(
+                logging.Formatter(fmt.replace("%(message)s", prefix + "%(message)s"))
+            )
