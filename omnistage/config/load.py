@@ -95,8 +95,9 @@ def apply_stage_overrides(raw: dict[str, Any], overrides: str | dict[str, Any]) 
             raise ConfigError("--stage-overrides", f"not valid JSON: {exc.msg}") from None
     if not isinstance(overrides, dict):
         raise ConfigError("--stage-overrides", "must be a JSON object keyed by stage id")
-    stages = [dict(s) for s in raw.get("stages") or [] if isinstance(s, dict)]
-    by_id = {s.get("stage_id"): s for s in stages}
+    # Entries that are not mappings are kept as they are, for validation to report.
+    stages = [dict(s) if isinstance(s, dict) else s for s in raw.get("stages") or []]
+    by_id = {s.get("stage_id"): s for s in stages if isinstance(s, dict)}
     for key, fields in overrides.items():
         try:
             sid = int(key)

@@ -3,7 +3,7 @@
 Rules (the seed's, kept exactly):
 - allocation is idempotent: the same (stage, replica) always maps to the same slot;
 - auto-assign fills the lowest pre-allocated, unfilled slot that is not reserved for
-  the head's own local replicas, and only then a new id past every existing one;
+  the head's own local replicas, and only then the lowest id no slot uses yet;
 - a head-local slot is never handed to an auto-assigned registration, even before the
   head's own replica has registered.
 Each registration bumps a global epoch: the (stage, replica, epoch) triple names one
@@ -68,11 +68,7 @@ class SlotTable:
         if req.stage_id not in self._stage_ids:
             known = ", ".join(str(s) for s in sorted(self._stage_ids))
             raise RegistrationError(f"unknown stage_id {req.stage_id} (this head serves {known})")
-        if req.replica_id < 0:
-            rid = self._next_free_replica_id(req.stage_id)
-        else:
-            rid = req.replica_id
-        slot = self._slots.setdefault((req.stage_id, rid), Slot(req.stage_id, rid))
+        # Every check comes before any change, so a refusal leaves the table untouched.
         binds = bool(req.replica_binds_sockets) and bool(req.replica_bind_address)
         ports = (req.replica_handshake_port, req.replica_input_port, req.replica_output_port)
         if binds and any(p is None or not 0 < p < 65536 for p in ports):
@@ -80,6 +76,11 @@ class SlotTable:
                 "replica_binds_sockets needs replica_handshake_port, replica_input_port "
                 "and replica_output_port in 1..65535"
             )
+        if req.replica_id < 0:
+            rid = self._next_free_replica_id(req.stage_id)
+        else:
+            rid = req.replica_id
+        slot = self._slots.setdefault((req.stage_id, rid), Slot(req.stage_id, rid))
         self._epoch += 1
         slot.filled = True
         slot.epoch = self._epoch

@@ -42,6 +42,8 @@ class DataChannels:
         # A re-registered replica that reuses an identity takes over the connection.
         self.input.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.input.setsockopt(zmq.LINGER, 0)
+        # Deep enough that only a replica that stopped reading fills it.
+        self.input.setsockopt(zmq.SNDHWM, 100_000)
         self.input.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
         self.output = ctx.socket(zmq.PULL)
         self.output.setsockopt(zmq.LINGER, 0)
@@ -70,12 +72,15 @@ class DataChannels:
 
     def send(self, identity: bytes, msg: msgspec.Struct) -> None:
         """Queue a message for one replica; raises ReplicaUnreachableError if it is gone."""
-        try:
-            self.input.send_multipart([identity, *codec.encode(msg)], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                raise ReplicaUnreachableError(identity.decode(errors="replace")) from None
-            raise
+        # With NOBLOCK the asyncio socket tries the send at once and returns a future
+        # that is already resolved, so the outcome is known here, synchronously.
+        fut = self.input.send_multipart([identity, *codec.encode(msg)], zmq.NOBLOCK)
+        exc = fut.exception() if fut.done() else None
+        if exc is None:
+            return
+        if isinstance(exc, zmq.ZMQError) and exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+            raise ReplicaUnreachableError(identity.decode(errors="replace"))
+        raise exc
 
     def connect_replica(self, input_url: str, output_url: str) -> None:
         """For replicas that bind their own sockets: dial them from the shared sockets."""

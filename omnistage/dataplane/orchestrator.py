@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ class _Run:
     queue: asyncio.Queue[OutputChunk | _Lost] = field(default_factory=asyncio.Queue)
     assigned: dict[int, ReplicaHandle] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
+    usage: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 class Orchestrator:
@@ -99,6 +101,11 @@ class Orchestrator:
         )
         self._runs[request_id] = run
         try:
+            # Every stage the request needs must be servable before anything starts, so
+            # a missing downstream stage is a 503 up front, not an error mid-stream.
+            deadline = time.monotonic() + self.no_replica_wait_s
+            for sid in sorted(active):
+                await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
             for sid in sorted(active):
                 if not self.graph.upstream(sid):
                     await self._dispatch(run, sid)
@@ -152,6 +159,8 @@ class Orchestrator:
                     finished=chunk.finished,
                 ),
             )
+        if chunk.usage:
+            run.usage[sid] = chunk.usage
         if chunk.finished:
             run.finished.add(sid)
             self.pools[sid].release(run.assigned[sid], run.request_id)
@@ -255,3 +264,19 @@ class RequestStream:
 
     def close(self) -> None:
         self._orchestrator._finish(self._run)
+
+    def usage(self) -> dict[str, int]:
+        """Prompt tokens read by the source stages; completion tokens of the finals."""
+        graph = self._orchestrator.graph
+        run = self._run
+        prompt = sum(
+            u.get("prompt_tokens", 0) for sid, u in run.usage.items() if not graph.upstream(sid)
+        )
+        completion = sum(
+            u.get("completion_tokens", 0) for sid, u in run.usage.items() if sid in run.finals
+        )
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }

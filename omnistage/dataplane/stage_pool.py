@@ -93,6 +93,19 @@ class StagePool:
             except TimeoutError:
                 pass
 
+    async def wait_live(self, deadline: float, wait_s: float) -> None:
+        """Return once the stage has a live replica; StageUnavailableError at ``deadline``
+        (a time.monotonic value; ``wait_s`` is the whole wait, for the message)."""
+        while not self.live():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StageUnavailableError(self.stage_id, self.name, wait_s)
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                pass
+
     def release(self, handle: ReplicaHandle, request_id: str) -> None:
         if request_id in handle.requests:
             handle.requests.discard(request_id)

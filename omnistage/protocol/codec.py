@@ -22,6 +22,15 @@ _raw_decoder = msgspec.msgpack.Decoder()
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
+# A hostile peer can nest containers deep enough to exhaust the decoder's recursion;
+# that is bad input like any other, never a crash.
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def _why(exc: BaseException) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+
+
 def encode(msg: msgspec.Struct) -> list[bytes]:
     """Return the ``[tag, body]`` frames of a tagged message."""
     try:
@@ -40,8 +49,8 @@ def decode(tag: bytes, body: bytes) -> Any:
         raise ProtocolError(f"message of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
         return decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ProtocolError(f"invalid {decoder.type.__name__}: {exc}") from None
+    except _DECODE_ERRORS as exc:
+        raise ProtocolError(f"invalid {decoder.type.__name__}: {_why(exc)}") from None
 
 
 def decode_frames(frames: list[bytes]) -> Any:
@@ -56,8 +65,8 @@ def decode_register_request(body: bytes) -> RegisterRequest:
         raise ProtocolError("registration message too large")
     try:
         return _register_request_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ProtocolError(f"invalid registration: {exc}") from None
+    except _DECODE_ERRORS as exc:
+        raise ProtocolError(f"invalid registration: {_why(exc)}") from None
 
 
 def encode_register_reply(reply: RegisterReply | ErrorReply) -> bytes:
@@ -68,8 +77,8 @@ def decode_register_reply(body: bytes) -> RegisterReply:
     """Decode the master's reply; an error reply becomes a ProtocolError with its text."""
     try:
         raw = _raw_decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"undecodable registration reply: {exc}") from None
+    except _DECODE_ERRORS as exc:
+        raise ProtocolError(f"undecodable registration reply: {_why(exc)}") from None
     if isinstance(raw, dict) and "error" in raw:
         raise ProtocolError(str(raw["error"]))
     try:

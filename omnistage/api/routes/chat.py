@@ -27,8 +27,6 @@ _json = msgspec.json.Encoder()
 class _Collected:
     text: dict[int, list[str]] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
 
 
 @router.post("/v1/chat/completions")
@@ -85,7 +83,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 "created": created,
                 "model": model,
                 "choices": choices,
-                "usage": _usage(got),
+                "usage": stream.usage(),
             }
         ),
         media_type="application/json",
@@ -107,17 +105,6 @@ def _account(got: _Collected, out: StageOutput) -> None:
         got.text.setdefault(out.stage_id, []).append(out.text)
     if out.finished:
         got.finish[out.stage_id] = out.finish_reason or "stop"
-    if out.usage:
-        got.prompt_tokens = max(got.prompt_tokens, out.usage.get("prompt_tokens", 0))
-        got.completion_tokens += out.usage.get("completion_tokens", 0)
-
-
-def _usage(got: _Collected) -> dict[str, int]:
-    return {
-        "prompt_tokens": got.prompt_tokens,
-        "completion_tokens": got.completion_tokens,
-        "total_tokens": got.prompt_tokens + got.completion_tokens,
-    }
 
 
 async def _stream_events(
@@ -140,14 +127,12 @@ async def _stream_events(
             body["usage"] = usage
         return sse(body)
 
-    got = _Collected()
     for i in index.values():
         yield chunk(
             [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
         )
     try:
         async for out in stream:
-            _account(got, out)
             i = index[out.stage_id]
             if out.text:
                 yield chunk([{"index": i, "delta": {"content": out.text}, "finish_reason": None}])
@@ -162,7 +147,7 @@ async def _stream_events(
     finally:
         stream.close()
     if include_usage:
-        yield chunk([], _usage(got))
+        yield chunk([], stream.usage())
     yield SSE_DONE
 
 

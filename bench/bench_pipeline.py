@@ -1,0 +1,351 @@
+"""Pipeline overhead benchmark: a bare FastAPI "HTTP floor" vs real omnistage heads.
+
+Runs, one server at a time, a bare FastAPI/uvicorn app (the ceiling a Python HTTP server
+reaches on this machine), the 1-stage ``echo-1stage`` pipeline and the 3-stage ``echo``
+pipeline, each under a closed-loop load at concurrency 1 and 32, and prints throughput,
+latency and the pipelines' cost relative to the floor. See bench/README.md.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import IO, Any
+
+HOST = "127.0.0.1"
+PATH = "/v1/chat/completions"
+CONCURRENCIES = (1, 32)
+TARGET_RATIO_C32 = 0.5  # 3-stage req/s >= 50% of the floor's at c=32
+TARGET_HOP_MS_C1 = 1.0  # 3-stage added p50 per stage hop at c=1 < 1 ms
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    stages: int  # 0 for the floor
+    expect: bytes  # text the response body must contain
+
+
+TARGETS = (
+    Target("floor", 0, b"[floor]"),
+    Target("echo-1stage", 1, b"[echo]"),
+    Target("echo", 3, b"[vocoder]"),
+)
+
+
+@dataclass
+class Result:
+    target: str
+    stages: int
+    concurrency: int
+    requests: int
+    rps: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    mean_ms: float = 0.0
+    ratio_to_floor: float | None = None
+    added_p50_per_hop_ms: float | None = None
+    error: str | None = None
+
+
+# -- the HTTP floor (runs in a subprocess: this file with --serve-floor PORT) -------------
+
+
+def serve_floor(port: int) -> None:
+    import msgspec
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from starlette.responses import Response
+
+    app = FastAPI()
+    encoder, decoder = msgspec.json.Encoder(), msgspec.json.Decoder()
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    message = {"role": "assistant", "content": "hello [floor]"}
+    reply = {
+        "id": "chatcmpl-0123456789abcdef0123456789abcdef",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "floor",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+        "usage": usage,
+    }
+
+    @app.post(PATH)
+    async def chat(request: Request) -> Response:
+        body = decoder.decode(await request.body())
+        return Response(
+            encoder.encode({**reply, "model": body.get("model", "floor")}),
+            media_type="application/json",
+        )
+
+    # Same settings as omnistage.head: one worker, no access log, no lifespan.
+    uvicorn.run(app, host=HOST, port=port, log_level="warning", access_log=False, lifespan="off")
+
+
+# -- server processes ---------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, target: Target, port: int) -> None:
+        self.target, self.port = target, port
+        if target.stages == 0:
+            cmd = [sys.executable, os.path.abspath(__file__), "--serve-floor", str(port)]
+        else:
+            cmd = [sys.executable, "-m", "omnistage", "serve", target.name]
+            cmd += ["--host", HOST, "--port", str(port), "--log-level", "WARNING"]
+        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
+        # Own process group, so that replicas left behind by a killed head can be reaped.
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def log_tail(self, n: int = 2000) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-n:]
+
+    def wait_ready(self, timeout: float) -> None:
+        # The floor has only the POST route; a head is ready when /health says 200.
+        body = None if self.target.stages else request_body(self.target)
+        url = f"http://{HOST}:{self.port}{'/health' if self.target.stages else PATH}"
+        deadline, last = time.monotonic() + timeout, "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exited with {self.proc.returncode}:\n{self.log_tail()}")
+            req = urllib.request.Request(url, data=body, method="POST" if body else "GET")
+            try:
+                with urllib.request.urlopen(req, timeout=2.0) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except (OSError, http.client.HTTPException) as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise RuntimeError(f"not ready after {timeout:.0f}s ({last}):\n{self.log_tail()}")
+
+    def stop(self, grace: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                print(f"! {self.target.name}: no exit {grace:.0f}s after SIGTERM, killing")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 0)  # raises if no process of the group is left
+            print(f"! {self.target.name}: processes left after the head exited, killing")
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+# -- a minimal HTTP/1.1 keep-alive load generator -----------------------------------------
+
+
+def request_body(target: Target) -> bytes:
+    msg = {"role": "user", "content": "hello"}
+    return json.dumps({"model": target.name, "messages": [msg]}).encode()
+
+
+class Conn:
+    def __init__(self, port: int, request: bytes, expect: bytes, timeout: float) -> None:
+        self.port, self.request, self.expect, self.timeout = port, request, expect, timeout
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        async with asyncio.timeout(self.timeout):
+            self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
+
+    async def post(self) -> None:
+        assert self.reader is not None and self.writer is not None
+        async with asyncio.timeout(self.timeout):
+            self.writer.write(self.request)
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            status_line, _, headers = head.partition(b"\r\n")
+            length = -1
+            for line in headers.split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if length < 0:
+                raise RuntimeError(f"no Content-Length in response: {head!r}")
+            body = await self.reader.readexactly(length)
+        if status_line.split(b" ", 2)[1] != b"200":
+            raise RuntimeError(f"{status_line.decode(errors='replace')}: {body[:300]!r}")
+        if self.expect not in body:
+            raise RuntimeError(f"{self.expect!r} not in response body {body[:300]!r}")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def closed_loop(conns: list[Conn], n: int) -> tuple[list[float], float]:
+    """Send n requests over the connections, each one at a time; return latencies, wall."""
+    left = [n]
+    latencies: list[float] = []
+
+    async def worker(conn: Conn) -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            t0 = time.perf_counter()
+            await conn.post()
+            latencies.append(time.perf_counter() - t0)
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for conn in conns:
+            tg.create_task(worker(conn))
+    return latencies, time.perf_counter() - start
+
+
+async def load(target: Target, port: int, c: int, n: int, warmup: int, timeout: float) -> Result:
+    body = request_body(target)
+    request = (
+        f"POST {PATH} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    conns = [Conn(port, request, target.expect, timeout) for _ in range(c)]
+    try:
+        await asyncio.gather(*(conn.open() for conn in conns))
+        await closed_loop(conns, warmup)
+        lat, wall = await closed_loop(conns, n)
+    finally:
+        for conn in conns:
+            conn.close()
+    lat.sort()
+
+    def pct(p: float) -> float:  # nearest rank, in ms
+        return lat[min(len(lat), max(1, math.ceil(p / 100 * len(lat)))) - 1] * 1e3
+
+    return Result(
+        target.name, target.stages, c, n, n / wall, pct(50), pct(99), sum(lat) / len(lat) * 1e3
+    )
+
+
+# -- driver and report --------------------------------------------------------------------
+
+
+def bench_target(target: Target, args: argparse.Namespace) -> list[Result]:
+    counts = {1: args.requests_c1, 32: args.requests}
+    results = [Result(target.name, target.stages, c, counts[c]) for c in CONCURRENCIES]
+    server = None
+    try:
+        server = Server(target, free_port())
+        server.wait_ready(args.health_timeout)
+        for i, c in enumerate(CONCURRENCIES):
+            coro = load(target, server.port, c, counts[c], args.warmup, args.request_timeout)
+            results[i] = asyncio.run(coro)
+    except Exception as exc:
+        for r in results:
+            if not r.rps:
+                r.error = f"{type(exc).__name__}: {exc}".strip()
+        print(f"! {target.name}: {results[-1].error}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    return results
+
+
+def fill_relative(results: list[Result]) -> None:
+    floor = {r.concurrency: r for r in results if r.stages == 0 and r.error is None}
+    for r in results:
+        f = floor.get(r.concurrency)
+        if r.stages == 0 or r.error is not None or f is None:
+            continue
+        r.ratio_to_floor = r.rps / f.rps
+        if r.concurrency == 1:
+            r.added_p50_per_hop_ms = (r.p50_ms - f.p50_ms) / r.stages
+
+
+def report(results: list[Result]) -> list[dict[str, Any]]:
+    cols = f"{'target':<12} {'stages':>6} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+    print(f"\n{cols} {'x floor':>8} {'+p50/hop ms':>12}")
+    for r in results:
+        if r.error is not None:
+            print(f"{r.target:<12} {r.stages:>6} {r.concurrency:>4}  FAILED: {r.error[:200]}")
+            continue
+        ratio = f"{r.ratio_to_floor:.2f}" if r.ratio_to_floor is not None else "-"
+        hop = f"{r.added_p50_per_hop_ms:.3f}" if r.added_p50_per_hop_ms is not None else "-"
+        print(
+            f"{r.target:<12} {r.stages:>6} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.3f} "
+            f"{r.p99_ms:>8.3f} {ratio:>8} {hop:>12}"
+        )
+    by = {(r.target, r.concurrency): r for r in results}
+    ratio, hop = by[("echo", 32)].ratio_to_floor, by[("echo", 1)].added_p50_per_hop_ms
+    goals = [
+        {
+            "goal": f"3-stage req/s at c=32 >= {TARGET_RATIO_C32:.0%} of floor",
+            "value": ratio,
+            "met": ratio is not None and ratio >= TARGET_RATIO_C32,
+        },
+        {
+            "goal": f"3-stage added p50 per stage hop at c=1 < {TARGET_HOP_MS_C1:g} ms",
+            "value": hop,
+            "met": hop is not None and hop < TARGET_HOP_MS_C1,
+        },
+    ]
+    print("\ntargets:")
+    for g in goals:
+        value = "n/a" if g["value"] is None else f"{g['value']:.3f}"
+        print(f"  {g['goal']:<48} {value:>8}  {'PASS' if g['met'] else 'MISS'}")
+    return goals
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=2000, help="measured requests at c=32")
+    p.add_argument("--requests-c1", type=int, default=500, help="measured requests at c=1")
+    p.add_argument("--warmup", type=int, default=200, help="warm-up requests per run")
+    p.add_argument("--health-timeout", type=float, default=120.0, help="seconds to get ready")
+    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_floor:
+        serve_floor(args.serve_floor)
+        return 0
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs; warm-up {args.warmup}, "
+        f"requests c=1: {args.requests_c1}, c=32: {args.requests}"
+    )
+    results: list[Result] = []
+    for target in TARGETS:
+        results += bench_target(target, args)
+    fill_relative(results)
+    goals = report(results)
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "serve_floor")}
+        doc = {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "settings": settings,
+            "results": [asdict(r) for r in results],
+            "targets": goals,
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

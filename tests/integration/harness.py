@@ -1,0 +1,153 @@
+"""Real omnistage processes for integration tests: start, wait, inspect, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    cond: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}: last={last!r}")
+
+
+class Proc:
+    """An ``omnistage`` command in its own process group, logging to a file."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "omnistage", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left of the process group (replica children) goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+class HeadProc(Proc):
+    def __init__(self, tmp: Path, *args: str, name: str = "head") -> None:
+        self.port = free_port()
+        self.master_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        base = ["serve", *args, "--port", str(self.port)]
+        if "-omp" not in args:
+            base += ["-oma", "127.0.0.1", "-omp", str(self.master_port)]
+        else:
+            self.master_port = int(args[list(args).index("-omp") + 1])
+        super().__init__(base, tmp / f"{name}.log")
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        def healthy() -> bool:
+            if not self.alive():
+                raise AssertionError(f"head exited early:\n{self.log()[-3000:]}")
+            try:
+                return self.client.get("/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, timeout, 0.1, "head /health == 200")
+
+    def wait_http(self, timeout: float = 30) -> None:
+        def up() -> bool:
+            try:
+                self.client.get("/health")
+                return True
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout, 0.1, "head HTTP up")
+
+    def stages(self) -> dict[str, Any]:
+        return self.client.get("/v1/omni/stages").json()
+
+    def replicas(self, stage_id: int) -> list[dict[str, Any]]:
+        for stage in self.stages()["stages"]:
+            if stage["stage_id"] == stage_id:
+                return stage["replicas"]
+        raise KeyError(stage_id)
+
+    def up_replicas(self, stage_id: int) -> list[dict[str, Any]]:
+        return [r for r in self.replicas(stage_id) if r["state"] == "UP"]
+
+    def chat(self, text: str, **extra: Any) -> httpx.Response:
+        body = {"messages": [{"role": "user", "content": text}], **extra}
+        return self.client.post("/v1/chat/completions", json=body)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        self.client.close()
+        return super().stop(grace)
+
+
+def headless(tmp: Path, head: HeadProc, stage_id: int, *extra: str, name: str = "") -> Proc:
+    args = [
+        "serve",
+        "--headless",
+        "--stage-id",
+        str(stage_id),
+        "-oma",
+        "127.0.0.1",
+        "-omp",
+        str(head.master_port),
+        *extra,
+    ]
+    return Proc(args, tmp / f"{name or f'headless-{stage_id}-{time.monotonic_ns()}'}.log")

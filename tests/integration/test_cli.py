@@ -1,0 +1,81 @@
+"""`omnistage serve` flag validation: exit code 2 and one line naming the flag."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+M = ["-oma", "127.0.0.1", "-omp", "1"]
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "omnistage", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--stage-id", "0"], "--stage-id requires both --omni-master-address"),
+        (["--stage-id", "0", "-oma", "127.0.0.1"], "--stage-id requires both"),
+        (["--stage-id", "0", "-omp", "1"], "--stage-id requires both"),
+        (["--omni-replica-address", "10.0.0.2"], "--omni-replica-address requires --headless"),
+        (["--omni-dp-size-local", "0"], "--omni-dp-size-local must be >= 1, got 0"),
+        (["--omni-dp-size-local", "2"], "--omni-dp-size-local != 1 requires --stage-id"),
+        (["--omni-heartbeat-timeout", "0"], "--omni-heartbeat-timeout must be > 0"),
+        (["--omni-heartbeat-timeout", "-3"], "--omni-heartbeat-timeout must be > 0"),
+        (["--omni-heartbeat-timeout", "1.5"], "at least twice the heartbeat interval"),
+        (["--omni-lb-policy", "fastest"], "--omni-lb-policy='fastest' is not one of"),
+        (["--headless"], "--headless requires --stage-id"),
+        (["--headless", "--stage-id", "1"], "--headless requires both --omni-master-address"),
+        (["--stage-id", "-1", *M], "--stage-id must be >= 0"),
+        (["--stage-id", "7", *M], "--stage-id 7 is not a stage of 'echo'"),
+        (["--worker-backend", "threads"], "--worker-backend='threads' is not one of"),
+        (["--worker-backend", "ray"], "--worker-backend ray is not available yet"),
+        (["--ray-address", "auto"], "--ray-address requires --worker-backend ray"),
+        (["--stage-init-timeout", "0"], "--stage-init-timeout must be > 0"),
+        (["--init-timeout", "-1"], "--init-timeout must be > 0"),
+        (["--port", "70000"], "--port must be in 0..65535"),
+        (["no-such-pipeline"], "is neither a deploy config file nor a built-in pipeline"),
+        (["echo", "--deploy-config", "x.yaml"], "either MODEL_OR_CONFIG or --deploy-config"),
+        (["--stage-overrides", "{nope"], "--stage-overrides: not valid JSON"),
+        (["--stage-overrides", '{"9": {}}'], "no stage with stage_id 9"),
+        (["--stage-overrides", '{"1": {"replicas": -2}}'], "stages[1].replicas"),
+    ],
+)
+def test_invalid_flags_exit_2_with_one_line_naming_the_flag(args: list[str], message: str) -> None:
+    result = _serve(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert lines[0].startswith("omnistage serve: error:")
+
+
+def test_bad_deploy_config_names_the_yaml_path(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "pipeline: p\nstages:\n"
+        "  - {stage_id: 0, name: a, engine: echo}\n"
+        "  - {stage_id: 1, name: b, engine: echo, inputs: [0], final_output: true,\n"
+        "     engine_args: {num_chunks: -1}}\n"
+    )
+    result = _serve("--deploy-config", str(bad))
+    assert result.returncode == 2
+    assert "stages[1].engine_args.num_chunks" in result.stderr
+    assert str(bad) in result.stderr
+
+
+def test_version_flag() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "omnistage", "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0
+    assert result.stdout.startswith("omnistage ")

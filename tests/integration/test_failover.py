@@ -1,0 +1,173 @@
+"""Replica failure, detection, re-attach and replacement, with real processes."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.integration.harness import HeadProc, Proc, headless, wait_for
+
+SLOW_STAGE_2 = '{"2": {"engine_args": {"chunk_delay_s": 0.01}}}'
+
+
+@dataclass
+class LoadResult:
+    ok: int = 0
+    errors: list[str] = field(default_factory=list)
+    hung: int = 0
+
+
+def _steady_load(url: str, stop: threading.Event, result: LoadResult, workers: int = 3) -> None:
+    def worker(n: int) -> None:
+        with httpx.Client(base_url=url, timeout=15) as client:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                text = f"w{n} r{i}"
+                try:
+                    r = client.post(
+                        "/v1/chat/completions",
+                        json={"messages": [{"role": "user", "content": text}]},
+                    )
+                except httpx.TimeoutException:
+                    result.hung += 1
+                    continue
+                if r.status_code == 200:
+                    content = r.json()["choices"][0]["message"]["content"]
+                    assert content == f"{text} [thinker] [talker] [vocoder]"
+                    result.ok += 1
+                else:
+                    result.errors.append(f"{r.status_code} {r.json()['error']['message']}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _state_of(head: HeadProc, stage_id: int, replica_id: int) -> str | None:
+    for r in head.replicas(stage_id):
+        if r["replica_id"] == replica_id:
+            return r["state"]
+    return None
+
+
+def test_kill_9_of_a_headless_replica_under_load(tmp_path: Path) -> None:
+    head = HeadProc(
+        tmp_path,
+        "echo",
+        "--stage-id",
+        "0",
+        "--omni-heartbeat-timeout",
+        "2",
+        "--stage-overrides",
+        SLOW_STAGE_2,
+    )
+    procs: list[Proc] = []
+    try:
+        head.wait_http()
+        procs.append(headless(tmp_path, head, 1))
+        victim = headless(tmp_path, head, 2, name="victim")
+        procs.append(victim)
+        head.wait_healthy()
+        procs.append(headless(tmp_path, head, 2, name="survivor"))
+        wait_for(lambda: len(head.up_replicas(2)) == 2, 20, what="2 replicas of stage 2")
+        victim_id = next(r["replica_id"] for r in head.up_replicas(2) if r["pid"] == victim.pid)
+
+        stop = threading.Event()
+        result = LoadResult()
+        loader = threading.Thread(target=_steady_load, args=(head.url, stop, result))
+        loader.start()
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        victim.signal(signal.SIGKILL)
+        wait_for(lambda: _state_of(head, 2, victim_id) == "ERROR", 5, what="victim ERROR")
+        detected_after = time.monotonic() - killed_at
+        time.sleep(1.5)
+        ok_before_replacement = result.ok
+
+        # A replacement joins with a fresh auto-assigned id and takes traffic.
+        newcomer = headless(tmp_path, head, 2, name="newcomer")
+        procs.append(newcomer)
+        wait_for(
+            lambda: any(r["pid"] == newcomer.pid for r in head.up_replicas(2)),
+            20,
+            what="newcomer UP",
+        )
+        time.sleep(1.5)
+        stop.set()
+        loader.join(30)
+        assert not loader.is_alive()
+
+        assert detected_after <= 2.0 + 1.0, f"detected after {detected_after:.2f}s"
+        assert result.hung == 0
+        assert result.ok > ok_before_replacement > 0
+        # Only requests that were on the victim may fail, and they say why.
+        assert len(result.errors) <= 3, result.errors
+        for message in result.errors:
+            assert "stage 2" in message and "replica" in message, message
+        newcomer_entry = next(r for r in head.up_replicas(2) if r["pid"] == newcomer.pid)
+        assert newcomer_entry["replica_id"] not in (victim_id,)
+        assert newcomer_entry["dispatched_total"] > 0
+    finally:
+        for p in procs:
+            p.stop()
+        head.stop()
+
+
+def test_frozen_replica_goes_error_then_back_up_when_it_resumes(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo-1stage", "--stage-id", "0", "--omni-heartbeat-timeout", "2")
+    replica: Proc | None = None
+    try:
+        head.wait_healthy()
+        replica = headless(tmp_path, head, 0)
+        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="headless replica UP")
+        rid = next(r["replica_id"] for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        replica.signal(signal.SIGSTOP)  # freezes the heartbeat thread too
+        frozen_at = time.monotonic()
+        wait_for(lambda: _state_of(head, 0, rid) == "ERROR", 5, what="ERROR after silence")
+        assert time.monotonic() - frozen_at >= 1.5  # not before the timeout
+        # While it is ERROR, traffic goes to the other replica only.
+        for _ in range(4):
+            assert head.chat("while frozen").status_code == 200
+        replica.signal(signal.SIGCONT)
+        wait_for(lambda: _state_of(head, 0, rid) == "UP", 5, what="UP after resuming")
+        before = next(r["dispatched_total"] for r in head.up_replicas(0) if r["replica_id"] == rid)
+        for _ in range(8):
+            assert head.chat("after resume").status_code == 200
+        after = next(r["dispatched_total"] for r in head.up_replicas(0) if r["replica_id"] == rid)
+        assert after > before  # re-attached: it gets traffic again
+    finally:
+        if replica is not None:
+            replica.signal(signal.SIGCONT)
+            replica.stop()
+        head.stop()
+
+
+def test_local_replica_exit_is_noticed_at_once(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo", "--omni-heartbeat-timeout", "30")
+    try:
+        head.wait_healthy()
+        (talker,) = head.up_replicas(1)
+        import os
+
+        os.kill(talker["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: _state_of(head, 1, 0) == "ERROR", 5, 0.02, what="talker ERROR")
+        assert time.monotonic() - killed_at < 1.0  # far inside the 30 s heartbeat timeout
+        reason = next(r["reason"] for r in head.replicas(1))
+        assert "exited" in reason
+        r = head.chat(
+            "no talker",
+        )
+        assert r.status_code == 503
+        assert "stage 1 (talker)" in r.json()["error"]["message"]
+        assert head.client.get("/health").status_code == 503
+    finally:
+        head.stop()

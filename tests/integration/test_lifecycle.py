@@ -1,0 +1,181 @@
+"""Aborts, stage errors, missing stages, shutdown and start-up timeouts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.harness import HeadProc, Proc, free_port, headless, wait_for
+
+# A long request: 40 chunks x 0.1 s on the thinker, passed on by the other stages.
+SLOW = json.dumps({"0": {"engine_args": {"num_chunks": 40, "chunk_delay_s": 0.1}}})
+
+
+def _all_idle(head: HeadProc) -> bool:
+    for stage in head.stages()["stages"]:
+        for r in stage["replicas"]:
+            if r["in_flight"] or r["reported_in_flight"]:
+                return False
+    return True
+
+
+def _busy_anywhere(head: HeadProc) -> bool:
+    return any(r["reported_in_flight"] for s in head.stages()["stages"] for r in s["replicas"])
+
+
+@pytest.fixture(scope="module")
+def slow_head(module_tmp: Path):  # type: ignore[no-untyped-def]
+    head = HeadProc(module_tmp, "echo", "--stage-overrides", SLOW, name="slow-head")
+    try:
+        head.wait_healthy()
+        yield head
+    finally:
+        head.stop()
+
+
+def test_streaming_client_disconnect_aborts_every_stage(slow_head: HeadProc) -> None:
+    body = {"messages": [{"role": "user", "content": "a long story"}], "stream": True}
+    with (
+        httpx.Client(base_url=slow_head.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
+        for seen, line in enumerate(r.iter_lines()):
+            if line.startswith("data: ") and '"content":"a' in line.replace(" ", ""):
+                break
+            assert seen < 50
+        wait_for(lambda: _busy_anywhere(slow_head), 3, what="replicas report the request")
+    left_at = time.monotonic()
+    # The request would run ~4 s more; aborted, every stage is idle within a heartbeat.
+    wait_for(lambda: _all_idle(slow_head), 2.5, what="every stage idle after disconnect")
+    assert time.monotonic() - left_at < 2.5
+
+
+def test_non_streaming_client_disconnect_aborts_every_stage(slow_head: HeadProc) -> None:
+    with (
+        httpx.Client(base_url=slow_head.url, timeout=1.0) as client,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "never mind"}]},
+        )
+    wait_for(lambda: _all_idle(slow_head), 2.5, what="every stage idle after the client left")
+
+
+def test_stage_error_is_a_clear_500_and_the_server_stays_up(tmp_path: Path) -> None:
+    overrides = json.dumps({"1": {"engine_args": {"fail_on": "BOOM"}}})
+    head = HeadProc(tmp_path, "echo", "--stage-overrides", overrides)
+    try:
+        head.wait_healthy()
+        r = head.chat("please BOOM")
+        assert r.status_code == 500
+        error = r.json()["error"]
+        assert error["code"] == "stage_failed"
+        assert "stage 1 (talker)" in error["message"]
+        assert "fail" in error["message"]
+        body = {"messages": [{"role": "user", "content": "BOOM again"}], "stream": True}
+        with head.client.stream("POST", "/v1/chat/completions", json=body) as s:
+            text = "".join(s.iter_lines())
+        assert '"stage_failed"' in text and text.endswith("data: [DONE]")
+        ok = head.chat("fine")
+        assert ok.status_code == 200
+        assert ok.json()["choices"][0]["message"]["content"].startswith("fine")
+        assert _all_idle(head)
+    finally:
+        head.stop()
+
+
+def test_missing_stage_is_a_bounded_503_not_a_hang(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo", "--stage-id", "0", "--omni-stage-wait-timeout", "0.5")
+    try:
+        head.wait_http()
+        wait_for(lambda: head.up_replicas(0), 20, what="stage 0 UP")
+        health = head.client.get("/health")
+        assert health.status_code == 503
+        assert "1 (talker)" in health.json()["error"]["message"]
+        stages = {s["stage_id"]: s["status"] for s in head.stages()["stages"]}
+        assert stages == {0: "ready", 1: "waiting", 2: "waiting"}
+        started = time.monotonic()
+        r = head.chat("anyone?")
+        assert r.status_code == 503
+        assert time.monotonic() - started < 3
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "service_unavailable"
+        # Streaming requests learn it before the stream starts, too.
+        body = {"messages": [{"role": "user", "content": "x"}], "stream": True}
+        assert head.client.post("/v1/chat/completions", json=body).status_code == 503
+    finally:
+        head.stop()
+
+
+def test_head_shutdown_stops_its_headless_replicas(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo-1stage", "--stage-id", "0")
+    replica: Proc | None = None
+    try:
+        head.wait_healthy()
+        replica = headless(tmp_path, head, 0, "--omni-dp-size-local", "2")
+        wait_for(lambda: len(head.up_replicas(0)) == 3, 20, what="two headless replicas UP")
+        assert head.stop() == 0
+        assert replica.wait(10) == 0
+    finally:
+        if replica is not None:
+            replica.stop()
+        head.stop()
+
+
+def test_sigterm_to_a_headless_replica_reports_down_and_exits_cleanly(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo-1stage", "--stage-id", "0")
+    replica: Proc | None = None
+    try:
+        head.wait_healthy()
+        replica = headless(tmp_path, head, 0)
+        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="headless replica UP")
+        rid = next(r["replica_id"] for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        replica.signal(signal.SIGTERM)
+        assert replica.wait(10) == 0
+        states = {r["replica_id"]: r["state"] for r in head.replicas(0)}
+        assert states[rid] == "DOWN"
+        assert head.chat("still served").status_code == 200
+    finally:
+        if replica is not None:
+            replica.stop()
+        head.stop()
+
+
+def test_replica_with_no_master_fails_naming_the_timeout_flag(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens here
+    replica = Proc(
+        [
+            "serve",
+            "--headless",
+            "--stage-id",
+            "0",
+            "-oma",
+            "127.0.0.1",
+            "-omp",
+            str(port),
+            "--stage-init-timeout",
+            "1",
+        ],
+        tmp_path / "orphan.log",
+    )
+    try:
+        assert replica.wait(15) == 1
+        assert "--stage-init-timeout" in replica.log()
+    finally:
+        replica.stop()
+
+
+def test_head_gives_up_after_init_timeout_when_a_stage_never_joins(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo", "--stage-id", "0", "--init-timeout", "2")
+    try:
+        assert head.wait(20) == 1
+        assert "--init-timeout" in head.log()
+        assert "1 (talker)" in head.log()
+    finally:
+        head.stop()

@@ -1,0 +1,190 @@
+"""SlotTable: which (stage, replica) slot a registration gets, and its epoch."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnistage.control.slots import SlotTable
+from omnistage.protocol.errors import RegistrationError
+from omnistage.protocol.messages import AUTO_ASSIGN_REPLICA_ID, RegisterRequest
+
+
+def auto(stage_id: int = 0) -> RegisterRequest:
+    return RegisterRequest(stage_id=stage_id, replica_id=AUTO_ASSIGN_REPLICA_ID)
+
+
+def test_seed_default_replica_id_is_zero_when_absent():
+    assert RegisterRequest(stage_id=1).replica_id == 0
+    assert AUTO_ASSIGN_REPLICA_ID == -1
+
+
+def test_request_without_replica_id_fills_slot_zero():
+    table = SlotTable([1], preallocated={1: 2})
+    slot = table.register(RegisterRequest(stage_id=1))
+    assert (slot.stage_id, slot.replica_id, slot.filled) == (1, 0, True)
+
+
+def test_auto_assign_fills_lowest_preallocated_slot_then_new_ids():
+    table = SlotTable([0], preallocated={0: 3})
+    ids = [table.register(auto()).replica_id for _ in range(5)]
+    assert ids == [0, 1, 2, 3, 4]
+
+
+def test_auto_assign_skips_slots_already_filled_explicitly():
+    table = SlotTable([0], preallocated={0: 3})
+    table.register(RegisterRequest(stage_id=0, replica_id=0))
+    table.register(RegisterRequest(stage_id=0, replica_id=2))
+    assert table.register(auto()).replica_id == 1
+    assert table.register(auto()).replica_id == 3
+
+
+def test_auto_assign_never_takes_head_local_slot_before_head_registers():
+    table = SlotTable([0], preallocated={0: 3}, head_local={0: [0]})
+    slot0 = table.get(0, 0)
+    assert slot0 is not None and slot0.head_local and not slot0.filled
+    ids = [table.register(auto()).replica_id for _ in range(3)]
+    assert ids == [1, 2, 3]
+    assert not table.get(0, 0).filled
+    # The head's own replica then takes its reserved slot.
+    assert table.register(RegisterRequest(stage_id=0, replica_id=0)).replica_id == 0
+
+
+def test_head_local_slot_beyond_preallocated_is_reserved_too():
+    table = SlotTable([0], preallocated={0: 1}, head_local={0: [1]})
+    ids = [table.register(auto()).replica_id for _ in range(3)]
+    assert ids == [0, 2, 3]
+
+
+def test_auto_assign_is_per_stage():
+    table = SlotTable([0, 1], preallocated={0: 1, 1: 1})
+    assert table.register(auto(0)).replica_id == 0
+    assert table.register(auto(0)).replica_id == 1
+    assert table.register(auto(1)).replica_id == 0
+
+
+def test_twenty_auto_assign_registrations_get_distinct_ids():
+    table = SlotTable([0], preallocated={0: 2}, head_local={0: [0]})
+    ids = [table.register(auto()).replica_id for _ in range(20)]
+    assert len(set(ids)) == 20
+    assert 0 not in ids
+
+
+def test_explicit_registration_is_idempotent_and_bumps_epoch():
+    table = SlotTable([0], preallocated={0: 1})
+    first = table.register(RegisterRequest(stage_id=0, replica_id=4))
+    epoch1 = first.epoch
+    second = table.register(RegisterRequest(stage_id=0, replica_id=4))
+    assert second is first
+    assert (second.stage_id, second.replica_id) == (0, 4)
+    assert second.epoch > epoch1
+    assert [s.replica_id for s in table.slots()] == [0, 4]
+
+
+def test_epoch_is_global_and_strictly_increasing():
+    table = SlotTable([0, 1])
+    epochs = [
+        table.register(RegisterRequest(stage_id=0, replica_id=0)).epoch,
+        table.register(RegisterRequest(stage_id=1, replica_id=0)).epoch,
+        table.register(RegisterRequest(stage_id=0, replica_id=0)).epoch,
+    ]
+    assert epochs == [1, 2, 3]
+
+
+def test_is_current_only_for_latest_epoch():
+    table = SlotTable([0])
+    old = table.register(RegisterRequest(stage_id=0, replica_id=1)).epoch
+    new = table.register(RegisterRequest(stage_id=0, replica_id=1)).epoch
+    assert table.is_current(0, 1, new)
+    assert not table.is_current(0, 1, old)
+    assert not table.is_current(0, 2, new)  # no such slot
+    assert not table.is_current(1, 1, new)  # no such stage
+
+
+def test_is_current_false_for_unfilled_preallocated_slot():
+    table = SlotTable([0], preallocated={0: 1})
+    assert not table.is_current(0, 0, 0)
+
+
+def test_unknown_stage_raises_registration_error_naming_it():
+    table = SlotTable([0, 1])
+    with pytest.raises(RegistrationError) as info:
+        table.register(RegisterRequest(stage_id=7))
+    assert "7" in str(info.value)
+    assert "0, 1" in str(info.value)  # lists the stages the head serves
+
+
+def test_binds_sockets_with_missing_ports_raises_registration_error():
+    table = SlotTable([0])
+    req = RegisterRequest(
+        stage_id=0,
+        replica_id=0,
+        replica_binds_sockets=True,
+        replica_bind_address="10.0.0.2",
+        replica_handshake_port=6000,
+        replica_input_port=None,
+        replica_output_port=6002,
+    )
+    with pytest.raises(RegistrationError) as info:
+        table.register(req)
+    assert "replica_input_port" in str(info.value)
+    assert not table.is_current(0, 0, 1)
+
+
+def test_binds_sockets_with_out_of_range_port_raises_registration_error():
+    table = SlotTable([0])
+    req = RegisterRequest(
+        stage_id=0,
+        replica_binds_sockets=True,
+        replica_bind_address="10.0.0.2",
+        replica_handshake_port=6000,
+        replica_input_port=6001,
+        replica_output_port=70000,
+    )
+    with pytest.raises(RegistrationError):
+        table.register(req)
+
+
+def test_binds_sockets_records_ports_and_address():
+    table = SlotTable([0])
+    slot = table.register(
+        RegisterRequest(
+            stage_id=0,
+            replica_binds_sockets=True,
+            replica_bind_address="10.0.0.2",
+            replica_handshake_port=6000,
+            replica_input_port=6001,
+            replica_output_port=6002,
+            coordinator_input="tcp://h:1",
+        )
+    )
+    assert slot.binds_sockets is True
+    assert slot.replica_ports == (6000, 6001, 6002)
+    assert slot.bind_address == "10.0.0.2"
+    assert slot.coordinator_addresses["coordinator_input"] == "tcp://h:1"
+
+
+def test_binds_sockets_without_bind_address_is_treated_as_not_binding():
+    table = SlotTable([0])
+    slot = table.register(RegisterRequest(stage_id=0, replica_binds_sockets=True))
+    assert slot.binds_sockets is False
+    assert slot.replica_ports is None
+
+
+def test_negative_preallocated_count_is_rejected():
+    with pytest.raises(ValueError):
+        SlotTable([0], preallocated={0: -1})
+
+
+def test_refused_registration_leaves_no_slot_behind():
+    table = SlotTable([0], preallocated={0: 1})
+    table.register(RegisterRequest(stage_id=0, replica_id=0))
+    bad = RegisterRequest(
+        stage_id=0,
+        replica_id=5,
+        replica_binds_sockets=True,
+        replica_bind_address="10.0.0.2",
+    )
+    with pytest.raises(RegistrationError):
+        table.register(bad)
+    assert table.get(0, 5) is None
+    assert table.register(auto()).replica_id == 1
