@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -53,8 +53,9 @@ class HeadOptions:
     no_replica_wait_s: float = 3.0
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
-    stage_overrides_json: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    log_stats: bool = False
+    stats_interval_s: float = 10.0
 
     def local_replicas(self) -> dict[int, int]:
         """How many replicas of each stage this head launches itself."""
@@ -93,7 +94,7 @@ class Head:
             self._loop.add_signal_handler(sig, self._on_signal, sig)
         self._start_control_and_data()
         self._launch_local()
-        app = create_app(self)
+        app = create_app(self, self.opts.api_key)
         server = _Server(
             uvicorn.Config(
                 app,
@@ -108,13 +109,14 @@ class Head:
         server_task = asyncio.create_task(server.serve(), name="omni-http")
         watch_task = asyncio.create_task(self._await_stages(), name="omni-init-wait")
         observe_task = asyncio.create_task(self._observe_load(), name="omni-load")
+        stats_task = asyncio.create_task(self._log_stats(), name="omni-stats")
         stop_task = asyncio.create_task(self._stop.wait())
         await asyncio.wait({server_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         if server_task.done() and not self._stop.is_set():
             exc = server_task.exception()
             log.error("HTTP server exited%s", f": {exc}" if exc else "")
             self.exit_code = 1
-        for task in (watch_task, observe_task, stop_task):
+        for task in (watch_task, observe_task, stats_task, stop_task):
             task.cancel()
         server.should_exit = True
         with contextlib.suppress(BaseException):
@@ -229,6 +231,28 @@ class Head:
                 pool = self.pools.get(entry.stage_id)
                 if pool is not None:
                     pool.observe(entry)
+
+    async def _log_stats(self) -> None:
+        """--log-stats: one line per interval with throughput and replica counts."""
+        if not self.opts.log_stats:
+            return
+        last = self.orchestrator.started_total
+        while True:
+            await asyncio.sleep(self.opts.stats_interval_s)
+            total = self.orchestrator.started_total
+            rate = (total - last) / self.opts.stats_interval_s
+            last = total
+            pools = ", ".join(
+                f"{p.name}: {len(p.live())} up/{sum(r.in_flight for r in p.live())} busy"
+                for p in self.pools.values()
+            )
+            log.info(
+                "stats: %.1f req/s, %d in flight, %d total; %s",
+                rate,
+                self.orchestrator.in_flight,
+                total,
+                pools,
+            )
 
     # -- events ----------------------------------------------------------------------
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
+
+from omnistage import envs
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(level: str | None = None) -> None:
-    level = (level or os.environ.get("OMNISTAGE_LOG_LEVEL") or "INFO").upper()
+    level = (level or envs.log_level() or "INFO").upper()
     logging.basicConfig(level=level, format=FORMAT, force=True)
     # Per-request access lines would drown the control-plane events operators need.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)

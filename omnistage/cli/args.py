@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from omnistage import envs
 from omnistage.control.balancing import POLICIES
 
 DEFAULT_PORT = 8091
@@ -115,9 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="how local replicas run: multi_process (default) or ray",
     )
     s.add_argument("--ray-address", default=None, help="Ray cluster address (ray backend)")
-    s.add_argument("--api-key", default=None, help="require this bearer key on /v1/*")
+    s.add_argument(
+        "--api-key",
+        default=envs.api_key(),
+        help="require 'Authorization: Bearer KEY' on /v1/* (env OMNISTAGE_API_KEY)",
+    )
     s.add_argument("--log-stats", action="store_true", help="log request statistics")
-    s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    s.add_argument(
+        "--log-level",
+        default=envs.log_level() or "INFO",
+        help="DEBUG, INFO, WARNING, ERROR (env OMNISTAGE_LOG_LEVEL)",
+    )
     return parser
 
 

@@ -59,6 +59,8 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
         init_timeout_s=args.init_timeout,
         no_replica_wait_s=args.omni_stage_wait_timeout,
         log_level=args.log_level,
+        api_key=args.api_key,
+        log_stats=args.log_stats,
     )
     return asyncio.run(Head(opts).run())
 

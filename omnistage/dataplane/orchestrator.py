@@ -74,6 +74,7 @@ class Orchestrator:
         self._on_unreachable = on_unreachable
         self.no_replica_wait_s = no_replica_wait_s
         self._runs: dict[str, _Run] = {}
+        self.started_total = 0
 
     @property
     def in_flight(self) -> int:
@@ -100,6 +101,7 @@ class Orchestrator:
             finals=set(finals),
         )
         self._runs[request_id] = run
+        self.started_total += 1
         try:
             # Every stage the request needs must be servable before anything starts, so
             # a missing downstream stage is a 503 up front, not an error mid-stream.

@@ -1,0 +1,15 @@
+"""Every environment variable omnistage reads, in one place."""
+
+from __future__ import annotations
+
+import os
+
+
+def api_key() -> str | None:
+    """OMNISTAGE_API_KEY: the default for --api-key."""
+    return os.environ.get("OMNISTAGE_API_KEY") or None
+
+
+def log_level() -> str | None:
+    """OMNISTAGE_LOG_LEVEL: the default log level when --log-level is not given."""
+    return os.environ.get("OMNISTAGE_LOG_LEVEL") or None
