@@ -53,6 +53,7 @@ class Result:
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     mean_ms: float = 0.0
+    client_cpu_pct: float = 0.0  # the load generator's CPU time over the measured wall time
     ratio_to_floor: float | None = None
     added_p50_per_hop_ms: float | None = None
     error: str | None = None
@@ -117,7 +118,8 @@ class Server:
 
     def log_tail(self, n: int = 2000) -> str:
         self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-n:]
+        tail = self.log.read().decode(errors="replace")[-n:].rstrip()
+        return f"\n{tail}" if tail else ""
 
     def wait_ready(self, timeout: float) -> None:
         # The floor has only the POST route; a head is ready when /health says 200.
@@ -126,7 +128,7 @@ class Server:
         deadline, last = time.monotonic() + timeout, "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"exited with {self.proc.returncode}{self.log_tail()}")
             req = urllib.request.Request(url, data=body, method="POST" if body else "GET")
             try:
                 with urllib.request.urlopen(req, timeout=2.0) as resp:
@@ -136,7 +138,7 @@ class Server:
             except (OSError, http.client.HTTPException) as exc:
                 last = str(exc)
             time.sleep(0.2)
-        raise RuntimeError(f"not ready after {timeout:.0f}s ({last}):\n{self.log_tail()}")
+        raise RuntimeError(f"not ready after {timeout:.0f}s ({last}){self.log_tail()}")
 
     def stop(self, grace: float = 15.0) -> None:
         if self.proc.poll() is None:
@@ -163,42 +165,32 @@ def request_body(target: Target) -> bytes:
     return json.dumps({"model": target.name, "messages": [msg]}).encode()
 
 
-class Conn:
-    def __init__(self, port: int, request: bytes, expect: bytes, timeout: float) -> None:
-        self.port, self.request, self.expect, self.timeout = port, request, expect, timeout
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def open(self) -> None:
-        async with asyncio.timeout(self.timeout):
-            self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
-
-    async def post(self) -> None:
-        assert self.reader is not None and self.writer is not None
-        async with asyncio.timeout(self.timeout):
-            self.writer.write(self.request)
-            head = await self.reader.readuntil(b"\r\n\r\n")
-            status_line, _, headers = head.partition(b"\r\n")
-            length = -1
-            for line in headers.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if length < 0:
-                raise RuntimeError(f"no Content-Length in response: {head!r}")
-            body = await self.reader.readexactly(length)
-        if status_line.split(b" ", 2)[1] != b"200":
-            raise RuntimeError(f"{status_line.decode(errors='replace')}: {body[:300]!r}")
-        if self.expect not in body:
-            raise RuntimeError(f"{self.expect!r} not in response body {body[:300]!r}")
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-async def closed_loop(conns: list[Conn], n: int) -> tuple[list[float], float]:
-    """Send n requests over the connections, each one at a time; return latencies, wall."""
+async def post(conn: Conn, request: bytes, expect: bytes) -> None:
+    reader, writer = conn
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, _, headers = head.partition(b"\r\n")
+    length = -1
+    for line in headers.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    if length < 0:
+        raise RuntimeError(f"no Content-Length in response: {head!r}")
+    body = await reader.readexactly(length)
+    if status_line.split(b" ", 2)[1] != b"200":
+        raise RuntimeError(f"{status_line.decode(errors='replace')}: {body[:300]!r}")
+    if expect not in body:
+        raise RuntimeError(f"{expect!r} not in response body {body[:300]!r}")
+
+
+async def closed_loop(
+    conns: list[Conn], n: int, request: bytes, expect: bytes, timeout: float
+) -> tuple[list[float], float]:
+    """Send n requests over the connections, one at a time on each; return latencies, wall."""
     left = [n]
     latencies: list[float] = []
 
@@ -206,7 +198,8 @@ async def closed_loop(conns: list[Conn], n: int) -> tuple[list[float], float]:
         while left[0] > 0:
             left[0] -= 1
             t0 = time.perf_counter()
-            await conn.post()
+            async with asyncio.timeout(timeout):
+                await post(conn, request, expect)
             latencies.append(time.perf_counter() - t0)
 
     start = time.perf_counter()
@@ -222,22 +215,26 @@ async def load(target: Target, port: int, c: int, n: int, warmup: int, timeout: 
         f"POST {PATH} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-    conns = [Conn(port, request, target.expect, timeout) for _ in range(c)]
+    conns: list[Conn] = []
     try:
-        await asyncio.gather(*(conn.open() for conn in conns))
-        await closed_loop(conns, warmup)
-        lat, wall = await closed_loop(conns, n)
+        async with asyncio.timeout(timeout):
+            for _ in range(c):
+                conns.append(await asyncio.open_connection(HOST, port))
+        await closed_loop(conns, warmup, request, target.expect, timeout)
+        cpu = time.process_time()
+        lat, wall = await closed_loop(conns, n, request, target.expect, timeout)
+        cpu = time.process_time() - cpu
     finally:
-        for conn in conns:
-            conn.close()
+        for _, writer in conns:
+            writer.close()
     lat.sort()
 
     def pct(p: float) -> float:  # nearest rank, in ms
         return lat[min(len(lat), max(1, math.ceil(p / 100 * len(lat)))) - 1] * 1e3
 
-    return Result(
-        target.name, target.stages, c, n, n / wall, pct(50), pct(99), sum(lat) / len(lat) * 1e3
-    )
+    r = Result(target.name, target.stages, c, n, n / wall, pct(50), pct(99))
+    r.mean_ms, r.client_cpu_pct = sum(lat) / len(lat) * 1e3, cpu / wall * 100
+    return r
 
 
 # -- driver and report --------------------------------------------------------------------
@@ -258,7 +255,9 @@ def bench_target(target: Target, args: argparse.Namespace) -> list[Result]:
             exc = exc.exceptions[0]
         for r in results:
             if not r.rps:
-                r.error = f"{type(exc).__name__}: {exc or '(no message)'}"
+                r.error = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
+                if isinstance(exc, TimeoutError):
+                    r.error += f" (no answer within {args.request_timeout:g}s)"
         print(f"! {target.name}: {results[-1].error}", flush=True)
     finally:
         if server is not None:
@@ -279,16 +278,17 @@ def fill_relative(results: list[Result]) -> None:
 
 def report(results: list[Result]) -> list[dict[str, Any]]:
     cols = f"{'target':<12} {'stages':>6} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
-    print(f"\n{cols} {'x floor':>8} {'+p50/hop ms':>12}")
+    print(f"\n{cols} {'x floor':>8} {'+p50/hop ms':>12} {'client cpu':>10}")
     for r in results:
         if r.error is not None:
-            print(f"{r.target:<12} {r.stages:>6} {r.concurrency:>4}  FAILED: {r.error[:200]}")
+            why = r.error.splitlines()[0][:200]
+            print(f"{r.target:<12} {r.stages:>6} {r.concurrency:>4}  FAILED: {why}")
             continue
         ratio = f"{r.ratio_to_floor:.2f}" if r.ratio_to_floor is not None else "-"
         hop = f"{r.added_p50_per_hop_ms:.3f}" if r.added_p50_per_hop_ms is not None else "-"
         print(
             f"{r.target:<12} {r.stages:>6} {r.concurrency:>4} {r.rps:>9.0f} {r.p50_ms:>8.3f} "
-            f"{r.p99_ms:>8.3f} {ratio:>8} {hop:>12}"
+            f"{r.p99_ms:>8.3f} {ratio:>8} {hop:>12} {r.client_cpu_pct:>9.0f}%"
         )
     by = {(r.target, r.concurrency): r for r in results}
     ratio, hop = by[("echo", 32)].ratio_to_floor, by[("echo", 1)].added_p50_per_hop_ms
@@ -322,6 +322,8 @@ def main() -> int:
         f"python {platform.python_version()}, {os.cpu_count()} CPUs; warm-up {args.warmup}, "
         f"requests c=1: {args.requests_c1}, c=32: {args.requests}"
     )
+    # SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results: list[Result] = []
     for target in TARGETS:
         results += bench_target(target, args)

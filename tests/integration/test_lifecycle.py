@@ -12,8 +12,9 @@ import pytest
 
 from tests.integration.harness import HeadProc, Proc, free_port, headless, wait_for
 
-# A long request: 40 chunks x 0.1 s on the thinker, passed on by the other stages.
-SLOW = json.dumps({"0": {"engine_args": {"num_chunks": 40, "chunk_delay_s": 0.1}}})
+# A long request: 40 chunks x 0.2 s = 8 s on the thinker (prompts of 40+ characters).
+SLOW = json.dumps({"0": {"engine_args": {"num_chunks": 40, "chunk_delay_s": 0.2}}})
+LONG_PROMPT = "a long story that goes on and on and on and on"
 
 
 def _all_idle(head: HeadProc) -> bool:
@@ -39,18 +40,20 @@ def slow_head(module_tmp: Path):  # type: ignore[no-untyped-def]
 
 
 def test_streaming_client_disconnect_aborts_every_stage(slow_head: HeadProc) -> None:
-    body = {"messages": [{"role": "user", "content": "a long story"}], "stream": True}
+    body = {"messages": [{"role": "user", "content": LONG_PROMPT}], "stream": True}
     with (
         httpx.Client(base_url=slow_head.url, timeout=10) as client,
         client.stream("POST", "/v1/chat/completions", json=body) as r,
     ):
-        for seen, line in enumerate(r.iter_lines()):
+        # Keep a reference: a dropped line iterator closes the response (a disconnect).
+        lines = r.iter_lines()
+        for seen, line in enumerate(lines):
             if line.startswith("data: ") and '"content":"a' in line.replace(" ", ""):
                 break
             assert seen < 50
         wait_for(lambda: _busy_anywhere(slow_head), 3, what="replicas report the request")
     left_at = time.monotonic()
-    # The request would run ~4 s more; aborted, every stage is idle within a heartbeat.
+    # The request would run ~7 s more; aborted, every stage is idle within a heartbeat.
     wait_for(lambda: _all_idle(slow_head), 2.5, what="every stage idle after disconnect")
     assert time.monotonic() - left_at < 2.5
 
@@ -62,7 +65,7 @@ def test_non_streaming_client_disconnect_aborts_every_stage(slow_head: HeadProc)
     ):
         client.post(
             "/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": "never mind"}]},
+            json={"messages": [{"role": "user", "content": LONG_PROMPT}]},
         )
     wait_for(lambda: _all_idle(slow_head), 2.5, what="every stage idle after the client left")
 
