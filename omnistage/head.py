@@ -14,7 +14,6 @@ from typing import Any
 
 import uvicorn
 import zmq
-import zmq.asyncio
 
 from omnistage.api.app import create_app
 from omnistage.config.schema import DeployConfig
@@ -30,7 +29,13 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.net import tcp_url
-from omnistage.protocol.messages import HandshakeInit, Ready, RegisterRequest, Shutdown
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    OutputChunk,
+    Ready,
+    RegisterRequest,
+    Shutdown,
+)
 from omnistage.replica.launch import LocalLauncher, LocalReplicaProcess, ReplicaSpec
 
 log = logging.getLogger(__name__)
@@ -127,13 +132,14 @@ class Head:
     def _start_control_and_data(self) -> None:
         opts = self.opts
         self._zctx = zmq.Context()
-        actx = zmq.asyncio.Context.shadow(self._zctx)
         host = opts.master_host
         master_sock, master_url = bind_router(self._zctx, tcp_url(host, opts.master_port))
         handshake_sock, handshake_url = bind_router(self._zctx, tcp_url(host, 0))
         coord_sock, coord_url = bind_router(self._zctx, tcp_url(host, 0))
         self.master_url = master_url
-        self.channels = DataChannels(actx, host, self._on_output, self._on_ready)
+        self.channels = DataChannels(
+            self._zctx, host, self._on_outputs, self._on_ready, self._on_unreachable_identity
+        )
         self.addresses = HeadAddresses(
             handshake=handshake_url,
             input=self.channels.input_url,
@@ -291,11 +297,10 @@ class Head:
                 ready.replica_id,
                 ready.epoch,
             )
-            with contextlib.suppress(Exception):
-                self.channels.send(identity, Shutdown("stale registration"))
+            self.channels.post(identity, Shutdown("stale registration"))
 
-    def _on_output(self, chunk: Any) -> None:
-        self.orchestrator.on_output(chunk)
+    def _on_outputs(self, chunks: list[OutputChunk]) -> None:
+        self.orchestrator.on_outputs(chunks)
 
     def _post_transition(self, t: Transition) -> None:
         # Called from the control thread, launcher threads or the loop itself.
@@ -307,6 +312,15 @@ class Head:
             handle.epoch,
             ReplicaState.ERROR,
             "unreachable on the input channel",
+        )
+
+    def _on_unreachable_identity(self, identity: bytes) -> None:
+        try:
+            stage_id, replica_id, epoch = (int(p) for p in identity.split(b"."))
+        except ValueError:
+            return
+        self.coordinator.mark(
+            (stage_id, replica_id), epoch, ReplicaState.ERROR, "unreachable on the input channel"
         )
 
     def _on_process_exit(self, proc: LocalReplicaProcess, code: int) -> None:
@@ -327,8 +341,8 @@ class Head:
     async def _shutdown(self) -> None:
         for pool in self.pools.values():
             for handle in pool.live():
-                with contextlib.suppress(Exception):
-                    self.channels.send(handle.identity, Shutdown("head shutting down"))
+                self.channels.post(handle.identity, Shutdown("head shutting down"))
+        self.channels.outbox.flush()
         await asyncio.sleep(0.05)  # let the Shutdown messages leave
         await asyncio.to_thread(self.launcher.stop_all, self.opts.shutdown_grace_s)
         await self.channels.stop()

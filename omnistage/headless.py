@@ -8,12 +8,12 @@ forwards SIGTERM/SIGINT to them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import signal
 import threading
 
+from omnistage import aio
 from omnistage.replica.launch import LocalLauncher, ReplicaSpec
 from omnistage.replica.runtime import ReplicaOptions, ReplicaRuntime
 
@@ -32,7 +32,7 @@ def run_headless(args: argparse.Namespace) -> int:
             stage_init_timeout_s=args.stage_init_timeout,
             stage_overrides=overrides,
         )
-        return asyncio.run(ReplicaRuntime(opts).run())
+        return aio.run(ReplicaRuntime(opts).run())
     return _supervise(args, overrides)
 
 

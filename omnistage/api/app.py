@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
 from omnistage import __version__
 from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
 from omnistage.api.routes import chat, info
+from omnistage.api.schemas import ChatCompletionRequest
 
 
 def create_app(omni: Any, api_key: str | None = None) -> FastAPI:
@@ -21,4 +24,23 @@ def create_app(omni: Any, api_key: str | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(chat.router)
     app.include_router(info.router)
+    _document_bodies(app, [ChatCompletionRequest])
     return app
+
+
+def _document_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """Put the schemas of bodies parsed by ``parse_body`` into /openapi.json."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(js.pop("$defs", {}))
+            components[model.__name__] = js
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import msgspec
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -32,7 +35,9 @@ class ApiError(Exception):
         super().__init__(message)
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -71,9 +76,8 @@ async def _api_error(_: Request, exc: Exception) -> Response:
     return error_response(e.status, e.message, e.type, e.param, e.code, headers)
 
 
-async def _validation_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
+def invalid_body(errors: Sequence[Any]) -> ApiError:
+    """A 400 naming the first bad field of a request body."""
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
@@ -81,7 +85,12 @@ async def _validation_error(_: Request, exc: Exception) -> Response:
         message = "request body is not valid JSON"
     else:
         message = f"{param + ': ' if param else ''}{first.get('msg', 'invalid request')}"
-    return error_response(400, message, "invalid_request_error", param)
+    return ApiError(400, message, "invalid_request_error", param)
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return await _api_error(request, invalid_body(exc.errors()))
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:

@@ -6,9 +6,29 @@ and a bad one is a 400 naming it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.requests import Request
+
+from omnistage.api.errors import invalid_body
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """Validate the JSON body straight from bytes (pydantic-core's parser: no json.loads
+    pass first); a bad body is a 400 naming the field."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise invalid_body(exc.errors()) from None
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a body parsed by ``parse_body``."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
 class _Body(BaseModel):

@@ -29,24 +29,31 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` but cancel it if the client goes away first.
 
     Once the body is read, the ASGI server's next ``receive()`` only returns when the
-    client disconnects, so this waits on an event rather than polling.
+    client disconnects, so one watcher task waits on that event (no polling); the work
+    itself runs inline in the handler's task, which the watcher cancels.
     """
-    task = asyncio.ensure_future(work)
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    def on_disconnect(task: asyncio.Task[None]) -> None:
+        nonlocal gone
+        if not task.cancelled() and task.exception() is None:
+            gone = True
+            current.cancel()
+
     watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher.add_done_callback(on_disconnect)
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        try:
-            await task
-        except (asyncio.CancelledError, Exception):
-            pass
-        raise ClientDisconnectedError()
+        return await work
+    except asyncio.CancelledError:
+        if gone:
+            current.uncancel()
+            raise ClientDisconnectedError() from None
+        raise
     finally:
+        watcher.remove_done_callback(on_disconnect)
         watcher.cancel()
-        if not task.done():
-            task.cancel()
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
-from omnistage import __version__
+from omnistage import __version__, aio
 from omnistage.cli.args import HEARTBEAT_INTERVAL_S, UsageError, build_parser, validate
 from omnistage.config.load import load_config
 from omnistage.logs import setup_logging
@@ -62,7 +61,7 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
         api_key=args.api_key,
         log_stats=args.log_stats,
     )
-    return asyncio.run(Head(opts).run())
+    return aio.run(Head(opts).run())
 
 
 def _serve_headless(args) -> int:  # type: ignore[no-untyped-def]

@@ -1,10 +1,12 @@
 """Moves each request through the stage DAG.
 
-Per request: dispatch the source stages; as chunks arrive, hand each to the client if
-its stage is final, and forward it to every downstream stage (dispatching that stage on
-its first input, so stages pipeline instead of waiting for whole outputs). Whatever way
-the request ends (done, error, client gone), every stage still working on it is aborted
-and every replica slot it held is released.
+Per request: check every needed stage has a live replica (else 503 before anything
+starts), dispatch the source stages, then handle output chunks as they arrive. Chunks
+are handled synchronously in the output reader: each is forwarded at once to every
+downstream stage (dispatching that stage on its first input, so stages pipeline), and
+only final-stage chunks wake the request's consumer. However a request ends (done,
+error, client gone), every stage still working on it is aborted and every replica slot
+it held is released.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ class StageOutput:
     usage: dict[str, int] | None
 
 
-@dataclass(frozen=True)
-class _Lost:
-    stage_id: int
-    reason: str
+class _Done:
+    """Queued after the last output of a request."""
+
+
+_DONE = _Done()
 
 
 @dataclass
@@ -53,10 +56,19 @@ class _Run:
     params: dict[int, dict[str, Any]]
     active: set[int]
     finals: set[int]
-    queue: asyncio.Queue[OutputChunk | _Lost] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[StageOutput | BaseException | _Done] = field(default_factory=asyncio.Queue)
     assigned: dict[int, ReplicaHandle] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
     usage: dict[int, dict[str, int]] = field(default_factory=dict)
+    # Inputs for downstream stages whose dispatch is waiting for a replica.
+    pending: dict[int, list[InputChunk]] = field(default_factory=dict)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    failed: bool = False
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            self.queue.put_nowait(exc)
 
 
 class Orchestrator:
@@ -88,8 +100,7 @@ class Orchestrator:
         params: dict[str, Any] | None = None,
         stage_params: dict[int, dict[str, Any]] | None = None,
     ) -> RequestStream:
-        """Start a request: dispatch its source stages now, so a stage without live
-        replicas fails here (before any response is sent), then stream its outputs."""
+        """Start a request and return its output stream."""
         if request_id in self._runs:
             raise ValueError(f"duplicate request id {request_id}")
         active = self.graph.required_for(finals)
@@ -118,13 +129,14 @@ class Orchestrator:
 
     async def _outputs(self, run: _Run) -> AsyncIterator[StageOutput]:
         try:
-            while not run.active <= run.finished:
+            while True:
                 item = await run.queue.get()
-                if isinstance(item, _Lost):
-                    raise StageFailedError(item.stage_id, self._name(item.stage_id), item.reason)
-                out = await self._handle_chunk(run, item)
-                if out is not None:
-                    yield out
+                if isinstance(item, BaseException):
+                    raise item
+                if item is _DONE:
+                    return
+                assert isinstance(item, StageOutput)
+                yield item
         finally:
             self._finish(run)
 
@@ -134,105 +146,145 @@ class Orchestrator:
         params: dict[str, Any] | None,
         stage_params: dict[int, dict[str, Any]] | None,
     ) -> dict[str, Any]:
-        merged = dict(self.graph.stages[sid].default_sampling_params)
-        merged.update(params or {})
-        merged.update((stage_params or {}).get(sid, {}))
-        return merged
+        defaults = self.graph.stages[sid].default_sampling_params
+        extra = stage_params.get(sid) if stage_params else None
+        if not extra and not defaults:
+            return params or {}
+        return {**defaults, **(params or {}), **(extra or {})}
 
-    async def _handle_chunk(self, run: _Run, chunk: OutputChunk) -> StageOutput | None:
-        sid = chunk.stage_id
-        if chunk.error:
-            raise StageFailedError(sid, self._name(sid), chunk.error)
-        for down in self.graph.downstream[sid]:
-            if down not in run.active:
-                continue
-            if down not in run.assigned:
-                await self._dispatch(run, down)
-            self._send(
-                run,
-                down,
-                InputChunk(
-                    request_id=run.request_id,
-                    source_stage=sid,
-                    seq=chunk.seq,
-                    modality=chunk.modality,
-                    text=chunk.text,
-                    data=chunk.data,
-                    finished=chunk.finished,
-                ),
-            )
-        if chunk.usage:
-            run.usage[sid] = chunk.usage
-        if chunk.finished:
-            run.finished.add(sid)
-            self.pools[sid].release(run.assigned[sid], run.request_id)
-        if sid not in run.finals:
-            return None
-        return StageOutput(
-            stage_id=sid,
-            modality=chunk.modality,
-            text=chunk.text,
-            data=chunk.data,
-            finished=chunk.finished,
-            finish_reason=chunk.finish_reason,
-            usage=chunk.usage,
-        )
+    # -- dispatch --------------------------------------------------------------------
 
-    async def _dispatch(self, run: _Run, sid: int) -> None:
-        pool = self.pools[sid]
+    def _add_request(self, run: _Run, sid: int) -> AddRequest:
         upstream = [u for u in self.graph.upstream(sid) if u in run.active]
-        msg = AddRequest(
+        return AddRequest(
             request_id=run.request_id,
             prompt=None if upstream else run.prompt,
             upstream=upstream,
             params=run.params[sid],
         )
+
+    def _try_dispatch(self, run: _Run, sid: int) -> bool:
+        """Dispatch now if a replica has room; False if the caller must wait for one."""
+        pool = self.pools[sid]
+        msg = self._add_request(run, sid)
         for _ in range(_DISPATCH_ATTEMPTS):
-            handle = await pool.acquire(run.request_id, self.no_replica_wait_s)
+            handle = pool.try_acquire(run.request_id)
+            if handle is None:
+                return False
             try:
-                self.channels.send(handle.identity, msg)
+                self.channels.send_now(handle.identity, msg)
             except ReplicaUnreachableError:
                 pool.release(handle, run.request_id)
                 self._on_unreachable(handle)
                 continue
             run.assigned[sid] = handle
-            return
-        raise StageUnavailableError(sid, self._name(sid), self.no_replica_wait_s)
+            return True
+        return False
 
-    def _send(self, run: _Run, sid: int, msg: InputChunk) -> None:
-        handle = run.assigned[sid]
+    async def _dispatch(self, run: _Run, sid: int) -> None:
+        deadline = time.monotonic() + self.no_replica_wait_s
+        while not self._try_dispatch(run, sid):
+            await self.pools[sid].wait_capacity(deadline, self.no_replica_wait_s)
+
+    async def _dispatch_later(self, run: _Run, sid: int) -> None:
         try:
-            self.channels.send(handle.identity, msg)
-        except ReplicaUnreachableError:
-            self._on_unreachable(handle)
-            raise StageFailedError(
-                sid, self._name(sid), f"replica {handle.replica_id} became unreachable"
-            ) from None
+            await self._dispatch(run, sid)
+        except StageUnavailableError as exc:
+            run.fail(exc)
+            return
+        handle = run.assigned[sid]
+        for msg in run.pending.pop(sid, []):
+            self.channels.post(handle.identity, msg)
+
+    # -- outputs (called synchronously from the output reader) ----------------------
+
+    def on_outputs(self, chunks: list[OutputChunk]) -> None:
+        for chunk in chunks:
+            run = self._runs.get(chunk.request_id)
+            if run is None or run.failed:
+                continue  # late output of an aborted, failed or finished request
+            handle = run.assigned.get(chunk.stage_id)
+            if handle is None or (handle.replica_id, handle.epoch) != (
+                chunk.replica_id,
+                chunk.epoch,
+            ):
+                continue  # from a replica this request is no longer bound to
+            self._on_chunk(run, chunk, handle)
+
+    def _on_chunk(self, run: _Run, chunk: OutputChunk, handle: ReplicaHandle) -> None:
+        sid = chunk.stage_id
+        if chunk.error:
+            run.fail(StageFailedError(sid, self._name(sid), chunk.error))
+            return
+        if chunk.usage:
+            run.usage[sid] = chunk.usage
+        for down in self.graph.downstream[sid]:
+            if down in run.active:
+                self._forward(run, down, chunk)
+        if chunk.finished:
+            run.finished.add(sid)
+            self.pools[sid].release(handle, run.request_id)
+        if sid in run.finals:
+            run.queue.put_nowait(
+                StageOutput(
+                    stage_id=sid,
+                    modality=chunk.modality,
+                    text=chunk.text,
+                    data=chunk.data,
+                    finished=chunk.finished,
+                    finish_reason=chunk.finish_reason,
+                    usage=chunk.usage,
+                )
+            )
+        if chunk.finished and run.active <= run.finished:
+            run.queue.put_nowait(_DONE)
+
+    def _forward(self, run: _Run, down: int, chunk: OutputChunk) -> None:
+        msg = InputChunk(
+            request_id=run.request_id,
+            source_stage=chunk.stage_id,
+            seq=chunk.seq,
+            modality=chunk.modality,
+            text=chunk.text,
+            data=chunk.data,
+            finished=chunk.finished,
+        )
+        handle = run.assigned.get(down)
+        if handle is not None:
+            self.channels.post(handle.identity, msg)
+            return
+        if down in run.pending:  # a dispatch is already waiting for a replica
+            run.pending[down].append(msg)
+            return
+        handle = self.pools[down].try_acquire(run.request_id)
+        if handle is not None:
+            # Batched with the inputs that follow: one send per replica and tick. A
+            # replica found gone at flush time is marked ERROR, failing this request.
+            run.assigned[down] = handle
+            self.channels.post(handle.identity, self._add_request(run, down))
+            self.channels.post(handle.identity, msg)
+            return
+        run.pending[down] = [msg]
+        task = asyncio.get_running_loop().create_task(self._dispatch_later(run, down))
+        run.tasks.add(task)
+        task.add_done_callback(run.tasks.discard)
+
+    # -- the end of a request --------------------------------------------------------
 
     def _finish(self, run: _Run) -> None:
         """Abort unfinished stages and release replica slots; safe to call twice."""
         if self._runs.pop(run.request_id, None) is None:
             return
+        for task in list(run.tasks):
+            task.cancel()
         for sid, handle in run.assigned.items():
             if sid in run.finished:
                 continue
             if handle.up:
-                try:
-                    self.channels.send(handle.identity, Abort(run.request_id))
-                except ReplicaUnreachableError:
-                    pass
+                self.channels.post(handle.identity, Abort(run.request_id))
             self.pools[sid].release(handle, run.request_id)
 
-    # -- events from the data plane and the coordinator ------------------------------
-
-    def on_output(self, chunk: OutputChunk) -> None:
-        run = self._runs.get(chunk.request_id)
-        if run is None:
-            return  # late output of an aborted or finished request
-        handle = run.assigned.get(chunk.stage_id)
-        if handle is None or handle.replica_id != chunk.replica_id or handle.epoch != chunk.epoch:
-            return  # from a replica this request is no longer bound to
-        run.queue.put_nowait(chunk)
+    # -- replica state changes -------------------------------------------------------
 
     def on_transition(self, t: Transition) -> None:
         pool = self.pools.get(t.entry.stage_id)
@@ -244,10 +296,11 @@ class Orchestrator:
         reason = f"replica {t.entry.replica_id} went {t.new}: {t.reason}"
         if t.new == ReplicaState.DOWN:
             reason = f"replica {t.entry.replica_id} shut down"
+        sid = t.entry.stage_id
         for request_id in lost:
             run = self._runs.get(request_id)
             if run is not None:
-                run.queue.put_nowait(_Lost(t.entry.stage_id, reason))
+                run.fail(StageFailedError(sid, self._name(sid), reason))
 
     def _name(self, sid: int) -> str:
         return self.graph.stages[sid].name

@@ -73,25 +73,29 @@ class StagePool:
         if handle is not None and handle.epoch == entry.epoch:
             handle.queue_length = entry.queue_length
 
-    async def acquire(self, request_id: str, wait_s: float) -> ReplicaHandle:
-        """Pick a live replica with spare capacity, waiting up to ``wait_s`` for one."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            candidates = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
-            if candidates:
-                handle = candidates[self.policy.choose(candidates)]
-                handle.in_flight += 1
-                handle.dispatched_total += 1
-                handle.requests.add(request_id)
-                return handle
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StageUnavailableError(self.stage_id, self.name, wait_s)
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                pass
+    def try_acquire(self, request_id: str) -> ReplicaHandle | None:
+        """Pick a live replica with spare capacity, or None if there is none now."""
+        candidates = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
+        if not candidates:
+            return None
+        index = self.policy.choose(candidates) if len(candidates) > 1 else 0
+        handle = candidates[index]
+        handle.in_flight += 1
+        handle.dispatched_total += 1
+        handle.requests.add(request_id)
+        return handle
+
+    async def wait_capacity(self, deadline: float, wait_s: float) -> None:
+        """Wait until the pool changes (a replica joins or frees a slot), up to
+        ``deadline``; StageUnavailableError once it has passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StageUnavailableError(self.stage_id, self.name, wait_s)
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), left)
+        except TimeoutError:
+            pass
 
     async def wait_live(self, deadline: float, wait_s: float) -> None:
         """Return once the stage has a live replica; StageUnavailableError at ``deadline``

@@ -27,13 +27,12 @@ class EchoEngine(Engine):
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         modality = self.stage.output_modality
         received: list[str] = []
+        pieces: list[str]
         if request.prompt is not None:
             text = prompt_text(request.prompt)
             self._check(text)
             received.append(text)
-            for piece in split_even(text + self.suffix, self.args.num_chunks):
-                await self._work()
-                yield EngineChunk(modality, text=piece)
+            pieces = split_even(text + self.suffix, self.args.num_chunks)
         else:
             async for item in request.inputs:
                 self._check(item.text)
@@ -41,11 +40,16 @@ class EchoEngine(Engine):
                 if item.text:
                     await self._work()
                     yield EngineChunk(modality, text=item.text)
+            pieces = [self.suffix]
+        for piece in pieces[:-1]:
             await self._work()
-            yield EngineChunk(modality, text=self.suffix)
+            yield EngineChunk(modality, text=piece)
+        await self._work()
+        # The last piece carries the end of the request: one message fewer per stage.
         words_in = len("".join(received).split())
         yield EngineChunk(
             modality,
+            text=pieces[-1],
             finished=True,
             finish_reason="stop",
             usage={

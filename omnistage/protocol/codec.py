@@ -60,6 +60,17 @@ def decode_frames(frames: list[bytes]) -> Any:
     return decode(frames[0], frames[1])
 
 
+def decode_batch(frames: list[bytes]) -> list[Any]:
+    """Decode ``[tag, body, tag, body, ...]``: several messages sent as one.
+
+    Each pair is checked on its own; one bad pair fails the whole batch, since a peer
+    that sends garbage cannot be trusted for the rest of that message either.
+    """
+    if not frames or len(frames) % 2:
+        raise ProtocolError(f"expected (tag, body) pairs, got {len(frames)} frames")
+    return [decode(frames[i], frames[i + 1]) for i in range(0, len(frames), 2)]
+
+
 def decode_register_request(body: bytes) -> RegisterRequest:
     if len(body) > MAX_MESSAGE_BYTES:
         raise ProtocolError("registration message too large")

@@ -7,10 +7,10 @@ same runtime in-process or through this entry for each of its replicas.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 
+from omnistage import aio
 from omnistage.logs import setup_logging
 from omnistage.replica.runtime import ReplicaOptions, ReplicaRuntime
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_init_timeout_s=args.stage_init_timeout,
         stage_overrides=overrides,
     )
-    return asyncio.run(ReplicaRuntime(opts).run())
+    return aio.run(ReplicaRuntime(opts).run())
 
 
 if __name__ == "__main__":

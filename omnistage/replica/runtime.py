@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from omnistage.config.load import apply_stage_overrides
 from omnistage.config.schema import StageConfig
@@ -37,7 +36,9 @@ from omnistage.protocol.messages import (
     Shutdown,
 )
 from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
+from omnistage.replica.outputs import OutputCoalescer
 from omnistage.replica.register import handshake, register
+from omnistage.zmqio import Pump
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,6 @@ class ReplicaRuntime:
     def __init__(self, opts: ReplicaOptions) -> None:
         self.opts = opts
         self._sync_ctx = zmq.Context()
-        self._ctx = zmq.asyncio.Context.shadow(self._sync_ctx)
         self._requests: dict[str, _Running] = {}
         self._engine: Engine | None = None
         self._stopping = asyncio.Event()
@@ -72,6 +72,7 @@ class ReplicaRuntime:
         self.replica_id = opts.replica_id
         self.epoch = 0
         self._chunks_sent = 0
+        self._outputs = OutputCoalescer()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -156,14 +157,16 @@ class ReplicaRuntime:
 
     async def _serve(self, init: HandshakeInit) -> None:
         assert self._engine is not None
-        self._in = self._ctx.socket(zmq.DEALER)
-        self._in.setsockopt(
-            zmq.ROUTING_ID, routing_id(self.opts.stage_id, self.replica_id, self.epoch)
-        )
+        loop = asyncio.get_running_loop()
+        ident = routing_id(self.opts.stage_id, self.replica_id, self.epoch)
+        self._in = self._sync_ctx.socket(zmq.DEALER)
+        self._in.setsockopt(zmq.ROUTING_ID, ident)
         self._in.setsockopt(zmq.LINGER, 0)
+        self._in.setsockopt(zmq.RCVHWM, 100_000)
         self._in.connect(init.input_address)
-        self._out = self._ctx.socket(zmq.PUSH)
+        self._out = self._sync_ctx.socket(zmq.PUSH)
         self._out.setsockopt(zmq.LINGER, 1000)
+        self._out.setsockopt(zmq.SNDHWM, 100_000)
         self._out.connect(init.output_address)
         self._heartbeat = HeartbeatThread(
             self._sync_ctx,
@@ -183,16 +186,12 @@ class ReplicaRuntime:
             pid=os.getpid(),
             address=self.address,
         )
-        await self._in.send_multipart(codec.encode(ready))
+        self._in.send_multipart(codec.encode(ready))
+        self._pump = Pump(loop, self._in, self._on_frames)
         self._heartbeat.start()
         log.info("ready (capacity %d)", self._engine.capacity)
-        receiver = asyncio.create_task(self._receive_loop())
-        stop = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait([receiver, stop], return_when=asyncio.FIRST_COMPLETED)
-        receiver.cancel()
-        stop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await receiver
+        await self._stopping.wait()
+        self._pump.close()
 
     async def _close(self) -> None:
         for running in list(self._requests.values()):
@@ -202,6 +201,8 @@ class ReplicaRuntime:
             await asyncio.gather(
                 *(r.task for r in self._requests.values() if r.task), return_exceptions=True
             )
+        if getattr(self, "_out", None) is not None:
+            self._flush()
         hb = getattr(self, "_heartbeat", None)
         if hb is not None:
             hb.stop(send_down=True)
@@ -217,14 +218,13 @@ class ReplicaRuntime:
 
     # -- requests --------------------------------------------------------------------
 
-    async def _receive_loop(self) -> None:
-        while True:
-            frames = await self._in.recv_multipart()
-            try:
-                msg = codec.decode_frames(frames)
-            except ProtocolError as exc:
-                log.warning("dropped a bad message from the head: %s", exc)
-                continue
+    def _on_frames(self, frames: list[bytes]) -> None:
+        try:
+            messages = codec.decode_batch(frames)
+        except ProtocolError as exc:
+            log.warning("dropped a bad message from the head: %s", exc)
+            return
+        for msg in messages:
             if isinstance(msg, AddRequest):
                 self._add(msg)
             elif isinstance(msg, InputChunk):
@@ -238,7 +238,6 @@ class ReplicaRuntime:
             elif isinstance(msg, Shutdown):
                 log.info("head asked us to shut down (%s)", msg.reason)
                 self._stopping.set()
-                return
             else:
                 log.warning("unexpected %s on the input channel", type(msg).__name__)
 
@@ -263,7 +262,7 @@ class ReplicaRuntime:
         finished = False
         try:
             async for chunk in self._engine.generate(request):
-                await self._send(
+                self._send(
                     OutputChunk(
                         request_id=request.request_id,
                         stage_id=self.opts.stage_id,
@@ -283,12 +282,12 @@ class ReplicaRuntime:
                     finished = True
                     break
             if not finished:
-                await self._send(self._final(request.request_id, seq, modality, None))
+                self._send(self._final(request.request_id, seq, modality, None))
         except asyncio.CancelledError:
             pass  # aborted: the head no longer wants output for this request
         except Exception as exc:
             log.warning("request %s failed: %s", request.request_id, exc)
-            await self._send(self._final(request.request_id, seq, modality, str(exc) or repr(exc)))
+            self._send(self._final(request.request_id, seq, modality, str(exc) or repr(exc)))
         finally:
             self._requests.pop(request.request_id, None)
 
@@ -305,9 +304,24 @@ class ReplicaRuntime:
             error=error,
         )
 
-    async def _send(self, chunk: OutputChunk) -> None:
-        await self._out.send_multipart(codec.encode(chunk))
+    def _send(self, chunk: OutputChunk) -> None:
+        # Outputs of one loop tick leave together, merged where possible (see outputs).
+        if not self._outputs:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outputs.add(chunk)
         self._chunks_sent += 1
+
+    def _flush(self) -> None:
+        frames: list[bytes] = []
+        for chunk in self._outputs.drain():
+            frames.extend(codec.encode(chunk))
+        if not frames:
+            return
+        try:
+            self._out.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            # 100k messages queued: the head stopped reading. Keep them rather than drop.
+            self._out.send_multipart(frames)
 
     def _load_report(self) -> LoadReport:
         engine = self._engine

@@ -59,9 +59,8 @@ def test_streamed_chat_delivers_chunks_then_finish_then_done(echo_head: HeadProc
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == "stream me [thinker] [talker] [vocoder]"
-    # The thinker splits its output into 4 chunks; each stage passes them through.
-    content_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
-    assert len(content_chunks) >= 4
+    # (Pieces produced in the same instant may arrive merged; chunk-by-chunk streaming
+    # of slower stages is checked in test_streaming_and_load.)
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     assert finishes[-1] == "stop"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 2

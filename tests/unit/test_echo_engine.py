@@ -42,16 +42,16 @@ async def collect(engine: EchoEngine, request: EngineRequest) -> list[EngineChun
     return [chunk async for chunk in engine.generate(request)]
 
 
-async def test_source_request_yields_num_chunks_then_finished_chunk():
+async def test_source_request_yields_num_chunks_the_last_one_finished():
     engine = EchoEngine(stage("talker", num_chunks=3))
     chunks = await collect(engine, source_request("hello there world"))
     body, last = chunks[:-1], chunks[-1]
-    assert len(body) == 3
-    assert all(not c.finished and c.text for c in body)
-    assert "".join(c.text for c in body) == "hello there world [talker]"
+    assert len(chunks) == 3
+    assert all(c.text for c in chunks)
+    assert not any(c.finished for c in body)
+    assert "".join(c.text for c in chunks) == "hello there world [talker]"
     assert last.finished is True
     assert last.finish_reason == "stop"
-    assert last.text == ""
     assert last.usage == {"prompt_tokens": 3, "completion_tokens": 4}
 
 
@@ -71,7 +71,8 @@ async def test_source_request_reads_last_user_message_from_chat():
 async def test_custom_suffix_replaces_stage_name():
     engine = EchoEngine(stage("talker", num_chunks=1, suffix="!"))
     chunks = await collect(engine, source_request("hi"))
-    assert [c.text for c in chunks] == ["hi!", ""]
+    assert [c.text for c in chunks] == ["hi!"]
+    assert chunks[0].finished
 
 
 async def test_chunks_carry_stage_output_modality():
@@ -85,7 +86,7 @@ async def test_chunks_carry_stage_output_modality():
 async def test_downstream_request_passes_inputs_through_in_order_then_suffix():
     engine = EchoEngine(stage("vocoder"))
     chunks = await collect(engine, downstream_request("alpha ", "beta ", "gamma"))
-    assert [c.text for c in chunks[:-1]] == ["alpha ", "beta ", "gamma", " [vocoder]"]
+    assert [c.text for c in chunks] == ["alpha ", "beta ", "gamma", " [vocoder]"]
     assert not any(c.finished for c in chunks[:-1])
     last = chunks[-1]
     assert last.finished and last.finish_reason == "stop"
@@ -95,13 +96,14 @@ async def test_downstream_request_passes_inputs_through_in_order_then_suffix():
 async def test_downstream_request_skips_empty_input_chunks():
     engine = EchoEngine(stage("vocoder"))
     chunks = await collect(engine, downstream_request("a", "", "b"))
-    assert [c.text for c in chunks[:-1]] == ["a", "b", " [vocoder]"]
+    assert [c.text for c in chunks] == ["a", "b", " [vocoder]"]
 
 
 async def test_downstream_request_with_no_inputs_yields_only_suffix():
     engine = EchoEngine(stage("vocoder"))
     chunks = await collect(engine, EngineRequest("r", None, {}, no_inputs()))
-    assert [c.text for c in chunks] == [" [vocoder]", ""]
+    assert [c.text for c in chunks] == [" [vocoder]"]
+    assert chunks[0].finished
     assert chunks[-1].usage == {"prompt_tokens": 0, "completion_tokens": 1}
 
 

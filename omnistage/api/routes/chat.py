@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +13,13 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from omnistage.api.errors import ApiError, as_api_error, error_body
-from omnistage.api.schemas import ChatCompletionRequest, SamplingFields
+from omnistage.api.ids import next_id
+from omnistage.api.schemas import (
+    ChatCompletionRequest,
+    SamplingFields,
+    body_schema,
+    parse_body,
+)
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
 from omnistage.dataplane.orchestrator import RequestStream, StageOutput
 from omnistage.protocol.messages import ChatMessage, Prompt
@@ -29,8 +34,9 @@ class _Collected:
     finish: dict[int, str] = field(default_factory=dict)
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+async def chat_completions(request: Request) -> Response:
+    body = await parse_body(request, ChatCompletionRequest)
     omni = request.app.state.omni
     check_model(omni, body.model)
     if body.n != 1:
@@ -47,7 +53,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if not finals:
         raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
     prompt = Prompt(messages=[ChatMessage(m.role, m.text()) for m in body.messages])
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = f"chatcmpl-{next_id()}"
     stage_params = resolve_stage_params(omni, body)
     stream = await omni.orchestrator.open(
         request_id, prompt, finals, body.sampling_params(), stage_params

@@ -1,0 +1,54 @@
+"""Output coalescing: what a replica produced in one loop tick leaves as one message.
+
+Consecutive text chunks of the same request produced in the same tick merge into one
+chunk. A slow engine (one token per step) still streams chunk by chunk; a fast one
+stops paying per-message costs for pieces nobody could have seen apart anyway. Only
+text merges: audio or image pieces may be self-contained files.
+"""
+
+from __future__ import annotations
+
+from omnistage.protocol.messages import OutputChunk
+
+
+class OutputCoalescer:
+    def __init__(self) -> None:
+        self._pending: dict[str, list[OutputChunk]] = {}
+        self._next_seq: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def add(self, chunk: OutputChunk) -> None:
+        """Queue ``chunk`` (its ``seq`` is assigned here, per request, from 0)."""
+        rid = chunk.request_id
+        queued = self._pending.setdefault(rid, [])
+        if queued and _mergeable(queued[-1], chunk):
+            last = queued[-1]
+            last.text += chunk.text
+            last.finished = chunk.finished
+            last.finish_reason = chunk.finish_reason
+            last.usage = chunk.usage or last.usage
+            last.error = chunk.error
+        else:
+            chunk.seq = self._next_seq.get(rid, 0)
+            self._next_seq[rid] = chunk.seq + 1
+            queued.append(chunk)
+        if chunk.finished:
+            self._next_seq.pop(rid, None)
+
+    def drain(self) -> list[OutputChunk]:
+        """Everything queued, in order within each request."""
+        out = [c for chunks in self._pending.values() for c in chunks]
+        self._pending = {}
+        return out
+
+
+def _mergeable(a: OutputChunk, b: OutputChunk) -> bool:
+    return (
+        not a.finished
+        and a.error is None
+        and a.modality == b.modality == "text"
+        and not a.data
+        and not b.data
+    )
