@@ -135,6 +135,7 @@ class Head:
         host = opts.master_host
         master_sock, master_url = bind_router(self._zctx, tcp_url(host, opts.master_port))
         handshake_sock, handshake_url = bind_router(self._zctx, tcp_url(host, 0))
+        self._handshake_sock = handshake_sock
         coord_sock, coord_url = bind_router(self._zctx, tcp_url(host, 0))
         self.master_url = master_url
         self.channels = DataChannels(
@@ -271,6 +272,16 @@ class Head:
             slot.head_local,
             self.opts.stage_init_timeout_s,
         )
+        if slot.binds_sockets and slot.replica_ports and slot.bind_address:
+            # The replica binds its own sockets: dial them. The handshake socket belongs
+            # to this (control) thread; the data sockets to the loop.
+            hs_port, in_port, out_port = slot.replica_ports
+            self._handshake_sock.connect(tcp_url(slot.bind_address, hs_port))
+            self._loop.call_soon_threadsafe(
+                self.channels.connect_replica,
+                tcp_url(slot.bind_address, in_port),
+                tcp_url(slot.bind_address, out_port),
+            )
 
     def _init_for(self, stage_id: int) -> HandshakeInit:
         """Control thread: what a replica of ``stage_id`` needs to serve."""

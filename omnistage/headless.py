@@ -31,6 +31,7 @@ def run_headless(args: argparse.Namespace) -> int:
             advertise_address=args.omni_replica_address,
             stage_init_timeout_s=args.stage_init_timeout,
             stage_overrides=overrides,
+            binds_sockets=args.omni_replica_binds_sockets,
         )
         return aio.run(ReplicaRuntime(opts).run())
     return _supervise(args, overrides)
@@ -73,6 +74,7 @@ def _supervise(args: argparse.Namespace, overrides: dict) -> int:
                 advertise_address=args.omni_replica_address,
                 stage_init_timeout_s=args.stage_init_timeout,
                 stage_overrides_json=json.dumps(overrides) if overrides else None,
+                binds_sockets=args.omni_replica_binds_sockets,
                 log_level=args.log_level,
             )
         )

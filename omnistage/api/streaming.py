@@ -25,16 +25,24 @@ class ClientDisconnectedError(Exception):
     pass
 
 
+# Requests that finish sooner never start a watcher: most fast requests, at no cost.
+WATCH_AFTER_S = 0.05
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` but cancel it if the client goes away first.
 
     Once the body is read, the ASGI server's next ``receive()`` only returns when the
-    client disconnects, so one watcher task waits on that event (no polling); the work
-    itself runs inline in the handler's task, which the watcher cancels.
+    client disconnects, so a watcher task waits on that event (no polling) and cancels
+    the handler's task, in which the work runs inline. The watcher starts only once the
+    work has run for WATCH_AFTER_S: a task per request costs more than the fast
+    requests it would guard.
     """
     current = asyncio.current_task()
     assert current is not None
+    loop = asyncio.get_running_loop()
     gone = False
+    watcher: asyncio.Task[None] | None = None
 
     def on_disconnect(task: asyncio.Task[None]) -> None:
         nonlocal gone
@@ -42,8 +50,12 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             gone = True
             current.cancel()
 
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    watcher.add_done_callback(on_disconnect)
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(_wait_disconnect(request))
+        watcher.add_done_callback(on_disconnect)
+
+    timer = loop.call_later(WATCH_AFTER_S, start_watching)
     try:
         return await work
     except asyncio.CancelledError:
@@ -52,8 +64,10 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             raise ClientDisconnectedError() from None
         raise
     finally:
-        watcher.remove_done_callback(on_disconnect)
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.remove_done_callback(on_disconnect)
+            watcher.cancel()
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -7,6 +7,7 @@ a violation is one line naming the flag, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 
 from omnistage import envs
 from omnistage.control.balancing import POLICIES
@@ -74,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--omni-replica-address",
         default=None,
         help="this host's address as seen by the head (headless; auto-detected)",
+    )
+    s.add_argument(
+        "--omni-replica-binds-sockets",
+        action="store_true",
+        help="headless: bind the replica's data sockets on its own address and let the "
+        "head dial in (default: the replica dials the head)",
     )
     s.add_argument(
         "--omni-dp-size-local",
@@ -151,6 +158,8 @@ def validate(args: argparse.Namespace) -> None:
             )
     if args.omni_replica_address is not None and not args.headless:
         raise UsageError("--omni-replica-address requires --headless")
+    if args.omni_replica_binds_sockets and not args.headless:
+        raise UsageError("--omni-replica-binds-sockets requires --headless")
     if args.omni_dp_size_local < 1:
         raise UsageError(f"--omni-dp-size-local must be >= 1, got {args.omni_dp_size_local}")
     if args.omni_dp_size_local != 1 and args.stage_id is None:
@@ -183,5 +192,26 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--worker-backend ray is not available yet; use multi_process")
     if args.ray_address is not None:
         raise UsageError("--ray-address requires --worker-backend ray")
+    if args.headless and args.stage_overrides:
+        _check_headless_overrides(args.stage_overrides, args.stage_id)
     if args.model_or_config and args.deploy_config:
         raise UsageError("give either MODEL_OR_CONFIG or --deploy-config, not both")
+
+
+def _check_headless_overrides(raw: str, stage_id: int) -> None:
+    """A headless replica applies its own stage's overrides on top of the head's config;
+    the config itself arrives later, so only the shape and field names are checked here."""
+    from omnistage.config.schema import StageConfig
+
+    try:
+        overrides = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--stage-overrides: not valid JSON: {exc.msg}") from None
+    if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
+        raise UsageError('--stage-overrides must look like {"<stage_id>": {field: value}}')
+    fields = overrides.get(str(stage_id), {})
+    unknown = sorted(set(fields) - set(StageConfig.model_fields))
+    if unknown:
+        raise UsageError(f"--stage-overrides: unknown stage field(s) {', '.join(unknown)}")
+    if "stage_id" in fields:
+        raise UsageError("--stage-overrides: stage_id cannot be overridden")

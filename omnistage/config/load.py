@@ -50,7 +50,10 @@ def _read_raw(source: str) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, f"not valid YAML: {exc}") from None
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(source, f"not valid YAML{at}: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(source, "a deploy config must be a YAML mapping")
     return raw
@@ -67,7 +70,7 @@ def validate_config(raw: dict[str, Any], source: str = "<config>") -> DeployConf
             message = str(ctx_error).split(": ", 1)[1]
         else:
             path = _format_path(err["loc"])
-            message = err["msg"]
+            message = err["msg"].removeprefix("Value error, ")
         raise ConfigError(f"{source}: {path}" if path else source, message) from None
 
 

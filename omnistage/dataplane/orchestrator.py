@@ -19,16 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.control.replica_table import ReplicaState, Transition
-from omnistage.dataplane.channels import DataChannels, ReplicaUnreachableError
+from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.protocol.errors import StageFailedError, StageUnavailableError
 from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Prompt
 
 log = logging.getLogger(__name__)
-
-# How many replicas a dispatch tries when sends fail because replicas vanished.
-_DISPATCH_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -164,22 +161,18 @@ class Orchestrator:
         )
 
     def _try_dispatch(self, run: _Run, sid: int) -> bool:
-        """Dispatch now if a replica has room; False if the caller must wait for one."""
-        pool = self.pools[sid]
-        msg = self._add_request(run, sid)
-        for _ in range(_DISPATCH_ATTEMPTS):
-            handle = pool.try_acquire(run.request_id)
-            if handle is None:
-                return False
-            try:
-                self.channels.send_now(handle.identity, msg)
-            except ReplicaUnreachableError:
-                pool.release(handle, run.request_id)
-                self._on_unreachable(handle)
-                continue
-            run.assigned[sid] = handle
-            return True
-        return False
+        """Dispatch now if a replica has room; False if the caller must wait for one.
+
+        The AddRequest leaves with this tick's batch for the replica (one send for
+        every request dispatched to it in the tick). A replica found gone when the
+        batch is sent is marked ERROR at once, which fails the requests it held.
+        """
+        handle = self.pools[sid].try_acquire(run.request_id)
+        if handle is None:
+            return False
+        run.assigned[sid] = handle
+        self.channels.post(handle.identity, self._add_request(run, sid))
+        return True
 
     async def _dispatch(self, run: _Run, sid: int) -> None:
         deadline = time.monotonic() + self.no_replica_wait_s
@@ -256,13 +249,8 @@ class Orchestrator:
         if down in run.pending:  # a dispatch is already waiting for a replica
             run.pending[down].append(msg)
             return
-        handle = self.pools[down].try_acquire(run.request_id)
-        if handle is not None:
-            # Batched with the inputs that follow: one send per replica and tick. A
-            # replica found gone at flush time is marked ERROR, failing this request.
-            run.assigned[down] = handle
-            self.channels.post(handle.identity, self._add_request(run, down))
-            self.channels.post(handle.identity, msg)
+        if self._try_dispatch(run, down):
+            self.channels.post(run.assigned[down].identity, msg)
             return
         run.pending[down] = [msg]
         task = asyncio.get_running_loop().create_task(self._dispatch_later(run, down))
@@ -298,6 +286,9 @@ class Orchestrator:
             reason = f"replica {t.entry.replica_id} shut down"
         sid = t.entry.stage_id
         for request_id in lost:
+            # A silent replica may come back: it must not keep working on these.
+            if t.new == ReplicaState.ERROR:
+                self.channels.post(t.entry.identity, Abort(request_id))
             run = self._runs.get(request_id)
             if run is not None:
                 run.fail(StageFailedError(sid, self._name(sid), reason))

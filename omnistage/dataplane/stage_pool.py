@@ -90,7 +90,13 @@ class StagePool:
         ``deadline``; StageUnavailableError once it has passed."""
         left = deadline - time.monotonic()
         if left <= 0:
-            raise StageUnavailableError(self.stage_id, self.name, wait_s)
+            live = self.live()
+            why = (
+                f"has all {len(live)} live replica(s) at capacity"
+                if live
+                else "has no live replica"
+            )
+            raise StageUnavailableError(self.stage_id, self.name, wait_s, why)
         self._changed.clear()
         try:
             await asyncio.wait_for(self._changed.wait(), left)

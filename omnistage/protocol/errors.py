@@ -31,12 +31,12 @@ class HandshakeError(OmniError):
 class StageUnavailableError(OmniError):
     """No live replica of a stage could take a request within the bounded wait."""
 
-    def __init__(self, stage_id: int, stage_name: str, waited_s: float) -> None:
+    def __init__(
+        self, stage_id: int, stage_name: str, waited_s: float, why: str = "has no live replica"
+    ) -> None:
         self.stage_id = stage_id
         self.stage_name = stage_name
-        super().__init__(
-            f"stage {stage_id} ({stage_name}) has no live replica (waited {waited_s:.1f}s)"
-        )
+        super().__init__(f"stage {stage_id} ({stage_name}) {why} (waited {waited_s:.1f}s)")
 
 
 class StageFailedError(OmniError):

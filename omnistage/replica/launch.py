@@ -29,6 +29,7 @@ class ReplicaSpec:
     advertise_address: str | None = None
     stage_init_timeout_s: float = 300.0
     stage_overrides_json: str | None = None
+    binds_sockets: bool = False
     log_level: str = "INFO"
 
     def argv(self) -> list[str]:
@@ -53,6 +54,8 @@ class ReplicaSpec:
             args += ["--omni-replica-address", self.advertise_address]
         if self.stage_overrides_json:
             args += ["--stage-overrides", self.stage_overrides_json]
+        if self.binds_sockets:
+            args.append("--omni-replica-binds-sockets")
         return args
 
 

@@ -31,8 +31,13 @@ def register(
     timeout_s: float,
     stage_config: Any = None,
     cancel: threading.Event | None = None,
+    bind_ports: tuple[int, int, int] | None = None,
 ) -> RegisterReply:
-    """Register with the master; raises RegistrationError on refusal or timeout."""
+    """Register with the master; raises RegistrationError on refusal or timeout.
+
+    With ``bind_ports`` (handshake, input, output) the replica will bind its own sockets
+    on ``advertise_address`` and the head dials them (the seed's replica_binds_sockets).
+    """
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
@@ -42,9 +47,13 @@ def register(
             "replica_id": replica_id,
             "stage_config": stage_config,
             "replica_bind_address": advertise_address,
-            "replica_binds_sockets": False,
+            "replica_binds_sockets": bind_ports is not None,
             "protocol_version": PROTOCOL_VERSION,
         }
+        if bind_ports is not None:
+            payload["replica_handshake_port"] = bind_ports[0]
+            payload["replica_input_port"] = bind_ports[1]
+            payload["replica_output_port"] = bind_ports[2]
         sock.send(codec.encode_raw(payload))
         if not _poll(sock, timeout_s, cancel):
             raise RegistrationError(
@@ -81,12 +90,17 @@ def handshake(
     timeout_s: float,
     master_host: str,
     cancel: threading.Event | None = None,
+    bind: bool = False,
 ) -> HandshakeInit:
-    """Send HELLO and wait for the head's init message."""
+    """Send HELLO and wait for the head's init message (binding the handshake socket
+    when the replica binds its own sockets: HELLO then waits for the head to dial)."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(reply.handshake_address)
+        if bind:
+            sock.bind(reply.handshake_address)
+        else:
+            sock.connect(reply.handshake_address)
         hello = Hello(
             stage_id=stage_id,
             replica_id=reply.replica_id,

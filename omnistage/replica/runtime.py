@@ -23,7 +23,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.control.replica_table import routing_id
 from omnistage.engines import build_engine
 from omnistage.engines.base import Engine, EngineRequest, StageInput
-from omnistage.net import detect_local_address
+from omnistage.net import detect_local_address, free_port
 from omnistage.protocol import codec
 from omnistage.protocol.errors import OmniError, ProtocolError
 from omnistage.protocol.messages import (
@@ -53,6 +53,8 @@ class ReplicaOptions:
     stage_init_timeout_s: float = 300.0
     # Fields of this stage to override locally (e.g. devices on this host).
     stage_overrides: dict[str, Any] = field(default_factory=dict)
+    # Bind our own data sockets on advertise_address and let the head dial in.
+    binds_sockets: bool = False
 
 
 @dataclass
@@ -110,6 +112,7 @@ class ReplicaRuntime:
         o = self.opts
         address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
         self.address = address
+        ports = tuple(free_port(address) for _ in range(3)) if o.binds_sockets else None
         reply = await asyncio.to_thread(
             register,
             self._sync_ctx,
@@ -121,6 +124,7 @@ class ReplicaRuntime:
             o.stage_init_timeout_s,
             o.stage_overrides or None,
             self._cancel_join,
+            ports,
         )
         self.replica_id, self.epoch = reply.replica_id, reply.epoch
         self._reply = reply
@@ -134,6 +138,7 @@ class ReplicaRuntime:
             _left(deadline),
             o.master_host,
             self._cancel_join,
+            o.binds_sockets,
         )
         stage = self._stage_config(init)
         self._engine = build_engine(stage)
@@ -163,11 +168,15 @@ class ReplicaRuntime:
         self._in.setsockopt(zmq.ROUTING_ID, ident)
         self._in.setsockopt(zmq.LINGER, 0)
         self._in.setsockopt(zmq.RCVHWM, 100_000)
-        self._in.connect(init.input_address)
         self._out = self._sync_ctx.socket(zmq.PUSH)
         self._out.setsockopt(zmq.LINGER, 1000)
         self._out.setsockopt(zmq.SNDHWM, 100_000)
-        self._out.connect(init.output_address)
+        if self.opts.binds_sockets:
+            self._in.bind(self._reply.input_address)
+            self._out.bind(self._reply.output_address)
+        else:
+            self._in.connect(init.input_address)
+            self._out.connect(init.output_address)
         self._heartbeat = HeartbeatThread(
             self._sync_ctx,
             init.coordinator_address,

@@ -27,6 +27,11 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["--stage-id", "0", "-oma", "127.0.0.1"], "--stage-id requires both"),
         (["--stage-id", "0", "-omp", "1"], "--stage-id requires both"),
         (["--omni-replica-address", "10.0.0.2"], "--omni-replica-address requires --headless"),
+        (["--omni-replica-binds-sockets"], "--omni-replica-binds-sockets requires --headless"),
+        (
+            ["--headless", "--stage-id", "1", *M, "--stage-overrides", '{"1": {"x": 1}}'],
+            "unknown stage field(s) x",
+        ),
         (["--omni-dp-size-local", "0"], "--omni-dp-size-local must be >= 1, got 0"),
         (["--omni-dp-size-local", "2"], "--omni-dp-size-local != 1 requires --stage-id"),
         (["--omni-heartbeat-timeout", "0"], "--omni-heartbeat-timeout must be > 0"),

@@ -93,3 +93,27 @@ def test_api_key_guards_v1_but_not_health(tmp_path: Path) -> None:
         assert denied.status_code == 401  # auth is checked before the body
     finally:
         head.stop()
+
+
+def test_replica_that_binds_its_own_sockets_is_dialled_by_the_head(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo-1stage", "--stage-id", "0")
+    replica: Proc | None = None
+    try:
+        head.wait_healthy()
+        replica = headless(
+            tmp_path, head, 0, "--omni-replica-binds-sockets", "--omni-replica-address", "127.0.0.1"
+        )
+        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="binding replica UP")
+        rid = next(r["replica_id"] for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        before = next(r["dispatched_total"] for r in head.up_replicas(0) if r["replica_id"] == rid)
+        for i in range(8):
+            r = head.chat(f"dialled {i}")
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == (
+                f"dialled {i} [echo]"
+            )
+        after = next(r["dispatched_total"] for r in head.up_replicas(0) if r["replica_id"] == rid)
+        assert after > before
+    finally:
+        if replica is not None:
+            replica.stop()
+        head.stop()
