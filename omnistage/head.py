@@ -27,7 +27,7 @@ from omnistage.control.slots import Slot, SlotTable
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
-from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.dataplane.stage_pool import StagePool
 from omnistage.net import tcp_url
 from omnistage.protocol.messages import (
     HandshakeInit,
@@ -167,7 +167,7 @@ class Head:
             for s in self.config.stages
         }
         self.orchestrator = Orchestrator(
-            self.graph, self.pools, self.channels, self._on_unreachable, opts.no_replica_wait_s
+            self.graph, self.pools, self.channels, opts.no_replica_wait_s
         )
         self.channels.start()
         log.info(
@@ -316,14 +316,6 @@ class Head:
     def _post_transition(self, t: Transition) -> None:
         # Called from the control thread, launcher threads or the loop itself.
         self._loop.call_soon_threadsafe(self.orchestrator.on_transition, t)
-
-    def _on_unreachable(self, handle: ReplicaHandle) -> None:
-        self.coordinator.mark(
-            (handle.stage_id, handle.replica_id),
-            handle.epoch,
-            ReplicaState.ERROR,
-            "unreachable on the input channel",
-        )
 
     def _on_unreachable_identity(self, identity: bytes) -> None:
         try:

@@ -23,10 +23,6 @@ from omnistage.zmqio import Outbox, Pump
 log = logging.getLogger(__name__)
 
 
-class ReplicaUnreachableError(Exception):
-    """The input ROUTER has no connection to this replica identity."""
-
-
 class DataChannels:
     def __init__(
         self,
@@ -74,18 +70,6 @@ class DataChannels:
     def post(self, identity: bytes, msg: msgspec.Struct) -> None:
         """Queue a message for one replica; it leaves with this tick's batch."""
         self.outbox.put(identity, msg)
-
-    def send_now(self, identity: bytes, msg: msgspec.Struct) -> None:
-        """Send at once; raises ReplicaUnreachableError if the replica is gone."""
-        frames = [identity, *self.outbox.take(identity), *codec.encode(msg)]
-        try:
-            self.input.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                raise ReplicaUnreachableError(identity.decode(errors="replace")) from None
-            raise
-        finally:
-            self._in_pump.kick()
 
     def connect_replica(self, input_url: str, output_url: str) -> None:
         """For replicas that bind their own sockets: dial them from the shared sockets."""

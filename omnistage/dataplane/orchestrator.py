@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,13 +74,11 @@ class Orchestrator:
         graph: StageGraph,
         pools: dict[int, StagePool],
         channels: DataChannels,
-        on_unreachable: Callable[[ReplicaHandle], None],
         no_replica_wait_s: float = 3.0,
     ) -> None:
         self.graph = graph
         self.pools = pools
         self.channels = channels
-        self._on_unreachable = on_unreachable
         self.no_replica_wait_s = no_replica_wait_s
         self._runs: dict[str, _Run] = {}
         self.started_total = 0
