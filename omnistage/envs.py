@@ -13,3 +13,10 @@ def api_key() -> str | None:
 def log_level() -> str | None:
     """OMNISTAGE_LOG_LEVEL: the default log level when --log-level is not given."""
     return os.environ.get("OMNISTAGE_LOG_LEVEL") or None
+
+
+def cache_dir() -> str:
+    """OMNISTAGE_CACHE_DIR: converted model weights (default ~/.cache/omnistage)."""
+    return os.environ.get("OMNISTAGE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "omnistage"
+    )

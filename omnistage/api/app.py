@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from omnistage import __version__
 from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
-from omnistage.api.routes import chat, info
-from omnistage.api.schemas import ChatCompletionRequest
+from omnistage.api.routes import chat, completions, info, speech
+from omnistage.api.schemas import ChatCompletionRequest, CompletionRequest, SpeechRequest
 
 
 def create_app(omni: Any, api_key: str | None = None) -> FastAPI:
@@ -23,8 +23,10 @@ def create_app(omni: Any, api_key: str | None = None) -> FastAPI:
     app.state.omni = omni
     errors.install(app)
     app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.include_router(speech.router)
     app.include_router(info.router)
-    _document_bodies(app, [ChatCompletionRequest])
+    _document_bodies(app, [ChatCompletionRequest, CompletionRequest, SpeechRequest])
     return app
 
 

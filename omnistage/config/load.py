@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from omnistage.config.schema import DeployConfig, _LocatedError
 from omnistage.protocol.errors import ConfigError
 
-DEFAULT_PIPELINE = "echo"
+DEFAULT_PIPELINE = "voice"
 
 
 def builtin_names() -> list[str]:

@@ -22,7 +22,11 @@ from omnistage.control.replica_table import ReplicaState, Transition
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
-from omnistage.protocol.errors import StageFailedError, StageUnavailableError
+from omnistage.protocol.errors import (
+    BadRequestError,
+    StageFailedError,
+    StageUnavailableError,
+)
 from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Prompt
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,7 @@ class StageOutput:
     finished: bool
     finish_reason: str | None
     usage: dict[str, int] | None
+    meta: dict[str, Any] | None = None
 
 
 class _Done:
@@ -94,11 +99,16 @@ class Orchestrator:
         finals: list[int],
         params: dict[str, Any] | None = None,
         stage_params: dict[int, dict[str, Any]] | None = None,
+        only: bool = False,
     ) -> RequestStream:
-        """Start a request and return its output stream."""
+        """Start a request and return its output stream.
+
+        ``only``: run just the ``finals`` stages, each fed the prompt directly (e.g. the
+        speech endpoint driving a TTS stage that normally listens to an LLM).
+        """
         if request_id in self._runs:
             raise ValueError(f"duplicate request id {request_id}")
-        active = self.graph.required_for(finals)
+        active = set(finals) if only else self.graph.required_for(finals)
         run = _Run(
             request_id=request_id,
             prompt=prompt,
@@ -205,7 +215,10 @@ class Orchestrator:
     def _on_chunk(self, run: _Run, chunk: OutputChunk, handle: ReplicaHandle) -> None:
         sid = chunk.stage_id
         if chunk.error:
-            run.fail(StageFailedError(sid, self._name(sid), chunk.error))
+            if chunk.error_kind == "bad_request":
+                run.fail(BadRequestError(chunk.error, chunk.error_param))
+            else:
+                run.fail(StageFailedError(sid, self._name(sid), chunk.error))
             return
         if chunk.usage:
             run.usage[sid] = chunk.usage
@@ -225,6 +238,7 @@ class Orchestrator:
                     finished=chunk.finished,
                     finish_reason=chunk.finish_reason,
                     usage=chunk.usage,
+                    meta=chunk.meta,
                 )
             )
         if chunk.finished and run.active <= run.finished:
@@ -239,6 +253,7 @@ class Orchestrator:
             text=chunk.text,
             data=chunk.data,
             finished=chunk.finished,
+            meta=chunk.meta,
         )
         handle = run.assigned.get(down)
         if handle is not None:

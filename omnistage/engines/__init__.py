@@ -12,6 +12,10 @@ def build_engine(stage: StageConfig) -> Engine:
         from omnistage.engines.echo import EchoEngine
 
         return EchoEngine(stage)
+    if stage.engine == "llm":
+        from omnistage.engines.llm.engine import LlmEngine
+
+        return LlmEngine(stage)
     raise EngineError(
         f"engine {stage.engine!r} (stage {stage.stage_id} {stage.name!r}) is not available "
         "in this build"

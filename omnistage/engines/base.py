@@ -24,6 +24,7 @@ class StageInput:
     modality: str
     text: str = ""
     data: bytes = b""
+    meta: dict[str, Any] | None = None
 
 
 @dataclass
@@ -43,6 +44,7 @@ class EngineChunk:
     finished: bool = False
     finish_reason: str | None = None
     usage: dict[str, int] | None = field(default=None)
+    meta: dict[str, Any] | None = None
 
 
 class Engine(abc.ABC):

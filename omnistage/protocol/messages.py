@@ -143,6 +143,7 @@ class InputChunk(_Tagged):
     text: str
     data: bytes
     finished: bool
+    meta: dict[str, Any] | None = None
 
 
 class Abort(_Tagged):
@@ -168,6 +169,12 @@ class OutputChunk(_Tagged):
     finish_reason: str | None = None
     error: str | None = None
     usage: dict[str, int] | None = None
+    # Modality details, e.g. {"sample_rate": 22050, "format": "pcm16"} for audio.
+    meta: dict[str, Any] | None = None
+    # With ``error``: "bad_request" when the input cannot be served (a 4xx for the
+    # client, e.g. a prompt longer than the context window), else a server fault.
+    error_kind: str | None = None
+    error_param: str | None = None
 
 
 class Heartbeat(_Tagged):

@@ -30,6 +30,8 @@ class OutputCoalescer:
             last.finish_reason = chunk.finish_reason
             last.usage = chunk.usage or last.usage
             last.error = chunk.error
+            last.error_kind = chunk.error_kind
+            last.error_param = chunk.error_param
         else:
             chunk.seq = self._next_seq.get(rid, 0)
             self._next_seq[rid] = chunk.seq + 1

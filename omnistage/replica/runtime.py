@@ -25,7 +25,7 @@ from omnistage.engines import build_engine
 from omnistage.engines.base import Engine, EngineRequest, StageInput
 from omnistage.net import detect_local_address, free_port
 from omnistage.protocol import codec
-from omnistage.protocol.errors import OmniError, ProtocolError
+from omnistage.protocol.errors import BadRequestError, OmniError, ProtocolError
 from omnistage.protocol.messages import (
     Abort,
     AddRequest,
@@ -284,6 +284,7 @@ class ReplicaRuntime:
                         finished=chunk.finished,
                         finish_reason=chunk.finish_reason,
                         usage=chunk.usage,
+                        meta=chunk.meta,
                     )
                 )
                 seq += 1
@@ -296,7 +297,10 @@ class ReplicaRuntime:
             pass  # aborted: the head no longer wants output for this request
         except Exception as exc:
             log.warning("request %s failed: %s", request.request_id, exc)
-            self._send(self._final(request.request_id, seq, modality, str(exc) or repr(exc)))
+            final = self._final(request.request_id, seq, modality, str(exc) or repr(exc))
+            if isinstance(exc, BadRequestError):
+                final.error_kind, final.error_param = "bad_request", exc.param
+            self._send(final)
         finally:
             self._requests.pop(request.request_id, None)
 
@@ -346,7 +350,7 @@ async def _upstream(queue: asyncio.Queue[InputChunk], open_sources: set[int]):
     while open_sources:
         chunk = await queue.get()
         if chunk.text or chunk.data:
-            yield StageInput(chunk.source_stage, chunk.modality, chunk.text, chunk.data)
+            yield StageInput(chunk.source_stage, chunk.modality, chunk.text, chunk.data, chunk.meta)
         if chunk.finished:
             open_sources.discard(chunk.source_stage)
 

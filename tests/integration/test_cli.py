@@ -41,7 +41,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["--headless"], "--headless requires --stage-id"),
         (["--headless", "--stage-id", "1"], "--headless requires both --omni-master-address"),
         (["--stage-id", "-1", *M], "--stage-id must be >= 0"),
-        (["--stage-id", "7", *M], "--stage-id 7 is not a stage of 'echo'"),
+        (["--stage-id", "7", *M], "--stage-id 7 is not a stage of 'voice'"),
         (["--worker-backend", "threads"], "--worker-backend='threads' is not one of"),
         (["--worker-backend", "ray"], "--worker-backend ray is not available yet"),
         (["--ray-address", "auto"], "--ray-address requires --worker-backend ray"),

@@ -1,37 +1,47 @@
-"""POST /v1/chat/completions, streaming and not."""
+"""POST /v1/chat/completions: text, or text and audio, streaming or not."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from omnistage.api.errors import ApiError, as_api_error, error_body
 from omnistage.api.ids import next_id
-from omnistage.api.schemas import (
-    ChatCompletionRequest,
-    SamplingFields,
-    body_schema,
-    parse_body,
+from omnistage.api.routes.common import (
+    check_model,
+    collect,
+    json_response,
+    peeked,
+    resolve_stage_params,
 )
-from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
+from omnistage.api.schemas import ChatCompletionRequest, body_schema, parse_body
+from omnistage.api.streaming import SSE_DONE, sse
 from omnistage.dataplane.orchestrator import RequestStream, StageOutput
+from omnistage.engines.audio import wav_bytes
 from omnistage.protocol.messages import ChatMessage, Prompt
 
 router = APIRouter()
-_json = msgspec.json.Encoder()
+
+AUDIO_FORMATS = ("wav", "pcm16")
+# How long the audio id stays meaningful to clients (OpenAI's expires_at); nothing is
+# stored server-side, so this is informational.
+AUDIO_TTL_S = 3600
 
 
-@dataclass
-class _Collected:
-    text: dict[int, list[str]] = field(default_factory=dict)
-    finish: dict[int, str] = field(default_factory=dict)
+@dataclass(frozen=True)
+class _Plan:
+    """Which final stages answer which part of the response."""
+
+    text: list[int]  # one choice per text stage
+    audio: list[int]  # audio stage i goes with choice i
+    audio_format: str
 
 
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
@@ -41,84 +51,99 @@ async def chat_completions(request: Request) -> Response:
     check_model(omni, body.model)
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
+    plan = _plan(omni, body)
+    prompt = Prompt(messages=[ChatMessage(m.role, m.text()) for m in body.messages])
+    stage_params = resolve_stage_params(omni, body)
+    if plan.audio:
+        voice = body.audio.voice if body.audio else "default"
+        for sid in plan.audio:
+            stage_params.setdefault(sid, {}).update(voice=voice)
+    request_id = f"chatcmpl-{next_id()}"
+    stream = await omni.orchestrator.open(
+        request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params
+    )
+    created, model = int(time.time()), omni.config.pipeline
+    if body.stream:
+        outputs = await peeked(stream)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _events(outputs, stream, request_id, created, model, plan, include_usage)
+        # The background close covers a client that leaves before the first byte.
+        return StreamingResponse(
+            events, media_type="text/event-stream", background=BackgroundTask(stream.close)
+        )
+    got = await collect(request, stream)
+    if got is None:
+        return Response(status_code=499)
+    choices = []
+    for i, sid in enumerate(plan.text):
+        text = got.text_of(sid)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if i < len(plan.audio):
+            audio_sid = plan.audio[i]
+            pcm = b"".join(got.audio.get(audio_sid, []))
+            rate = got.sample_rate.get(audio_sid, 22050)
+            data = wav_bytes(pcm, rate) if plan.audio_format == "wav" else pcm
+            message["content"] = None  # as OpenAI: the words are the audio's transcript
+            message["audio"] = {
+                "id": f"audio_{request_id.removeprefix('chatcmpl-')}",
+                "data": base64.b64encode(data).decode(),
+                "transcript": text,
+                "expires_at": created + AUDIO_TTL_S,
+            }
+        finish = got.finish.get(sid, "stop")
+        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
+    return json_response(
+        {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": stream.usage(),
+        }
+    )
+
+
+def _plan(omni: Any, body: ChatCompletionRequest) -> _Plan:
     modalities = set(body.modalities or ["text"])
-    if "audio" in modalities and not omni.graph.finals_with({"audio"}):
+    text = omni.graph.finals_with({"text"})
+    if not text:
+        raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
+    if "audio" not in modalities:
+        return _Plan(text, [], "")
+    audio = omni.graph.finals_with({"audio"})
+    if not audio:
         raise ApiError(
             400,
             f"pipeline {omni.config.pipeline!r} has no audio output stage",
             "invalid_request_error",
             "modalities",
         )
-    finals = omni.graph.finals_with({"text"})
-    if not finals:
-        raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
-    prompt = Prompt(messages=[ChatMessage(m.role, m.text()) for m in body.messages])
-    request_id = f"chatcmpl-{next_id()}"
-    stage_params = resolve_stage_params(omni, body)
-    stream = await omni.orchestrator.open(
-        request_id, prompt, finals, body.sampling_params(), stage_params
-    )
-    index = {sid: i for i, sid in enumerate(finals)}
-    created = int(time.time())
-    model = omni.config.pipeline
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _stream_events(stream, request_id, created, model, index, include_usage)
-        # The background close covers a client that leaves before the first byte.
-        return StreamingResponse(
-            events, media_type="text/event-stream", background=BackgroundTask(stream.close)
+    fmt = body.audio.format if body.audio else "wav"
+    if fmt not in AUDIO_FORMATS:
+        raise ApiError(
+            400,
+            f"audio.format {fmt!r} is not supported; use one of {', '.join(AUDIO_FORMATS)}",
+            "invalid_request_error",
+            "audio.format",
         )
-    try:
-        got = await unless_disconnected(request, _collect(stream))
-    except ClientDisconnectedError:
-        return Response(status_code=499)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": "".join(got.text.get(sid, []))},
-            "finish_reason": got.finish.get(sid, "stop"),
-            "logprobs": None,
-        }
-        for sid, i in index.items()
-    ]
-    return Response(
-        _json.encode(
-            {
-                "id": request_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": choices,
-                "usage": stream.usage(),
-            }
-        ),
-        media_type="application/json",
-    )
+    if body.stream and fmt != "pcm16":
+        raise ApiError(
+            400,
+            "streamed audio is sent as pcm16 chunks: set audio.format to 'pcm16'",
+            "invalid_request_error",
+            "audio.format",
+        )
+    return _Plan(text, audio[: len(text)], fmt)
 
 
-async def _collect(stream: RequestStream) -> _Collected:
-    got = _Collected()
-    try:
-        async for out in stream:
-            _account(got, out)
-    finally:
-        stream.close()
-    return got
-
-
-def _account(got: _Collected, out: StageOutput) -> None:
-    if out.text:
-        got.text.setdefault(out.stage_id, []).append(out.text)
-    if out.finished:
-        got.finish[out.stage_id] = out.finish_reason or "stop"
-
-
-async def _stream_events(
+async def _events(
+    outputs: AsyncIterator[StageOutput],
     stream: RequestStream,
     request_id: str,
     created: int,
     model: str,
-    index: dict[int, int],
+    plan: _Plan,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
     def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
@@ -133,18 +158,32 @@ async def _stream_events(
             body["usage"] = usage
         return sse(body)
 
-    for i in index.values():
-        yield chunk(
-            [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
-        )
+    index = {sid: i for i, sid in enumerate(plan.text)}
+    index.update({sid: i for i, sid in enumerate(plan.audio)})
+    audio_id = f"audio_{request_id.removeprefix('chatcmpl-')}"
+    # A choice is finished when all of its stages are.
+    open_stages = {i: {sid for sid, j in index.items() if j == i} for i in set(index.values())}
+    for i in open_stages:
+        delta = {"role": "assistant", "content": ""}
+        yield chunk([{"index": i, "delta": delta, "finish_reason": None}])
+    finish: dict[int, str] = {}
     try:
-        async for out in stream:
+        async for out in outputs:
             i = index[out.stage_id]
-            if out.text:
+            if out.modality == "audio" and out.data:
+                audio = {"id": audio_id, "data": base64.b64encode(out.data).decode()}
+                if out.text:
+                    audio["transcript"] = out.text
+                yield chunk([{"index": i, "delta": {"audio": audio}, "finish_reason": None}])
+            elif out.text:
                 yield chunk([{"index": i, "delta": {"content": out.text}, "finish_reason": None}])
             if out.finished:
-                reason = out.finish_reason or "stop"
-                yield chunk([{"index": i, "delta": {}, "finish_reason": reason}])
+                if out.stage_id in plan.text:
+                    finish[i] = out.finish_reason or "stop"
+                open_stages[i].discard(out.stage_id)
+                if not open_stages[i]:
+                    reason = finish.get(i, "stop")
+                    yield chunk([{"index": i, "delta": {}, "finish_reason": reason}])
     except Exception as exc:  # the status line is sent: report in-band, as OpenAI does
         e = as_api_error(exc)
         yield sse(error_body(e.message, e.type, e.param, e.code))
@@ -155,30 +194,3 @@ async def _stream_events(
     if include_usage:
         yield chunk([], stream.usage())
     yield SSE_DONE
-
-
-def check_model(omni: Any, model: str | None) -> None:
-    if model is not None and model not in omni.model_names:
-        raise ApiError(
-            404,
-            f"The model `{model}` does not exist; this server serves "
-            f"{', '.join(sorted(omni.model_names))}",
-            "invalid_request_error",
-            "model",
-            "model_not_found",
-        )
-
-
-def resolve_stage_params(omni: Any, body: SamplingFields) -> dict[int, dict[str, Any]]:
-    if not body.stage_params:
-        return {}
-    by_name = {s.name: s.stage_id for s in omni.config.stages}
-    out: dict[int, dict[str, Any]] = {}
-    for key, params in body.stage_params.items():
-        sid = int(key) if key.isdigit() else by_name.get(key)
-        if sid is None or sid not in omni.graph.stages:
-            raise ApiError(
-                400, f"stage_params: no stage {key!r}", "invalid_request_error", "stage_params"
-            )
-        out[sid] = params
-    return out

@@ -6,13 +6,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from omnistage.api.errors import error_body
-from omnistage.api.routes.chat import _json
+from omnistage.api.routes.common import json_response as _json_response
 
 router = APIRouter()
-
-
-def _json_response(obj: object, status: int = 200) -> Response:
-    return Response(_json.encode(obj), status_code=status, media_type="application/json")
 
 
 @router.get("/v1/models")

@@ -1,0 +1,113 @@
+"""Pieces shared by the generation routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from omnistage.api.errors import ApiError
+from omnistage.api.schemas import SamplingFields
+from omnistage.api.streaming import ClientDisconnectedError, unless_disconnected
+from omnistage.dataplane.orchestrator import RequestStream, StageOutput
+
+json_encoder = msgspec.json.Encoder()
+
+
+def json_response(obj: object, status: int = 200) -> Response:
+    return Response(json_encoder.encode(obj), status_code=status, media_type="application/json")
+
+
+def check_model(omni: Any, model: str | None) -> None:
+    if model is not None and model not in omni.model_names:
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist; this server serves "
+            f"{', '.join(sorted(omni.model_names))}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+
+def resolve_stage_params(omni: Any, body: SamplingFields) -> dict[int, dict[str, Any]]:
+    """The ``stage_params`` extension: per-stage sampling keyed by stage id or name."""
+    if not body.stage_params:
+        return {}
+    by_name = {s.name: s.stage_id for s in omni.config.stages}
+    out: dict[int, dict[str, Any]] = {}
+    for key, params in body.stage_params.items():
+        sid = int(key) if key.isdigit() else by_name.get(key)
+        if sid is None or sid not in omni.graph.stages:
+            raise ApiError(
+                400, f"stage_params: no stage {key!r}", "invalid_request_error", "stage_params"
+            )
+        out[sid] = params
+    return out
+
+
+@dataclass
+class Collected:
+    """A whole request's final outputs, per stage."""
+
+    text: dict[int, list[str]] = field(default_factory=dict)
+    audio: dict[int, list[bytes]] = field(default_factory=dict)
+    sample_rate: dict[int, int] = field(default_factory=dict)
+    finish: dict[int, str] = field(default_factory=dict)
+
+    def add(self, out: StageOutput) -> None:
+        if out.text and out.modality == "text":
+            self.text.setdefault(out.stage_id, []).append(out.text)
+        if out.data and out.modality == "audio":
+            self.audio.setdefault(out.stage_id, []).append(out.data)
+        if out.meta and "sample_rate" in out.meta:
+            self.sample_rate[out.stage_id] = int(out.meta["sample_rate"])
+        if out.finished:
+            self.finish[out.stage_id] = out.finish_reason or "stop"
+
+    def text_of(self, sid: int) -> str:
+        return "".join(self.text.get(sid, []))
+
+
+async def collect(request: Request, stream: RequestStream) -> Collected | None:
+    """Gather every output; None if the client went away (the request is aborted)."""
+
+    async def gather() -> Collected:
+        got = Collected()
+        try:
+            async for out in stream:
+                got.add(out)
+        finally:
+            stream.close()
+        return got
+
+    try:
+        return await unless_disconnected(request, gather())
+    except ClientDisconnectedError:
+        return None
+
+
+async def peeked(stream: RequestStream) -> AsyncIterator[StageOutput]:
+    """Wait for the first output before answering, so errors a stage reports straight
+    away (bad voice, prompt too long) become a proper 4xx instead of an in-band event.
+    Returns an iterator over every output, the first included."""
+    it = aiter(stream)
+    try:
+        first = await anext(it)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        stream.close()
+        raise
+
+    async def rest() -> AsyncIterator[StageOutput]:
+        if first is not None:
+            yield first
+            async for out in it:
+                yield out
+
+    return rest()

@@ -1,0 +1,117 @@
+"""POST /v1/completions: a plain prompt in, text out (the pipeline's text stages)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from omnistage.api.errors import ApiError, as_api_error, error_body
+from omnistage.api.ids import next_id
+from omnistage.api.routes.common import (
+    check_model,
+    collect,
+    json_response,
+    peeked,
+    resolve_stage_params,
+)
+from omnistage.api.schemas import CompletionRequest, body_schema, parse_body
+from omnistage.api.streaming import SSE_DONE, sse
+from omnistage.dataplane.orchestrator import RequestStream, StageOutput
+from omnistage.protocol.messages import Prompt
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
+async def completions(request: Request) -> Response:
+    body = await parse_body(request, CompletionRequest)
+    omni = request.app.state.omni
+    check_model(omni, body.model)
+    if body.n != 1:
+        raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
+    finals = omni.graph.finals_with({"text"})
+    if not finals:
+        raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
+    request_id = f"cmpl-{next_id()}"
+    stream = await omni.orchestrator.open(
+        request_id,
+        Prompt(text=body.prompt),
+        finals,
+        body.sampling_params(),
+        resolve_stage_params(omni, body),
+    )
+    created, model = int(time.time()), omni.config.pipeline
+    index = {sid: i for i, sid in enumerate(finals)}
+    if body.stream:
+        outputs = await peeked(stream)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _events(outputs, stream, request_id, created, model, index, include_usage)
+        return StreamingResponse(
+            events, media_type="text/event-stream", background=BackgroundTask(stream.close)
+        )
+    got = await collect(request, stream)
+    if got is None:
+        return Response(status_code=499)
+    choices = [
+        {
+            "index": i,
+            "text": got.text_of(sid),
+            "finish_reason": got.finish.get(sid, "stop"),
+            "logprobs": None,
+        }
+        for sid, i in index.items()
+    ]
+    return json_response(
+        {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": stream.usage(),
+        }
+    )
+
+
+async def _events(
+    outputs: AsyncIterator[StageOutput],
+    stream: RequestStream,
+    request_id: str,
+    created: int,
+    model: str,
+    index: dict[int, int],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
+        if include_usage:
+            body["usage"] = usage
+        return sse(body)
+
+    try:
+        async for out in outputs:
+            i = index[out.stage_id]
+            reason = (out.finish_reason or "stop") if out.finished else None
+            if out.text or reason:
+                yield chunk([{"index": i, "text": out.text, "finish_reason": reason}])
+    except Exception as exc:
+        e = as_api_error(exc)
+        yield sse(error_body(e.message, e.type, e.param, e.code))
+        yield SSE_DONE
+        return
+    finally:
+        stream.close()
+    if include_usage:
+        yield chunk([], stream.usage())
+    yield SSE_DONE

@@ -1,0 +1,1 @@
+"""The ``llm`` engine: HF transformers models with continuous batching (CPU or CUDA)."""

@@ -1,0 +1,139 @@
+"""The ``llm`` engine: chat or text in, streamed text deltas out, batched continuously."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from omnistage.config.engine_args import LlmArgs
+from omnistage.config.schema import StageConfig
+from omnistage.engines.base import Engine, EngineChunk, EngineRequest
+from omnistage.engines.llm import weights
+from omnistage.engines.llm.detok import Detokenizer
+from omnistage.engines.llm.sampling import Sampler, SamplingParams
+from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
+from omnistage.protocol.errors import BadRequestError, EngineError
+from omnistage.protocol.messages import ChatMessage, Prompt
+
+log = logging.getLogger(__name__)
+
+
+class LlmEngine(Engine):
+    def __init__(self, stage: StageConfig) -> None:
+        super().__init__(stage)
+        self.args = LlmArgs.model_validate(stage.engine_args)
+        self._worker: LlmWorker | None = None
+        self.tokenizer: Any = None
+        self.max_model_len = 0
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        import torch
+
+        threads = self.args.torch_threads or os.cpu_count() or 1
+        torch.set_num_threads(threads)
+        model, tokenizer, device = weights.load(
+            self.args.model, self.args.dtype, self.args.device, self.args.cache_dir
+        )
+        self.tokenizer = tokenizer
+        # Logits are as wide as the model's vocabulary, which may exceed the tokenizer's.
+        self._vocab = int(getattr(model.config, "vocab_size", 0) or len(tokenizer))
+        self._torch_device = device
+        window = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+        self.max_model_len = min(self.args.max_model_len or window, window)
+        eos = model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
+        self._worker = LlmWorker(model, device, eos_ids, limits, self._count_step)
+        self._worker.start()
+        log.info(
+            "llm ready: window %d tokens, up to %d sequences per step, %d torch threads",
+            self.max_model_len,
+            limits.max_num_seqs,
+            threads,
+        )
+
+    def _count_step(self) -> None:
+        self.progress += 1
+
+    @property
+    def queue_length(self) -> int:
+        return self._worker.queue_length if self._worker else 0
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        if self._worker is None:
+            raise EngineError("engine not started")
+        prompt = request.prompt
+        if prompt is None:  # fed by an upstream stage: its whole text is the user turn
+            text = "".join([i.text async for i in request.inputs])
+            prompt = Prompt(messages=[_user(text)])
+        ids = self._prompt_ids(prompt)
+        params = SamplingParams.from_params(request.params, self.args.default_max_tokens)
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise BadRequestError(
+                f"the prompt is {len(ids)} tokens; this model's context window is "
+                f"{self.max_model_len} tokens",
+                "messages",
+            )
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[EngineChunk | BaseException] = asyncio.Queue()
+
+        def deliver(item: EngineChunk | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        seq = Sequence(
+            request_id=request.request_id,
+            prompt_ids=ids,
+            sampler=Sampler(params, self._vocab, self._torch_device),
+            max_tokens=min(params.max_tokens, room),
+            detok=Detokenizer(self.tokenizer, params.stop),
+            deliver=deliver,
+        )
+        self._worker.submit(seq)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not seq.done:
+                self._worker.abort(seq)  # frees its batch row before the next step
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        tok = self.tokenizer
+        if prompt.messages is not None:
+            messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+            if getattr(tok, "chat_template", None):
+                out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                return _as_ids(out)
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+            return list(tok.encode(text))
+        return list(tok.encode(prompt.text or ""))
+
+    async def shutdown(self) -> None:
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.stop)
+
+
+def _user(text: str) -> ChatMessage:
+    return ChatMessage("user", text)
+
+
+def _as_ids(out: Any) -> list[int]:
+    """apply_chat_template returns a list or a BatchEncoding depending on the version."""
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        out = out["input_ids"]
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(i) for i in out]
