@@ -40,4 +40,18 @@ class LlmArgs(_Args):
     cache_dir: str | None = None
 
 
-ENGINE_ARGS: dict[str, type[_Args]] = {"echo": EchoArgs, "llm": LlmArgs}
+class TtsArgs(_Args):
+    # Default voice: an id ("en_US-joe-medium") or alias ("joe"); None: en_US-joe-medium
+    # when installed, else the first voice found.
+    voice: str | None = None
+    # Extra directory of <voice>.onnx + <voice>.onnx.json files (searched first).
+    voices_dir: str | None = None
+    # Default speaking rate; requests may override it with params["speed"].
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    # Synthesize and emit sentence by sentence (False: one chunk for the whole text).
+    sentence_streaming: bool = True
+    # Syntheses running at once (each in a worker thread).
+    max_concurrent: int = Field(default=4, ge=1)
+
+
+ENGINE_ARGS: dict[str, type[_Args]] = {"echo": EchoArgs, "llm": LlmArgs, "tts": TtsArgs}

@@ -124,8 +124,9 @@ class Orchestrator:
             deadline = time.monotonic() + self.no_replica_wait_s
             for sid in sorted(active):
                 await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
+            # Sources of this run: stages none of whose inputs take part in it.
             for sid in sorted(active):
-                if not self.graph.upstream(sid):
+                if not active.intersection(self.graph.upstream(sid)):
                     await self._dispatch(run, sid)
         except BaseException:
             self._finish(run)
@@ -329,7 +330,9 @@ class RequestStream:
         graph = self._orchestrator.graph
         run = self._run
         prompt = sum(
-            u.get("prompt_tokens", 0) for sid, u in run.usage.items() if not graph.upstream(sid)
+            u.get("prompt_tokens", 0)
+            for sid, u in run.usage.items()
+            if not run.active.intersection(graph.upstream(sid))
         )
         completion = sum(
             u.get("completion_tokens", 0) for sid, u in run.usage.items() if sid in run.finals

@@ -16,6 +16,10 @@ def build_engine(stage: StageConfig) -> Engine:
         from omnistage.engines.llm.engine import LlmEngine
 
         return LlmEngine(stage)
+    if stage.engine == "tts":
+        from omnistage.engines.tts import TtsEngine
+
+        return TtsEngine(stage)
     raise EngineError(
         f"engine {stage.engine!r} (stage {stage.stage_id} {stage.name!r}) is not available "
         "in this build"

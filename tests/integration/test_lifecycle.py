@@ -81,10 +81,12 @@ def test_stage_error_is_a_clear_500_and_the_server_stays_up(tmp_path: Path) -> N
         assert error["code"] == "stage_failed"
         assert "stage 1 (talker)" in error["message"]
         assert "fail" in error["message"]
+        # A streamed request that fails before its first output gets the same status:
+        # the response is held until the first output exists.
         body = {"messages": [{"role": "user", "content": "BOOM again"}], "stream": True}
-        with head.client.stream("POST", "/v1/chat/completions", json=body) as s:
-            text = "".join(s.iter_lines())
-        assert '"stage_failed"' in text and text.endswith("data: [DONE]")
+        streamed = head.client.post("/v1/chat/completions", json=body)
+        assert streamed.status_code == 500
+        assert streamed.json()["error"]["code"] == "stage_failed"
         ok = head.chat("fine")
         assert ok.status_code == 200
         assert ok.json()["choices"][0]["message"]["content"].startswith("fine")

