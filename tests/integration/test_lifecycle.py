@@ -184,3 +184,25 @@ def test_head_gives_up_after_init_timeout_when_a_stage_never_joins(tmp_path: Pat
         assert "1 (talker)" in head.log()
     finally:
         head.stop()
+
+
+def test_a_stage_failing_mid_stream_reports_in_band_then_done(tmp_path: Path) -> None:
+    overrides = json.dumps(
+        {
+            "0": {"engine_args": {"num_chunks": 4, "chunk_delay_s": 0.05}},
+            "2": {"engine_args": {"fail_on": "Z"}},
+        }
+    )
+    head = HeadProc(tmp_path, "echo", "--stage-overrides", overrides)
+    try:
+        head.wait_healthy()
+        body = {"messages": [{"role": "user", "content": "okay fine Z"}], "stream": True}
+        with head.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200  # output had started when the stage failed
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert '"content":"oka' in lines[1]
+        assert '"stage_failed"' in lines[-2] and "stage 2 (vocoder)" in lines[-2]
+        assert lines[-1] == "data: [DONE]"
+        assert head.chat("all good").status_code == 200
+    finally:
+        head.stop()
