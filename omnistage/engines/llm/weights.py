@@ -78,6 +78,7 @@ def _cache_name(path: Path) -> str:
 
 
 def _convert_gguf(path: Path, target: Path) -> None:
+    envs.keep_model_hubs_offline()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,6 +109,7 @@ def _convert_gguf(path: Path, target: Path) -> None:
 
 def load(model: str, dtype: str, device: str, cache_dir: str | None) -> tuple[Any, Any, Any]:
     """Load (model, tokenizer, torch device); blocking."""
+    envs.keep_model_hubs_offline()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
