@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -89,6 +90,8 @@ class Head:
         self.started_at = int(time.time())
         self._lock = threading.Lock()
         self._stop = asyncio.Event()
+        # Set once every stage has had a live replica: start-up is over.
+        self._serving = threading.Event()
         self.exit_code = 0
 
     # -- start-up --------------------------------------------------------------------
@@ -97,6 +100,17 @@ class Head:
         self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            # Claim the HTTP port first: a taken port should fail before anything starts.
+            http_socket = _listen(self.opts.host, self.opts.port)
+        except OSError as exc:
+            log.error(
+                "cannot listen on %s:%d (--host/--port): %s",
+                self.opts.host,
+                self.opts.port,
+                exc.strerror or exc,
+            )
+            return 1
         self._start_control_and_data()
         self._launch_local()
         app = create_app(self, self.opts.api_key)
@@ -111,7 +125,7 @@ class Head:
             )
         )
         self._server = server
-        server_task = asyncio.create_task(server.serve(), name="omni-http")
+        server_task = asyncio.create_task(server.serve([http_socket]), name="omni-http")
         watch_task = asyncio.create_task(self._await_stages(), name="omni-init-wait")
         observe_task = asyncio.create_task(self._observe_load(), name="omni-load")
         stats_task = asyncio.create_task(self._log_stats(), name="omni-stats")
@@ -207,6 +221,7 @@ class Head:
             missing = self.stages_without_replicas()
             if not missing:
                 if not announced:
+                    self._serving.set()
                     log.info(
                         "all stages have live replicas; serving on http://%s:%d",
                         self.opts.host,
@@ -327,7 +342,22 @@ class Head:
         )
 
     def _on_process_exit(self, proc: LocalReplicaProcess, code: int) -> None:
+        """Launcher thread: a local replica process ended."""
         spec = proc.spec
+        if code != 0 and not self._serving.is_set() and not self._stop.is_set():
+            # Nothing restarts it, so waiting out --init-timeout would only delay the
+            # same outcome: fail now, pointing at the replica's own error above.
+            name = self.config.stage(spec.stage_id).name
+            log.error(
+                "stage %d (%s) replica %d exited with code %d while starting; see its "
+                "log lines above. Shutting down.",
+                spec.stage_id,
+                name,
+                spec.replica_id,
+                code,
+            )
+            self.exit_code = 1
+            self._loop.call_soon_threadsafe(self._stop.set)
         self.coordinator.mark(
             (spec.stage_id, spec.replica_id),
             None,
@@ -407,3 +437,16 @@ class Head:
             "heartbeat_timeout_s": self.opts.heartbeat_timeout_s,
             "stages": stages,
         }
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock

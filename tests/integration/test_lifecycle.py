@@ -206,3 +206,34 @@ def test_a_stage_failing_mid_stream_reports_in_band_then_done(tmp_path: Path) ->
         assert head.chat("all good").status_code == 200
     finally:
         head.stop()
+
+
+def test_head_fails_fast_when_a_local_replica_cannot_start(tmp_path: Path) -> None:
+    config = tmp_path / "draw.yaml"
+    config.write_text(
+        "pipeline: draw\nstages:\n"
+        "  - {stage_id: 0, name: drawer, engine: diffusion, final_output: true}\n"
+    )
+    started = time.monotonic()
+    head = HeadProc(tmp_path, str(config))
+    try:
+        assert head.wait(30) == 1
+        assert time.monotonic() - started < 20  # not the 600 s --init-timeout
+        log = head.log()
+        assert "engine 'diffusion'" in log and "not available" in log
+        assert "stage 0 (drawer) replica 0 exited with code 1 while starting" in log
+    finally:
+        head.stop()
+
+
+def test_a_taken_http_port_fails_before_anything_starts(
+    echo_head: HeadProc, tmp_path: Path
+) -> None:
+    second = Proc(["serve", "echo", "--port", str(echo_head.port)], tmp_path / "second.log")
+    try:
+        assert second.wait(30) == 1
+        assert f"cannot listen on 127.0.0.1:{echo_head.port} (--host/--port)" in second.log()
+        assert "started stage" not in second.log()  # no replica was launched
+        assert echo_head.client.get("/health").status_code == 200
+    finally:
+        second.stop()
