@@ -207,3 +207,28 @@ def test_thinker_and_a_headless_talker_in_separate_processes(tmp_path: Path) -> 
         if talker is not None:
             talker.stop()
         head.stop()
+
+
+def test_eight_concurrent_streams_complete_with_their_own_text(voice_head: HeadProc) -> None:
+    import concurrent.futures
+
+    prompts = [f"Say something short about the color number {i}." for i in range(8)]
+
+    def ask(prompt: str, stream: bool) -> str:
+        client = _client(voice_head)
+        kwargs = {"model": "voice", "temperature": 0, "max_tokens": 16}
+        messages = [{"role": "user", "content": prompt}]
+        if not stream:
+            out = client.chat.completions.create(messages=messages, **kwargs)
+            return out.choices[0].message.content or ""
+        text = ""
+        for chunk in client.chat.completions.create(messages=messages, stream=True, **kwargs):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+        return text
+
+    solo = [ask(p, stream=False) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda p: ask(p, stream=True), prompts))
+    assert all(solo)
+    assert together == solo  # each stream got exactly its own request's text

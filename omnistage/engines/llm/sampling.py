@@ -41,8 +41,10 @@ class SamplingParams:
             raise BadRequestError("stop must be a non-empty string or a list of them", "stop")
         if len(stop) > 4:
             raise BadRequestError("at most 4 stop sequences", "stop")
-        max_tokens = params.get("max_tokens") or default_max_tokens
-        if not isinstance(max_tokens, int) or max_tokens < 1:
+        max_tokens = params.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = default_max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise BadRequestError("max_tokens must be a positive integer", "max_tokens")
         top_k = params.get("top_k") or 0
         if not isinstance(top_k, int) or top_k < -1:

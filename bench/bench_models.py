@@ -1,0 +1,506 @@
+"""Real-model benchmark of the default ``voice`` pipeline (SmolLM2 thinker -> Piper talker).
+
+LLM decode tokens/s and TTFT in-process (DIRECT, LlmEngine) vs over HTTP (SERVED, the head)
+at concurrency 1 and 8, time to first audio vs the thinker's first sentence, and the peak
+RSS of the served process tree. One thing at a time on the CPU. See README.md.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import itertools
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from omnistage.config.load import load_config
+from omnistage.config.schema import StageConfig
+
+HOST = "127.0.0.1"
+PIPELINE = "voice"
+CONCURRENCIES = (1, 8)
+TARGET_SERVED_VS_DIRECT = 0.90  # served c=1 tok/s >= 90% of direct c=1
+TARGET_SCALING_C8 = 3.0  # served c=8 tok/s >= 3x served c=1
+TARGET_AUDIO_LAG_S = 0.5  # first audio <= first sentence + 0.5 s
+TARGET_RSS_BYTES = 2.5e9  # peak RSS of head + replicas < 2.5 GB
+TOPICS = (
+    "the history of the bicycle; how a steam engine works; the water cycle; the life cycle of "
+    "a star; how the internet moves data; planting a vegetable garden; city versus country "
+    "life; a lighthouse keeper who finds a message in a bottle"
+)
+PROMPTS = tuple(f"Write a long, detailed essay about {t}." for t in TOPICS.split("; "))
+AUDIO_PROMPT = "Tell me about the ocean in a few sentences."
+SENTENCE_END = re.compile(r"[.!?] |\n")
+
+
+Sample = tuple[float, int]  # seconds to the first non-empty text, completion tokens
+
+
+@dataclass
+class LoadResult:
+    mode: str  # direct | served
+    concurrency: int
+    requests: int
+    completed: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    tok_s: float = 0.0
+    ttft_mean_s: float = 0.0
+    ttft_p50_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class AudioResult:
+    requests: int
+    completed: int = 0
+    first_sentence_s: list[float] = field(default_factory=list)
+    first_audio_s: list[float] = field(default_factory=list)
+    sentences: list[str] = field(default_factory=list)  # each request's first sentence
+    error: str | None = None
+
+
+def describe(exc: BaseException, timeout: float) -> str:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
+    return text + (f" (no answer within {timeout:g}s)" if isinstance(exc, TimeoutError) else "")
+
+
+async def closed_loop(
+    one: Callable[[str], Awaitable[Sample]], n: int, c: int, timeout: float, res: LoadResult
+) -> None:
+    """n requests by c workers, one at a time each; fills res (failures are counted)."""
+    left, samples = [n], list[Sample]()
+
+    async def worker() -> None:
+        while left[0] > 0:
+            i = n - left[0]
+            left[0] -= 1
+            try:
+                async with asyncio.timeout(timeout):
+                    samples.append(await one(PROMPTS[i % len(PROMPTS)]))
+            except Exception as exc:
+                res.error = res.error or describe(exc, timeout)
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(c):
+            tg.create_task(worker())
+    res.wall_s = time.perf_counter() - start
+    ttfts = [ttft for ttft, _ in samples]
+    res.completed, res.tokens = len(samples), sum(k for _, k in samples)
+    res.tok_s = res.tokens / res.wall_s
+    if samples:
+        res.ttft_mean_s, res.ttft_p50_s = statistics.fmean(ttfts), statistics.median(ttfts)
+
+
+async def run_load(
+    mode: str, one: Callable[[str], Awaitable[Sample]], args: argparse.Namespace
+) -> list[LoadResult]:
+    for i in range(args.warmup):
+        async with asyncio.timeout(args.request_timeout):
+            await one(PROMPTS[i % len(PROMPTS)])
+    results = []
+    for c, n in zip(CONCURRENCIES, (args.requests_c1, args.requests_c8), strict=True):
+        res = LoadResult(mode, c, n)
+        await closed_loop(one, n, c, args.request_timeout, res)
+        print(f"  {mode} c={c}: {res.tok_s:.1f} tok/s, {res.completed}/{n} done", flush=True)
+        results.append(res)
+    return results
+
+
+# -- DIRECT: the engine in this process ---------------------------------------------------
+
+
+async def run_direct(stage: StageConfig, args: argparse.Namespace) -> list[LoadResult]:
+    from omnistage.engines.base import EngineRequest, StageInput
+    from omnistage.engines.llm.engine import LlmEngine
+    from omnistage.protocol.messages import ChatMessage, Prompt
+
+    config = StageConfig(stage_id=0, name="thinker", engine="llm", engine_args=stage.engine_args)
+    engine = LlmEngine(config)
+    params = {**stage.default_sampling_params, "temperature": 0.0, "max_tokens": args.max_tokens}
+    ids = itertools.count()
+
+    async def no_inputs() -> AsyncIterator[StageInput]:
+        return
+        yield
+
+    async def one(text: str) -> Sample:
+        prompt = Prompt(messages=[ChatMessage("user", text)])
+        req = EngineRequest(f"direct-{next(ids)}", prompt, dict(params), no_inputs())
+        t0, ttft = time.perf_counter(), None
+        async for chunk in engine.generate(req):
+            if chunk.text and ttft is None:
+                ttft = time.perf_counter() - t0
+            if chunk.finished:
+                tokens = (chunk.usage or {}).get("completion_tokens", 0)
+                return (ttft if ttft is not None else time.perf_counter() - t0), tokens
+        raise RuntimeError("the engine's stream ended without a finished chunk")
+
+    try:
+        async with asyncio.timeout(args.health_timeout):
+            await engine.start()
+        return await run_load("direct", one, args)
+    finally:
+        await engine.shutdown()
+
+
+# -- SERVED: the head over HTTP -----------------------------------------------------------
+
+
+async def sse_events(port: int, body: dict[str, Any]) -> AsyncIterator[tuple[float, Any]]:
+    """POST a streaming chat completion; yield (arrival time, JSON data) per SSE event."""
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + data
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = head.split(b" ", 2)[1]
+        if status != b"200":
+            raise RuntimeError(f"HTTP {status.decode()}: {(await reader.read(500))!r}")
+        chunked = b"transfer-encoding: chunked" in head.lower()
+        buf = b""
+        while True:
+            if chunked:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                piece = await reader.readexactly(size + 2)
+                piece = piece[:-2]
+            else:
+                piece = await reader.read(65536)
+            if not piece:
+                break
+            buf += piece
+            now = time.perf_counter()
+            *events, buf = buf.split(b"\n\n")
+            for event in events:
+                for line in event.split(b"\n"):
+                    if line.startswith(b"data: "):
+                        if line == b"data: [DONE]":
+                            return
+                        ev = json.loads(line[6:])
+                        if "error" in ev:
+                            raise RuntimeError(f"in-band error: {ev['error']}")
+                        yield now, ev
+        raise RuntimeError("the stream ended without [DONE]")
+    finally:
+        writer.close()
+
+
+def chat_body(text: str, max_tokens: int, audio: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": text}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+    }
+    if audio:
+        body |= {"modalities": ["text", "audio"], "audio": {"voice": "joe", "format": "pcm16"}}
+    return body
+
+
+async def run_served(port: int, args: argparse.Namespace) -> list[LoadResult]:
+    async def one(text: str) -> Sample:
+        t0, ttft, usage = time.perf_counter(), None, None
+        async for t, ev in sse_events(port, chat_body(text, args.max_tokens, audio=False)):
+            usage = ev.get("usage") or usage
+            if ttft is None and any(c["delta"].get("content") for c in ev["choices"]):
+                ttft = t - t0
+        if usage is None or ttft is None:
+            raise RuntimeError("no text or no usage in the stream")
+        return ttft, int(usage["completion_tokens"])
+
+    return await run_load("served", one, args)
+
+
+async def run_audio(port: int, args: argparse.Namespace) -> AudioResult:
+    res = AudioResult(args.audio_requests)
+    for _ in range(args.audio_requests):
+        try:
+            async with asyncio.timeout(args.request_timeout):
+                t0, text, sentence, audio, last_text = time.perf_counter(), "", None, None, None
+                body = chat_body(AUDIO_PROMPT, args.audio_max_tokens, audio=True)
+                async for t, ev in sse_events(port, body):
+                    for choice in ev["choices"]:
+                        delta = choice["delta"]
+                        if audio is None and (delta.get("audio") or {}).get("data"):
+                            audio = t - t0
+                        if delta.get("content"):
+                            text, last_text = text + delta["content"], t - t0
+                            if sentence is None and (m := SENTENCE_END.search(text)):
+                                sentence = t - t0
+                                res.sentences.append(text[: m.end()].strip())
+            if audio is None or last_text is None:
+                raise RuntimeError("no audio or no text in the stream")
+            if sentence is None:  # no sentence end: the whole text is the first sentence
+                sentence = last_text
+                res.sentences.append(text.strip())
+            res.first_sentence_s.append(sentence)
+            res.first_audio_s.append(audio)
+            res.completed += 1
+        except Exception as exc:
+            res.error = res.error or describe(exc, args.request_timeout)
+    return res
+
+
+# -- the server and its memory ------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, port: int, overrides: str | None) -> None:
+        self.port = port
+        cmd = [sys.executable, "-m", "omnistage", "serve", PIPELINE, "--host", HOST]
+        cmd += ["--port", str(port), "--log-level", "WARNING"]
+        if overrides:
+            cmd += ["--stage-overrides", overrides]
+        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def log_tail(self, n: int = 2000) -> str:
+        self.log.seek(0)
+        tail = self.log.read().decode(errors="replace")[-n:].rstrip()
+        return f"\n{tail}" if tail else ""
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline, last = time.monotonic() + timeout, "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exited with {self.proc.returncode}{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except Exception as exc:
+                last = str(exc)
+            time.sleep(0.5)
+        raise RuntimeError(f"not ready after {timeout:.0f}s ({last}){self.log_tail()}")
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                print(f"! no exit {grace:.0f}s after SIGTERM, killing")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 0)  # raises if no process of the group is left
+            print("! processes left after the head exited, killing")
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+class RssSampler(threading.Thread):
+    """Peak VmRSS of a process tree, total and per role (head, thinker, talker, other)."""
+
+    def __init__(self, root: int, names: dict[int, str], interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.root, self.names, self.interval = root, names, interval
+        self.peak: dict[str, int] = {}
+        self.peak_total = self.samples = 0
+        self.done = threading.Event()
+
+    def role(self, pid: int) -> str:
+        if pid == self.root:
+            return "head"
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        if b"--stage-id" in argv and argv.index(b"--stage-id") + 1 < len(argv):
+            sid = int(argv[argv.index(b"--stage-id") + 1])
+            return self.names.get(sid, f"stage {sid}")
+        return "other"
+
+    def sample(self) -> None:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError), open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                    children.setdefault(ppid, []).append(int(entry))
+        todo, by_role = [self.root], dict.fromkeys(self.peak, 0)
+        while todo:
+            pid = todo.pop()
+            todo += children.get(pid, [])
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as f:
+                kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+                role = self.role(pid)
+                by_role[role] = by_role.get(role, 0) + kb * 1024
+        for role, rss in by_role.items():
+            self.peak[role] = max(self.peak.get(role, 0), rss)
+        self.peak_total = max(self.peak_total, sum(by_role.values()))
+        self.samples += 1
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            with contextlib.suppress(Exception):
+                self.sample()
+
+
+@dataclass
+class Served:
+    loads: list[LoadResult]
+    audio: AudioResult
+    rss: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def serve(args: argparse.Namespace, names: dict[int, str]) -> Served:
+    out = Served([], AudioResult(args.audio_requests))
+    server = Server(free_port(), args.overrides)
+    sampler = RssSampler(server.proc.pid, names)
+    sampler.start()
+    try:
+        server.wait_ready(args.health_timeout)
+        out.loads = asyncio.run(run_served(server.port, args))
+        out.audio = asyncio.run(run_audio(server.port, args))
+    except Exception as exc:
+        out.error = describe(exc, args.request_timeout) + server.log_tail()
+        print(f"! served: {out.error}", flush=True)
+    finally:
+        sampler.done.set()
+        sampler.join(2.0)
+        server.stop()
+    out.rss = {"total": sampler.peak_total, "by_role": sampler.peak, "samples": sampler.samples}
+    return out
+
+
+# -- driver and report --------------------------------------------------------------------
+
+
+def report(loads: list[LoadResult], served: Served, args: argparse.Namespace) -> list[Any]:
+    print(f"\n== LLM decode: {args.model}, temperature 0, max_tokens {args.max_tokens}")
+    print(f"{'mode':<7} {'conc':>4} {'done':>6} {'tok/req':>7} {'tok/s':>7} ", end="")
+    print(f"{'TTFT mean':>9} {'TTFT p50':>9} {'wall s':>7}")
+    for r in loads:
+        per = r.tokens / r.completed if r.completed else 0.0
+        print(
+            f"{r.mode:<7} {r.concurrency:>4} {f'{r.completed}/{r.requests}':>6} {per:>7.1f} "
+            f"{r.tok_s:>7.2f} {r.ttft_mean_s:>8.3f}s {r.ttft_p50_s:>8.3f}s {r.wall_s:>7.1f}"
+            + (f"  ! {r.error.splitlines()[0][:120]}" if r.error else "")
+        )
+    audio, lag = served.audio, None
+    print(f"\n== first audio: c=1, {audio.completed}/{audio.requests} done, medians (all)")
+    if audio.completed:
+        rows = [("thinker first sentence", audio.first_sentence_s)]
+        for label, xs in [*rows, ("first audio chunk", audio.first_audio_s)]:
+            each = ", ".join(f"{x:.2f}" for x in xs)
+            print(f"  {label:<22} {statistics.median(xs):7.3f} s  ({each})")
+        lag = statistics.median(audio.first_audio_s) - statistics.median(audio.first_sentence_s)
+        print(f"  {'audio - sentence':<22} {lag:7.3f} s   {sorted(set(audio.sentences))}")
+    if audio.error:
+        print(f"  ! {audio.error.splitlines()[0][:200]}")
+    rss, total = served.rss, None
+    print(f"\n== peak RSS of the served tree ({rss['samples']} samples, every 100 ms)")
+    for role, peak in sorted(rss["by_role"].items()):
+        print(f"  {role:<8} {peak / 1e6:>8,.0f} MB")
+    if rss["samples"]:
+        total = rss["total"] / 1e9
+        print(f"  {'total':<8} {rss['total'] / 1e6:>8,.0f} MB  (peak of the sum)")
+
+    by = {(r.mode, r.concurrency): r for r in loads if r.completed == r.requests and r.tok_s}
+    a, b, c = by.get(("direct", 1)), by.get(("served", 1)), by.get(("served", 8))
+    goals = [
+        (f"served c=1 / direct c=1 tok/s >= {TARGET_SERVED_VS_DIRECT}",
+         b.tok_s / a.tok_s if a and b else None, TARGET_SERVED_VS_DIRECT, 1),
+        (f"served c=8 / served c=1 tok/s >= {TARGET_SCALING_C8}",
+         c.tok_s / b.tok_s if b and c else None, TARGET_SCALING_C8, 1),
+        (f"first audio - first sentence <= {TARGET_AUDIO_LAG_S} s",
+         lag, TARGET_AUDIO_LAG_S, -1),
+        (f"peak RSS total < {TARGET_RSS_BYTES / 1e9} GB",
+         total, TARGET_RSS_BYTES / 1e9, -1),
+    ]  # fmt: skip
+    if served.error:
+        print(f"\n! served: {served.error.splitlines()[0][:200]}")
+    print("\ntargets:")
+    out = []
+    for goal, value, bound, sign in goals:
+        met = value is not None and (value >= bound if sign > 0 else value <= bound)
+        shown = "n/a" if value is None else f"{value:.4f}"
+        print(f"  {goal:<42} {shown:>8}  {'PASS' if met else 'MISS'}")
+        out.append({"goal": goal, "value": value, "met": met})
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--requests-c1", type=int, default=8, help="measured requests at c=1")
+    p.add_argument("--requests-c8", type=int, default=24, help="measured requests at c=8")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per mode (c=1)")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of LLM requests")
+    p.add_argument("--audio-requests", type=int, default=3, help="first-audio requests")
+    p.add_argument("--audio-max-tokens", type=int, default=48, help="max_tokens, audio runs")
+    over = "JSON for serve --stage-overrides, applied to the direct engine too (default: none)"
+    p.add_argument("--stage-overrides", dest="overrides", metavar="JSON", help=over)
+    p.add_argument("--skip-direct", action="store_true", help="only the served runs")
+    p.add_argument("--health-timeout", type=float, default=300.0, help="seconds to get ready")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args()
+    config = load_config(PIPELINE, args.overrides)
+    thinker = config.stages[0]
+    args.model = thinker.engine_args.get("model", "?")
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs; thinker engine_args "
+        f"{json.dumps(thinker.engine_args)}; warm-up {args.warmup}, requests c=1: "
+        f"{args.requests_c1}, c=8: {args.requests_c8}, audio: {args.audio_requests}",
+        flush=True,
+    )
+    # SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the engine and server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    direct = [LoadResult("direct", c, 0) for c in CONCURRENCIES]
+    if not args.skip_direct:
+        print("direct (in-process LlmEngine) ...", flush=True)
+        try:
+            direct = asyncio.run(run_direct(thinker, args))
+        except Exception as exc:
+            for r in direct:
+                r.error = describe(exc, args.request_timeout)
+            print(f"! direct: {direct[0].error}", flush=True)
+        gc.collect()  # the engine is shut down; drop its weights before the server starts
+    print(f"served (python -m omnistage serve {PIPELINE}) ...", flush=True)
+    served = serve(args, {s.stage_id: s.name for s in config.stages})
+    goals = report([*direct, *served.loads], served, args)
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        doc: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
+        doc["settings"] = settings
+        doc |= {"direct": [asdict(r) for r in direct], **asdict(served), "targets": goals}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

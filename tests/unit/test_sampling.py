@@ -1,0 +1,61 @@
+"""Sampling parameters and the sampler (needs torch, as the llm engine does)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omnistage.engines.llm.sampling import Sampler, SamplingParams  # noqa: E402
+from omnistage.protocol.errors import BadRequestError  # noqa: E402
+
+
+def test_params_take_defaults_and_normalize_stop() -> None:
+    p = SamplingParams.from_params({"stop": "x", "temperature": 0}, default_max_tokens=50)
+    assert p.stop == ("x",) and p.greedy and p.max_tokens == 50
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"seed": "7"}, "seed"),
+        ({"top_k": -5}, "top_k"),
+    ],
+)
+def test_bad_params_are_bad_requests_naming_the_field(params: dict, param: str) -> None:
+    with pytest.raises(BadRequestError) as info:
+        SamplingParams.from_params(params, 16)
+    assert info.value.param == param
+
+
+def test_greedy_picks_the_argmax() -> None:
+    s = Sampler(SamplingParams(temperature=0), 5, torch.device("cpu"))
+    assert s.sample(torch.tensor([0.1, 3.0, 0.2, -1.0, 2.9])) == 1
+
+
+def test_same_seed_same_tokens_and_top_k_limits_the_choice() -> None:
+    logits = torch.tensor([1.0, 1.1, 0.9, 1.05, 0.95, 1.0])
+    params = SamplingParams(temperature=1.0, seed=1234, top_k=2)
+    a = Sampler(params, 6, torch.device("cpu"))
+    b = Sampler(params, 6, torch.device("cpu"))
+    draws_a = [a.sample(logits) for _ in range(50)]
+    draws_b = [b.sample(logits) for _ in range(50)]
+    assert draws_a == draws_b
+    assert set(draws_a) <= {1, 3}  # the two largest logits
+
+
+def test_top_p_keeps_only_the_smallest_covering_set() -> None:
+    logits = torch.log(torch.tensor([0.7, 0.2, 0.05, 0.05]))
+    s = Sampler(SamplingParams(temperature=1.0, top_p=0.6, seed=0), 4, torch.device("cpu"))
+    assert {s.sample(logits) for _ in range(40)} == {0}
+
+
+def test_frequency_penalty_discourages_repeats() -> None:
+    logits = torch.tensor([2.0, 1.9])
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=1.0), 2, torch.device("cpu"))
+    assert [s.sample(logits) for _ in range(3)] == [0, 1, 0]
