@@ -386,7 +386,8 @@ def serve(args: argparse.Namespace, names: dict[int, str]) -> Served:
         out.loads = asyncio.run(run_served(server.port, args))
         out.audio = asyncio.run(run_audio(server.port, args))
     except Exception as exc:
-        out.error = describe(exc, args.request_timeout) + server.log_tail()
+        out.error, tail = describe(exc, args.request_timeout), server.log_tail()
+        out.error += "" if tail in out.error else tail
         print(f"! served: {out.error}", flush=True)
     finally:
         sampler.done.set()
@@ -426,7 +427,7 @@ def report(loads: list[LoadResult], served: Served, args: argparse.Namespace) ->
     for role, peak in sorted(rss["by_role"].items()):
         print(f"  {role:<8} {peak / 1e6:>8,.0f} MB")
     if rss["samples"]:
-        total = rss["total"] / 1e9
+        total = None if served.error else rss["total"] / 1e9  # not a failed start's
         print(f"  {'total':<8} {rss['total'] / 1e6:>8,.0f} MB  (peak of the sum)")
 
     by = {(r.mode, r.concurrency): r for r in loads if r.completed == r.requests and r.tok_s}
@@ -479,7 +480,8 @@ def main() -> int:
     )
     # SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the engine and server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    direct = [LoadResult("direct", c, 0) for c in CONCURRENCIES]
+    counts = (args.requests_c1, args.requests_c8)
+    direct = [LoadResult("direct", c, n) for c, n in zip(CONCURRENCIES, counts, strict=True)]
     if not args.skip_direct:
         print("direct (in-process LlmEngine) ...", flush=True)
         try:
@@ -497,6 +499,7 @@ def main() -> int:
         doc: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
         doc["settings"] = settings
         doc |= {"direct": [asdict(r) for r in direct], **asdict(served), "targets": goals}
+        doc["served"] = doc.pop("loads")
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0

@@ -148,3 +148,20 @@ def _is_abbreviation(buffer: str, start: int, dot: int) -> bool:
     if len(word) == 2 and word[0].isupper() and word[0] != "I":
         return True  # an initial, as in "J. Smith"
     return word[:-1].lower() in _ABBREVIATIONS
+
+
+# Where a first clause may end: a comma, semicolon or colon followed by whitespace.
+_CLAUSE_END = re.compile(r"[,;:](?=\s)")
+
+
+def split_first_clause(buffer: str, min_words: int = 4) -> tuple[str | None, str]:
+    """The first clause of ``buffer`` if it is complete and at least ``min_words`` long.
+
+    Speaking the opening clause before its sentence is finished cuts time to first
+    audio: the listener hears the start while the rest is still being written.
+    """
+    for match in _CLAUSE_END.finditer(buffer):
+        clause = buffer[: match.end()].strip()
+        if len(clause.split()) >= min_words:
+            return clause, buffer[match.end() :].lstrip()
+    return None, buffer

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines.audio import split_sentences
+from omnistage.engines.audio import split_first_clause, split_sentences
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.voices import VoiceCatalog, VoiceInfo
 from omnistage.protocol.errors import BadRequestError, EngineError
@@ -123,6 +123,7 @@ class TtsEngine(Engine):
             return
 
         buffer = ""
+        spoken_any = False
         async for item in request.inputs:
             if not item.text:
                 continue
@@ -131,7 +132,12 @@ class TtsEngine(Engine):
             if not self.args.sentence_streaming:
                 continue
             sentences, buffer = split_sentences(buffer)
+            if not spoken_any and not sentences:
+                # Nothing said yet: an opening clause is worth speaking on its own.
+                clause, buffer = split_first_clause(buffer)
+                sentences = [clause] if clause else []
             for sentence in sentences:
+                spoken_any = True
                 chunk = await speak(sentence)
                 if chunk.data:
                     yield chunk

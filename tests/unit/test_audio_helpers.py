@@ -157,3 +157,14 @@ def test_long_unpunctuated_text_is_cut_after_a_comma_or_space() -> None:
     assert " ".join([*pieces, rest]).split() == text.split()
     short, rest2 = split_sentences("no terminator yet", max_chars=100)
     assert short == [] and rest2 == "no terminator yet"
+
+
+def test_first_clause_is_split_once_long_enough() -> None:
+    from omnistage.engines.audio import split_first_clause
+
+    assert split_first_clause("Well, yes") == (None, "Well, yes")  # too short
+    clause, rest = split_first_clause("The ocean is vast and deep, teeming with life")
+    assert clause == "The ocean is vast and deep,"
+    assert rest == "teeming with life"
+    assert split_first_clause("no clause end here yet") == (None, "no clause end here yet")
+    assert split_first_clause("the value is 3,14 and more") == (None, "the value is 3,14 and more")
