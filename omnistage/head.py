@@ -221,7 +221,6 @@ class Head:
             missing = self.stages_without_replicas()
             if not missing:
                 if not announced:
-                    self._serving.set()
                     log.info(
                         "all stages have live replicas; serving on http://%s:%d",
                         self.opts.host,
@@ -330,7 +329,14 @@ class Head:
 
     def _post_transition(self, t: Transition) -> None:
         # Called from the control thread, launcher threads or the loop itself.
-        self._loop.call_soon_threadsafe(self.orchestrator.on_transition, t)
+        self._loop.call_soon_threadsafe(self._on_transition, t)
+
+    def _on_transition(self, t: Transition) -> None:
+        self.orchestrator.on_transition(t)
+        # Start-up ends the moment every stage has a live replica (as /health sees it).
+        started = t.new == ReplicaState.UP and not self._serving.is_set()
+        if started and not self.stages_without_replicas():
+            self._serving.set()
 
     def _on_unreachable_identity(self, identity: bytes) -> None:
         try:
