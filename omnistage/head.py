@@ -60,6 +60,8 @@ class HeadOptions:
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
     api_key: str | None = None
+    max_queue: int = 1024
+    max_request_bytes: int = 16 * 1024 * 1024
     log_stats: bool = False
     stats_interval_s: float = 10.0
 
@@ -113,7 +115,7 @@ class Head:
             return 1
         self._start_control_and_data()
         self._launch_local()
-        app = create_app(self, self.opts.api_key)
+        app = create_app(self, self.opts.api_key, self.opts.max_request_bytes)
         server = _Server(
             uvicorn.Config(
                 app,
@@ -177,7 +179,7 @@ class Head:
         self.control.add(coord_sock, self.coordinator.handle)
         self.control.start()
         self.pools = {
-            s.stage_id: StagePool(s.stage_id, s.name, make_policy(opts.lb_policy))
+            s.stage_id: StagePool(s.stage_id, s.name, make_policy(opts.lb_policy), opts.max_queue)
             for s in self.config.stages
         }
         self.orchestrator = Orchestrator(

@@ -11,13 +11,19 @@ from pydantic import BaseModel
 from omnistage import __version__
 from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
+from omnistage.api.limits import BodyLimitMiddleware
 from omnistage.api.routes import chat, completions, info, speech
 from omnistage.api.schemas import ChatCompletionRequest, CompletionRequest, SpeechRequest
 
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
-def create_app(omni: Any, api_key: str | None = None) -> FastAPI:
+
+def create_app(
+    omni: Any, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> FastAPI:
     """``omni`` is the serving state (the head): config, graph, orchestrator, status."""
     app = FastAPI(title="omnistage", version=__version__)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.state.omni = omni

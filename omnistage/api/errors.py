@@ -14,6 +14,7 @@ from starlette.responses import Response
 from omnistage.protocol.errors import (
     BadRequestError,
     StageFailedError,
+    StageOverloadedError,
     StageUnavailableError,
 )
 
@@ -63,6 +64,8 @@ def as_api_error(exc: Exception) -> ApiError:
         return exc
     if isinstance(exc, BadRequestError):
         return ApiError(400, str(exc), "invalid_request_error", exc.param)
+    if isinstance(exc, StageOverloadedError):
+        return ApiError(429, str(exc), "rate_limit_exceeded", code="stage_overloaded")
     if isinstance(exc, StageUnavailableError):
         return ApiError(503, str(exc), "service_unavailable", code="stage_unavailable")
     if isinstance(exc, StageFailedError):
@@ -72,7 +75,7 @@ def as_api_error(exc: Exception) -> ApiError:
 
 async def _api_error(_: Request, exc: Exception) -> Response:
     e = as_api_error(exc)
-    headers = {"Retry-After": "1"} if e.status == 503 else None
+    headers = {"Retry-After": "1"} if e.status in (429, 503) else None
     return error_response(e.status, e.message, e.type, e.param, e.code, headers)
 
 
@@ -103,5 +106,11 @@ async def _http_error(_: Request, exc: Exception) -> Response:
 def install(app) -> None:  # type: ignore[no-untyped-def]
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for cls in (ApiError, BadRequestError, StageUnavailableError, StageFailedError):
+    for cls in (
+        ApiError,
+        BadRequestError,
+        StageUnavailableError,
+        StageOverloadedError,
+        StageFailedError,
+    ):
         app.add_exception_handler(cls, _api_error)

@@ -106,6 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request waits for a live replica before 503 (default 3)",
     )
     s.add_argument(
+        "--omni-max-queue",
+        type=int,
+        default=1024,
+        help="requests per stage that may wait for a free replica slot; more get 429 "
+        "(default 1024)",
+    )
+    s.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="largest accepted HTTP request body; larger ones get 413 (default 16 MiB)",
+    )
+    s.add_argument(
         "--stage-init-timeout",
         type=float,
         default=300.0,
@@ -180,6 +193,10 @@ def validate(args: argparse.Namespace) -> None:
     for flag in ("stage_init_timeout", "init_timeout", "omni_stage_wait_timeout"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag):g}")
+    if args.omni_max_queue < 0:
+        raise UsageError(f"--omni-max-queue must be >= 0, got {args.omni_max_queue}")
+    if args.max_request_bytes < 1:
+        raise UsageError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
     for flag in ("port", "omni_master_port"):
         value = getattr(args, flag)
         if value is not None and not 0 <= value <= 65535:

@@ -59,6 +59,8 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
         no_replica_wait_s=args.omni_stage_wait_timeout,
         log_level=args.log_level,
         api_key=args.api_key,
+        max_queue=args.omni_max_queue,
+        max_request_bytes=args.max_request_bytes,
         log_stats=args.log_stats,
     )
     return aio.run(Head(opts).run())

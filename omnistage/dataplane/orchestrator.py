@@ -25,6 +25,7 @@ from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.protocol.errors import (
     BadRequestError,
     StageFailedError,
+    StageOverloadedError,
     StageUnavailableError,
 )
 from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Prompt
@@ -191,7 +192,7 @@ class Orchestrator:
     async def _dispatch_later(self, run: _Run, sid: int) -> None:
         try:
             await self._dispatch(run, sid)
-        except StageUnavailableError as exc:
+        except (StageUnavailableError, StageOverloadedError) as exc:
             run.fail(exc)
             return
         handle = run.assigned[sid]

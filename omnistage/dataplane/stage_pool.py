@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from omnistage.control.balancing import BalancingPolicy
 from omnistage.control.replica_table import ReplicaEntry, ReplicaState, Transition
-from omnistage.protocol.errors import StageUnavailableError
+from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
 
 
 @dataclass
@@ -30,10 +30,16 @@ class ReplicaHandle:
 
 
 class StagePool:
-    def __init__(self, stage_id: int, name: str, policy: BalancingPolicy) -> None:
+    def __init__(
+        self, stage_id: int, name: str, policy: BalancingPolicy, max_waiting: int = 1024
+    ) -> None:
         self.stage_id = stage_id
         self.name = name
         self.policy = policy
+        # Requests allowed to wait for a free replica slot; more are refused (429), so
+        # an overload costs memory in proportion to this, not to the offered load.
+        self.max_waiting = max_waiting
+        self.waiting = 0
         self.replicas: dict[int, ReplicaHandle] = {}
         self._changed = asyncio.Event()
 
@@ -87,21 +93,30 @@ class StagePool:
 
     async def wait_capacity(self, deadline: float, wait_s: float) -> None:
         """Wait until the pool changes (a replica joins or frees a slot), up to
-        ``deadline``; StageUnavailableError once it has passed."""
+        ``deadline``. StageOverloadedError when the wait queue is full or the deadline
+        passes with replicas live but busy; StageUnavailableError when none is live."""
+        if self.live() and self.waiting >= self.max_waiting:
+            raise StageOverloadedError(
+                self.stage_id, self.name, f"{self.waiting} requests already waiting"
+            )
         left = deadline - time.monotonic()
         if left <= 0:
             live = self.live()
-            why = (
-                f"has all {len(live)} live replica(s) at capacity"
-                if live
-                else "has no live replica"
-            )
-            raise StageUnavailableError(self.stage_id, self.name, wait_s, why)
+            if live:
+                raise StageOverloadedError(
+                    self.stage_id,
+                    self.name,
+                    f"all {len(live)} live replica(s) at capacity for {wait_s:.1f}s",
+                )
+            raise StageUnavailableError(self.stage_id, self.name, wait_s)
         self._changed.clear()
+        self.waiting += 1
         try:
             await asyncio.wait_for(self._changed.wait(), left)
         except TimeoutError:
             pass
+        finally:
+            self.waiting -= 1
 
     async def wait_live(self, deadline: float, wait_s: float) -> None:
         """Return once the stage has a live replica; StageUnavailableError at ``deadline``

@@ -39,6 +39,15 @@ class StageUnavailableError(OmniError):
         super().__init__(f"stage {stage_id} ({stage_name}) {why} (waited {waited_s:.1f}s)")
 
 
+class StageOverloadedError(OmniError):
+    """Every live replica of a stage is at capacity and its wait queue is full (429)."""
+
+    def __init__(self, stage_id: int, stage_name: str, why: str) -> None:
+        self.stage_id = stage_id
+        self.stage_name = stage_name
+        super().__init__(f"stage {stage_id} ({stage_name}) is overloaded: {why}")
+
+
 class StageFailedError(OmniError):
     """A stage replica reported an error for a request, or died while holding it."""
 

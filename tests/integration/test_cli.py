@@ -46,6 +46,8 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["--worker-backend", "ray"], "--worker-backend ray is not available yet"),
         (["--ray-address", "auto"], "--ray-address requires --worker-backend ray"),
         (["--stage-init-timeout", "0"], "--stage-init-timeout must be > 0"),
+        (["--omni-max-queue", "-1"], "--omni-max-queue must be >= 0"),
+        (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1"),
         (["--init-timeout", "-1"], "--init-timeout must be > 0"),
         (["--port", "70000"], "--port must be in 0..65535"),
         (["no-such-pipeline"], "is neither a deploy config file nor a built-in pipeline"),
