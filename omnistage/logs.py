@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from omnistage import envs
 
@@ -14,3 +16,38 @@ def setup_logging(level: str | None = None) -> None:
     logging.basicConfig(level=level, format=FORMAT, force=True)
     # Per-request access lines would drown the control-plane events operators need.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+class Throttled:
+    """Warnings about bad input, at most ``burst`` per ``window_s``, then a count.
+
+    A peer that floods garbage must not turn the log into the bottleneck (or fill the
+    disk): the first few are logged in full, the rest are summed up per window.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        burst: int = 5,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._burst = burst
+        self._window_s = window_s
+        self._clock = clock
+        self._window_start = clock()
+        self._count = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = self._clock()
+        if now - self._window_start >= self._window_s:
+            suppressed = self._count - self._burst
+            if suppressed > 0:
+                self._log.warning(
+                    "%d more bad messages dropped in the last %.0fs", suppressed, self._window_s
+                )
+            self._window_start, self._count = now, 0
+        self._count += 1
+        if self._count <= self._burst:
+            self._log.warning(msg, *args)

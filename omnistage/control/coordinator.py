@@ -17,11 +17,13 @@ from omnistage.control.replica_table import (
     ReplicaTable,
     Transition,
 )
+from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import Heartbeat
 
 log = logging.getLogger(__name__)
+_bad_input = Throttled(log)
 
 
 class Coordinator:
@@ -44,7 +46,7 @@ class Coordinator:
             if not isinstance(msg, Heartbeat):
                 raise ProtocolError(f"coordinator expects Heartbeat, got {type(msg).__name__}")
         except ProtocolError as exc:
-            log.warning("coordinator dropped a message: %s", exc)
+            _bad_input.warning("coordinator dropped a message: %s", exc)
             return None
         with self._lock:
             t = self._table.heartbeat(

@@ -12,11 +12,13 @@ import threading
 from collections.abc import Callable
 
 from omnistage.control.slots import SlotTable
+from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import PROTOCOL_VERSION, HandshakeInit, Hello
 
 log = logging.getLogger(__name__)
+_bad_input = Throttled(log)
 
 
 class HandshakeServer:
@@ -37,7 +39,7 @@ class HandshakeServer:
             if not isinstance(hello, Hello):
                 raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
         except ProtocolError as exc:
-            log.warning("handshake dropped a message: %s", exc)
+            _bad_input.warning("handshake dropped a message: %s", exc)
             return None
         init = self._answer(hello)
         if init.error:

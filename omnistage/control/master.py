@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from omnistage.control.slots import Slot, SlotTable
+from omnistage.logs import Throttled
 from omnistage.net import tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError, RegistrationError
@@ -24,6 +25,7 @@ from omnistage.protocol.messages import (
 )
 
 log = logging.getLogger(__name__)
+_bad_input = Throttled(log)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Master:
     def handle(self, frames: list[bytes]) -> list[bytes] | None:
         """Answer one ROUTER message; returns the reply frames."""
         if len(frames) < 2:
-            log.warning("registration with %d frame(s) dropped", len(frames))
+            _bad_input.warning("registration with %d frame(s) dropped", len(frames))
             return None
         identity, body = frames[0], frames[-1]
         # A REQ client puts an empty delimiter first; echo it back so REQ works too.
@@ -63,7 +65,7 @@ class Master:
         try:
             reply = self._register(body)
         except (ProtocolError, RegistrationError) as exc:
-            log.warning("registration refused: %s", exc)
+            _bad_input.warning("registration refused: %s", exc)
             return [*envelope, codec.encode_register_reply(ErrorReply(error=str(exc)))]
         return [*envelope, codec.encode_register_reply(reply)]
 

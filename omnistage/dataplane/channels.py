@@ -15,12 +15,14 @@ from collections.abc import Callable, Hashable
 import msgspec
 import zmq
 
+from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import OutputChunk, Ready
 from omnistage.zmqio import Outbox, Pump
 
 log = logging.getLogger(__name__)
+_bad_input = Throttled(log)
 
 
 class DataChannels:
@@ -91,12 +93,12 @@ class DataChannels:
         # The hot path: check each tag, decode bodies with the bound OutputChunk decoder.
         tag = self._output_tag
         if not frames or len(frames) % 2 or any(f != tag for f in frames[::2]):
-            log.warning("dropped a message that is not a batch of output chunks")
+            _bad_input.warning("dropped a message that is not a batch of output chunks")
             return
         try:
             chunks = [self._output_decoder.decode(body) for body in frames[1::2]]
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-            log.warning("dropped a bad output batch: %s", exc)
+            _bad_input.warning("dropped a bad output batch: %s", exc)
             return
         self._on_outputs(chunks)
 
@@ -106,7 +108,7 @@ class DataChannels:
         try:
             messages = codec.decode_batch(frames[1:])
         except ProtocolError as exc:
-            log.warning("dropped a bad message on the input channel: %s", exc)
+            _bad_input.warning("dropped a bad message on the input channel: %s", exc)
             return
         for msg in messages:
             if isinstance(msg, Ready):
