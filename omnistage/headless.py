@@ -32,6 +32,7 @@ def run_headless(args: argparse.Namespace) -> int:
             stage_init_timeout_s=args.stage_init_timeout,
             stage_overrides=overrides,
             binds_sockets=args.omni_replica_binds_sockets,
+            drain_timeout_s=args.drain_timeout,
         )
         return aio.run(ReplicaRuntime(opts).run())
     return _supervise(args, overrides)
@@ -75,12 +76,14 @@ def _supervise(args: argparse.Namespace, overrides: dict) -> int:
                 stage_init_timeout_s=args.stage_init_timeout,
                 stage_overrides_json=json.dumps(overrides) if overrides else None,
                 binds_sockets=args.omni_replica_binds_sockets,
+                drain_timeout_s=args.drain_timeout,
                 log_level=args.log_level,
             )
         )
     while not all_done.wait(0.2):
         if stop.is_set():
-            launcher.stop_all(grace_s=10.0)
+            # The children drain first; kill only those that outlive their drain.
+            launcher.stop_all(grace_s=args.drain_timeout + 5.0)
             all_done.wait(5)
             break
     return max(codes, default=0)

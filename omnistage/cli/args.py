@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest accepted HTTP request body; larger ones get 413 (default 16 MiB)",
     )
     s.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="replica: on SIGTERM/SIGINT, finish in-flight requests for up to this many "
+        "seconds before exiting (default 30; a second signal stops at once)",
+    )
+    s.add_argument(
         "--stage-init-timeout",
         type=float,
         default=300.0,
@@ -190,6 +197,8 @@ def validate(args: argparse.Namespace) -> None:
             f"--omni-heartbeat-timeout must be at least twice the heartbeat interval "
             f"({2 * HEARTBEAT_INTERVAL_S:g}s), got {args.omni_heartbeat_timeout:g}"
         )
+    if args.drain_timeout < 0:
+        raise UsageError(f"--drain-timeout must be >= 0, got {args.drain_timeout:g}")
     for flag in ("stage_init_timeout", "init_timeout", "omni_stage_wait_timeout"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag):g}")

@@ -22,6 +22,7 @@ ReplicaKey = tuple[int, int]  # (stage_id, replica_id)
 class ReplicaState(enum.StrEnum):
     STARTING = "STARTING"
     UP = "UP"
+    DRAINING = "DRAINING"  # finishing its requests, taking no new ones
     DOWN = "DOWN"
     ERROR = "ERROR"
 
@@ -150,6 +151,10 @@ class ReplicaTable:
             if entry.state != ReplicaState.DOWN:
                 return self._set(entry, ReplicaState.DOWN, "replica shut down")
             return None
+        if status == ReplicaState.DRAINING:
+            if entry.state in (ReplicaState.UP, ReplicaState.ERROR):
+                return self._set(entry, ReplicaState.DRAINING, "draining before shutdown")
+            return None
         if entry.state == ReplicaState.ERROR and entry.reason == TIMEOUT_REASON:
             # Only silence is forgiven; a replica that failed for another reason
             # (process exit, engine error) does not come back by heartbeating.
@@ -172,7 +177,7 @@ class ReplicaTable:
         now = self._clock()
         out: list[Transition] = []
         for entry in self._entries.values():
-            if entry.state == ReplicaState.UP:
+            if entry.state in (ReplicaState.UP, ReplicaState.DRAINING):
                 if now - entry.last_seen > self.heartbeat_timeout_s:
                     out.append(self._set(entry, ReplicaState.ERROR, TIMEOUT_REASON))
             elif entry.state == ReplicaState.STARTING and now > entry.start_deadline:

@@ -64,6 +64,9 @@ class StagePool:
         if handle is None:
             return set()
         handle.up = False
+        if t.new == ReplicaState.DRAINING:
+            self._wake()
+            return set()  # it finishes what it has; it just gets nothing new
         lost = set(handle.requests)
         if t.new in (ReplicaState.DOWN, ReplicaState.ERROR):
             handle.requests.clear()

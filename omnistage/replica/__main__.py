@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-init-timeout", type=float, default=300.0)
     p.add_argument("--stage-overrides", default=None, help="JSON fields for this stage")
     p.add_argument("--omni-replica-binds-sockets", action="store_true")
+    p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     setup_logging(args.log_level)
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_init_timeout_s=args.stage_init_timeout,
         stage_overrides=overrides,
         binds_sockets=args.omni_replica_binds_sockets,
+        drain_timeout_s=args.drain_timeout,
     )
     return aio.run(ReplicaRuntime(opts).run())
 

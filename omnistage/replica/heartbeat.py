@@ -36,12 +36,15 @@ class HeartbeatThread:
         epoch: int,
         interval_s: float,
         report: Callable[[], LoadReport],
+        status: Callable[[], str] = lambda: "UP",
     ) -> None:
         self._ctx = ctx
         self._address = address
         self._key = (stage_id, replica_id, epoch)
         self._interval_s = interval_s
         self._report = report
+        self._status = status
+        self._kick = threading.Event()
         self._seq = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
@@ -49,10 +52,15 @@ class HeartbeatThread:
     def start(self) -> None:
         self._thread.start()
 
+    def beat_now(self) -> None:
+        """Send a heartbeat at once (e.g. to announce DRAINING without delay)."""
+        self._kick.set()
+
     def stop(self, send_down: bool = True) -> None:
         """Stop beating; with ``send_down`` the last message tells the head we left."""
         self._send_down = send_down
         self._stop.set()
+        self._kick.set()
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
@@ -63,8 +71,10 @@ class HeartbeatThread:
         sock.connect(self._address)
         try:
             while True:
-                self._beat(sock, "UP")
-                if self._stop.wait(self._interval_s):
+                self._beat(sock, self._status())
+                self._kick.wait(self._interval_s)
+                self._kick.clear()
+                if self._stop.is_set():
                     break
             if getattr(self, "_send_down", True):
                 self._beat(sock, "DOWN")

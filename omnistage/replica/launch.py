@@ -30,6 +30,7 @@ class ReplicaSpec:
     stage_init_timeout_s: float = 300.0
     stage_overrides_json: str | None = None
     binds_sockets: bool = False
+    drain_timeout_s: float = 30.0
     log_level: str = "INFO"
 
     def argv(self) -> list[str]:
@@ -49,6 +50,8 @@ class ReplicaSpec:
             str(self.stage_init_timeout_s),
             "--log-level",
             self.log_level,
+            "--drain-timeout",
+            str(self.drain_timeout_s),
         ]
         if self.advertise_address:
             args += ["--omni-replica-address", self.advertise_address]

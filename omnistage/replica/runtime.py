@@ -55,6 +55,8 @@ class ReplicaOptions:
     stage_overrides: dict[str, Any] = field(default_factory=dict)
     # Bind our own data sockets on advertise_address and let the head dial in.
     binds_sockets: bool = False
+    # On SIGTERM/SIGINT: finish in-flight requests for up to this long, then exit.
+    drain_timeout_s: float = 30.0
 
 
 @dataclass
@@ -71,6 +73,7 @@ class ReplicaRuntime:
         self._engine: Engine | None = None
         self._stopping = asyncio.Event()
         self._cancel_join = threading.Event()
+        self._draining = False
         self.replica_id = opts.replica_id
         self.epoch = 0
         self._chunks_sent = 0
@@ -101,11 +104,33 @@ class ReplicaRuntime:
         return 0
 
     def _on_signal(self, sig: int) -> None:
-        log.info("received %s; shutting down", signal.Signals(sig).name)
+        if self._draining or not self._join_task.done():
+            # Still starting (nothing to finish) or a second signal: stop now.
+            log.info("received %s; shutting down", signal.Signals(sig).name)
+            self._stopping.set()
+            self._cancel_join.set()
+            if not self._join_task.done():
+                self._join_task.cancel()
+            return
+        self._draining = True
+        log.info(
+            "received %s; draining %d request(s) for up to %gs (again to stop now)",
+            signal.Signals(sig).name,
+            len(self._requests),
+            self.opts.drain_timeout_s,
+        )
+        heartbeat = getattr(self, "_heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.beat_now()  # the head stops sending new work at once
+        asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.opts.drain_timeout_s
+        while self._requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._requests:
+            log.warning("drain timeout: %d request(s) cut short", len(self._requests))
         self._stopping.set()
-        self._cancel_join.set()
-        if not self._join_task.done():
-            self._join_task.cancel()
 
     async def _join(self) -> HandshakeInit:
         deadline = time.monotonic() + self.opts.stage_init_timeout_s
@@ -185,6 +210,7 @@ class ReplicaRuntime:
             self.epoch,
             init.heartbeat_interval_s,
             self._load_report,
+            lambda: "DRAINING" if self._draining else "UP",
         )
         ready = Ready(
             stage_id=self.opts.stage_id,

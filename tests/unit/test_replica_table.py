@@ -314,3 +314,20 @@ def test_transition_entry_is_a_snapshot_not_the_live_entry(table):
     t = beat(table, 0, status="DOWN")
     t.entry.state = ReplicaState.UP
     assert state(table) == ReplicaState.DOWN
+
+
+def test_draining_heartbeat_takes_the_replica_out_of_rotation_until_down() -> None:
+    from omnistage.control.replica_table import ReplicaState, ReplicaTable
+
+    now = [0.0]
+    table = ReplicaTable(lambda: now[0], heartbeat_timeout_s=5)
+    table.register((0, 0), 1, "127.0.0.1", False, 60)
+    table.ready((0, 0), 1, 4, 123)
+    t = table.heartbeat((0, 0), 1, "DRAINING", 0, 1, 0, seq=1)
+    assert t is not None and t.new == ReplicaState.DRAINING
+    now[0] = 6.0  # a silent draining replica still expires
+    (expired,) = table.expire()
+    assert expired.new == ReplicaState.ERROR
+    table.heartbeat((0, 0), 1, "DRAINING", 0, 0, 0, seq=2)
+    down = table.heartbeat((0, 0), 1, "DOWN", 0, 0, 0, seq=3)
+    assert down is not None and down.new == ReplicaState.DOWN
