@@ -38,6 +38,7 @@ from omnistage.protocol.messages import (
     Shutdown,
 )
 from omnistage.replica.launch import LocalLauncher, LocalReplicaProcess, ReplicaSpec
+from omnistage.replica.restart import RestartPolicy
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class HeadOptions:
     log_level: str = "INFO"
     api_key: str | None = None
     max_queue: int = 1024
+    restart_policy: str = "on-failure"
     max_request_bytes: int = 16 * 1024 * 1024
     log_stats: bool = False
     stats_interval_s: float = 10.0
@@ -92,6 +94,7 @@ class Head:
         self.started_at = int(time.time())
         self._lock = threading.Lock()
         self._stop = asyncio.Event()
+        self.restarts = RestartPolicy(opts.restart_policy, time.monotonic)
         # Set once every stage has had a live replica: start-up is over.
         self._serving = threading.Event()
         self.exit_code = 0
@@ -203,7 +206,7 @@ class Head:
             connect_host = "127.0.0.1"
         for sid, count in self.opts.local_replicas().items():
             for rid in range(count):
-                self.launcher.launch(
+                self._start_local(
                     ReplicaSpec(
                         stage_id=sid,
                         replica_id=rid,
@@ -213,6 +216,12 @@ class Head:
                         log_level=self.opts.log_level,
                     )
                 )
+
+    def _start_local(self, spec: ReplicaSpec) -> None:
+        if self._stop.is_set():
+            return
+        self.restarts.started((spec.stage_id, spec.replica_id))
+        self.launcher.launch(spec)
 
     async def _await_stages(self) -> None:
         """Report stages still waiting for replicas; give up after --init-timeout."""
@@ -353,8 +362,9 @@ class Head:
         """Launcher thread: a local replica process ended."""
         spec = proc.spec
         if code != 0 and not self._serving.is_set() and not self._stop.is_set():
-            # Nothing restarts it, so waiting out --init-timeout would only delay the
-            # same outcome: fail now, pointing at the replica's own error above.
+            # A replica that cannot even start has a configuration or install problem
+            # that neither waiting out --init-timeout nor a restart fixes: fail now,
+            # pointing at the replica's own error above.
             name = self.config.stage(spec.stage_id).name
             log.error(
                 "stage %d (%s) replica %d exited with code %d while starting; see its "
@@ -366,12 +376,27 @@ class Head:
             )
             self.exit_code = 1
             self._loop.call_soon_threadsafe(self._stop.set)
+            return
         self.coordinator.mark(
             (spec.stage_id, spec.replica_id),
             None,
             ReplicaState.ERROR,
             f"local process exited with code {code}",
         )
+        if self._stop.is_set():
+            return
+        delay = self.restarts.delay_after_exit((spec.stage_id, spec.replica_id), code)
+        if delay is not None:
+            log.info(
+                "restarting stage %d replica %d in %.0fs (--omni-restart-policy %s)",
+                spec.stage_id,
+                spec.replica_id,
+                delay,
+                self.restarts.mode,
+            )
+            self._loop.call_soon_threadsafe(
+                lambda: self._loop.call_later(delay, self._start_local, spec)
+            )
 
     def _on_signal(self, sig: int) -> None:
         log.info("received %s; shutting down", signal.Signals(sig).name)

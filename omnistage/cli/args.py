@@ -11,6 +11,7 @@ import json
 
 from omnistage import envs
 from omnistage.control.balancing import POLICIES
+from omnistage.replica.restart import POLICIES as RESTART_POLICIES
 
 DEFAULT_PORT = 8091
 HEARTBEAT_INTERVAL_S = 1.0
@@ -119,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest accepted HTTP request body; larger ones get 413 (default 16 MiB)",
     )
     s.add_argument(
+        "--omni-restart-policy",
+        default="on-failure",
+        help="head: restart local replicas that exit: never, on-failure (default), always; "
+        "with backoff from 1 s to 30 s",
+    )
+    s.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -196,6 +203,11 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--omni-heartbeat-timeout must be at least twice the heartbeat interval "
             f"({2 * HEARTBEAT_INTERVAL_S:g}s), got {args.omni_heartbeat_timeout:g}"
+        )
+    if args.omni_restart_policy not in RESTART_POLICIES:
+        raise UsageError(
+            f"--omni-restart-policy={args.omni_restart_policy!r} is not one of: "
+            f"{', '.join(RESTART_POLICIES)}"
         )
     if args.drain_timeout < 0:
         raise UsageError(f"--drain-timeout must be >= 0, got {args.drain_timeout:g}")

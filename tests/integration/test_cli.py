@@ -50,6 +50,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1"),
         (["--init-timeout", "-1"], "--init-timeout must be > 0"),
         (["--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
+        (["--omni-restart-policy", "maybe"], "--omni-restart-policy='maybe' is not one of"),
         (["--port", "70000"], "--port must be in 0..65535"),
         (["no-such-pipeline"], "is neither a deploy config file nor a built-in pipeline"),
         (["echo", "--deploy-config", "x.yaml"], "either MODEL_OR_CONFIG or --deploy-config"),

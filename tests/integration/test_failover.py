@@ -151,7 +151,9 @@ def test_frozen_replica_goes_error_then_back_up_when_it_resumes(tmp_path: Path) 
 
 
 def test_local_replica_exit_is_noticed_at_once(tmp_path: Path) -> None:
-    head = HeadProc(tmp_path, "echo", "--omni-heartbeat-timeout", "30")
+    head = HeadProc(
+        tmp_path, "echo", "--omni-heartbeat-timeout", "30", "--omni-restart-policy", "never"
+    )
     try:
         head.wait_healthy()
         (talker,) = head.up_replicas(1)
@@ -169,5 +171,29 @@ def test_local_replica_exit_is_noticed_at_once(tmp_path: Path) -> None:
         assert r.status_code == 503
         assert "stage 1 (talker)" in r.json()["error"]["message"]
         assert head.client.get("/health").status_code == 503
+    finally:
+        head.stop()
+
+
+def test_a_crashed_local_replica_is_restarted_and_serves_again(tmp_path: Path) -> None:
+    import os
+
+    head = HeadProc(tmp_path, "echo")
+    try:
+        head.wait_healthy()
+        (talker,) = head.up_replicas(1)
+        os.kill(talker["pid"], signal.SIGKILL)
+        wait_for(
+            lambda: any(r["state"] == "UP" and r["pid"] != talker["pid"] for r in head.replicas(1)),
+            15,
+            what="a new talker process UP",
+        )
+        (again,) = head.up_replicas(1)
+        assert again["replica_id"] == talker["replica_id"]  # the same head-local slot
+        assert again["epoch"] > talker["epoch"]
+        assert "restarting stage 1 replica 0 in 1s" in head.log()
+        r = head.chat("after the crash")
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["message"]["content"].endswith("[vocoder]")
     finally:
         head.stop()
