@@ -27,3 +27,8 @@ def keep_model_hubs_offline() -> None:
     reach for a hub (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), unless the user chose."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def auth_token() -> str | None:
+    """OMNISTAGE_AUTH_TOKEN: the default for --omni-auth-token (how local replicas get it)."""
+    return os.environ.get("OMNISTAGE_AUTH_TOKEN") or None

@@ -30,6 +30,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.net import tcp_url
+from omnistage.protocol.auth import Verifier
 from omnistage.protocol.messages import (
     HandshakeInit,
     OutputChunk,
@@ -63,6 +64,7 @@ class HeadOptions:
     api_key: str | None = None
     max_queue: int = 1024
     restart_policy: str = "on-failure"
+    auth_token: str | None = None
     max_request_bytes: int = 16 * 1024 * 1024
     log_stats: bool = False
     stats_interval_s: float = 10.0
@@ -173,9 +175,20 @@ class Head:
             head_local={sid: list(range(n)) for sid, n in local.items()},
         )
         table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s)
-        self.coordinator = Coordinator(table, self._lock, self._post_transition)
-        master = Master(self.slots, self.addresses, self._on_register, self._lock)
-        handshake = HandshakeServer(self.slots, self._lock, self._init_for)
+
+        # One verifier per socket: each keeps its own replay cache.
+        def verifier() -> Verifier | None:
+            return Verifier(opts.auth_token) if opts.auth_token else None
+
+        if not opts.auth_token and not _is_loopback(host):
+            log.warning(
+                "the control plane listens on %s without --omni-auth-token: anyone who "
+                "can reach it can register replicas or forge heartbeats",
+                host,
+            )
+        self.coordinator = Coordinator(table, self._lock, self._post_transition, verifier())
+        master = Master(self.slots, self.addresses, self._on_register, self._lock, verifier())
+        handshake = HandshakeServer(self.slots, self._lock, self._init_for, verifier())
         self.control = ControlPlane(self.coordinator.tick)
         self.control.add(master_sock, master.handle)
         self.control.add(handshake_sock, handshake.handle)
@@ -214,6 +227,7 @@ class Head:
                         master_port=port,
                         stage_init_timeout_s=self.opts.stage_init_timeout_s,
                         log_level=self.opts.log_level,
+                        auth_token=self.opts.auth_token,
                     )
                 )
 
@@ -483,3 +497,7 @@ def _listen(host: str, port: int) -> socket.socket:
         raise
     sock.set_inheritable(True)
     return sock
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")

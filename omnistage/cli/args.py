@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest accepted HTTP request body; larger ones get 413 (default 16 MiB)",
     )
     s.add_argument(
+        "--omni-auth-token",
+        default=envs.auth_token(),
+        help="shared secret that authenticates registrations, handshakes and heartbeats "
+        "(HMAC); head and replicas must agree (env OMNISTAGE_AUTH_TOKEN)",
+    )
+    s.add_argument(
         "--omni-restart-policy",
         default="on-failure",
         help="head: restart local replicas that exit: never, on-failure (default), always; "

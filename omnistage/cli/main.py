@@ -61,6 +61,7 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
         api_key=args.api_key,
         max_queue=args.omni_max_queue,
         restart_policy=args.omni_restart_policy,
+        auth_token=args.omni_auth_token,
         max_request_bytes=args.max_request_bytes,
         log_stats=args.log_stats,
     )

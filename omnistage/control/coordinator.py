@@ -19,6 +19,7 @@ from omnistage.control.replica_table import (
 )
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
+from omnistage.protocol.auth import Verifier
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import Heartbeat
 
@@ -32,7 +33,9 @@ class Coordinator:
         table: ReplicaTable,
         lock: threading.Lock,
         on_transition: Callable[[Transition], None],
+        verifier: Verifier | None = None,
     ) -> None:
+        self._verifier = verifier
         self._table = table
         self._lock = lock
         self._on_transition = on_transition
@@ -42,7 +45,9 @@ class Coordinator:
     def handle(self, frames: list[bytes]) -> list[bytes] | None:
         """One ROUTER message: ``[identity, tag, body]`` carrying a Heartbeat."""
         try:
-            msg = codec.decode_frames(frames[1:])
+            message, stamp = codec.split_signed(frames[1:])
+            codec.check_signed(message, stamp, self._verifier)
+            msg = codec.decode_frames(message)
             if not isinstance(msg, Heartbeat):
                 raise ProtocolError(f"coordinator expects Heartbeat, got {type(msg).__name__}")
         except ProtocolError as exc:

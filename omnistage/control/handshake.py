@@ -14,6 +14,7 @@ from collections.abc import Callable
 from omnistage.control.slots import SlotTable
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
+from omnistage.protocol.auth import Verifier
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import PROTOCOL_VERSION, HandshakeInit, Hello
 
@@ -27,7 +28,9 @@ class HandshakeServer:
         slots: SlotTable,
         lock: threading.Lock,
         init_for: Callable[[int], HandshakeInit],
+        verifier: Verifier | None = None,
     ) -> None:
+        self._verifier = verifier
         self._slots = slots
         self._lock = lock
         self._init_for = init_for
@@ -35,7 +38,9 @@ class HandshakeServer:
     def handle(self, frames: list[bytes]) -> list[bytes] | None:
         identity = frames[0]
         try:
-            hello = codec.decode_frames(frames[1:])
+            message, stamp = codec.split_signed(frames[1:])
+            codec.check_signed(message, stamp, self._verifier)
+            hello = codec.decode_frames(message)
             if not isinstance(hello, Hello):
                 raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
         except ProtocolError as exc:

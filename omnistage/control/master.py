@@ -16,6 +16,7 @@ from omnistage.control.slots import Slot, SlotTable
 from omnistage.logs import Throttled
 from omnistage.net import tcp_url
 from omnistage.protocol import codec
+from omnistage.protocol.auth import Verifier
 from omnistage.protocol.errors import ProtocolError, RegistrationError
 from omnistage.protocol.messages import (
     PROTOCOL_VERSION,
@@ -48,7 +49,9 @@ class Master:
         addresses: HeadAddresses,
         on_register: OnRegister,
         lock: threading.Lock,
+        verifier: Verifier | None = None,
     ) -> None:
+        self._verifier = verifier
         self._slots = slots
         self._addresses = addresses
         self._on_register = on_register
@@ -70,7 +73,7 @@ class Master:
         return [*envelope, codec.encode_register_reply(reply)]
 
     def _register(self, body: bytes) -> RegisterReply:
-        req = codec.decode_register_request(body)
+        req = codec.decode_register_request(body, self._verifier)
         version = req.protocol_version if req.protocol_version is not None else 1
         if version != PROTOCOL_VERSION:
             raise RegistrationError(

@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from omnistage.protocol.auth import AuthStamp, Signer, Verifier, decode_stamp, encode_stamp
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import TAGS, ErrorReply, RegisterReply, RegisterRequest
 
@@ -71,13 +72,61 @@ def decode_batch(frames: list[bytes]) -> list[Any]:
     return [decode(frames[i], frames[i + 1]) for i in range(0, len(frames), 2)]
 
 
-def decode_register_request(body: bytes) -> RegisterRequest:
+def decode_register_request(body: bytes, verifier: Verifier | None = None) -> RegisterRequest:
+    """Decode a registration; with a verifier, its ``auth`` stamp must check out."""
     if len(body) > MAX_MESSAGE_BYTES:
         raise ProtocolError("registration message too large")
+    if verifier is None:
+        try:
+            return _register_request_decoder.decode(body)
+        except _DECODE_ERRORS as exc:
+            raise ProtocolError(f"invalid registration: {_why(exc)}") from None
     try:
-        return _register_request_decoder.decode(body)
+        raw = _raw_decoder.decode(body)
     except _DECODE_ERRORS as exc:
         raise ProtocolError(f"invalid registration: {_why(exc)}") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError("invalid registration: expected a map")
+    stamp_raw = raw.pop("auth", None)
+    try:
+        stamp = msgspec.convert(stamp_raw, AuthStamp) if stamp_raw is not None else None
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"bad authentication stamp: {exc}") from None
+    verifier.check(_encoder.encode(raw), stamp)
+    try:
+        return msgspec.convert(raw, RegisterRequest)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"invalid registration: {exc}") from None
+
+
+def encode_register_request(payload: dict[str, Any], signer: Signer | None = None) -> bytes:
+    """The registration map, stamped when a signer is given (the MAC covers the map
+    without its ``auth`` key, as the master re-encodes it)."""
+    if signer is None:
+        return _encoder.encode(payload)
+    stamp = signer.stamp(_encoder.encode(payload))
+    return _encoder.encode({**payload, "auth": stamp})
+
+
+def split_signed(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
+    """``[tag, body]`` or ``[tag, body, stamp]`` -> (message frames, stamp frame)."""
+    if len(frames) == 3:
+        return frames[:2], frames[2]
+    return frames, None
+
+
+def check_signed(frames: list[bytes], stamp_frame: bytes | None, verifier: Verifier | None) -> None:
+    """Verify a tagged message's stamp (MAC over tag and body) when auth is on."""
+    if verifier is None:
+        return
+    stamp = decode_stamp(stamp_frame) if stamp_frame is not None else None
+    verifier.check(b"".join(frames), stamp)
+
+
+def sign(frames: list[bytes], signer: Signer | None) -> list[bytes]:
+    if signer is None:
+        return frames
+    return [*frames, encode_stamp(signer.stamp(b"".join(frames)))]
 
 
 def encode_register_reply(reply: RegisterReply | ErrorReply) -> bytes:

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from omnistage import aio
+from omnistage import aio, envs
 from omnistage.logs import setup_logging
 from omnistage.replica.runtime import ReplicaOptions, ReplicaRuntime
 
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-overrides", default=None, help="JSON fields for this stage")
     p.add_argument("--omni-replica-binds-sockets", action="store_true")
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--omni-auth-token", default=envs.auth_token())
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     setup_logging(args.log_level)
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_overrides=overrides,
         binds_sockets=args.omni_replica_binds_sockets,
         drain_timeout_s=args.drain_timeout,
+        auth_token=args.omni_auth_token,
     )
     return aio.run(ReplicaRuntime(opts).run())
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import zmq
 
 from omnistage.protocol import codec
+from omnistage.protocol.auth import Signer
 from omnistage.protocol.messages import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ class HeartbeatThread:
         interval_s: float,
         report: Callable[[], LoadReport],
         status: Callable[[], str] = lambda: "UP",
+        signer: Signer | None = None,
     ) -> None:
+        self._signer = signer
         self._ctx = ctx
         self._address = address
         self._key = (stage_id, replica_id, epoch)
@@ -100,6 +103,6 @@ class HeartbeatThread:
             seq=self._seq,
         )
         try:
-            sock.send_multipart(codec.encode(msg), zmq.NOBLOCK)
+            sock.send_multipart(codec.sign(codec.encode(msg), self._signer), zmq.NOBLOCK)
         except zmq.Again:
             pass  # the head is unreachable right now; the next beat tries again

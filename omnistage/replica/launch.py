@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ class ReplicaSpec:
     binds_sockets: bool = False
     drain_timeout_s: float = 30.0
     log_level: str = "INFO"
+    # Passed in the environment, not argv: command lines are visible to every user.
+    auth_token: str | None = None
 
     def argv(self) -> list[str]:
         args = [
@@ -99,7 +102,10 @@ class LocalLauncher:
             return list(self._procs)
 
     def launch(self, spec: ReplicaSpec) -> LocalReplicaProcess:
-        proc = subprocess.Popen(spec.argv(), preexec_fn=_die_with_parent)
+        env = dict(os.environ)
+        if spec.auth_token:
+            env["OMNISTAGE_AUTH_TOKEN"] = spec.auth_token
+        proc = subprocess.Popen(spec.argv(), preexec_fn=_die_with_parent, env=env)
         handle = LocalReplicaProcess(spec, proc)
         with self._lock:
             self._procs.append(handle)

@@ -12,6 +12,7 @@ import zmq
 
 from omnistage.net import connectable_url, tcp_url
 from omnistage.protocol import codec
+from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import HandshakeError, ProtocolError, RegistrationError
 from omnistage.protocol.messages import (
     PROTOCOL_VERSION,
@@ -32,6 +33,7 @@ def register(
     stage_config: Any = None,
     cancel: threading.Event | None = None,
     bind_ports: tuple[int, int, int] | None = None,
+    signer: Signer | None = None,
 ) -> RegisterReply:
     """Register with the master; raises RegistrationError on refusal or timeout.
 
@@ -54,7 +56,7 @@ def register(
             payload["replica_handshake_port"] = bind_ports[0]
             payload["replica_input_port"] = bind_ports[1]
             payload["replica_output_port"] = bind_ports[2]
-        sock.send(codec.encode_raw(payload))
+        sock.send(codec.encode_register_request(payload, signer))
         if not _poll(sock, timeout_s, cancel):
             raise RegistrationError(
                 f"no answer from the master at {master_host}:{master_port} within "
@@ -91,6 +93,7 @@ def handshake(
     master_host: str,
     cancel: threading.Event | None = None,
     bind: bool = False,
+    signer: Signer | None = None,
 ) -> HandshakeInit:
     """Send HELLO and wait for the head's init message (binding the handshake socket
     when the replica binds its own sockets: HELLO then waits for the head to dial)."""
@@ -108,7 +111,7 @@ def handshake(
             pid=os.getpid(),
             host=socket.gethostname(),
         )
-        sock.send_multipart(codec.encode(hello))
+        sock.send_multipart(codec.sign(codec.encode(hello), signer))
         if not _poll(sock, timeout_s, cancel):
             raise HandshakeError(
                 f"no handshake answer from the head at {reply.handshake_address} within "

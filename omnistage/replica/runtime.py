@@ -25,6 +25,7 @@ from omnistage.engines import build_engine
 from omnistage.engines.base import Engine, EngineRequest, StageInput
 from omnistage.net import detect_local_address, free_port
 from omnistage.protocol import codec
+from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import BadRequestError, OmniError, ProtocolError
 from omnistage.protocol.messages import (
     Abort,
@@ -57,6 +58,8 @@ class ReplicaOptions:
     binds_sockets: bool = False
     # On SIGTERM/SIGINT: finish in-flight requests for up to this long, then exit.
     drain_timeout_s: float = 30.0
+    # Shared secret for the control plane (registration, HELLO, heartbeats).
+    auth_token: str | None = None
 
 
 @dataclass
@@ -74,6 +77,7 @@ class ReplicaRuntime:
         self._stopping = asyncio.Event()
         self._cancel_join = threading.Event()
         self._draining = False
+        self._signer = Signer(opts.auth_token) if opts.auth_token else None
         self.replica_id = opts.replica_id
         self.epoch = 0
         self._chunks_sent = 0
@@ -150,6 +154,7 @@ class ReplicaRuntime:
             o.stage_overrides or None,
             self._cancel_join,
             ports,
+            self._signer,
         )
         self.replica_id, self.epoch = reply.replica_id, reply.epoch
         self._reply = reply
@@ -164,6 +169,7 @@ class ReplicaRuntime:
             o.master_host,
             self._cancel_join,
             o.binds_sockets,
+            self._signer,
         )
         stage = self._stage_config(init)
         self._engine = build_engine(stage)
@@ -211,6 +217,7 @@ class ReplicaRuntime:
             init.heartbeat_interval_s,
             self._load_report,
             lambda: "DRAINING" if self._draining else "UP",
+            self._signer,
         )
         ready = Ready(
             stage_id=self.opts.stage_id,
