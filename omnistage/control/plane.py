@@ -17,8 +17,11 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[list[bytes]], list[bytes] | None]
 
-# Upper bound on frames queued per socket: a flood is dropped, not buffered forever.
-_RCVHWM = 10_000
+# Control traffic is small and slow (a heartbeat per replica per second), so each peer
+# gets a short queue of small messages: a flood is dropped at the socket, and memory
+# stays bounded by peers x _RCVHWM x _MAX_CONTROL_BYTES.
+_RCVHWM = 1_000
+_MAX_CONTROL_BYTES = 1024 * 1024
 
 
 def bind_router(ctx: zmq.Context, url: str) -> tuple[zmq.Socket, str]:
@@ -26,7 +29,7 @@ def bind_router(ctx: zmq.Context, url: str) -> tuple[zmq.Socket, str]:
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, _RCVHWM)
-    sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+    sock.setsockopt(zmq.MAXMSGSIZE, _MAX_CONTROL_BYTES)
     if url.endswith(":0"):
         port = sock.bind_to_random_port(url[: -len(":0")])
         return sock, f"{url[: -len(':0')]}:{port}"
