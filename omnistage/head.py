@@ -34,6 +34,7 @@ from omnistage.protocol.auth import Verifier
 from omnistage.protocol.messages import (
     HandshakeInit,
     OutputChunk,
+    Ping,
     Ready,
     RegisterRequest,
     Shutdown,
@@ -160,7 +161,12 @@ class Head:
         coord_sock, coord_url = bind_router(self._zctx, tcp_url(host, 0))
         self.master_url = master_url
         self.channels = DataChannels(
-            self._zctx, host, self._on_outputs, self._on_ready, self._on_unreachable_identity
+            self._zctx,
+            host,
+            self._on_outputs,
+            self._on_ready,
+            self._on_unreachable_identity,
+            self._on_disconnect,
         )
         self.addresses = HeadAddresses(
             handshake=handshake_url,
@@ -363,14 +369,24 @@ class Head:
         if started and not self.stages_without_replicas():
             self._serving.set()
 
-    def _on_unreachable_identity(self, identity: bytes) -> None:
+    def _on_disconnect(self) -> None:
+        """Some replica's data connection closed: find which by probing them all, now
+        and again shortly (ZMQ may drop the peer a moment after the event)."""
+        for delay in (0.0, 0.1, 0.5):
+            self._loop.call_later(delay, self._probe_replicas)
+
+    def _probe_replicas(self) -> None:
+        for pool in self.pools.values():
+            for handle in list(pool.replicas.values()):
+                self.channels.post(handle.identity, Ping())
+        self.channels.outbox.flush()
+
+    def _on_unreachable_identity(self, identity: bytes, reason: str) -> None:
         try:
             stage_id, replica_id, epoch = (int(p) for p in identity.split(b"."))
         except ValueError:
             return
-        self.coordinator.mark(
-            (stage_id, replica_id), epoch, ReplicaState.ERROR, "unreachable on the input channel"
-        )
+        self.coordinator.mark((stage_id, replica_id), epoch, ReplicaState.ERROR, reason)
 
     def _on_process_exit(self, proc: LocalReplicaProcess, code: int) -> None:
         """Launcher thread: a local replica process ended."""

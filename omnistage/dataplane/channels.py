@@ -32,8 +32,10 @@ class DataChannels:
         bind_host: str,
         on_outputs: Callable[[list[OutputChunk]], None],
         on_ready: Callable[[bytes, Ready], None],
-        on_unreachable: Callable[[bytes], None],
+        on_unreachable: Callable[[bytes, str], None],
+        on_disconnect: Callable[[], None] = lambda: None,
     ) -> None:
+        self._on_disconnect = on_disconnect
         self._on_outputs = on_outputs
         self._on_ready = on_ready
         self._on_unreachable = on_unreachable
@@ -41,6 +43,9 @@ class DataChannels:
         self.input.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A re-registered replica that reuses an identity takes over the connection.
         self.input.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # A closed connection (a crashed remote replica) shows up as a monitor event;
+        # the event names no peer, so the head then probes its replicas (see Ping).
+        self._monitor = self.input.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.input.setsockopt(zmq.LINGER, 0)
         # Deep enough that only a replica that stopped reading fills it.
         self.input.setsockopt(zmq.SNDHWM, 100_000)
@@ -60,12 +65,16 @@ class DataChannels:
         loop = asyncio.get_running_loop()
         self._out_pump = Pump(loop, self.output, self._read_outputs)
         self._in_pump = Pump(loop, self.input, self._read_inputs)
+        self._monitor_pump = Pump(loop, self._monitor, lambda _frames: self._on_disconnect())
         self.outbox = Outbox(loop, self._send_batch)
 
     async def stop(self) -> None:
         self.outbox.flush()
         self._out_pump.close()
         self._in_pump.close()
+        self._monitor_pump.close()
+        self.input.disable_monitor()
+        self._monitor.close()
         self.input.close()
         self.output.close()
 
@@ -85,7 +94,8 @@ class DataChannels:
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
-            self._on_unreachable(identity)  # nobody waits on a flush: report it
+            # Nobody waits on a flush: report it.
+            self._on_unreachable(identity, "its connection closed (unreachable on input)")
         finally:
             self._in_pump.kick()
 

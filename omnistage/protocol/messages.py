@@ -154,6 +154,11 @@ class Shutdown(_Tagged):
     reason: str
 
 
+class Ping(_Tagged):
+    """Head -> replica, ignored by the replica: a send that fails (ROUTER_MANDATORY)
+    proves the replica's connection is gone."""
+
+
 class OutputChunk(_Tagged):
     """Replica -> head: one piece of a stage's output for a request."""
 
@@ -199,6 +204,7 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     InputChunk: b"C",
     Abort: b"X",
     Shutdown: b"S",
+    Ping: b"P",
     OutputChunk: b"O",
     Heartbeat: b"B",
 }

@@ -33,6 +33,7 @@ from omnistage.protocol.messages import (
     HandshakeInit,
     InputChunk,
     OutputChunk,
+    Ping,
     Ready,
     Shutdown,
 )
@@ -277,6 +278,8 @@ class ReplicaRuntime:
                 running = self._requests.get(msg.request_id)
                 if running is not None and running.task is not None:
                     running.task.cancel()
+            elif isinstance(msg, Ping):
+                pass
             elif isinstance(msg, Shutdown):
                 log.info("head asked us to shut down (%s)", msg.reason)
                 self._stopping.set()

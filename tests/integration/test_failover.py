@@ -197,3 +197,25 @@ def test_a_crashed_local_replica_is_restarted_and_serves_again(tmp_path: Path) -
         assert r.json()["choices"][0]["message"]["content"].endswith("[vocoder]")
     finally:
         head.stop()
+
+
+def test_an_idle_remote_replica_that_crashes_is_noticed_within_a_second(tmp_path: Path) -> None:
+    # A 30 s heartbeat timeout: only the closed connection can explain a fast detection.
+    head = HeadProc(tmp_path, "echo-1stage", "--stage-id", "0", "--omni-heartbeat-timeout", "30")
+    replica: Proc | None = None
+    try:
+        head.wait_healthy()
+        replica = headless(tmp_path, head, 0)
+        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="headless replica UP")
+        rid = next(r["replica_id"] for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        replica.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: _state_of(head, 0, rid) == "ERROR", 5, 0.02, what="ERROR")
+        assert time.monotonic() - killed_at < 1.0
+        reason = next(r["reason"] for r in head.replicas(0) if r["replica_id"] == rid)
+        assert "connection closed" in reason
+        assert head.chat("the other one serves").status_code == 200
+    finally:
+        if replica is not None:
+            replica.stop()
+        head.stop()

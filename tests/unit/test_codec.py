@@ -21,6 +21,7 @@ from omnistage.protocol.messages import (
     Hello,
     InputChunk,
     OutputChunk,
+    Ping,
     Prompt,
     Ready,
     RegisterReply,
@@ -64,6 +65,7 @@ SAMPLES: dict[type, msgspec.Struct] = {
     ),
     Abort: Abort(request_id="req-9"),
     Shutdown: Shutdown(reason="head exiting"),
+    Ping: Ping(),
     OutputChunk: OutputChunk(
         request_id="req-1",
         stage_id=2,
