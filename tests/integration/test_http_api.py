@@ -195,3 +195,20 @@ def test_fan_out_streams_both_final_outputs_by_choice_index(fanout_head: HeadPro
                 finished.add(c["index"])
     assert texts == {0: "go [planner] [writer]", 1: "go [planner] [critic]"}
     assert finished == {0, 1}
+
+
+def test_completions_endpoint_streaming_and_not(echo_head: HeadProc) -> None:
+    r = echo_head.client.post("/v1/completions", json={"model": "echo", "prompt": "plain text"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "plain text [thinker] [talker] [vocoder]"
+    body = {"prompt": "streamed text", "stream": True, "stream_options": {"include_usage": True}}
+    with echo_head.client.stream("POST", "/v1/completions", json=body) as s:
+        events = _sse_events(s)
+    assert events[-1] == {"done": True}
+    text = "".join(c["choices"][0]["text"] for c in events[:-1] if c["choices"])
+    assert text == "streamed text [thinker] [talker] [vocoder]"
+    finishes = [c["choices"][0]["finish_reason"] for c in events[:-1] if c["choices"]]
+    assert finishes[-1] == "stop"
+    assert events[-2]["usage"]["prompt_tokens"] == 2

@@ -12,17 +12,18 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from omnistage.api.errors import ApiError, as_api_error, error_body
+from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
+    ChunkShape,
     check_model,
     collect,
     json_response,
     peeked,
     resolve_stage_params,
+    sse_events,
 )
 from omnistage.api.schemas import ChatCompletionRequest, body_schema, parse_body
-from omnistage.api.streaming import SSE_DONE, sse
 from omnistage.dataplane.orchestrator import RequestStream, StageOutput
 from omnistage.engines.audio import wav_bytes
 from omnistage.protocol.messages import ChatMessage, Prompt
@@ -66,7 +67,8 @@ async def chat_completions(request: Request) -> Response:
     if body.stream:
         outputs = await peeked(stream)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _events(outputs, stream, request_id, created, model, plan, include_usage)
+        shape = ChunkShape(request_id, "chat.completion.chunk", created, model, include_usage)
+        events = _events(outputs, stream, shape, plan)
         # The background close covers a client that leaves before the first byte.
         return StreamingResponse(
             events, media_type="text/event-stream", background=BackgroundTask(stream.close)
@@ -137,60 +139,40 @@ def _plan(omni: Any, body: ChatCompletionRequest) -> _Plan:
     return _Plan(text, audio[: len(text)], fmt)
 
 
-async def _events(
-    outputs: AsyncIterator[StageOutput],
-    stream: RequestStream,
-    request_id: str,
-    created: int,
-    model: str,
-    plan: _Plan,
-    include_usage: bool,
+def _events(
+    outputs: AsyncIterator[StageOutput], stream: RequestStream, shape: ChunkShape, plan: _Plan
 ) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-        body: dict[str, Any] = {
-            "id": request_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if include_usage:
-            body["usage"] = usage
-        return sse(body)
-
     index = {sid: i for i, sid in enumerate(plan.text)}
     index.update({sid: i for i, sid in enumerate(plan.audio)})
-    audio_id = f"audio_{request_id.removeprefix('chatcmpl-')}"
+    audio_id = f"audio_{shape.request_id.removeprefix('chatcmpl-')}"
     # A choice is finished when all of its stages are.
     open_stages = {i: {sid for sid, j in index.items() if j == i} for i in set(index.values())}
-    for i in open_stages:
-        delta = {"role": "assistant", "content": ""}
-        yield chunk([{"index": i, "delta": delta, "finish_reason": None}])
     finish: dict[int, str] = {}
-    try:
-        async for out in outputs:
-            i = index[out.stage_id]
-            if out.modality == "audio" and out.data:
-                audio = {"id": audio_id, "data": base64.b64encode(out.data).decode()}
-                if out.text:
-                    audio["transcript"] = out.text
-                yield chunk([{"index": i, "delta": {"audio": audio}, "finish_reason": None}])
-            elif out.text:
-                yield chunk([{"index": i, "delta": {"content": out.text}, "finish_reason": None}])
-            if out.finished:
-                if out.stage_id in plan.text:
-                    finish[i] = out.finish_reason or "stop"
-                open_stages[i].discard(out.stage_id)
-                if not open_stages[i]:
-                    reason = finish.get(i, "stop")
-                    yield chunk([{"index": i, "delta": {}, "finish_reason": reason}])
-    except Exception as exc:  # the status line is sent: report in-band, as OpenAI does
-        e = as_api_error(exc)
-        yield sse(error_body(e.message, e.type, e.param, e.code))
-        yield SSE_DONE
-        return
-    finally:
-        stream.close()
-    if include_usage:
-        yield chunk([], stream.usage())
-    yield SSE_DONE
+
+    def render(out: StageOutput) -> list[bytes]:
+        i = index[out.stage_id]
+        events = []
+        if out.modality == "audio" and out.data:
+            audio = {"id": audio_id, "data": base64.b64encode(out.data).decode()}
+            if out.text:
+                audio["transcript"] = out.text
+            events.append(
+                shape.chunk([{"index": i, "delta": {"audio": audio}, "finish_reason": None}])
+            )
+        elif out.text:
+            delta = {"content": out.text}
+            events.append(shape.chunk([{"index": i, "delta": delta, "finish_reason": None}]))
+        if out.finished:
+            if out.stage_id in plan.text:
+                finish[i] = out.finish_reason or "stop"
+            open_stages[i].discard(out.stage_id)
+            if not open_stages[i]:
+                reason = finish.get(i, "stop")
+                events.append(shape.chunk([{"index": i, "delta": {}, "finish_reason": reason}]))
+        return events
+
+    role = {"role": "assistant", "content": ""}
+    opening = [
+        shape.chunk([{"index": i, "delta": role, "finish_reason": None}]) for i in open_stages
+    ]
+    return sse_events(outputs, stream, shape, render, opening)

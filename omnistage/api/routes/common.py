@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +10,9 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from omnistage.api.errors import ApiError
+from omnistage.api.errors import ApiError, as_api_error, error_body
 from omnistage.api.schemas import SamplingFields
-from omnistage.api.streaming import ClientDisconnectedError, unless_disconnected
+from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
 from omnistage.dataplane.orchestrator import RequestStream, StageOutput
 
 json_encoder = msgspec.json.Encoder()
@@ -111,3 +111,57 @@ async def peeked(stream: RequestStream) -> AsyncIterator[StageOutput]:
                 yield out
 
     return rest()
+
+
+@dataclass(frozen=True)
+class ChunkShape:
+    """The fixed fields of every streamed chunk of one response."""
+
+    request_id: str
+    object: str
+    created: int
+    model: str
+    include_usage: bool
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": self.request_id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage
+        return sse(body)
+
+
+async def sse_events(
+    outputs: AsyncIterator[StageOutput],
+    stream: RequestStream,
+    shape: ChunkShape,
+    render: Callable[[StageOutput], list[bytes]],
+    opening: list[bytes] | None = None,
+) -> AsyncIterator[bytes]:
+    """An SSE response body: ``opening``, each output rendered, then usage and [DONE].
+
+    Once the status line is sent, a failure is reported in-band as OpenAI does: an
+    error event, then [DONE]. However it ends, the request is closed (aborted if
+    unfinished).
+    """
+    for event in opening or []:
+        yield event
+    try:
+        async for out in outputs:
+            for event in render(out):
+                yield event
+    except Exception as exc:
+        e = as_api_error(exc)
+        yield sse(error_body(e.message, e.type, e.param, e.code))
+        yield SSE_DONE
+        return
+    finally:
+        stream.close()
+    if shape.include_usage:
+        yield shape.chunk([], stream.usage())
+    yield SSE_DONE

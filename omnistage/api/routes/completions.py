@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from omnistage.api.errors import ApiError, as_api_error, error_body
+from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
+    ChunkShape,
     check_model,
     collect,
     json_response,
     peeked,
     resolve_stage_params,
+    sse_events,
 )
 from omnistage.api.schemas import CompletionRequest, body_schema, parse_body
-from omnistage.api.streaming import SSE_DONE, sse
-from omnistage.dataplane.orchestrator import RequestStream, StageOutput
+from omnistage.dataplane.orchestrator import StageOutput
 from omnistage.protocol.messages import Prompt
 
 router = APIRouter()
@@ -50,7 +49,8 @@ async def completions(request: Request) -> Response:
     if body.stream:
         outputs = await peeked(stream)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _events(outputs, stream, request_id, created, model, index, include_usage)
+        shape = ChunkShape(request_id, "text_completion", created, model, include_usage)
+        events = sse_events(outputs, stream, shape, _render(index, shape))
         return StreamingResponse(
             events, media_type="text/event-stream", background=BackgroundTask(stream.close)
         )
@@ -78,40 +78,12 @@ async def completions(request: Request) -> Response:
     )
 
 
-async def _events(
-    outputs: AsyncIterator[StageOutput],
-    stream: RequestStream,
-    request_id: str,
-    created: int,
-    model: str,
-    index: dict[int, int],
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-        body: dict[str, Any] = {
-            "id": request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if include_usage:
-            body["usage"] = usage
-        return sse(body)
+def _render(index: dict[int, int], shape: ChunkShape):  # type: ignore[no-untyped-def]
+    def render(out: StageOutput) -> list[bytes]:
+        reason = (out.finish_reason or "stop") if out.finished else None
+        if not (out.text or reason):
+            return []
+        choice = {"index": index[out.stage_id], "text": out.text, "finish_reason": reason}
+        return [shape.chunk([choice])]
 
-    try:
-        async for out in outputs:
-            i = index[out.stage_id]
-            reason = (out.finish_reason or "stop") if out.finished else None
-            if out.text or reason:
-                yield chunk([{"index": i, "text": out.text, "finish_reason": reason}])
-    except Exception as exc:
-        e = as_api_error(exc)
-        yield sse(error_body(e.message, e.type, e.param, e.code))
-        yield SSE_DONE
-        return
-    finally:
-        stream.close()
-    if include_usage:
-        yield chunk([], stream.usage())
-    yield SSE_DONE
+    return render
