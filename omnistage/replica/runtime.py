@@ -23,7 +23,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.control.replica_table import routing_id
 from omnistage.engines import build_engine
 from omnistage.engines.base import Engine, EngineRequest, StageInput
-from omnistage.net import detect_local_address, free_port
+from omnistage.net import detect_local_address, free_ports
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import BadRequestError, OmniError, ProtocolError
@@ -142,7 +142,7 @@ class ReplicaRuntime:
         o = self.opts
         address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
         self.address = address
-        ports = tuple(free_port(address) for _ in range(3)) if o.binds_sockets else None
+        ports = tuple(free_ports(3, address)) if o.binds_sockets else None
         reply = await asyncio.to_thread(
             register,
             self._sync_ctx,
