@@ -40,12 +40,6 @@ def connectable_url(url: str, fallback_host: str) -> str:
     return url
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct free ports (all held open while choosing, so none repeats)."""
     socks = []

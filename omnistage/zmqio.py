@@ -96,11 +96,6 @@ class Outbox:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
-    def take(self, dest: Hashable) -> list[bytes]:
-        """Remove and return what is queued for ``dest`` (to send it ahead of a message
-        that must go out now, keeping order)."""
-        return self._pending.pop(dest, [])
-
     def flush(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, {}
