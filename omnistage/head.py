@@ -60,6 +60,8 @@ class HeadOptions:
     stage_init_timeout_s: float = 300.0
     init_timeout_s: float = 600.0
     no_replica_wait_s: float = 3.0
+    max_retries: int = 2
+    stall_timeout_s: float = 60.0
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
     api_key: str | None = None
@@ -180,7 +182,7 @@ class Head:
             preallocated=local,
             head_local={sid: list(range(n)) for sid, n in local.items()},
         )
-        table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s)
+        table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s, opts.stall_timeout_s)
 
         # One verifier per socket: each keeps its own replay cache.
         def verifier() -> Verifier | None:
@@ -205,7 +207,7 @@ class Head:
             for s in self.config.stages
         }
         self.orchestrator = Orchestrator(
-            self.graph, self.pools, self.channels, opts.no_replica_wait_s
+            self.graph, self.pools, self.channels, opts.no_replica_wait_s, opts.max_retries
         )
         self.channels.start()
         log.info(

@@ -101,6 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of silence before a replica is marked ERROR (default 5)",
     )
     s.add_argument(
+        "--omni-stall-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a replica may hold work without its engine making progress before "
+        "it is marked ERROR and its requests move elsewhere; 0 disables (default 60)",
+    )
+    s.add_argument(
+        "--omni-max-retries",
+        type=int,
+        default=2,
+        help="times a request's stage is dispatched again after its replica fails "
+        "(default 2; 0 fails the request at once)",
+    )
+    s.add_argument(
         "--omni-stage-wait-timeout",
         type=float,
         default=3.0,
@@ -220,6 +234,15 @@ def validate(args: argparse.Namespace) -> None:
     for flag in ("stage_init_timeout", "init_timeout", "omni_stage_wait_timeout"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag):g}")
+    if args.omni_max_retries < 0:
+        raise UsageError(f"--omni-max-retries must be >= 0, got {args.omni_max_retries}")
+    if args.omni_stall_timeout < 0:
+        raise UsageError(f"--omni-stall-timeout must be >= 0, got {args.omni_stall_timeout:g}")
+    if 0 < args.omni_stall_timeout < args.omni_heartbeat_timeout:
+        raise UsageError(
+            f"--omni-stall-timeout ({args.omni_stall_timeout:g}s) must be 0 or at least "
+            f"--omni-heartbeat-timeout ({args.omni_heartbeat_timeout:g}s)"
+        )
     if args.omni_max_queue < 0:
         raise UsageError(f"--omni-max-queue must be >= 0, got {args.omni_max_queue}")
     if args.max_request_bytes < 1:

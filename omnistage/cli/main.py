@@ -57,6 +57,8 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
         stage_init_timeout_s=args.stage_init_timeout,
         init_timeout_s=args.init_timeout,
         no_replica_wait_s=args.omni_stage_wait_timeout,
+        max_retries=args.omni_max_retries,
+        stall_timeout_s=args.omni_stall_timeout,
         log_level=args.log_level,
         api_key=args.api_key,
         max_queue=args.omni_max_queue,

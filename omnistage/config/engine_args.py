@@ -22,6 +22,9 @@ class EchoArgs(_Args):
     suffix: str | None = None
     # Fail every request whose input contains this marker (to test error paths).
     fail_on: str | None = None
+    # Hang (no progress, event loop still alive) on inputs containing this marker, to
+    # test stall detection.
+    hang_on: str | None = None
 
 
 class LlmArgs(_Args):

@@ -4,9 +4,13 @@ No sockets, no threads, no wall clock: time comes from the injected ``clock`` so
 is unit-testable without sleeping. The coordinator wraps it with a lock.
 
 States: STARTING (registered, engine loading) -> UP (READY received, taking traffic)
--> ERROR (silent past the heartbeat timeout, failed, or process exited) or DOWN
-(said goodbye). An ERROR replica that heartbeats again returns to UP: a network blip
-or a long GC pause must not retire a healthy replica for good.
+-> ERROR (silent past the heartbeat timeout, stalled, failed, or process exited) or
+DOWN (said goodbye). An ERROR replica that heartbeats again after *silence* returns to
+UP: a network blip or a long GC pause must not retire a healthy replica for good.
+
+A replica is stalled when it holds work but its engine's progress counter (in every
+heartbeat) has not moved for the stall timeout: its heartbeat thread is alive, its
+engine is not. That is not forgiven by heartbeats, which say nothing about the engine.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class ReplicaEntry:
     heartbeat_seq: int = -1
     reason: str = ""
     pid: int = 0
+    # When progress last moved (or the replica last held no work): the stall clock.
+    progress_at: float = 0.0
 
     @property
     def key(self) -> ReplicaKey:
@@ -69,11 +75,17 @@ class Transition:
 
 
 class ReplicaTable:
-    def __init__(self, clock: Callable[[], float], heartbeat_timeout_s: float) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        heartbeat_timeout_s: float,
+        stall_timeout_s: float = 0.0,
+    ) -> None:
         if heartbeat_timeout_s <= 0:
             raise ValueError("heartbeat_timeout_s must be > 0")
         self._clock = clock
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.stall_timeout_s = stall_timeout_s  # 0: never judge progress
         self._entries: dict[ReplicaKey, ReplicaEntry] = {}
 
     def get(self, key: ReplicaKey) -> ReplicaEntry | None:
@@ -125,7 +137,7 @@ class ReplicaTable:
             return None
         entry.capacity = capacity
         entry.pid = pid
-        entry.last_seen = self._clock()
+        entry.last_seen = entry.progress_at = self._clock()
         return self._set(entry, ReplicaState.UP, "ready")
 
     def heartbeat(
@@ -144,6 +156,8 @@ class ReplicaTable:
             return None
         entry.heartbeat_seq = seq
         entry.last_seen = self._clock()
+        if progress != entry.progress or in_flight == 0:
+            entry.progress_at = entry.last_seen
         entry.queue_length = queue_length
         entry.in_flight = in_flight
         entry.progress = progress
@@ -180,6 +194,12 @@ class ReplicaTable:
             if entry.state in (ReplicaState.UP, ReplicaState.DRAINING):
                 if now - entry.last_seen > self.heartbeat_timeout_s:
                     out.append(self._set(entry, ReplicaState.ERROR, TIMEOUT_REASON))
+                elif (
+                    self.stall_timeout_s
+                    and entry.in_flight > 0
+                    and now - entry.progress_at > self.stall_timeout_s
+                ):
+                    out.append(self._set(entry, ReplicaState.ERROR, STALL_REASON))
             elif entry.state == ReplicaState.STARTING and now > entry.start_deadline:
                 out.append(
                     self._set(entry, ReplicaState.ERROR, "no READY within --stage-init-timeout")
@@ -205,3 +225,4 @@ class ReplicaTable:
 
 
 TIMEOUT_REASON = "no heartbeat within --omni-heartbeat-timeout"
+STALL_REASON = "engine made no progress with work in hand within --omni-stall-timeout"

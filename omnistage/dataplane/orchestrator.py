@@ -7,6 +7,12 @@ downstream stage (dispatching that stage on its first input, so stages pipeline)
 only final-stage chunks wake the request's consumer. However a request ends (done,
 error, client gone), every stage still working on it is aborted and every replica slot
 it held is released.
+
+Nothing is lost with a replica: until a stage finishes a request, the head keeps the
+stage's inputs and what it has delivered so far. When the replica fails, the stage's
+part of the request is dispatched again (up to ``max_retries`` times) to another
+replica, told what was already delivered (see ``Resume``); chunks carry sequence
+numbers and any the head already has are dropped.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ from omnistage.protocol.errors import (
     StageOverloadedError,
     StageUnavailableError,
 )
-from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Prompt
+from omnistage.protocol.messages import (
+    Abort,
+    AddRequest,
+    InputChunk,
+    OutputChunk,
+    Prompt,
+    Resume,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +66,25 @@ _DONE = _Done()
 
 
 @dataclass
+class _StageProgress:
+    """One stage's part of a request, kept until the stage finishes it for a retry."""
+
+    # Every input forwarded to the stage, replayed to a replacement replica.
+    inputs: list[InputChunk] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    data_chunks: int = 0
+    next_seq: int = 0
+    retries: int = 0
+    # A dispatch is waiting for a replica; inputs queue in ``inputs`` meanwhile.
+    waiting: bool = False
+
+    def resume(self) -> Resume | None:
+        if not self.retries:
+            return None
+        return Resume(text="".join(self.text), data_chunks=self.data_chunks, seq=self.next_seq)
+
+
+@dataclass
 class _Run:
     request_id: str
     prompt: Prompt
@@ -63,8 +95,7 @@ class _Run:
     assigned: dict[int, ReplicaHandle] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
     usage: dict[int, dict[str, int]] = field(default_factory=dict)
-    # Inputs for downstream stages whose dispatch is waiting for a replica.
-    pending: dict[int, list[InputChunk]] = field(default_factory=dict)
+    stages: dict[int, _StageProgress] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     failed: bool = False
 
@@ -72,6 +103,12 @@ class _Run:
         if not self.failed:
             self.failed = True
             self.queue.put_nowait(exc)
+
+    def progress(self, sid: int) -> _StageProgress:
+        st = self.stages.get(sid)
+        if st is None:
+            st = self.stages[sid] = _StageProgress()
+        return st
 
 
 class Orchestrator:
@@ -81,13 +118,16 @@ class Orchestrator:
         pools: dict[int, StagePool],
         channels: DataChannels,
         no_replica_wait_s: float = 3.0,
+        max_retries: int = 2,
     ) -> None:
         self.graph = graph
         self.pools = pools
         self.channels = channels
         self.no_replica_wait_s = no_replica_wait_s
+        self.max_retries = max_retries
         self._runs: dict[str, _Run] = {}
         self.started_total = 0
+        self.retried_total = 0
 
     @property
     def in_flight(self) -> int:
@@ -168,20 +208,24 @@ class Orchestrator:
             prompt=None if upstream else run.prompt,
             upstream=upstream,
             params=run.params[sid],
+            resume=run.progress(sid).resume(),
         )
 
     def _try_dispatch(self, run: _Run, sid: int) -> bool:
         """Dispatch now if a replica has room; False if the caller must wait for one.
 
-        The AddRequest leaves with this tick's batch for the replica (one send for
-        every request dispatched to it in the tick). A replica found gone when the
-        batch is sent is marked ERROR at once, which fails the requests it held.
+        The AddRequest and the stage's inputs so far leave with this tick's batch for
+        the replica (one send for every request dispatched to it in the tick). A
+        replica found gone when the batch is sent is marked ERROR at once, which sends
+        the requests it held elsewhere.
         """
         handle = self.pools[sid].try_acquire(run.request_id)
         if handle is None:
             return False
         run.assigned[sid] = handle
         self.channels.post(handle.identity, self._add_request(run, sid))
+        for msg in run.progress(sid).inputs:
+            self.channels.post(handle.identity, msg)
         return True
 
     async def _dispatch(self, run: _Run, sid: int) -> None:
@@ -189,15 +233,26 @@ class Orchestrator:
         while not self._try_dispatch(run, sid):
             await self.pools[sid].wait_capacity(deadline, self.no_replica_wait_s)
 
-    async def _dispatch_later(self, run: _Run, sid: int) -> None:
+    def _dispatch_soon(self, run: _Run, sid: int, failure: str | None = None) -> None:
+        """Dispatch now, or in a task that waits (boundedly) for a replica."""
+        if self._try_dispatch(run, sid):
+            return
+        st = run.progress(sid)
+        st.waiting = True
+        task = asyncio.get_running_loop().create_task(self._dispatch_later(run, sid, failure))
+        run.tasks.add(task)
+        task.add_done_callback(run.tasks.discard)
+
+    async def _dispatch_later(self, run: _Run, sid: int, failure: str | None) -> None:
         try:
             await self._dispatch(run, sid)
         except (StageUnavailableError, StageOverloadedError) as exc:
+            if failure is not None:  # a retry that found no replica in time
+                exc = StageFailedError(sid, self._name(sid), f"{failure}; retry: {exc}")
             run.fail(exc)
             return
-        handle = run.assigned[sid]
-        for msg in run.pending.pop(sid, []):
-            self.channels.post(handle.identity, msg)
+        finally:
+            run.progress(sid).waiting = False
 
     # -- outputs (called synchronously from the output reader) ----------------------
 
@@ -216,6 +271,16 @@ class Orchestrator:
 
     def _on_chunk(self, run: _Run, chunk: OutputChunk, handle: ReplicaHandle) -> None:
         sid = chunk.stage_id
+        st = run.stages.get(sid)
+        if st is None:
+            st = run.progress(sid)
+        elif chunk.seq < st.next_seq:
+            return  # already delivered (a retry re-sent it)
+        st.next_seq = chunk.seq + 1
+        if chunk.text:
+            st.text.append(chunk.text)
+        if chunk.data:
+            st.data_chunks += 1
         if chunk.error:
             if chunk.error_kind == "bad_request":
                 run.fail(BadRequestError(chunk.error, chunk.error_param))
@@ -229,6 +294,7 @@ class Orchestrator:
                 self._forward(run, down, chunk)
         if chunk.finished:
             run.finished.add(sid)
+            del run.stages[sid]  # nothing left to retry: free what it kept
             self.pools[sid].release(handle, run.request_id)
         if sid in run.finals:
             run.queue.put_nowait(
@@ -257,20 +323,13 @@ class Orchestrator:
             finished=chunk.finished,
             meta=chunk.meta,
         )
+        st = run.progress(down)
+        st.inputs.append(msg)
         handle = run.assigned.get(down)
         if handle is not None:
             self.channels.post(handle.identity, msg)
-            return
-        if down in run.pending:  # a dispatch is already waiting for a replica
-            run.pending[down].append(msg)
-            return
-        if self._try_dispatch(run, down):
-            self.channels.post(run.assigned[down].identity, msg)
-            return
-        run.pending[down] = [msg]
-        task = asyncio.get_running_loop().create_task(self._dispatch_later(run, down))
-        run.tasks.add(task)
-        task.add_done_callback(run.tasks.discard)
+        elif not st.waiting:  # the stage's first input: dispatch it
+            self._dispatch_soon(run, down)
 
     # -- the end of a request --------------------------------------------------------
 
@@ -305,8 +364,29 @@ class Orchestrator:
             if t.new == ReplicaState.ERROR:
                 self.channels.post(t.entry.identity, Abort(request_id))
             run = self._runs.get(request_id)
-            if run is not None:
-                run.fail(StageFailedError(sid, self._name(sid), reason))
+            if run is not None and not run.failed:
+                self._retry(run, sid, reason)
+
+    def _retry(self, run: _Run, sid: int, reason: str) -> None:
+        """Send the stage's part of ``run`` to another replica, or fail the request."""
+        run.assigned.pop(sid, None)
+        st = run.progress(sid)
+        if st.retries >= self.max_retries:
+            detail = f"{reason}; gave up after {st.retries} retries (--omni-max-retries)"
+            run.fail(StageFailedError(sid, self._name(sid), detail))
+            return
+        st.retries += 1
+        self.retried_total += 1
+        log.info(
+            "request %s: stage %d (%s) %s; retry %d of %d",
+            run.request_id,
+            sid,
+            self._name(sid),
+            reason,
+            st.retries,
+            self.max_retries,
+        )
+        self._dispatch_soon(run, sid, failure=reason)
 
     def _name(self, sid: int) -> str:
         return self.graph.stages[sid].name

@@ -34,6 +34,9 @@ class EngineRequest:
     params: dict[str, Any]
     # Upstream chunks as they arrive; ends when every upstream stage has finished.
     inputs: AsyncIterator[StageInput]
+    # On a retry after a replica failure, for engines with ``supports_resume``: the
+    # text this stage already delivered. Generate what follows it, not it again.
+    resume_text: str = ""
 
 
 @dataclass
@@ -48,6 +51,11 @@ class EngineChunk:
 
 
 class Engine(abc.ABC):
+    # True if ``generate`` honours ``EngineRequest.resume_text`` (continues after it).
+    # Other engines are simply run again on a retry and the runtime drops the output
+    # the client already has, which is right only for a deterministic engine.
+    supports_resume = False
+
     def __init__(self, stage: StageConfig) -> None:
         self.stage = stage
         # Bumped on every unit of work done (decode step, chunk); heartbeats report it

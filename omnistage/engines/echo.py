@@ -30,12 +30,12 @@ class EchoEngine(Engine):
         pieces: list[str]
         if request.prompt is not None:
             text = prompt_text(request.prompt)
-            self._check(text)
+            await self._check(text)
             received.append(text)
             pieces = split_even(text + self.suffix, self.args.num_chunks)
         else:
             async for item in request.inputs:
-                self._check(item.text)
+                await self._check(item.text)
                 received.append(item.text)
                 if item.text:
                     await self._work()
@@ -58,9 +58,11 @@ class EchoEngine(Engine):
             },
         )
 
-    def _check(self, text: str) -> None:
+    async def _check(self, text: str) -> None:
         if self.args.fail_on and self.args.fail_on in text:
             raise EngineError(f"echo stage {self.stage.name!r} was told to fail on this input")
+        if self.args.hang_on and self.args.hang_on in text:
+            await asyncio.Event().wait()  # a wedged engine: cancelled only by an abort
 
     async def _work(self) -> None:
         if self.args.chunk_delay_s:

@@ -120,17 +120,35 @@ class Prompt(_Tagged):
     messages: list[ChatMessage] | None = None
 
 
+class Resume(_Tagged):
+    """What a stage already delivered for a request, sent with a retry on another
+    replica after the first one failed.
+
+    ``text`` is all text output so far, ``data_chunks`` the count of chunks that
+    carried data (audio, images), ``seq`` the next output sequence number. An engine
+    that can continue (an LLM: prompt plus the text so far) generates only what is
+    new; any other engine runs again and the replica drops the first ``len(text)``
+    characters and ``data_chunks`` data chunks, so the client never sees a piece twice.
+    """
+
+    text: str
+    data_chunks: int
+    seq: int
+
+
 class AddRequest(_Tagged):
     """Head -> replica: start a request.
 
     ``upstream`` lists the stages whose outputs will arrive as InputChunk messages;
-    empty for source stages, which read ``prompt`` instead.
+    empty for source stages, which read ``prompt`` instead. ``resume`` is set on a
+    retry after a replica failure.
     """
 
     request_id: str
     prompt: Prompt | None
     upstream: list[int]
     params: dict[str, Any]
+    resume: Resume | None = None
 
 
 class InputChunk(_Tagged):

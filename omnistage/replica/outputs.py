@@ -19,6 +19,13 @@ class OutputCoalescer:
     def __bool__(self) -> bool:
         return bool(self._pending)
 
+    def start_at(self, request_id: str, seq: int) -> None:
+        """Number this request's chunks from ``seq`` (a retry continues the sequence)."""
+        self._next_seq[request_id] = seq
+
+    def forget(self, request_id: str) -> None:
+        self._next_seq.pop(request_id, None)
+
     def add(self, chunk: OutputChunk) -> None:
         """Queue ``chunk`` (its ``seq`` is assigned here, per request, from 0)."""
         rid = chunk.request_id
@@ -54,3 +61,28 @@ def _mergeable(a: OutputChunk, b: OutputChunk) -> bool:
         and not a.data
         and not b.data
     )
+
+
+class ReplayFilter:
+    """Drops the output a client already has when a request is run again.
+
+    On a retry, an engine that cannot continue from where the failed replica stopped
+    produces its whole output again; a deterministic engine produces the same output,
+    so skipping the first ``text_chars`` characters of text and the first
+    ``data_chunks`` chunks that carry data leaves exactly what is new.
+    """
+
+    def __init__(self, text_chars: int, data_chunks: int) -> None:
+        self.text_left = text_chars
+        self.data_left = data_chunks
+
+    def apply(self, text: str, data: bytes) -> tuple[str, bytes]:
+        """The part of one engine chunk the client has not seen."""
+        if data and self.data_left > 0:
+            self.data_left -= 1
+            data = b""
+        if text and self.text_left > 0:
+            cut = min(self.text_left, len(text))
+            self.text_left -= cut
+            text = text[cut:]
+        return text, data

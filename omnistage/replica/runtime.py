@@ -38,7 +38,7 @@ from omnistage.protocol.messages import (
     Shutdown,
 )
 from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
-from omnistage.replica.outputs import OutputCoalescer
+from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
 from omnistage.replica.register import handshake, register
 from omnistage.zmqio import Pump
 
@@ -290,6 +290,7 @@ class ReplicaRuntime:
         if msg.request_id in self._requests:
             log.warning("duplicate request id %s ignored", msg.request_id)
             return
+        assert self._engine is not None
         running = _Running(inputs=asyncio.Queue())
         request = EngineRequest(
             request_id=msg.request_id,
@@ -297,16 +298,31 @@ class ReplicaRuntime:
             params=msg.params,
             inputs=_upstream(running.inputs, set(msg.upstream)),
         )
+        replay: ReplayFilter | None = None
+        seq = 0
+        if msg.resume is not None:
+            # A retry of a request a failed replica had started: continue its output.
+            seq = msg.resume.seq
+            self._outputs.start_at(msg.request_id, seq)
+            if self._engine.supports_resume:
+                request.resume_text = msg.resume.text
+            else:
+                replay = ReplayFilter(len(msg.resume.text), msg.resume.data_chunks)
         self._requests[msg.request_id] = running
-        running.task = asyncio.create_task(self._run_request(request))
+        running.task = asyncio.create_task(self._run_request(request, seq, replay))
 
-    async def _run_request(self, request: EngineRequest) -> None:
+    async def _run_request(
+        self, request: EngineRequest, seq: int, replay: ReplayFilter | None
+    ) -> None:
         assert self._engine is not None
         modality = self._engine.stage.output_modality
-        seq = 0
         finished = False
         try:
             async for chunk in self._engine.generate(request):
+                if replay is not None:
+                    chunk.text, chunk.data = replay.apply(chunk.text, chunk.data)
+                    if not (chunk.text or chunk.data or chunk.finished):
+                        continue
                 self._send(
                     OutputChunk(
                         request_id=request.request_id,
@@ -330,7 +346,7 @@ class ReplicaRuntime:
             if not finished:
                 self._send(self._final(request.request_id, seq, modality, None))
         except asyncio.CancelledError:
-            pass  # aborted: the head no longer wants output for this request
+            self._outputs.forget(request.request_id)  # aborted: no more output wanted
         except Exception as exc:
             log.warning("request %s failed: %s", request.request_id, exc)
             final = self._final(request.request_id, seq, modality, str(exc) or repr(exc))

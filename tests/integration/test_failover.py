@@ -58,7 +58,7 @@ def _state_of(head: HeadProc, stage_id: int, replica_id: int) -> str | None:
     return None
 
 
-def test_kill_9_of_a_headless_replica_under_load(tmp_path: Path) -> None:
+def test_kill_9_of_a_headless_replica_under_load_loses_no_request(tmp_path: Path) -> None:
     head = HeadProc(
         tmp_path,
         "echo",
@@ -108,10 +108,10 @@ def test_kill_9_of_a_headless_replica_under_load(tmp_path: Path) -> None:
         assert detected_after <= 2.0 + 1.0, f"detected after {detected_after:.2f}s"
         assert result.hung == 0
         assert result.ok > ok_before_replacement > 0
-        # Only requests that were on the victim may fail, and they say why.
-        assert len(result.errors) <= 3, result.errors
-        for message in result.errors:
-            assert "stage 2" in message and "replica" in message, message
+        # Requests the victim held were retried on the survivor: none failed, and each
+        # answer was checked to be exactly the no-failure output.
+        assert result.errors == []
+        assert "retry 1 of 2" in head.log()
         newcomer_entry = next(r for r in head.up_replicas(2) if r["pid"] == newcomer.pid)
         assert newcomer_entry["replica_id"] not in (victim_id,)
         assert newcomer_entry["dispatched_total"] > 0

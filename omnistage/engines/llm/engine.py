@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class LlmEngine(Engine):
+    supports_resume = True
+
     def __init__(self, stage: StageConfig) -> None:
         super().__init__(stage)
         self.args = LlmArgs.model_validate(stage.engine_args)
@@ -75,7 +77,13 @@ class LlmEngine(Engine):
             text = "".join([i.text async for i in request.inputs])
             prompt = Prompt(messages=[_user(text)])
         ids = self._prompt_ids(prompt)
+        prompt_tokens = len(ids)
         params = SamplingParams.from_params(request.params, self.args.default_max_tokens)
+        # A retry continues from the prompt plus what the client already has. The
+        # earlier tokens are recovered by re-encoding that text (byte-level BPE encodes
+        # it back to the same tokens in practice), and count against max_tokens.
+        prior = self._continuation_ids(request.resume_text)
+        ids += prior
         room = self.max_model_len - len(ids)
         if room < 1:
             raise BadRequestError(
@@ -83,6 +91,11 @@ class LlmEngine(Engine):
                 f"{self.max_model_len} tokens",
                 "messages",
             )
+        if prior and len(prior) >= params.max_tokens:
+            # The failed replica had generated everything but the final message.
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(prior)}
+            yield EngineChunk("text", finished=True, finish_reason="length", usage=usage)
+            return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[EngineChunk | BaseException] = asyncio.Queue()
 
@@ -93,9 +106,11 @@ class LlmEngine(Engine):
             request_id=request.request_id,
             prompt_ids=ids,
             sampler=Sampler(params, self._vocab, self._torch_device),
-            max_tokens=min(params.max_tokens, room),
+            max_tokens=min(params.max_tokens - len(prior), room),
             detok=Detokenizer(self.tokenizer, params.stop),
             deliver=deliver,
+            prompt_tokens=prompt_tokens,
+            prior_tokens=len(prior),
         )
         self._worker.submit(seq)
         try:
@@ -109,6 +124,11 @@ class LlmEngine(Engine):
         finally:
             if not seq.done:
                 self._worker.abort(seq)  # frees its batch row before the next step
+
+    def _continuation_ids(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         tok = self.tokenizer

@@ -37,6 +37,10 @@ class Sequence:
     max_tokens: int
     detok: Detokenizer
     deliver: Callable[[EngineChunk | BaseException], None]
+    # For usage: the client's prompt (without a resumed continuation) and the tokens
+    # generated before a retry took over.
+    prompt_tokens: int = 0
+    prior_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     aborted: bool = False
     done: bool = False
@@ -211,8 +215,8 @@ class LlmWorker:
                 finished=True,
                 finish_reason=finish,
                 usage={
-                    "prompt_tokens": len(seq.prompt_ids),
-                    "completion_tokens": len(seq.generated),
+                    "prompt_tokens": seq.prompt_tokens or len(seq.prompt_ids),
+                    "completion_tokens": seq.prior_tokens + len(seq.generated),
                 },
             )
         )
