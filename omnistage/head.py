@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.net import tcp_url
-from omnistage.protocol.auth import Verifier
+from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.messages import (
     HandshakeInit,
     OutputChunk,
@@ -97,6 +98,8 @@ class Head:
         self.graph = StageGraph(opts.config)
         self.model_names = {opts.config.pipeline}
         self.started_at = int(time.time())
+        # Names this run of the head: replicas that rejoin it get their old ids back.
+        self.instance = uuid.uuid4().hex[:12]
         self._lock = threading.Lock()
         self._stop = asyncio.Event()
         self.restarts = RestartPolicy(opts.restart_policy, time.monotonic)
@@ -181,6 +184,8 @@ class Head:
             self.config.stage_ids,
             preallocated=local,
             head_local={sid: list(range(n)) for sid, n in local.items()},
+            instance=self.instance,
+            epoch_base=int(time.time() * 1000),
         )
         table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s, opts.stall_timeout_s)
 
@@ -194,8 +199,17 @@ class Head:
                 "can reach it can register replicas or forge heartbeats",
                 host,
             )
-        self.coordinator = Coordinator(table, self._lock, self._post_transition, verifier())
-        master = Master(self.slots, self.addresses, self._on_register, self._lock, verifier())
+        self.coordinator = Coordinator(
+            table,
+            self._lock,
+            self._post_transition,
+            verifier(),
+            Signer(opts.auth_token) if opts.auth_token else None,
+            self.instance,
+        )
+        master = self.master = Master(
+            self.slots, self.addresses, self._on_register, self._lock, verifier()
+        )
         handshake = HandshakeServer(self.slots, self._lock, self._init_for, verifier())
         self.control = ControlPlane(self.coordinator.tick)
         self.control.add(master_sock, master.handle)
@@ -339,6 +353,7 @@ class Head:
             coordinator_address=self.addresses.coordinator,
             heartbeat_interval_s=self.opts.heartbeat_interval_s,
             stage_init_timeout_s=self.opts.stage_init_timeout_s,
+            heartbeat_timeout_s=self.opts.heartbeat_timeout_s,
         )
 
     def _on_ready(self, identity: bytes, ready: Ready) -> None:
@@ -437,6 +452,7 @@ class Head:
     # -- shutdown --------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        self.master.closing = True
         for pool in self.pools.values():
             for handle in pool.live():
                 self.channels.post(handle.identity, Shutdown("head shutting down"))

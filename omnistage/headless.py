@@ -34,6 +34,7 @@ def run_headless(args: argparse.Namespace) -> int:
             binds_sockets=args.omni_replica_binds_sockets,
             drain_timeout_s=args.drain_timeout,
             auth_token=args.omni_auth_token,
+            rejoin=True,
         )
         return aio.run(ReplicaRuntime(opts).run())
     return _supervise(args, overrides)
@@ -80,6 +81,7 @@ def _supervise(args: argparse.Namespace, overrides: dict) -> int:
                 drain_timeout_s=args.drain_timeout,
                 log_level=args.log_level,
                 auth_token=args.omni_auth_token,
+                rejoin=True,
             )
         )
     while not all_done.wait(0.2):

@@ -19,9 +19,9 @@ from omnistage.control.replica_table import (
 )
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
-from omnistage.protocol.auth import Verifier
+from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import Heartbeat
+from omnistage.protocol.messages import Heartbeat, HeartbeatAck
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
@@ -34,8 +34,13 @@ class Coordinator:
         lock: threading.Lock,
         on_transition: Callable[[Transition], None],
         verifier: Verifier | None = None,
+        signer: Signer | None = None,
+        head_instance: str = "",
     ) -> None:
         self._verifier = verifier
+        # Acks are signed too: a forged "UNKNOWN" would make replicas leave.
+        self._signer = signer
+        self._head_instance = head_instance
         self._table = table
         self._lock = lock
         self._on_transition = on_transition
@@ -43,7 +48,8 @@ class Coordinator:
     # -- socket side (control thread) ------------------------------------------------
 
     def handle(self, frames: list[bytes]) -> list[bytes] | None:
-        """One ROUTER message: ``[identity, tag, body]`` carrying a Heartbeat."""
+        """One ROUTER message: ``[identity, tag, body]`` carrying a Heartbeat; the reply
+        is a HeartbeatAck telling the replica what state the head has it in."""
         try:
             message, stamp = codec.split_signed(frames[1:])
             codec.check_signed(message, stamp, self._verifier)
@@ -63,8 +69,13 @@ class Coordinator:
                 msg.progress,
                 msg.seq,
             )
+            state = self._table.state_of((msg.stage_id, msg.replica_id), msg.epoch)
         self._emit([t] if t else [])
-        return None
+        if msg.status == ReplicaState.DOWN:
+            return None  # it is leaving; nobody will read an answer
+        known = str(state) if state else "UNKNOWN"
+        ack = HeartbeatAck(state=known, head_instance=self._head_instance)
+        return [frames[0], *codec.sign(codec.encode(ack), self._signer)]
 
     def tick(self) -> None:
         with self._lock:

@@ -56,6 +56,8 @@ class Master:
         self._addresses = addresses
         self._on_register = on_register
         self._lock = lock
+        # Set while the head shuts down: replicas must not rejoin a head that is leaving.
+        self.closing = False
 
     def handle(self, frames: list[bytes]) -> list[bytes] | None:
         """Answer one ROUTER message; returns the reply frames."""
@@ -74,6 +76,8 @@ class Master:
 
     def _register(self, body: bytes) -> RegisterReply:
         req = codec.decode_register_request(body, self._verifier)
+        if self.closing:
+            raise RegistrationError("the head is shutting down; register with the next one")
         version = req.protocol_version if req.protocol_version is not None else 1
         if version != PROTOCOL_VERSION:
             raise RegistrationError(
@@ -108,4 +112,5 @@ class Master:
             coordinator_router_address=a.coordinator,
             stage_id=slot.stage_id,
             epoch=slot.epoch,
+            head_instance=self._slots.instance,
         )

@@ -172,8 +172,17 @@ class ReplicaTable:
         if entry.state == ReplicaState.ERROR and entry.reason == TIMEOUT_REASON:
             # Only silence is forgiven; a replica that failed for another reason
             # (process exit, engine error) does not come back by heartbeating.
+            # The stall clock restarts too: the pause counted as silence, its work was
+            # moved away, and until its Aborts land it still reports that work at the
+            # old progress value, which must not read as a stall (never forgiven).
+            entry.progress_at = entry.last_seen
             return self._set(entry, ReplicaState.UP, "heartbeats resumed")
         return None
+
+    def state_of(self, key: ReplicaKey, epoch: int) -> ReplicaState | None:
+        """The state of that incarnation; None when the table has no such incarnation."""
+        entry = self._current(key, epoch)
+        return entry.state if entry is not None else None
 
     def mark(
         self, key: ReplicaKey, epoch: int | None, state: ReplicaState, reason: str

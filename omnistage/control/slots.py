@@ -8,6 +8,11 @@ Rules (the seed's, kept exactly):
   head's own replica has registered.
 Each registration bumps a global epoch: the (stage, replica, epoch) triple names one
 incarnation of a replica, so messages from a stale incarnation can be fenced off.
+Epochs start from ``epoch_base`` (the head passes its start time in milliseconds), so
+a restarted head never reissues an epoch the previous one used.
+
+A replica rejoining the same head instance (``previous_head`` equals ``instance``)
+gets its previous auto-assigned id back, with a new epoch, instead of a fresh id.
 """
 
 from __future__ import annotations
@@ -40,10 +45,13 @@ class SlotTable:
         stage_ids: list[int],
         preallocated: dict[int, int] | None = None,
         head_local: dict[int, list[int]] | None = None,
+        instance: str = "",
+        epoch_base: int = 0,
     ) -> None:
         self._stage_ids = set(stage_ids)
         self._slots: dict[tuple[int, int], Slot] = {}
-        self._epoch = 0
+        self.instance = instance
+        self._epoch = epoch_base
         local = {(sid, rid) for sid, rids in (head_local or {}).items() for rid in rids}
         for sid, count in (preallocated or {}).items():
             if count < 0:
@@ -77,7 +85,9 @@ class SlotTable:
                 "and replica_output_port in 1..65535"
             )
         if req.replica_id < 0:
-            rid = self._next_free_replica_id(req.stage_id)
+            rid = self._rejoin_id(req)
+            if rid is None:
+                rid = self._next_free_replica_id(req.stage_id)
         else:
             rid = req.replica_id
         slot = self._slots.setdefault((req.stage_id, rid), Slot(req.stage_id, rid))
@@ -98,6 +108,16 @@ class SlotTable:
     def is_current(self, stage_id: int, replica_id: int, epoch: int) -> bool:
         slot = self._slots.get((stage_id, replica_id))
         return slot is not None and slot.filled and slot.epoch == epoch
+
+    def _rejoin_id(self, req: RegisterRequest) -> int | None:
+        """The id a rejoining replica had here, if this is the head it had it from."""
+        rid = req.previous_replica_id
+        if not self.instance or req.previous_head != self.instance or rid is None:
+            return None
+        slot = self._slots.get((req.stage_id, rid))
+        if slot is None or slot.head_local:
+            return None
+        return rid
 
     def _next_free_replica_id(self, stage_id: int) -> int:
         used: set[int] = set()

@@ -42,6 +42,10 @@ class RegisterRequest(msgspec.Struct, omit_defaults=True):
     replica_binds_sockets: bool | None = None
     # Absent in seed clients, which speak version 1 of this format.
     protocol_version: int | None = None
+    # A replica rejoining after losing its head: the head instance and replica id it
+    # had. A head that is that same instance gives the replica its old id back.
+    previous_head: str | None = None
+    previous_replica_id: int | None = None
 
 
 class RegisterReply(msgspec.Struct):
@@ -54,6 +58,8 @@ class RegisterReply(msgspec.Struct):
     stage_id: int = 0
     epoch: int = 0
     protocol_version: int = PROTOCOL_VERSION
+    # Changes every time a head starts: lets a rejoining replica ask for its old id.
+    head_instance: str = ""
 
 
 class ErrorReply(msgspec.Struct):
@@ -90,6 +96,9 @@ class HandshakeInit(_Tagged):
     heartbeat_interval_s: float
     stage_init_timeout_s: float
     error: str | None = None
+    # The head's --omni-heartbeat-timeout: how long the replica may go without a
+    # HeartbeatAck before it decides the head is gone and registers again.
+    heartbeat_timeout_s: float = 5.0
 
 
 class Ready(_Tagged):
@@ -213,6 +222,19 @@ class Heartbeat(_Tagged):
     seq: int
 
 
+class HeartbeatAck(_Tagged):
+    """Coordinator -> replica, for each heartbeat: what the head thinks of the sender.
+
+    ``state`` is the replica's state in the head's table, or "UNKNOWN" when the head
+    has no such incarnation (it restarted, or a newer registration replaced this one).
+    A replica told UNKNOWN or ERROR, or told nothing for long enough, registers again
+    (keeping its loaded engine): the head restarted, or it will not route to us.
+    """
+
+    state: str
+    head_instance: str
+
+
 # The tag of each message type. Tags are part of the wire format: never reuse one.
 TAGS: dict[type[msgspec.Struct], bytes] = {
     Hello: b"H",
@@ -225,4 +247,5 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     Ping: b"P",
     OutputChunk: b"O",
     Heartbeat: b"B",
+    HeartbeatAck: b"K",
 }

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--omni-auth-token", default=envs.auth_token())
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--rejoin", action="store_true", help="register again when the head goes away")
     args = p.parse_args(argv)
     setup_logging(args.log_level)
     overrides = json.loads(args.stage_overrides) if args.stage_overrides else {}
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         binds_sockets=args.omni_replica_binds_sockets,
         drain_timeout_s=args.drain_timeout,
         auth_token=args.omni_auth_token,
+        rejoin=args.rejoin,
     )
     return aio.run(ReplicaRuntime(opts).run())
 

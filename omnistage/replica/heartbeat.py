@@ -2,20 +2,27 @@
 
 It has its own socket and thread so a replica whose engine holds the event loop (or the
 CPU) still reports in: the head must not mistake busy for dead.
+
+The head answers every heartbeat with a HeartbeatAck. The replica decides the head is
+lost, and calls ``on_lost`` once, when the head says it does not know this incarnation
+(a restarted head, or a newer registration took the slot), says it is ERROR for a
+reason heartbeats do not cure, or has not answered for ``lost_after_s``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
 
 from omnistage.protocol import codec
-from omnistage.protocol.auth import Signer
-from omnistage.protocol.messages import Heartbeat
+from omnistage.protocol.auth import Signer, Verifier
+from omnistage.protocol.errors import ProtocolError
+from omnistage.protocol.messages import Heartbeat, HeartbeatAck
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +46,18 @@ class HeartbeatThread:
         report: Callable[[], LoadReport],
         status: Callable[[], str] = lambda: "UP",
         signer: Signer | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        lost_after_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        verifier: Verifier | None = None,
     ) -> None:
         self._signer = signer
+        self._verifier = verifier
+        self._on_lost = on_lost
+        self._lost_after_s = lost_after_s
+        self._clock = clock
+        self._lost = False
+        self.head_instance = ""
         self._ctx = ctx
         self._address = address
         self._key = (stage_id, replica_id, epoch)
@@ -72,17 +89,54 @@ class HeartbeatThread:
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.SNDHWM, 16)
         sock.connect(self._address)
+        self._last_ack = self._clock()
         try:
             while True:
                 self._beat(sock, self._status())
-                self._kick.wait(self._interval_s)
-                self._kick.clear()
+                self._wait_acks(sock)
                 if self._stop.is_set():
                     break
             if getattr(self, "_send_down", True):
                 self._beat(sock, "DOWN")
         finally:
             sock.close()
+
+    def _wait_acks(self, sock: zmq.Socket) -> None:
+        """Until the next beat is due (or a kick): read acks, judge the head."""
+        deadline = self._clock() + self._interval_s
+        while not self._kick.is_set():
+            left = deadline - self._clock()
+            if left <= 0:
+                break
+            if sock.poll(int(min(left, 0.05) * 1000) or 1):
+                self._read_ack(sock.recv_multipart())
+        self._kick.clear()
+        silent = self._clock() - self._last_ack
+        if silent > self._lost_after_s:
+            self._lose(f"no answer from the head for {silent:.1f}s")
+
+    def _read_ack(self, frames: list[bytes]) -> None:
+        try:
+            message, stamp = codec.split_signed(frames)
+            codec.check_signed(message, stamp, self._verifier)
+            ack = codec.decode_frames(message)
+        except ProtocolError as exc:
+            log.warning("ignored a bad heartbeat answer: %s", exc)
+            return
+        if not isinstance(ack, HeartbeatAck):
+            return
+        self._last_ack = self._clock()
+        self.head_instance = ack.head_instance
+        if ack.state == "UNKNOWN":
+            self._lose("the head does not know this replica (it restarted or replaced us)")
+        elif ack.state == "ERROR":
+            self._lose("the head marked this replica ERROR and will not route to it")
+
+    def _lose(self, why: str) -> None:
+        if not self._lost and not self._stop.is_set():
+            self._lost = True
+            if self._on_lost is not None:
+                self._on_lost(why)
 
     def _beat(self, sock: zmq.Socket, status: str) -> None:
         try:

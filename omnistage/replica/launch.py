@@ -35,6 +35,8 @@ class ReplicaSpec:
     log_level: str = "INFO"
     # Passed in the environment, not argv: command lines are visible to every user.
     auth_token: str | None = None
+    # Headless replicas outlive their head and register again; the head's own exit.
+    rejoin: bool = False
 
     def argv(self) -> list[str]:
         args = [
@@ -62,6 +64,8 @@ class ReplicaSpec:
             args += ["--stage-overrides", self.stage_overrides_json]
         if self.binds_sockets:
             args.append("--omni-replica-binds-sockets")
+        if self.rejoin:
+            args.append("--rejoin")
         return args
 
 

@@ -34,11 +34,14 @@ def register(
     cancel: threading.Event | None = None,
     bind_ports: tuple[int, int, int] | None = None,
     signer: Signer | None = None,
+    previous: tuple[str, int] | None = None,
 ) -> RegisterReply:
     """Register with the master; raises RegistrationError on refusal or timeout.
 
     With ``bind_ports`` (handshake, input, output) the replica will bind its own sockets
     on ``advertise_address`` and the head dials them (the seed's replica_binds_sockets).
+    ``previous`` (head instance, replica id) asks a head we were registered with before
+    for our old id back.
     """
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -52,6 +55,8 @@ def register(
             "replica_binds_sockets": bind_ports is not None,
             "protocol_version": PROTOCOL_VERSION,
         }
+        if previous is not None:
+            payload["previous_head"], payload["previous_replica_id"] = previous
         if bind_ports is not None:
             payload["replica_handshake_port"] = bind_ports[0]
             payload["replica_input_port"] = bind_ports[1]
@@ -82,6 +87,7 @@ def register(
         stage_id=reply.stage_id,
         epoch=reply.epoch,
         protocol_version=reply.protocol_version,
+        head_instance=reply.head_instance,
     )
 
 

@@ -2,6 +2,11 @@
 
 The same code runs as a local subprocess of the head and as a --headless replica on
 another host. Socket I/O lives on the asyncio loop; the heartbeat has its own thread.
+
+A headless replica (``rejoin``) outlives its head: when the head leaves (it says so,
+or stops answering heartbeats, or no longer knows this replica) the replica drops its
+requests (the head re-dispatches them) and its connections, keeps its loaded engine,
+and registers again, with backoff, until a head takes it back.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from omnistage.engines import build_engine
 from omnistage.engines.base import Engine, EngineRequest, StageInput
 from omnistage.net import detect_local_address, free_ports
 from omnistage.protocol import codec
-from omnistage.protocol.auth import Signer
+from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import BadRequestError, OmniError, ProtocolError
 from omnistage.protocol.messages import (
     Abort,
@@ -61,6 +66,10 @@ class ReplicaOptions:
     drain_timeout_s: float = 30.0
     # Shared secret for the control plane (registration, HELLO, heartbeats).
     auth_token: str | None = None
+    # Register again when the head goes away (headless); a local replica just exits.
+    rejoin: bool = False
+    # Backoff between registration attempts while rejoining.
+    rejoin_backoff_s: tuple[float, float] = (0.5, 5.0)
 
 
 @dataclass
@@ -79,6 +88,9 @@ class ReplicaRuntime:
         self._cancel_join = threading.Event()
         self._draining = False
         self._signer = Signer(opts.auth_token) if opts.auth_token else None
+        self._verifier = Verifier(opts.auth_token) if opts.auth_token else None
+        self._head_lost = asyncio.Event()
+        self._head_instance = ""
         self.replica_id = opts.replica_id
         self.epoch = 0
         self._chunks_sent = 0
@@ -102,8 +114,16 @@ class ReplicaRuntime:
             await self._close()
             return 0
         try:
-            if not self._stopping.is_set():
+            while not self._stopping.is_set():
                 await self._serve(init)
+                if self._stopping.is_set() or not self.opts.rejoin:
+                    break
+                await self._leave_head()
+                self._join_task = asyncio.create_task(self._rejoin())
+                try:
+                    init = await self._join_task
+                except asyncio.CancelledError:
+                    break
         finally:
             await self._close()
         return 0
@@ -138,11 +158,19 @@ class ReplicaRuntime:
         self._stopping.set()
 
     async def _join(self) -> HandshakeInit:
+        """Register, handshake and load the engine, all within --stage-init-timeout."""
         deadline = time.monotonic() + self.opts.stage_init_timeout_s
+        init = await self._register_and_handshake(self.opts.stage_init_timeout_s)
+        await self._load_engine(self._stage_config(init), deadline)
+        return init
+
+    async def _register_and_handshake(self, timeout_s: float) -> HandshakeInit:
+        deadline = time.monotonic() + timeout_s
         o = self.opts
         address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
         self.address = address
         ports = tuple(free_ports(3, address)) if o.binds_sockets else None
+        previous = (self._head_instance, self.replica_id) if self._head_instance else None
         reply = await asyncio.to_thread(
             register,
             self._sync_ctx,
@@ -151,17 +179,19 @@ class ReplicaRuntime:
             o.stage_id,
             o.replica_id,
             address,
-            o.stage_init_timeout_s,
+            timeout_s,
             o.stage_overrides or None,
             self._cancel_join,
             ports,
             self._signer,
+            previous,
         )
         self.replica_id, self.epoch = reply.replica_id, reply.epoch
+        self._head_instance = reply.head_instance
         self._reply = reply
         _tag_logs(o.stage_id, self.replica_id)
         log.info("registered as stage %d replica %d", o.stage_id, self.replica_id)
-        init = await asyncio.to_thread(
+        return await asyncio.to_thread(
             handshake,
             self._sync_ctx,
             reply,
@@ -172,7 +202,8 @@ class ReplicaRuntime:
             o.binds_sockets,
             self._signer,
         )
-        stage = self._stage_config(init)
+
+    async def _load_engine(self, stage: StageConfig, deadline: float) -> None:
         self._engine = build_engine(stage)
         log.info("loading engine %r for stage %r", stage.engine, stage.name)
         try:
@@ -182,7 +213,52 @@ class ReplicaRuntime:
                 f"engine did not load within --stage-init-timeout "
                 f"({self.opts.stage_init_timeout_s:g}s)"
             ) from None
+
+    async def _rejoin(self) -> HandshakeInit:
+        """Register again until a head takes us; reload the engine only if the new
+        head's config for this stage differs from the one loaded."""
+        low, high = self.opts.rejoin_backoff_s
+        delay = low
+        while True:
+            try:
+                init = await self._register_and_handshake(max(2.0, 2 * high))
+                break
+            except OmniError as exc:
+                log.info("rejoin failed (%s); trying again in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(high, delay * 2)
+        stage = self._stage_config(init)
+        if self._engine is None or stage != self._engine.stage:
+            log.info("the head's config for this stage changed: reloading the engine")
+            if self._engine is not None:
+                await self._engine.shutdown()
+            await self._load_engine(stage, time.monotonic() + self.opts.stage_init_timeout_s)
+        log.info("rejoined the head as stage %d replica %d", self.opts.stage_id, self.replica_id)
         return init
+
+    async def _leave_head(self) -> None:
+        """Drop what belonged to the lost head: requests, connections, heartbeats."""
+        self._draining = False
+        self._head_lost.clear()
+        tasks = [r.task for r in self._requests.values() if r.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._outputs.drain()
+        self._heartbeat.stop(send_down=False)
+        self._in.close()
+        self._out.close(linger=0)
+        self._in = self._out = None
+
+    def _on_head_lost(self, why: str) -> None:
+        """Heartbeat thread: the head is gone or will not route to us."""
+        loop = self._loop
+        if self.opts.rejoin:
+            log.warning("lost the head: %s; registering again", why)
+            loop.call_soon_threadsafe(self._head_lost.set)
+        else:
+            log.warning("lost the head: %s; exiting", why)
+            loop.call_soon_threadsafe(self._stopping.set)
 
     def _stage_config(self, init: HandshakeInit) -> StageConfig:
         raw = init.stage_config
@@ -193,8 +269,9 @@ class ReplicaRuntime:
         return StageConfig.model_validate(raw)
 
     async def _serve(self, init: HandshakeInit) -> None:
+        """Serve the head until we stop or (``_head_lost``) must rejoin."""
         assert self._engine is not None
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         ident = routing_id(self.opts.stage_id, self.replica_id, self.epoch)
         self._in = self._sync_ctx.socket(zmq.DEALER)
         self._in.setsockopt(zmq.ROUTING_ID, ident)
@@ -219,6 +296,9 @@ class ReplicaRuntime:
             self._load_report,
             lambda: "DRAINING" if self._draining else "UP",
             self._signer,
+            self._on_head_lost,
+            2 * init.heartbeat_timeout_s,
+            verifier=self._verifier,
         )
         ready = Ready(
             stage_id=self.opts.stage_id,
@@ -233,7 +313,11 @@ class ReplicaRuntime:
         self._pump = Pump(loop, self._in, self._on_frames)
         self._heartbeat.start()
         log.info("ready (capacity %d)", self._engine.capacity)
-        await self._stopping.wait()
+        stop = asyncio.ensure_future(self._stopping.wait())
+        lost = asyncio.ensure_future(self._head_lost.wait())
+        await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        lost.cancel()
         self._pump.close()
 
     async def _close(self) -> None:
@@ -281,8 +365,12 @@ class ReplicaRuntime:
             elif isinstance(msg, Ping):
                 pass
             elif isinstance(msg, Shutdown):
-                log.info("head asked us to shut down (%s)", msg.reason)
-                self._stopping.set()
+                if self.opts.rejoin and not self._draining:
+                    log.info("the head is leaving (%s); registering again", msg.reason)
+                    self._head_lost.set()
+                else:
+                    log.info("head asked us to shut down (%s)", msg.reason)
+                    self._stopping.set()
             else:
                 log.warning("unexpected %s on the input channel", type(msg).__name__)
 
@@ -412,11 +500,11 @@ def _left(deadline: float) -> float:
 
 
 def _tag_logs(stage_id: int, replica_id: int) -> None:
-    """Prefix this process's log lines with its stage and replica."""
+    """Prefix this process's log lines with its stage and replica (replacing an earlier
+    prefix: a replica that rejoins may get another id)."""
     prefix = f"[stage {stage_id} replica {replica_id}] "
     for handler in logging.getLogger().handlers:
         fmt = (handler.formatter._fmt if handler.formatter else None) or "%(message)s"
-        if prefix not in fmt:
-            handler.setFormatter(
-                logging.Formatter(fmt.replace("%(message)s", prefix + "%(message)s"))
-            )
+        base = getattr(handler, "_omni_untagged_fmt", fmt)
+        handler._omni_untagged_fmt = base  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter(base.replace("%(message)s", prefix + "%(message)s")))

@@ -118,18 +118,47 @@ def test_missing_stage_is_a_bounded_503_not_a_hang(tmp_path: Path) -> None:
         head.stop()
 
 
-def test_head_shutdown_stops_its_headless_replicas(tmp_path: Path) -> None:
-    head = HeadProc(tmp_path, "echo-1stage", "--stage-id", "0")
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_headless_replicas_rejoin_a_restarted_head_without_restarting(
+    tmp_path: Path, how: str
+) -> None:
+    # Heartbeat timeout 2 s: after a kill -9 the replicas give up on the head after
+    # 2 x 2 s without an answer; after a SIGTERM the head tells them it is leaving.
+    flags = ("echo-1stage", "--stage-id", "0", "--omni-heartbeat-timeout", "2")
+    head = HeadProc(tmp_path, *flags)
     replica: Proc | None = None
+    second: HeadProc | None = None
     try:
         head.wait_healthy()
         replica = headless(tmp_path, head, 0, "--omni-dp-size-local", "2")
         wait_for(lambda: len(head.up_replicas(0)) == 3, 20, what="two headless replicas UP")
-        assert head.stop() == 0
-        assert replica.wait(10) == 0
+        pids = {r["pid"] for r in head.up_replicas(0) if not r["local"]}
+        if how == "sigterm":
+            assert head.stop() == 0
+        else:
+            head.signal(signal.SIGKILL)
+            head.wait(5)
+        wait_for(
+            lambda: replica.log().count("registering again") >= 2, 15, what="replicas notice"
+        )
+        assert replica.alive()
+
+        second = HeadProc(
+            tmp_path, *flags, "-oma", "127.0.0.1", "-omp", str(head.master_port), name="head2"
+        )
+        second.wait_healthy()
+        wait_for(lambda: len(second.up_replicas(0)) == 3, 30, what="replicas rejoined")
+        # The same processes, engines still loaded: nobody restarted them.
+        assert {r["pid"] for r in second.up_replicas(0) if not r["local"]} == pids
+        assert replica.log().count("rejoined the head") == 2
+        for i in range(6):
+            assert second.chat(f"after the restart {i}").status_code == 200
+        assert sum(r["dispatched_total"] for r in second.up_replicas(0) if not r["local"]) > 0
     finally:
         if replica is not None:
             replica.stop()
+        if second is not None:
+            second.stop()
         head.stop()
 
 

@@ -18,6 +18,7 @@ from omnistage.protocol.messages import (
     ErrorReply,
     HandshakeInit,
     Heartbeat,
+    HeartbeatAck,
     Hello,
     InputChunk,
     OutputChunk,
@@ -25,6 +26,7 @@ from omnistage.protocol.messages import (
     Prompt,
     Ready,
     RegisterReply,
+    Resume,
     Shutdown,
 )
 
@@ -53,6 +55,7 @@ SAMPLES: dict[type, msgspec.Struct] = {
         prompt=Prompt(messages=[ChatMessage("system", "be brief"), ChatMessage("user", "hi")]),
         upstream=[0, 2],
         params={"temperature": 0.7, "max_tokens": 16, "stop": ["\n"]},
+        resume=Resume(text="Hello, wor", data_chunks=0, seq=3),
     ),
     InputChunk: InputChunk(
         request_id="req-1",
@@ -65,6 +68,7 @@ SAMPLES: dict[type, msgspec.Struct] = {
     ),
     Abort: Abort(request_id="req-9"),
     Shutdown: Shutdown(reason="head exiting"),
+    HeartbeatAck: HeartbeatAck(state="UNKNOWN", head_instance="0123456789ab"),
     Ping: Ping(),
     OutputChunk: OutputChunk(
         request_id="req-1",
