@@ -90,6 +90,7 @@ class ReplicaRuntime:
         self._signer = Signer(opts.auth_token) if opts.auth_token else None
         self._verifier = Verifier(opts.auth_token) if opts.auth_token else None
         self._head_lost = asyncio.Event()
+        self._exit_code = 0
         self._head_instance = ""
         self.replica_id = opts.replica_id
         self.epoch = 0
@@ -126,7 +127,7 @@ class ReplicaRuntime:
                     break
         finally:
             await self._close()
-        return 0
+        return self._exit_code
 
     def _on_signal(self, sig: int) -> None:
         if self._draining or not self._join_task.done():
@@ -257,7 +258,9 @@ class ReplicaRuntime:
             log.warning("lost the head: %s; registering again", why)
             loop.call_soon_threadsafe(self._head_lost.set)
         else:
+            # A failure exit, so the head's --omni-restart-policy on-failure restarts us.
             log.warning("lost the head: %s; exiting", why)
+            self._exit_code = 1
             loop.call_soon_threadsafe(self._stopping.set)
 
     def _stage_config(self, init: HandshakeInit) -> StageConfig:

@@ -219,3 +219,42 @@ def test_an_idle_remote_replica_that_crashes_is_noticed_within_a_second(tmp_path
         if replica is not None:
             replica.stop()
         head.stop()
+
+
+def test_a_stalled_replica_is_failed_and_its_request_moves(tmp_path: Path) -> None:
+    # Replica 0 wedges on "WEDGE" (its heartbeat thread keeps beating); the stall
+    # timeout must fail it and move the request, which then wedges replica 1 too: after
+    # --omni-max-retries 1 the client gets a clear error instead of a hang.
+    shape = '{"0": {"replicas": 2, "engine_args": {"hang_on": "WEDGE"}}}'
+    head = HeadProc(
+        tmp_path,
+        "echo-1stage",
+        "--stage-overrides",
+        shape,
+        "--omni-heartbeat-timeout",
+        "2",
+        "--omni-stall-timeout",
+        "2",
+        "--omni-max-retries",
+        "1",
+        "--omni-restart-policy",
+        "never",
+    )
+    try:
+        head.wait_healthy()
+        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="2 replicas")
+        # Busy but progressing replicas are never taken for stalled.
+        for i in range(3):
+            assert head.chat(f"fine {i}").status_code == 200
+        started = time.monotonic()
+        r = head.chat("please WEDGE now")
+        took = time.monotonic() - started
+        assert r.status_code == 500, r.text
+        message = r.json()["error"]["message"]
+        assert "no progress" in message and "--omni-max-retries" in message, message
+        assert 4.0 <= took < 12.0, took  # two stall timeouts (+ heartbeat granularity)
+        # Both were failed for the stall (a failed local replica then exits, so its
+        # last state may already be DOWN).
+        assert head.log().count("UP -> ERROR (engine made no progress") == 2
+    finally:
+        head.stop()
