@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 import zmq
 
+from omnistage import curve
 from omnistage.api.app import create_app
 from omnistage.config.schema import DeployConfig
 from omnistage.control.balancing import make_policy
@@ -69,6 +70,7 @@ class HeadOptions:
     max_queue: int = 1024
     restart_policy: str = "on-failure"
     auth_token: str | None = None
+    curve_keys: str | None = None  # --omni-curve-keys DIR
     max_request_bytes: int = 16 * 1024 * 1024
     log_stats: bool = False
     stats_interval_s: float = 10.0
@@ -159,6 +161,8 @@ class Head:
     def _start_control_and_data(self) -> None:
         opts = self.opts
         self._zctx = zmq.Context()
+        # CURVE goes on the context before any socket exists (see omnistage.curve).
+        self._zauth = curve.secure_head(self._zctx, opts.curve_keys) if opts.curve_keys else None
         host = opts.master_host
         master_sock, master_url = bind_router(self._zctx, tcp_url(host, opts.master_port))
         handshake_sock, handshake_url = bind_router(self._zctx, tcp_url(host, 0))
@@ -193,9 +197,10 @@ class Head:
         def verifier() -> Verifier | None:
             return Verifier(opts.auth_token) if opts.auth_token else None
 
-        if not opts.auth_token and not _is_loopback(host):
+        if not (opts.auth_token or opts.curve_keys) and not _is_loopback(host):
             log.warning(
-                "the control plane listens on %s without --omni-auth-token: anyone who "
+                "the control plane listens on %s without --omni-auth-token or "
+                "--omni-curve-keys: anyone who "
                 "can reach it can register replicas or forge heartbeats",
                 host,
             )
@@ -250,6 +255,7 @@ class Head:
                         stage_init_timeout_s=self.opts.stage_init_timeout_s,
                         log_level=self.opts.log_level,
                         auth_token=self.opts.auth_token,
+                        curve_keys=self.opts.curve_keys,
                     )
                 )
 
@@ -461,6 +467,8 @@ class Head:
         await asyncio.to_thread(self.launcher.stop_all, self.opts.shutdown_grace_s)
         await self.channels.stop()
         self.control.stop()
+        if self._zauth is not None:
+            self._zauth.stop()
         self._zctx.term()
         log.info("head stopped")
 

@@ -35,6 +35,7 @@ def run_headless(args: argparse.Namespace) -> int:
             drain_timeout_s=args.drain_timeout,
             auth_token=args.omni_auth_token,
             rejoin=True,
+            curve_keys=args.omni_curve_keys,
         )
         return aio.run(ReplicaRuntime(opts).run())
     return _supervise(args, overrides)
@@ -82,6 +83,7 @@ def _supervise(args: argparse.Namespace, overrides: dict) -> int:
                 log_level=args.log_level,
                 auth_token=args.omni_auth_token,
                 rejoin=True,
+                curve_keys=args.omni_curve_keys,
             )
         )
     while not all_done.wait(0.2):

@@ -26,6 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnistage")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
+    keys = sub.add_parser(
+        "curve-keys",
+        help="create the CURVE keypairs for --omni-curve-keys",
+        description="Write server.key(_secret) and client.key(_secret) into DIR.",
+    )
+    keys.add_argument("directory", metavar="DIR")
     s = sub.add_parser(
         "serve",
         help="serve a pipeline (head), or one stage's replicas (--headless)",
@@ -140,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(HMAC); head and replicas must agree (env OMNISTAGE_AUTH_TOKEN)",
     )
     s.add_argument(
+        "--omni-curve-keys",
+        default=None,
+        metavar="DIR",
+        help="encrypt every control and data socket with CURVE and admit only replicas "
+        "holding a client key from DIR (make one with `omnistage curve-keys DIR`); "
+        "head and replicas pass the same directory",
+    )
+    s.add_argument(
         "--omni-restart-policy",
         default="on-failure",
         help="head: restart local replicas that exit: never, on-failure (default), always; "
@@ -234,6 +248,18 @@ def validate(args: argparse.Namespace) -> None:
     for flag in ("stage_init_timeout", "init_timeout", "omni_stage_wait_timeout"):
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag):g}")
+    if args.omni_curve_keys is not None:
+        from omnistage import curve
+        from omnistage.protocol.errors import ConfigError
+
+        try:
+            if args.headless:
+                curve.check_replica_dir(args.omni_curve_keys)
+            else:
+                curve.check_head_dir(args.omni_curve_keys)
+                curve.check_replica_dir(args.omni_curve_keys)  # for its local replicas
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
     if args.omni_max_retries < 0:
         raise UsageError(f"--omni-max-retries must be >= 0, got {args.omni_max_retries}")
     if args.omni_stall_timeout < 0:

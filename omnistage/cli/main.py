@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.version:
         print(f"omnistage {__version__}")
         return 0
+    if args.command == "curve-keys":
+        return _curve_keys(args.directory)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -28,6 +30,22 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"omnistage serve: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _curve_keys(directory: str) -> int:
+    from omnistage import curve
+
+    try:
+        paths = curve.generate(directory)
+    except ConfigError as exc:
+        print(f"omnistage curve-keys: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(str(p) for p in paths))
+    print(
+        "give the head and every replica --omni-curve-keys "
+        f"{directory} (replica hosts need server.key, client.key and client.key_secret)"
+    )
+    return 0
 
 
 def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
@@ -64,6 +82,7 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
         max_queue=args.omni_max_queue,
         restart_policy=args.omni_restart_policy,
         auth_token=args.omni_auth_token,
+        curve_keys=args.omni_curve_keys,
         max_request_bytes=args.max_request_bytes,
         log_stats=args.log_stats,
     )

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--omni-auth-token", default=envs.auth_token())
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--omni-curve-keys", default=None)
     p.add_argument("--rejoin", action="store_true", help="register again when the head goes away")
     args = p.parse_args(argv)
     setup_logging(args.log_level)
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout_s=args.drain_timeout,
         auth_token=args.omni_auth_token,
         rejoin=args.rejoin,
+        curve_keys=args.omni_curve_keys,
     )
     return aio.run(ReplicaRuntime(opts).run())
 

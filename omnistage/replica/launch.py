@@ -37,6 +37,7 @@ class ReplicaSpec:
     auth_token: str | None = None
     # Headless replicas outlive their head and register again; the head's own exit.
     rejoin: bool = False
+    curve_keys: str | None = None
 
     def argv(self) -> list[str]:
         args = [
@@ -66,6 +67,8 @@ class ReplicaSpec:
             args.append("--omni-replica-binds-sockets")
         if self.rejoin:
             args.append("--rejoin")
+        if self.curve_keys:
+            args += ["--omni-curve-keys", self.curve_keys]
         return args
 
 

@@ -65,7 +65,8 @@ def register(
         if not _poll(sock, timeout_s, cancel):
             raise RegistrationError(
                 f"no answer from the master at {master_host}:{master_port} within "
-                f"{timeout_s:g}s (raise --stage-init-timeout, or check -oma/-omp)"
+                f"{timeout_s:g}s (raise --stage-init-timeout, or check -oma/-omp; with "
+                "--omni-curve-keys, check this host has the head's keys)"
             )
         try:
             reply = codec.decode_register_reply(sock.recv())

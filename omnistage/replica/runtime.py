@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from omnistage import curve
 from omnistage.config.load import apply_stage_overrides
 from omnistage.config.schema import StageConfig
 from omnistage.control.replica_table import routing_id
@@ -70,6 +71,8 @@ class ReplicaOptions:
     rejoin: bool = False
     # Backoff between registration attempts while rejoining.
     rejoin_backoff_s: tuple[float, float] = (0.5, 5.0)
+    # --omni-curve-keys DIR: encrypt every socket, pinned to the head's public key.
+    curve_keys: str | None = None
 
 
 @dataclass
@@ -82,6 +85,8 @@ class ReplicaRuntime:
     def __init__(self, opts: ReplicaOptions) -> None:
         self.opts = opts
         self._sync_ctx = zmq.Context()
+        if opts.curve_keys:
+            curve.secure_replica(self._sync_ctx, opts.curve_keys)
         self._requests: dict[str, _Running] = {}
         self._engine: Engine | None = None
         self._stopping = asyncio.Event()
