@@ -18,6 +18,9 @@ HEARTBEAT_INTERVAL_S = 1.0
 WORKER_BACKENDS = ("multi_process", "ray")
 
 
+DEFAULT_STALL_TIMEOUT_S = 60.0
+
+
 class UsageError(Exception):
     """A flag value or combination that cannot work; reported with exit code 2."""
 
@@ -109,9 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--omni-stall-timeout",
         type=float,
-        default=60.0,
+        default=None,
         help="seconds a replica may hold work without its engine making progress before "
-        "it is marked ERROR and its requests move elsewhere; 0 disables (default 60)",
+        "it is marked ERROR and its requests move elsewhere; 0 disables (default 60, or "
+        "the heartbeat timeout if that is longer)",
     )
     s.add_argument(
         "--omni-max-retries",
@@ -262,6 +266,8 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError(str(exc)) from None
     if args.omni_max_retries < 0:
         raise UsageError(f"--omni-max-retries must be >= 0, got {args.omni_max_retries}")
+    if args.omni_stall_timeout is None:
+        args.omni_stall_timeout = max(DEFAULT_STALL_TIMEOUT_S, args.omni_heartbeat_timeout)
     if args.omni_stall_timeout < 0:
         raise UsageError(f"--omni-stall-timeout must be >= 0, got {args.omni_stall_timeout:g}")
     if 0 < args.omni_stall_timeout < args.omni_heartbeat_timeout:

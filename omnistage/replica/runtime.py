@@ -367,7 +367,9 @@ class ReplicaRuntime:
                 if running is not None:
                     running.inputs.put_nowait(msg)
             elif isinstance(msg, Abort):
-                running = self._requests.get(msg.request_id)
+                # Forget it now, not when the task ends: a retry of the same request may
+                # follow in this very batch (a silent replica that came back).
+                running = self._requests.pop(msg.request_id, None)
                 if running is not None and running.task is not None:
                     running.task.cancel()
             elif isinstance(msg, Ping):
@@ -405,10 +407,10 @@ class ReplicaRuntime:
             else:
                 replay = ReplayFilter(len(msg.resume.text), msg.resume.data_chunks)
         self._requests[msg.request_id] = running
-        running.task = asyncio.create_task(self._run_request(request, seq, replay))
+        running.task = asyncio.create_task(self._run_request(request, seq, replay, running))
 
     async def _run_request(
-        self, request: EngineRequest, seq: int, replay: ReplayFilter | None
+        self, request: EngineRequest, seq: int, replay: ReplayFilter | None, running: _Running
     ) -> None:
         assert self._engine is not None
         modality = self._engine.stage.output_modality
@@ -450,7 +452,8 @@ class ReplicaRuntime:
                 final.error_kind, final.error_param = "bad_request", exc.param
             self._send(final)
         finally:
-            self._requests.pop(request.request_id, None)
+            if self._requests.get(request.request_id) is running:
+                self._requests.pop(request.request_id, None)
 
     def _final(self, request_id: str, seq: int, modality: str, error: str | None) -> OutputChunk:
         return OutputChunk(

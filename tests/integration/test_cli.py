@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from omnistage.cli.args import build_parser, validate
+
 M = ["-oma", "127.0.0.1", "-omp", "1"]
 
 
@@ -47,6 +49,16 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["--ray-address", "auto"], "--ray-address requires --worker-backend ray"),
         (["--stage-init-timeout", "0"], "--stage-init-timeout must be > 0"),
         (["--omni-max-queue", "-1"], "--omni-max-queue must be >= 0"),
+        (["--omni-max-retries", "-1"], "--omni-max-retries must be >= 0, got -1"),
+        (["--omni-stall-timeout", "-1"], "--omni-stall-timeout must be >= 0, got -1"),
+        (
+            ["--omni-stall-timeout", "3"],
+            "--omni-stall-timeout (3s) must be 0 or at least --omni-heartbeat-timeout (5s)",
+        ),
+        (
+            ["--omni-stall-timeout", "8", "--omni-heartbeat-timeout", "10"],
+            "--omni-stall-timeout (8s) must be 0 or at least --omni-heartbeat-timeout (10s)",
+        ),
         (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1"),
         (["--init-timeout", "-1"], "--init-timeout must be > 0"),
         (["--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
@@ -66,6 +78,32 @@ def test_invalid_flags_exit_2_with_one_line_naming_the_flag(args: list[str], mes
     assert len(lines) == 1, result.stderr
     assert message in lines[0]
     assert lines[0].startswith("omnistage serve: error:")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--omni-max-retries", "0"],  # fail a request at once when its replica fails
+        ["--omni-max-retries", "5"],
+        ["--omni-stall-timeout", "0"],  # stall detection off
+        ["--omni-stall-timeout", "5"],  # equal to the default heartbeat timeout
+        ["--omni-stall-timeout", "3", "--omni-heartbeat-timeout", "3"],
+        ["--omni-stall-timeout", "0", "--omni-heartbeat-timeout", "30"],
+    ],
+)
+def test_valid_retry_and_stall_flags_pass_validation(args: list[str]) -> None:
+    # In-process: a valid command line would start serving, not exit.
+    validate(build_parser().parse_args(["serve", *args]))
+
+
+def test_retry_and_stall_defaults() -> None:
+    args = build_parser().parse_args(["serve"])
+    validate(args)
+    assert (args.omni_max_retries, args.omni_stall_timeout) == (2, 60.0)
+    # A long heartbeat timeout alone is valid: the stall default follows it.
+    args = build_parser().parse_args(["serve", "--omni-heartbeat-timeout", "90"])
+    validate(args)
+    assert args.omni_stall_timeout == 90.0
 
 
 def test_bad_deploy_config_names_the_yaml_path(tmp_path: Path) -> None:

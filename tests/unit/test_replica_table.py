@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage.control.replica_table import (
+    STALL_REASON,
     TIMEOUT_REASON,
     ReplicaState,
     ReplicaTable,
@@ -331,3 +332,163 @@ def test_draining_heartbeat_takes_the_replica_out_of_rotation_until_down() -> No
     table.heartbeat((0, 0), 1, "DRAINING", 0, 0, 0, seq=2)
     down = table.heartbeat((0, 0), 1, "DOWN", 0, 0, 0, seq=3)
     assert down is not None and down.new == ReplicaState.DOWN
+
+
+# -- stall detection ---------------------------------------------------------------------
+
+STALL = 20.0  # >= TIMEOUT, as the CLI requires
+
+
+@pytest.fixture
+def stall_table(clock: FakeClock) -> ReplicaTable:
+    return ReplicaTable(clock, heartbeat_timeout_s=TIMEOUT, stall_timeout_s=STALL)
+
+
+def beat_every(table: ReplicaTable, clock: FakeClock, first_seq: int, until: float, **load):
+    """Heartbeat every TIMEOUT - 1 seconds (never silent) until ``until``, expiring after
+    each beat as the coordinator's tick does; returns every transition seen, and the next
+    heartbeat seq."""
+    seen = []
+    seq = first_seq
+    while clock.now + TIMEOUT - 1 <= until:
+        clock.now += TIMEOUT - 1
+        t = beat(table, seq, **load)
+        seq += 1
+        if t is not None:
+            seen.append(t)
+        seen.extend(table.expire())
+    return seen, seq
+
+
+def test_stalled_replica_with_work_goes_error_after_the_stall_timeout(stall_table, clock):
+    make_up(stall_table)
+    clock.now = 101.0
+    beat(stall_table, 0, in_flight=2, progress=7)  # progress moved (0 -> 7) at 101
+    # Heartbeats keep arriving, so silence never fires; only the engine is stuck.
+    seen, _ = beat_every(stall_table, clock, 1, 101.0 + STALL, in_flight=2, progress=7)
+    assert seen == []
+    clock.now = 101.0 + STALL  # exactly at the stall timeout: not past it
+    assert stall_table.expire() == []
+    clock.now += 0.5
+    (t,) = stall_table.expire()
+    assert (t.old, t.new, t.reason) == (ReplicaState.UP, ReplicaState.ERROR, STALL_REASON)
+    assert "--omni-stall-timeout" in t.reason
+    assert state(stall_table) == ReplicaState.ERROR
+
+
+def test_replica_whose_progress_keeps_moving_never_stalls(stall_table, clock):
+    make_up(stall_table)
+    for seq in range(40):  # 40 * 4s = 8 stall timeouts of steady (slow) progress
+        clock.now += TIMEOUT - 1
+        assert beat(stall_table, seq, in_flight=3, progress=seq + 1) is None
+        assert stall_table.expire() == []
+    assert state(stall_table) == ReplicaState.UP
+
+
+def test_idle_replica_never_stalls(stall_table, clock):
+    make_up(stall_table)
+    seen, _ = beat_every(stall_table, clock, 0, 100.0 + 10 * STALL, in_flight=0, progress=5)
+    assert seen == []
+    assert state(stall_table) == ReplicaState.UP
+
+
+def test_the_stall_clock_starts_when_work_arrives_not_at_the_last_progress(stall_table, clock):
+    make_up(stall_table)
+    # Idle for a long time at the same progress value ...
+    seen, seq = beat_every(stall_table, clock, 0, 100.0 + 5 * STALL, in_flight=0, progress=5)
+    assert seen == []
+    last_idle = clock.now
+    # ... then it takes a request: that is not a stall yet, though progress last
+    # changed long ago.
+    clock.now += 1
+    assert beat(stall_table, seq, in_flight=1, progress=5) is None
+    assert stall_table.expire() == []
+    clock.now = last_idle + STALL + 0.5
+    assert [t.new for t in stall_table.expire()] == [ReplicaState.ERROR]
+
+
+def test_stall_timeout_zero_disables_stall_detection(table, clock):
+    assert table.stall_timeout_s == 0
+    make_up(table)
+    seen, _ = beat_every(table, clock, 0, 100.0 + 100 * TIMEOUT, in_flight=4, progress=1)
+    assert seen == []
+    assert state(table) == ReplicaState.UP
+
+
+def test_stalled_replica_is_not_set_back_to_up_by_later_heartbeats(stall_table, clock):
+    make_up(stall_table)
+    beat(stall_table, 0, in_flight=1, progress=1)
+    clock.now += STALL + 1
+    beat(stall_table, 1, in_flight=1, progress=1)
+    assert [t.reason for t in stall_table.expire()] == [STALL_REASON]
+    # Its heartbeat thread is alive, and even a moving counter or an empty hand does
+    # not bring it back: heartbeats say nothing about whether the engine is sane.
+    clock.now += 1
+    assert beat(stall_table, 2, in_flight=1, progress=1) is None
+    clock.now += 1
+    assert beat(stall_table, 3, in_flight=1, progress=2) is None
+    clock.now += 1
+    assert beat(stall_table, 4, in_flight=0, progress=2) is None
+    assert stall_table.expire() == []  # and it is not reported again
+    entry = stall_table.get(KEY)
+    assert (entry.state, entry.reason) == (ReplicaState.ERROR, STALL_REASON)
+
+
+def test_silence_is_still_forgiven_with_stall_detection_on(stall_table, clock):
+    make_up(stall_table)
+    beat(stall_table, 0, in_flight=1, progress=1)
+    clock.now += TIMEOUT + 1
+    assert [t.reason for t in stall_table.expire()] == [TIMEOUT_REASON]
+    t = beat(stall_table, 1, in_flight=1, progress=2)
+    assert t is not None and (t.old, t.new) == (ReplicaState.ERROR, ReplicaState.UP)
+
+
+def test_silence_is_reported_as_silence_not_as_a_stall(stall_table, clock):
+    # Both clocks ran out: the replica is silent, and silence is the forgivable reason.
+    make_up(stall_table)
+    beat(stall_table, 0, in_flight=1, progress=1)
+    clock.now += STALL + 1
+    assert [t.reason for t in stall_table.expire()] == [TIMEOUT_REASON]
+
+
+def test_draining_replica_that_stalls_goes_error(stall_table, clock):
+    make_up(stall_table)
+    t = beat(stall_table, 0, status="DRAINING", in_flight=1, progress=3)
+    assert t is not None and t.new == ReplicaState.DRAINING
+    seen, _ = beat_every(
+        stall_table, clock, 1, 100.0 + STALL + TIMEOUT, status="DRAINING", in_flight=1, progress=3
+    )
+    assert [(t.old, t.new, t.reason) for t in seen] == [
+        (ReplicaState.DRAINING, ReplicaState.ERROR, STALL_REASON)
+    ]
+
+
+def test_a_long_pause_with_work_in_hand_is_forgiven_like_any_silence(stall_table, clock):
+    # A whole-process pause (GC, SIGSTOP, swapped out) longer than the stall timeout:
+    # it goes ERROR for silence and the head moves its requests elsewhere (and sends
+    # it Aborts). Its first heartbeat back may still count those requests in flight,
+    # at the progress value from before the pause. Taking it back must not turn
+    # straight into a stall, which, unlike silence, is never forgiven.
+    make_up(stall_table)
+    beat(stall_table, 0, in_flight=2, progress=9)
+    clock.now += STALL + TIMEOUT
+    assert [t.reason for t in stall_table.expire()] == [TIMEOUT_REASON]
+    t = beat(stall_table, 1, in_flight=2, progress=9)
+    assert t is not None and t.new == ReplicaState.UP
+    assert stall_table.expire() == []
+    assert state(stall_table) == ReplicaState.UP
+
+
+def test_a_replica_taken_back_after_silence_that_still_makes_no_progress_stalls(stall_table, clock):
+    # The forgiveness above only restarts the stall clock: a wedged engine is still
+    # caught one stall timeout after the replica came back.
+    make_up(stall_table)
+    beat(stall_table, 0, in_flight=2, progress=9)
+    clock.now += STALL + TIMEOUT
+    stall_table.expire()
+    back = clock.now
+    assert beat(stall_table, 1, in_flight=2, progress=9) is not None
+    seen, _ = beat_every(stall_table, clock, 2, back + STALL, in_flight=2, progress=9)
+    assert seen == []
+    clock.now = back + STALL + 0.5
+    assert [t.reason for t in stall_table.expire()] == [STALL_REASON]

@@ -1,0 +1,382 @@
+"""The orchestrator re-dispatches a failed replica's requests: a real Orchestrator,
+StageGraph and StagePools, with replica state changes and output chunks fed in by hand
+and every message the head would send recorded instead of sent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from omnistage.config.load import load_config
+from omnistage.control.balancing import make_policy
+from omnistage.control.replica_table import (
+    ReplicaEntry,
+    ReplicaState,
+    Transition,
+    routing_id,
+)
+from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.orchestrator import Orchestrator, RequestStream, StageOutput
+from omnistage.dataplane.stage_pool import StagePool
+from omnistage.protocol.errors import StageFailedError
+from omnistage.protocol.messages import (
+    Abort,
+    AddRequest,
+    InputChunk,
+    OutputChunk,
+    Prompt,
+    Resume,
+)
+
+PROMPT = Prompt(text="hi")
+
+
+class FakeChannels:
+    """Stands in for DataChannels: the orchestrator only ever calls ``post``."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    def post(self, identity: bytes, msg: Any) -> None:
+        self.sent.append((identity, msg))
+
+    def take(self) -> list[tuple[bytes, Any]]:
+        out, self.sent = self.sent, []
+        return out
+
+
+def ident(sid: int, rid: int, epoch: int = 1) -> bytes:
+    return routing_id(sid, rid, epoch)
+
+
+def entry(sid: int, rid: int, state: ReplicaState, epoch: int = 1) -> ReplicaEntry:
+    return ReplicaEntry(
+        stage_id=sid,
+        replica_id=rid,
+        epoch=epoch,
+        state=state,
+        address="127.0.0.1",
+        local=True,
+        registered_at=0.0,
+        last_seen=0.0,
+        start_deadline=0.0,
+        capacity=4,
+    )
+
+
+class Head:
+    def __init__(
+        self,
+        pipeline: str,
+        replicas: dict[int, int],
+        max_retries: int = 2,
+        no_replica_wait_s: float = 1.0,
+    ) -> None:
+        config = load_config(pipeline)
+        self.channels = FakeChannels()
+        self.pools = {
+            s.stage_id: StagePool(s.stage_id, s.name, make_policy("round-robin"))
+            for s in config.stages
+        }
+        self.orch = Orchestrator(
+            StageGraph(config),
+            self.pools,
+            self.channels,  # type: ignore[arg-type]
+            no_replica_wait_s=no_replica_wait_s,
+            max_retries=max_retries,
+        )
+        for sid, n in replicas.items():
+            for rid in range(n):
+                self.up(sid, rid)
+
+    def up(self, sid: int, rid: int, epoch: int = 1) -> None:
+        self.orch.on_transition(
+            Transition(entry(sid, rid, ReplicaState.UP, epoch), ReplicaState.STARTING, "UP", "")
+        )
+
+    def fail(self, sid: int, rid: int, epoch: int = 1, reason: str = "process exited") -> None:
+        self.orch.on_transition(
+            Transition(entry(sid, rid, ReplicaState.ERROR, epoch), ReplicaState.UP, "ERROR", reason)
+        )
+
+    def out(self, sid: int, rid: int, seq: int, text: str, epoch: int = 1, **kw: Any) -> None:
+        chunk = OutputChunk("r1", sid, rid, epoch, seq, "text", text=text, **kw)
+        self.orch.on_outputs([chunk])
+
+    def replica_of(self, sid: int) -> int:
+        """The replica of ``sid`` the (only) request is bound to now."""
+        (handle,) = [h for h in self.pools[sid].replicas.values() if "r1" in h.requests]
+        return handle.replica_id
+
+    def slots_in_use(self) -> int:
+        return sum(h.in_flight for p in self.pools.values() for h in p.replicas.values())
+
+
+async def collect(stream: RequestStream) -> list[StageOutput]:
+    return await asyncio.wait_for(_collect(stream), 5)
+
+
+async def _collect(stream: RequestStream) -> list[StageOutput]:
+    return [o async for o in stream]
+
+
+def add(sid_upstream: list[int], resume: Resume | None, prompt: Prompt | None = None) -> AddRequest:
+    return AddRequest("r1", prompt, sid_upstream, {}, resume)
+
+
+def inp(source: int, seq: int, text: str, finished: bool = False) -> InputChunk:
+    return InputChunk("r1", source, seq, "text", text, b"", finished)
+
+
+async def test_downstream_retry_sends_resume_and_replays_the_stage_inputs() -> None:
+    head = Head("echo", {0: 1, 1: 2, 2: 1})
+    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    assert head.channels.take() == [(ident(0, 0), add([], None, PROMPT))]
+
+    head.out(0, 0, 0, "hel")  # the talker's first input dispatches it
+    failing = head.replica_of(1)
+    other = 1 - failing
+    assert head.channels.take() == [
+        (ident(1, failing), add([0], None)),
+        (ident(1, failing), inp(0, 0, "hel")),
+    ]
+    head.out(0, 0, 1, "lo")
+    head.out(1, failing, 0, "HEL")  # the vocoder's first input dispatches it
+    assert head.channels.take() == [
+        (ident(1, failing), inp(0, 1, "lo")),
+        (ident(2, 0), add([1], None)),
+        (ident(2, 0), inp(1, 0, "HEL")),
+    ]
+
+    head.fail(1, failing)
+    # The failed replica is told to stop (it may only be silent); the other replica
+    # gets the request with what was delivered and every input the stage had so far.
+    assert head.channels.take() == [
+        (ident(1, failing), Abort("r1")),
+        (ident(1, other), add([0], Resume(text="HEL", data_chunks=0, seq=1))),
+        (ident(1, other), inp(0, 0, "hel")),
+        (ident(1, other), inp(0, 1, "lo")),
+    ]
+    assert head.orch.retried_total == 1
+
+    # Later inputs go to the replacement only; the vocoder keeps its replica.
+    head.out(0, 0, 2, "!", finished=True)
+    assert head.channels.take() == [(ident(1, other), inp(0, 2, "!", finished=True))]
+    head.out(1, other, 1, "LO!", finished=True)
+    assert head.channels.take() == [(ident(2, 0), inp(1, 1, "LO!", finished=True))]
+    head.out(2, 0, 0, "HELLO!", finished=True, finish_reason="stop")
+
+    outputs = await collect(stream)
+    assert [(o.stage_id, o.text, o.finished) for o in outputs] == [(2, "HELLO!", True)]
+    assert head.slots_in_use() == 0
+
+
+async def test_a_chunk_below_the_next_expected_seq_is_not_delivered_twice() -> None:
+    head = Head("echo-1stage", {0: 2})
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    failing = head.replica_of(0)
+    other = 1 - failing
+    head.out(0, failing, 0, "ab")
+    head.out(0, failing, 1, "cd")
+    head.channels.take()
+    head.fail(0, failing)
+    assert head.channels.take() == [
+        (ident(0, failing), Abort("r1")),
+        (ident(0, other), add([], Resume(text="abcd", data_chunks=0, seq=2), PROMPT)),
+    ]
+    # The replacement sends again what the head already has, then what is new.
+    head.out(0, other, 0, "ab")
+    head.out(0, other, 1, "cd")
+    head.out(0, other, 2, "ef", finished=True, finish_reason="stop")
+    outputs = await collect(stream)
+    assert [o.text for o in outputs] == ["ab", "cd", "ef"]
+    assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
+    assert head.slots_in_use() == 0
+
+
+async def test_a_source_stage_retry_does_not_forward_duplicates_downstream() -> None:
+    head = Head("echo", {0: 2, 1: 1, 2: 1})
+    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    failing = head.replica_of(0)
+    other = 1 - failing
+    head.out(0, failing, 0, "a")
+    head.channels.take()
+    head.fail(0, failing)
+    sent = head.channels.take()
+    assert sent[1] == (ident(0, other), add([], Resume(text="a", data_chunks=0, seq=1), PROMPT))
+    head.out(0, other, 0, "a")  # already forwarded to the talker: dropped
+    head.out(0, other, 1, "b", finished=True)
+    assert head.channels.take() == [(ident(1, 0), inp(0, 1, "b", finished=True))]
+    head.out(1, 0, 0, "AB", finished=True)
+    head.out(2, 0, 0, "AB!", finished=True)
+    assert [o.text for o in await collect(stream)] == ["AB!"]
+
+
+async def test_chunks_from_the_failed_replica_after_the_retry_are_ignored() -> None:
+    head = Head("echo-1stage", {0: 3})
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    first = head.replica_of(0)
+    head.out(0, first, 0, "ab")
+    head.fail(0, first)
+    second = head.replica_of(0)
+    assert second != first
+    # Output the failed replica had in flight arrives late, with seq numbers the head
+    # has not seen: it must not count, in the stream or in the next Resume.
+    head.out(0, first, 1, "XX")
+    head.out(0, first, 2, "YY", finished=True)
+    head.out(0, second, 1, "cd")
+    head.channels.take()
+    head.fail(0, second)
+    third = head.replica_of(0)
+    assert third not in (first, second)
+    adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
+    assert adds == [add([], Resume(text="abcd", data_chunks=0, seq=2), PROMPT)]
+    head.out(0, first, 3, "ZZ")  # still ignored
+    head.out(0, third, 2, "ef", finished=True)
+    assert [o.text for o in await collect(stream)] == ["ab", "cd", "ef"]
+
+
+async def test_output_of_an_old_incarnation_is_ignored_when_its_slot_returns() -> None:
+    # The only replica dies and is restarted (same replica id, new epoch); the retry
+    # waits for it. Late output from the dead incarnation must not be taken as the new
+    # one's.
+    head = Head("echo-1stage", {0: 1}, no_replica_wait_s=5.0)
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    head.out(0, 0, 0, "ab")
+    head.channels.take()
+    head.fail(0, 0)
+    assert head.channels.take() == [(ident(0, 0), Abort("r1"))]
+    await asyncio.sleep(0.05)  # the retry is waiting for a replica, not failing
+    assert head.channels.take() == []
+    head.up(0, 0, epoch=2)
+    for _ in range(20):
+        if head.channels.sent:
+            break
+        await asyncio.sleep(0.01)
+    assert head.channels.take() == [
+        (ident(0, 0, epoch=2), add([], Resume(text="ab", data_chunks=0, seq=1), PROMPT))
+    ]
+    head.out(0, 0, 1, "OLD", epoch=1)
+    head.out(0, 0, 1, "cd", epoch=2, finished=True)
+    assert [o.text for o in await collect(stream)] == ["ab", "cd"]
+
+
+async def test_inputs_arriving_while_a_retry_waits_are_sent_once_with_the_dispatch() -> None:
+    head = Head("echo", {0: 1, 1: 1, 2: 1}, no_replica_wait_s=5.0)
+    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    head.out(0, 0, 0, "a")
+    head.fail(1, 0)
+    head.channels.take()
+    head.out(0, 0, 1, "b")  # the talker has no replica now: kept, not sent anywhere
+    head.out(0, 0, 2, "c", finished=True)
+    assert head.channels.take() == []
+    head.up(1, 1)
+    for _ in range(20):
+        if head.channels.sent:
+            break
+        await asyncio.sleep(0.01)
+    assert head.channels.take() == [
+        (ident(1, 1), add([0], Resume(text="", data_chunks=0, seq=0))),
+        (ident(1, 1), inp(0, 0, "a")),
+        (ident(1, 1), inp(0, 1, "b")),
+        (ident(1, 1), inp(0, 2, "c", finished=True)),
+    ]
+    head.out(1, 1, 0, "ABC", finished=True)
+    head.out(2, 0, 0, "ABC!", finished=True)
+    assert [o.text for o in await collect(stream)] == ["ABC!"]
+
+
+async def test_a_drain_cut_short_moves_the_requests_without_an_abort() -> None:
+    head = Head("echo-1stage", {0: 2})
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    leaving = head.replica_of(0)
+    other = 1 - leaving
+    head.out(0, leaving, 0, "ab")
+    head.channels.take()
+    e = entry(0, leaving, ReplicaState.DRAINING)
+    head.orch.on_transition(Transition(e, ReplicaState.UP, ReplicaState.DRAINING, "draining"))
+    assert head.channels.take() == []  # draining: it finishes what it has
+    e = entry(0, leaving, ReplicaState.DOWN)
+    head.orch.on_transition(Transition(e, ReplicaState.DRAINING, ReplicaState.DOWN, "bye"))
+    # It said goodbye, so it is gone: nothing to abort, the request just moves.
+    assert head.channels.take() == [
+        (ident(0, other), add([], Resume(text="ab", data_chunks=0, seq=1), PROMPT))
+    ]
+    head.out(0, other, 1, "cd", finished=True)
+    assert [o.text for o in await collect(stream)] == ["ab", "cd"]
+
+
+async def test_data_chunks_delivered_so_far_are_counted_in_the_resume() -> None:
+    head = Head("echo-1stage", {0: 2})
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    failing = head.replica_of(0)
+    head.orch.on_outputs(
+        [
+            OutputChunk("r1", 0, failing, 1, 0, "audio", text="Hi. ", data=b"wav0"),
+            OutputChunk("r1", 0, failing, 1, 1, "audio", data=b"wav1"),
+        ]
+    )
+    head.channels.take()
+    head.fail(0, failing)
+    adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
+    assert [a.resume for a in adds] == [Resume(text="Hi. ", data_chunks=2, seq=2)]
+    stream.close()
+
+
+@pytest.mark.parametrize("max_retries", [0, 1, 2])
+async def test_after_max_retries_failures_the_request_fails_naming_the_flag(
+    max_retries: int,
+) -> None:
+    head = Head("echo-1stage", {0: 4}, max_retries=max_retries)
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    used = []
+    for _ in range(max_retries):
+        used.append(head.replica_of(0))
+        head.fail(0, used[-1])
+    last = head.replica_of(0)
+    head.fail(0, last, reason="engine stalled")
+    with pytest.raises(StageFailedError) as info:
+        await collect(stream)
+    message = str(info.value)
+    assert "--omni-max-retries" in message
+    assert f"gave up after {max_retries} retries" in message
+    assert f"replica {last} went ERROR: engine stalled" in message
+    assert head.orch.retried_total == max_retries
+    # Never more than 1 + max_retries replicas tried; every slot released.
+    adds = [i for i, m in head.channels.sent if isinstance(m, AddRequest)]
+    assert len(adds) == 1 + max_retries
+    assert head.slots_in_use() == 0
+
+
+async def test_a_retry_with_no_live_replica_fails_clearly_after_the_wait() -> None:
+    head = Head("echo-1stage", {0: 1}, no_replica_wait_s=0.3)
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    head.out(0, 0, 0, "ab")
+    start = time.monotonic()
+    head.fail(0, 0)
+    with pytest.raises(StageFailedError) as info:
+        await collect(stream)  # bounded by collect's own 5 s: it must not hang
+    waited = time.monotonic() - start
+    assert 0.25 <= waited < 3
+    message = str(info.value)
+    assert "replica 0 went ERROR: process exited" in message
+    assert "has no live replica" in message
+    assert head.slots_in_use() == 0
+
+
+async def test_closing_the_stream_while_a_retry_waits_cancels_the_wait() -> None:
+    head = Head("echo-1stage", {0: 1}, no_replica_wait_s=30.0)
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    head.fail(0, 0)
+    head.channels.take()
+    await asyncio.sleep(0.05)
+    stream.close()
+    await asyncio.sleep(0.05)
+    head.up(0, 1)  # a replica appearing later gets nothing for the closed request
+    await asyncio.sleep(0.05)
+    assert not [m for _, m in head.channels.take() if isinstance(m, AddRequest | InputChunk)]
+    assert head.orch.in_flight == 0
+    assert head.slots_in_use() == 0
