@@ -138,9 +138,7 @@ def test_headless_replicas_rejoin_a_restarted_head_without_restarting(
         else:
             head.signal(signal.SIGKILL)
             head.wait(5)
-        wait_for(
-            lambda: replica.log().count("registering again") >= 2, 15, what="replicas notice"
-        )
+        wait_for(lambda: replica.log().count("registering again") >= 2, 15, what="replicas notice")
         assert replica.alive()
 
         second = HeadProc(
