@@ -89,8 +89,16 @@ class Outbox:
         self._send = send
         self._pending: dict[Hashable, list[bytes]] = {}
         self._scheduled = False
+        self.closed = False
+
+    def close(self) -> None:
+        """Send what is queued, then drop anything posted later (the socket is going)."""
+        self.flush()
+        self.closed = True
 
     def put(self, dest: Hashable, msg: msgspec.Struct) -> None:
+        if self.closed:
+            return
         self._pending.setdefault(dest, []).extend(codec.encode(msg))
         if not self._scheduled:
             self._scheduled = True
@@ -98,6 +106,8 @@ class Outbox:
 
     def flush(self) -> None:
         self._scheduled = False
+        if self.closed:
+            return
         pending, self._pending = self._pending, {}
         for dest, frames in pending.items():
             try:

@@ -69,7 +69,7 @@ class DataChannels:
         self.outbox = Outbox(loop, self._send_batch)
 
     async def stop(self) -> None:
-        self.outbox.flush()
+        self.outbox.close()
         self._out_pump.close()
         self._in_pump.close()
         self._monitor_pump.close()

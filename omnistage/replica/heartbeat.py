@@ -96,10 +96,13 @@ class HeartbeatThread:
                 self._wait_acks(sock)
                 if self._stop.is_set():
                     break
-            if getattr(self, "_send_down", True):
+            send_down = getattr(self, "_send_down", True)
+            if send_down:
                 self._beat(sock, "DOWN")
         finally:
-            sock.close()
+            # Without a goodbye (leaving a lost head), queued beats must not reach the
+            # head later and revive the incarnation we abandoned.
+            sock.close(linger=500 if getattr(self, "_send_down", True) else 0)
 
     def _wait_acks(self, sock: zmq.Socket) -> None:
         """Until the next beat is due (or a kick): read acks, judge the head."""

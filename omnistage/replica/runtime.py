@@ -174,6 +174,11 @@ class ReplicaRuntime:
         deadline = time.monotonic() + timeout_s
         o = self.opts
         address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
+        previous_address = getattr(self, "address", None)
+        if address.startswith("127.") and previous_address and not _loopback(o.master_host):
+            # No route to the head right now (a rejoin during an outage): the detection
+            # falls back to loopback, which the head could not reach; keep what worked.
+            address = previous_address
         self.address = address
         ports = tuple(free_ports(3, address)) if o.binds_sockets else None
         previous = (self._head_instance, self.replica_id) if self._head_instance else None
@@ -504,6 +509,10 @@ async def _upstream(queue: asyncio.Queue[InputChunk], open_sources: set[int]):
             yield StageInput(chunk.source_stage, chunk.modality, chunk.text, chunk.data, chunk.meta)
         if chunk.finished:
             open_sources.discard(chunk.source_stage)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _left(deadline: float) -> float:
