@@ -15,22 +15,19 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any
+from typing import Any
+
+from common import HOST, ServerProcess, free_port
 
 from omnistage.config.load import load_config
 from omnistage.config.schema import StageConfig
 
-HOST = "127.0.0.1"
 PIPELINE = "voice"
 CONCURRENCIES = (1, 8)
 TARGET_SERVED_VS_DIRECT = 0.90  # served c=1 tok/s >= 90% of direct c=1
@@ -267,59 +264,12 @@ async def run_audio(port: int, args: argparse.Namespace) -> AudioResult:
 # -- the server and its memory ------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, port: int, overrides: str | None) -> None:
-        self.port = port
-        cmd = [sys.executable, "-m", "omnistage", "serve", PIPELINE, "--host", HOST]
-        cmd += ["--port", str(port), "--log-level", "WARNING"]
-        if overrides:
-            cmd += ["--stage-overrides", overrides]
-        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def log_tail(self, n: int = 2000) -> str:
-        self.log.seek(0)
-        tail = self.log.read().decode(errors="replace")[-n:].rstrip()
-        return f"\n{tail}" if tail else ""
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline, last = time.monotonic() + timeout, "no answer"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exited with {self.proc.returncode}{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-                    last = f"HTTP {r.status}"
-            except Exception as exc:
-                last = str(exc)
-            time.sleep(0.5)
-        raise RuntimeError(f"not ready after {timeout:.0f}s ({last}){self.log_tail()}")
-
-    def stop(self, grace: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                print(f"! no exit {grace:.0f}s after SIGTERM, killing")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5.0)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, 0)  # raises if no process of the group is left
-            print("! processes left after the head exited, killing")
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
+def start_server(port: int, overrides: str | None) -> ServerProcess:
+    cmd = [sys.executable, "-m", "omnistage", "serve", PIPELINE, "--host", HOST]
+    cmd += ["--port", str(port), "--log-level", "WARNING"]
+    if overrides:
+        cmd += ["--stage-overrides", overrides]
+    return ServerProcess("served", cmd, port)
 
 
 class RssSampler(threading.Thread):
@@ -378,11 +328,11 @@ class Served:
 
 def serve(args: argparse.Namespace, names: dict[int, str]) -> Served:
     out = Served([], AudioResult(args.audio_requests))
-    server = Server(free_port(), args.overrides)
+    server = start_server(free_port(), args.overrides)
     sampler = RssSampler(server.proc.pid, names)
     sampler.start()
     try:
-        server.wait_ready(args.health_timeout)
+        server.wait_ready(args.health_timeout, interval=0.5)
         out.loads = asyncio.run(run_served(server.port, args))
         out.audio = asyncio.run(run_audio(server.port, args))
     except Exception as exc:
@@ -392,7 +342,7 @@ def serve(args: argparse.Namespace, names: dict[int, str]) -> Served:
     finally:
         sampler.done.set()
         sampler.join(2.0)
-        server.stop()
+        server.stop(grace=20.0)
     out.rss = {"total": sampler.peak_total, "by_role": sampler.peak, "samples": sampler.samples}
     return out
 

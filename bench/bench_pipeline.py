@@ -6,23 +6,18 @@ and 32; prints req/s, p50/p99 and the pipelines' cost relative to the floor. See
 
 import argparse
 import asyncio
-import contextlib
-import http.client
 import json
 import math
 import os
 import platform
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
-from typing import IO, Any
+from typing import Any
 
-HOST = "127.0.0.1"
+from common import HOST, ServerProcess, free_port
+
 PATH = "/v1/chat/completions"
 CONCURRENCIES = (1, 32)
 TARGET_RATIO_C32 = 0.5  # 3-stage req/s >= 50% of the floor's at c=32
@@ -96,65 +91,21 @@ def serve_floor(port: int) -> None:
 # -- server processes ---------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+def start_server(target: Target, port: int) -> ServerProcess:
+    if target.stages == 0:
+        cmd = [sys.executable, os.path.abspath(__file__), "--serve-floor", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "omnistage", "serve", target.name]
+        cmd += ["--host", HOST, "--port", str(port), "--log-level", "WARNING"]
+    return ServerProcess(target.name, cmd, port)
 
 
-class Server:
-    def __init__(self, target: Target, port: int) -> None:
-        self.target, self.port = target, port
-        if target.stages == 0:
-            cmd = [sys.executable, os.path.abspath(__file__), "--serve-floor", str(port)]
-        else:
-            cmd = [sys.executable, "-m", "omnistage", "serve", target.name]
-            cmd += ["--host", HOST, "--port", str(port), "--log-level", "WARNING"]
-        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
-        # Own process group, so that replicas left behind by a killed head can be reaped.
-        self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def log_tail(self, n: int = 2000) -> str:
-        self.log.seek(0)
-        tail = self.log.read().decode(errors="replace")[-n:].rstrip()
-        return f"\n{tail}" if tail else ""
-
-    def wait_ready(self, timeout: float) -> None:
-        # The floor has only the POST route; a head is ready when /health says 200.
-        body = None if self.target.stages else request_body(self.target)
-        url = f"http://{HOST}:{self.port}{'/health' if self.target.stages else PATH}"
-        deadline, last = time.monotonic() + timeout, "no answer"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exited with {self.proc.returncode}{self.log_tail()}")
-            req = urllib.request.Request(url, data=body, method="POST" if body else "GET")
-            try:
-                with urllib.request.urlopen(req, timeout=2.0) as resp:
-                    if resp.status == 200:
-                        return
-                    last = f"HTTP {resp.status}"
-            except (OSError, http.client.HTTPException) as exc:
-                last = str(exc)
-            time.sleep(0.2)
-        raise RuntimeError(f"not ready after {timeout:.0f}s ({last}){self.log_tail()}")
-
-    def stop(self, grace: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                print(f"! {self.target.name}: no exit {grace:.0f}s after SIGTERM, killing")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5.0)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, 0)  # raises if no process of the group is left
-            print(f"! {self.target.name}: processes left after the head exited, killing")
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
+def wait_ready(server: ServerProcess, target: Target, timeout: float) -> None:
+    # The floor has only the POST route; a head is ready when /health says 200.
+    if target.stages:
+        server.wait_ready(timeout)
+    else:
+        server.wait_ready(timeout, PATH, request_body(target))
 
 
 # -- a minimal HTTP/1.1 keep-alive load generator -----------------------------------------
@@ -245,8 +196,8 @@ def bench_target(target: Target, args: argparse.Namespace) -> list[Result]:
     results = [Result(target.name, target.stages, c, counts[c]) for c in CONCURRENCIES]
     server = None
     try:
-        server = Server(target, free_port())
-        server.wait_ready(args.health_timeout)
+        server = start_server(target, free_port())
+        wait_ready(server, target, args.health_timeout)
         for i, c in enumerate(CONCURRENCIES):
             coro = load(target, server.port, c, counts[c], args.warmup, args.request_timeout)
             results[i] = asyncio.run(coro)
