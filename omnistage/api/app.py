@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from fastapi import FastAPI
@@ -12,7 +13,7 @@ from omnistage import __version__
 from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
 from omnistage.api.limits import BodyLimitMiddleware
-from omnistage.api.routes import chat, completions, info, speech
+from omnistage.api.routes import chat, completions, info, metrics, speech
 from omnistage.api.schemas import ChatCompletionRequest, CompletionRequest, SpeechRequest
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -26,12 +27,16 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    # Added last so it is the outermost: it counts the 401s and 413s above as well.
+    app.state.response_counts = Counter()
+    app.add_middleware(metrics.ResponseCounterMiddleware, counts=app.state.response_counts)
     app.state.omni = omni
     errors.install(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(speech.router)
     app.include_router(info.router)
+    app.include_router(metrics.router)
     _document_bodies(app, [ChatCompletionRequest, CompletionRequest, SpeechRequest])
     return app
 

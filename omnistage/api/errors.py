@@ -104,6 +104,9 @@ async def _http_error(_: Request, exc: Exception) -> Response:
 
 
 def install(app) -> None:  # type: ignore[no-untyped-def]
+    # A bug still answers in OpenAI's error shape, not Starlette's plain-text 500 (the
+    # exception is re-raised after the response, so it is still logged).
+    app.add_exception_handler(Exception, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     for cls in (

@@ -41,7 +41,8 @@ def resolve_stage_params(omni: Any, body: SamplingFields) -> dict[int, dict[str,
     by_name = {s.name: s.stage_id for s in omni.config.stages}
     out: dict[int, dict[str, Any]] = {}
     for key, params in body.stage_params.items():
-        sid = int(key) if key.isdigit() else by_name.get(key)
+        # isascii: str.isdigit() is true of '³', which int() refuses.
+        sid = int(key) if key.isascii() and key.isdigit() else by_name.get(key)
         if sid is None or sid not in omni.graph.stages:
             raise ApiError(
                 400, f"stage_params: no stage {key!r}", "invalid_request_error", "stage_params"

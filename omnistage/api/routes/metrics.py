@@ -1,0 +1,209 @@
+"""GET /metrics: Prometheus text exposition (format 0.0.4), written by hand.
+
+Open even with ``--api-key`` (the key guards /v1/* only), like /health, so a scraper
+needs no secret. Everything is read from the head's in-memory state at scrape time;
+nothing here keeps its own series except the HTTP response counter below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from omnistage import __version__
+
+router = APIRouter()
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Listed even at 0 so every stage has a stable series per state.
+REPLICA_STATES = ("STARTING", "UP", "DRAINING", "ERROR", "DOWN")
+
+Labels = dict[str, str]
+
+
+class Exposition:
+    """Builds the text format: one HELP and TYPE line per family, then its samples."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def family(
+        self, name: str, type_: str, help_: str, samples: list[tuple[Labels, float]]
+    ) -> None:
+        self._lines.append(f"# HELP {name} {escape_help(help_)}")
+        self._lines.append(f"# TYPE {name} {type_}")
+        for labels, value in samples:
+            self._lines.append(f"{name}{format_labels(labels)} {format_value(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def format_labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{escape_label(str(v))}"' for k, v in labels.items()) + "}"
+
+
+def format_value(value: float) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+class ResponseCounterMiddleware:
+    """Counts HTTP responses by status code: one dict increment per response.
+
+    Outermost of the app's own middleware, so it also sees the 401s and 413s they
+    answer; an exception escaping the app becomes Starlette's 500, counted here.
+    """
+
+    def __init__(self, app: ASGIApp, counts: Counter[int]) -> None:
+        self.app = app
+        self.counts = counts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def counting_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                self.counts[int(message["status"])] += 1
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:
+                self.counts[500] += 1
+            raise
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(request: Request) -> Response:
+    # async on purpose: the pools and orchestrator belong to the event loop (no locks),
+    # so they must be read there, not from a worker thread.
+    out = Exposition()
+    head = request.app.state.omni
+    _head_metrics(out, head)
+    counts: Counter[int] | None = getattr(request.app.state, "response_counts", None)
+    if counts is not None:
+        out.family(
+            "omnistage_http_responses_total",
+            "counter",
+            "HTTP responses sent, by status code.",
+            [({"code": str(code)}, n) for code, n in sorted(counts.items())],
+        )
+    return Response(out.text(), media_type=CONTENT_TYPE)
+
+
+def _head_metrics(out: Exposition, head: Any) -> None:
+    config = getattr(head, "config", None)
+    stages = list(getattr(config, "stages", []) or [])
+    out.family(
+        "omnistage_info",
+        "gauge",
+        "Constant 1, labelled with the version and the pipeline served.",
+        [({"version": __version__, "pipeline": str(getattr(config, "pipeline", ""))}, 1)],
+    )
+    orch = getattr(head, "orchestrator", None)
+    if orch is not None:
+        out.family(
+            "omnistage_requests_started_total",
+            "counter",
+            "Requests the orchestrator has started.",
+            [({}, getattr(orch, "started_total", 0))],
+        )
+        out.family(
+            "omnistage_requests_in_flight",
+            "gauge",
+            "Requests started and not yet finished.",
+            [({}, getattr(orch, "in_flight", 0))],
+        )
+        out.family(
+            "omnistage_request_retries_total",
+            "counter",
+            "Stage dispatches retried on another replica after a replica failed.",
+            [({}, getattr(orch, "retried_total", 0))],
+        )
+    names = {s.stage_id: s.name for s in stages}
+    coordinator = getattr(head, "coordinator", None)
+    if coordinator is not None:
+        by_state: Counter[tuple[int, str]] = Counter(
+            (e.stage_id, str(e.state)) for e in coordinator.snapshot()
+        )
+        states = list(REPLICA_STATES) + sorted(
+            {st for _, st in by_state if st not in REPLICA_STATES}
+        )
+        out.family(
+            "omnistage_replicas",
+            "gauge",
+            "Registered replicas per stage and state.",
+            [
+                ({**_stage(sid, names), "state": st}, by_state.get((sid, st), 0))
+                for sid in sorted(names)
+                for st in states
+            ],
+        )
+    pools = getattr(head, "pools", None) or {}
+    _pool_metrics(out, pools, names)
+
+
+def _stage(sid: int, names: dict[int, str]) -> Labels:
+    # Both: ids are unique, names are what people read.
+    return {"stage_id": str(sid), "stage": names.get(sid, str(sid))}
+
+
+def _pool_metrics(out: Exposition, pools: dict[int, Any], names: dict[int, str]) -> None:
+    handles = [
+        ({**_stage(sid, names), "replica": str(h.replica_id)}, h)
+        for sid, pool in sorted(pools.items())
+        for _, h in sorted(getattr(pool, "replicas", {}).items())
+    ]
+    per_replica = (
+        ("up", "gauge", "1 if the replica takes new requests, else 0."),
+        ("in_flight", "gauge", "Requests the head has sent the replica, unfinished."),
+        ("capacity", "gauge", "Concurrent requests the replica accepts."),
+        ("queue_length", "gauge", "Queue length the replica last reported."),
+        (
+            "dispatched_total",
+            "counter",
+            "Requests dispatched to the replica (resets with a new incarnation).",
+        ),
+    )
+    for attr, type_, help_ in per_replica:
+        out.family(
+            f"omnistage_replica_{attr}",
+            type_,
+            help_,
+            [(labels, getattr(h, attr, 0)) for labels, h in handles],
+        )
+    out.family(
+        "omnistage_stage_waiting",
+        "gauge",
+        "Requests waiting for a free replica slot of the stage.",
+        [(_stage(sid, names), getattr(p, "waiting", 0)) for sid, p in sorted(pools.items())],
+    )
