@@ -43,7 +43,7 @@ def _curve_keys(directory: str) -> int:
     print("\n".join(str(p) for p in paths))
     print(
         "give the head and every replica --omni-curve-keys "
-        f"{directory} (replica hosts need server.key, client.key and client.key_secret)"
+        f"{directory} (replica hosts need server.key and client.key_secret)"
     )
     return 0
 

@@ -165,11 +165,12 @@ class ReplicaTable:
             if entry.state != ReplicaState.DOWN:
                 return self._set(entry, ReplicaState.DOWN, "replica shut down")
             return None
+        silent = entry.state == ReplicaState.ERROR and entry.reason == TIMEOUT_REASON
         if status == ReplicaState.DRAINING:
-            if entry.state in (ReplicaState.UP, ReplicaState.ERROR):
+            if entry.state == ReplicaState.UP or silent:
                 return self._set(entry, ReplicaState.DRAINING, "draining before shutdown")
             return None
-        if entry.state == ReplicaState.ERROR and entry.reason == TIMEOUT_REASON:
+        if silent:
             # Only silence is forgiven; a replica that failed for another reason
             # (process exit, engine error) does not come back by heartbeating.
             # The stall clock restarts too: the pause counted as silence, its work was

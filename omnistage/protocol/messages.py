@@ -215,7 +215,7 @@ class Heartbeat(_Tagged):
     stage_id: int
     replica_id: int
     epoch: int
-    status: str  # "UP" | "DOWN"
+    status: str  # "UP" | "DRAINING" | "DOWN"
     queue_length: int
     in_flight: int
     progress: int

@@ -46,7 +46,7 @@ class HeartbeatThread:
         report: Callable[[], LoadReport],
         status: Callable[[], str] = lambda: "UP",
         signer: Signer | None = None,
-        on_lost: Callable[[str], None] | None = None,
+        on_lost: Callable[[str, bool], None] | None = None,
         lost_after_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         verifier: Verifier | None = None,
@@ -133,13 +133,13 @@ class HeartbeatThread:
         if ack.state == "UNKNOWN":
             self._lose("the head does not know this replica (it restarted or replaced us)")
         elif ack.state == "ERROR":
-            self._lose("the head marked this replica ERROR and will not route to it")
+            self._lose("the head marked this replica ERROR and will not route to it", True)
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, why: str, failed: bool = False) -> None:
         if not self._lost and not self._stop.is_set():
             self._lost = True
             if self._on_lost is not None:
-                self._on_lost(why)
+                self._on_lost(why, failed)
 
     def _beat(self, sock: zmq.Socket, status: str) -> None:
         try:

@@ -96,6 +96,7 @@ class ReplicaRuntime:
         self._verifier = Verifier(opts.auth_token) if opts.auth_token else None
         self._head_lost = asyncio.Event()
         self._exit_code = 0
+        self._failed_by_head = False
         self._head_instance = ""
         self.replica_id = opts.replica_id
         self.epoch = 0
@@ -122,13 +123,18 @@ class ReplicaRuntime:
         try:
             while not self._stopping.is_set():
                 await self._serve(init)
-                if self._stopping.is_set() or not self.opts.rejoin:
+                # Draining means the operator wants us gone: do not look for a new head.
+                if self._stopping.is_set() or not self.opts.rejoin or self._draining:
                     break
                 await self._leave_head()
                 self._join_task = asyncio.create_task(self._rejoin())
                 try:
                     init = await self._join_task
                 except asyncio.CancelledError:
+                    break
+                except (OmniError, TimeoutError) as exc:
+                    log.error("stage %d replica failed to rejoin: %s", self.opts.stage_id, exc)
+                    self._exit_code = 1
                     break
         finally:
             await self._close()
@@ -239,8 +245,12 @@ class ReplicaRuntime:
             await asyncio.sleep(delay)
             delay = min(high, delay * 2)
         stage = self._stage_config(init)
-        if self._engine is None or stage != self._engine.stage:
-            log.info("the head's config for this stage changed: reloading the engine")
+        changed = self._engine is None or stage != self._engine.stage
+        if changed or self._failed_by_head:
+            # A head that failed us (a stalled engine, say) gets a fresh engine.
+            why = "config for this stage changed" if changed else "marked this replica ERROR"
+            log.info("the head's %s: reloading the engine", why)
+            self._failed_by_head = False
             if self._engine is not None:
                 await self._engine.shutdown()
             await self._load_engine(stage, time.monotonic() + self.opts.stage_init_timeout_s)
@@ -261,9 +271,11 @@ class ReplicaRuntime:
         self._out.close(linger=0)
         self._in = self._out = None
 
-    def _on_head_lost(self, why: str) -> None:
-        """Heartbeat thread: the head is gone or will not route to us."""
+    def _on_head_lost(self, why: str, failed: bool = False) -> None:
+        """Heartbeat thread: the head is gone or will not route to us (``failed``: it
+        marked us ERROR)."""
         loop = self._loop
+        self._failed_by_head = failed
         if self.opts.rejoin:
             log.warning("lost the head: %s; registering again", why)
             loop.call_soon_threadsafe(self._head_lost.set)
@@ -449,7 +461,11 @@ class ReplicaRuntime:
             if not finished:
                 self._send(self._final(request.request_id, seq, modality, None))
         except asyncio.CancelledError:
-            self._outputs.forget(request.request_id)  # aborted: no more output wanted
+            # Aborted: no more output wanted. Unless a retry of the same request already
+            # took its place here (and set where its numbering starts).
+            current = self._requests.get(request.request_id)
+            if current is None or current is running:
+                self._outputs.forget(request.request_id)
         except Exception as exc:
             log.warning("request %s failed: %s", request.request_id, exc)
             final = self._final(request.request_id, seq, modality, str(exc) or repr(exc))

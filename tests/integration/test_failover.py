@@ -12,7 +12,7 @@ import httpx
 
 from tests.integration.harness import HeadProc, Proc, headless, wait_for
 
-SLOW_STAGE_2 = '{"2": {"engine_args": {"chunk_delay_s": 0.01}}}'
+SLOW_STAGE_2 = '{"2": {"engine_args": {"chunk_delay_s": 0.05}}}'
 
 
 @dataclass
@@ -85,6 +85,13 @@ def test_kill_9_of_a_headless_replica_under_load_loses_no_request(tmp_path: Path
         loader = threading.Thread(target=_steady_load, args=(head.url, stop, result))
         loader.start()
         time.sleep(1.0)
+        # Kill it while it holds requests, so the retry path is what is tested.
+        wait_for(
+            lambda: any(r["in_flight"] for r in head.up_replicas(2) if r["pid"] == victim.pid),
+            10,
+            0.01,
+            what="victim busy",
+        )
         killed_at = time.monotonic()
         victim.signal(signal.SIGKILL)
         wait_for(lambda: _state_of(head, 2, victim_id) == "ERROR", 5, what="victim ERROR")
@@ -163,8 +170,10 @@ def test_local_replica_exit_is_noticed_at_once(tmp_path: Path) -> None:
         killed_at = time.monotonic()
         wait_for(lambda: _state_of(head, 1, 0) == "ERROR", 5, 0.02, what="talker ERROR")
         assert time.monotonic() - killed_at < 1.0  # far inside the 30 s heartbeat timeout
+        # The process exit and the closed data connection race; either is noticed
+        # at once, and which one wins is up to the scheduler.
         reason = next(r["reason"] for r in head.replicas(1))
-        assert "exited" in reason
+        assert "exited" in reason or "connection closed" in reason, reason
         r = head.chat(
             "no talker",
         )
