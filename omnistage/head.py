@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import socket
 import threading
@@ -102,6 +103,8 @@ class Head:
         self.started_at = int(time.time())
         # Names this run of the head: replicas that rejoin it get their old ids back.
         self.instance = uuid.uuid4().hex[:12]
+        # Given to local replicas only (in their environment): the key to head-local slots.
+        self.local_key = secrets.token_hex(16)
         self._lock = threading.Lock()
         self._stop = asyncio.Event()
         self.restarts = RestartPolicy(opts.restart_policy, time.monotonic)
@@ -190,6 +193,7 @@ class Head:
             head_local={sid: list(range(n)) for sid, n in local.items()},
             instance=self.instance,
             epoch_base=int(time.time() * 1000),
+            local_key=self.local_key,
         )
         table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s, opts.stall_timeout_s)
 
@@ -256,6 +260,7 @@ class Head:
                         log_level=self.opts.log_level,
                         auth_token=self.opts.auth_token,
                         curve_keys=self.opts.curve_keys,
+                        local_key=self.local_key,
                     )
                 )
 
@@ -387,6 +392,9 @@ class Head:
 
     def _on_transition(self, t: Transition) -> None:
         self.orchestrator.on_transition(t)
+        if t.new == ReplicaState.DOWN:
+            with self._lock:
+                self.slots.release(t.entry.stage_id, t.entry.replica_id, t.entry.epoch)
         # Start-up ends the moment every stage has a live replica (as /health sees it).
         started = t.new == ReplicaState.UP and not self._serving.is_set()
         if started and not self.stages_without_replicas():

@@ -47,7 +47,9 @@ class SlotTable:
         head_local: dict[int, list[int]] | None = None,
         instance: str = "",
         epoch_base: int = 0,
+        local_key: str | None = None,
     ) -> None:
+        self._local_key = local_key
         self._stage_ids = set(stage_ids)
         self._slots: dict[tuple[int, int], Slot] = {}
         self.instance = instance
@@ -90,6 +92,12 @@ class SlotTable:
                 rid = self._next_free_replica_id(req.stage_id)
         else:
             rid = req.replica_id
+            reserved = self._slots.get((req.stage_id, rid))
+            if reserved is not None and reserved.head_local and not self._is_local(req):
+                raise RegistrationError(
+                    f"replica id {rid} of stage {req.stage_id} is reserved for the head's "
+                    "own replica; register without a replica id to get one assigned"
+                )
         slot = self._slots.setdefault((req.stage_id, rid), Slot(req.stage_id, rid))
         self._epoch += 1
         slot.filled = True
@@ -105,9 +113,21 @@ class SlotTable:
         }
         return slot
 
+    def release(self, stage_id: int, replica_id: int, epoch: int) -> None:
+        """The replica left for good (DOWN): auto-assignment may hand out its id again,
+        so ids stay small as replicas come and go. A newer registration is left alone."""
+        slot = self._slots.get((stage_id, replica_id))
+        if slot is not None and slot.epoch == epoch:
+            slot.filled = False
+
     def is_current(self, stage_id: int, replica_id: int, epoch: int) -> bool:
         slot = self._slots.get((stage_id, replica_id))
         return slot is not None and slot.filled and slot.epoch == epoch
+
+    def _is_local(self, req: RegisterRequest) -> bool:
+        # Without a key (tests, embedding) head-local slots are reserved only from
+        # auto-assignment, as in the seed.
+        return self._local_key is None or req.local_key == self._local_key
 
     def _rejoin_id(self, req: RegisterRequest) -> int | None:
         """The id a rejoining replica had here, if this is the head it had it from."""

@@ -46,6 +46,9 @@ class RegisterRequest(msgspec.Struct, omit_defaults=True):
     # had. A head that is that same instance gives the replica its old id back.
     previous_head: str | None = None
     previous_replica_id: int | None = None
+    # The head's secret for its own local replicas (from their environment): only a
+    # registration carrying it may fill a head-local slot.
+    local_key: str | None = None
 
 
 class RegisterReply(msgspec.Struct):

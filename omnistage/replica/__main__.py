@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         auth_token=args.omni_auth_token,
         rejoin=args.rejoin,
         curve_keys=args.omni_curve_keys,
+        local_key=envs.local_key(),
     )
     return aio.run(ReplicaRuntime(opts).run())
 

@@ -38,6 +38,7 @@ class ReplicaSpec:
     # Headless replicas outlive their head and register again; the head's own exit.
     rejoin: bool = False
     curve_keys: str | None = None
+    local_key: str | None = None  # environment too: the key to head-local slots
 
     def argv(self) -> list[str]:
         args = [
@@ -112,6 +113,9 @@ class LocalLauncher:
         env = dict(os.environ)
         if spec.auth_token:
             env["OMNISTAGE_AUTH_TOKEN"] = spec.auth_token
+        env.pop("OMNISTAGE_LOCAL_KEY", None)
+        if spec.local_key:
+            env["OMNISTAGE_LOCAL_KEY"] = spec.local_key
         proc = subprocess.Popen(spec.argv(), preexec_fn=_die_with_parent, env=env)
         handle = LocalReplicaProcess(spec, proc)
         with self._lock:

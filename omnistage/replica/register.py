@@ -35,6 +35,7 @@ def register(
     bind_ports: tuple[int, int, int] | None = None,
     signer: Signer | None = None,
     previous: tuple[str, int] | None = None,
+    local_key: str | None = None,
 ) -> RegisterReply:
     """Register with the master; raises RegistrationError on refusal or timeout.
 
@@ -55,6 +56,8 @@ def register(
             "replica_binds_sockets": bind_ports is not None,
             "protocol_version": PROTOCOL_VERSION,
         }
+        if local_key is not None:
+            payload["local_key"] = local_key
         if previous is not None:
             payload["previous_head"], payload["previous_replica_id"] = previous
         if bind_ports is not None:

@@ -73,6 +73,8 @@ class ReplicaOptions:
     rejoin_backoff_s: tuple[float, float] = (0.5, 5.0)
     # --omni-curve-keys DIR: encrypt every socket, pinned to the head's public key.
     curve_keys: str | None = None
+    # Set for the head's own replicas: lets them fill head-local slots.
+    local_key: str | None = None
 
 
 @dataclass
@@ -202,6 +204,7 @@ class ReplicaRuntime:
             ports,
             self._signer,
             previous,
+            o.local_key,
         )
         self.replica_id, self.epoch = reply.replica_id, reply.epoch
         self._head_instance = reply.head_instance

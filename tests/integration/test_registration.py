@@ -107,6 +107,19 @@ def test_head_local_slot_is_not_given_to_auto_assign(head: HeadProc) -> None:
     assert local["local"] is True and local["state"] == "UP"
 
 
+def test_a_stranger_cannot_claim_the_head_local_slot_by_naming_it(head: HeadProc) -> None:
+    wait_for(lambda: head.up_replicas(0), 20, what="the head's own stage-0 replica UP")
+    (local,) = [r for r in head.replicas(0) if r["replica_id"] == 0]
+    reply = _register(head.master_port, _seed_payload(0, replica_id=0))
+    assert "reserved for the head's own replica" in reply["error"]
+    (still,) = [r for r in head.replicas(0) if r["replica_id"] == 0]
+    assert (still["epoch"], still["state"], still["pid"]) == (
+        local["epoch"],
+        "UP",
+        local["pid"],
+    )
+
+
 def test_unknown_stage_and_garbage_get_errors_and_the_master_keeps_serving(
     head: HeadProc,
 ) -> None:

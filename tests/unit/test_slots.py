@@ -188,3 +188,40 @@ def test_refused_registration_leaves_no_slot_behind():
         table.register(bad)
     assert table.get(0, 5) is None
     assert table.register(auto()).replica_id == 1
+
+
+def _req(stage_id: int, replica_id: int = -1, **extra: object) -> RegisterRequest:
+    return RegisterRequest(stage_id=stage_id, replica_id=replica_id, **extra)  # type: ignore[arg-type]
+
+
+def test_a_head_local_slot_needs_the_local_key_when_the_head_has_one():
+    table = SlotTable([0], preallocated={0: 1}, head_local={0: [0]}, local_key="k")
+    with pytest.raises(RegistrationError, match="reserved for the head's own replica"):
+        table.register(_req(0, 0))
+    with pytest.raises(RegistrationError):
+        table.register(_req(0, 0, local_key="wrong"))
+    assert table.register(_req(0, 0, local_key="k")).replica_id == 0
+
+
+def test_a_released_slot_is_reused_by_auto_assign_but_not_after_a_newer_registration():
+    table = SlotTable([0])
+    a, b = table.register(_req(0)), table.register(_req(0))
+    assert (a.replica_id, b.replica_id) == (0, 1)
+    table.release(0, a.replica_id, a.epoch)
+    assert table.register(_req(0)).replica_id == 0  # the lowest free id again
+    stale_epoch = b.epoch
+    b2 = table.register(_req(0, 1))  # replica 1 re-registered
+    table.release(0, 1, stale_epoch)  # news about its old incarnation: ignored
+    assert table.get(0, 1).filled and table.get(0, 1).epoch == b2.epoch
+    assert table.register(_req(0)).replica_id == 2
+
+
+def test_rejoining_the_same_head_instance_gets_the_old_id_back():
+    table = SlotTable([0], instance="head-a")
+    first = table.register(_req(0))
+    first_id, first_epoch = first.replica_id, first.epoch  # the Slot is updated in place
+    table.register(_req(0))
+    again = table.register(_req(0, previous_head="head-a", previous_replica_id=first_id))
+    assert again.replica_id == first_id and again.epoch > first_epoch
+    other = table.register(_req(0, previous_head="head-b", previous_replica_id=0))
+    assert other.replica_id == 2  # another head's id means nothing here
