@@ -7,7 +7,6 @@ import contextlib
 import logging
 import secrets
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -18,7 +17,7 @@ from typing import Any
 import uvicorn
 import zmq
 
-from omnistage import curve
+from omnistage import curve, status
 from omnistage.api.app import create_app
 from omnistage.config.schema import DeployConfig
 from omnistage.control.balancing import make_policy
@@ -32,7 +31,7 @@ from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
-from omnistage.net import tcp_url
+from omnistage.net import is_loopback, listen_tcp, tcp_url
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.messages import (
     HandshakeInit,
@@ -110,6 +109,9 @@ class Head:
         self.restarts = RestartPolicy(opts.restart_policy, time.monotonic)
         # Set once every stage has had a live replica: start-up is over.
         self._serving = threading.Event()
+        # (stage, replica) -> the handshake, input and output endpoints the head dials
+        # for a replica that binds its own sockets.
+        self._dialled: dict[tuple[int, int], tuple[str, ...]] = {}
         self.exit_code = 0
 
     # -- start-up --------------------------------------------------------------------
@@ -120,7 +122,7 @@ class Head:
             self._loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             # Claim the HTTP port first: a taken port should fail before anything starts.
-            http_socket = _listen(self.opts.host, self.opts.port)
+            http_socket = listen_tcp(self.opts.host, self.opts.port)
         except OSError as exc:
             log.error(
                 "cannot listen on %s:%d (--host/--port): %s",
@@ -201,7 +203,7 @@ class Head:
         def verifier() -> Verifier | None:
             return Verifier(opts.auth_token) if opts.auth_token else None
 
-        if not (opts.auth_token or opts.curve_keys) and not _is_loopback(host):
+        if not (opts.auth_token or opts.curve_keys) and not is_loopback(host):
             log.warning(
                 "the control plane listens on %s without --omni-auth-token or "
                 "--omni-curve-keys: anyone who "
@@ -344,16 +346,22 @@ class Head:
             slot.head_local,
             self.opts.stage_init_timeout_s,
         )
+        key = (slot.stage_id, slot.replica_id)
+        with self._lock:
+            stale = self._dialled.pop(key, None)
+        if stale is not None:
+            # The slot's previous incarnation bound its own sockets: stop redialling them.
+            with contextlib.suppress(zmq.ZMQError):
+                self._handshake_sock.disconnect(stale[0])
+            self._loop.call_soon_threadsafe(self.channels.disconnect_replica, *stale[1:])
         if slot.binds_sockets and slot.replica_ports and slot.bind_address:
             # The replica binds its own sockets: dial them. The handshake socket belongs
             # to this (control) thread; the data sockets to the loop.
-            hs_port, in_port, out_port = slot.replica_ports
-            self._handshake_sock.connect(tcp_url(slot.bind_address, hs_port))
-            self._loop.call_soon_threadsafe(
-                self.channels.connect_replica,
-                tcp_url(slot.bind_address, in_port),
-                tcp_url(slot.bind_address, out_port),
-            )
+            urls = tuple(tcp_url(slot.bind_address, port) for port in slot.replica_ports)
+            with self._lock:
+                self._dialled[key] = urls
+            self._handshake_sock.connect(urls[0])
+            self._loop.call_soon_threadsafe(self.channels.connect_replica, urls[1], urls[2])
 
     def _init_for(self, stage_id: int) -> HandshakeInit:
         """Control thread: what a replica of ``stage_id`` needs to serve."""
@@ -395,6 +403,11 @@ class Head:
         if t.new == ReplicaState.DOWN:
             with self._lock:
                 self.slots.release(t.entry.stage_id, t.entry.replica_id, t.entry.epoch)
+                gone = self._dialled.get((t.entry.stage_id, t.entry.replica_id))
+            if gone is not None:
+                # It left for good: stop redialling its data sockets. (Its handshake
+                # endpoint, owned by the control thread, goes when the slot is reused.)
+                self.channels.disconnect_replica(*gone[1:])
         # Start-up ends the moment every stage has a live replica (as /health sees it).
         started = t.new == ReplicaState.UP and not self._serving.is_set()
         if started and not self.stages_without_replicas():
@@ -486,68 +499,13 @@ class Head:
         return [(sid, p.name) for sid, p in self.pools.items() if not p.live()]
 
     def stages_status(self) -> dict[str, Any]:
-        entries = self.coordinator.snapshot()
-        now = time.monotonic()
-        stages = []
-        for stage in self.config.stages:
-            pool = self.pools[stage.stage_id]
-            replicas = []
-            for e in entries:
-                if e.stage_id != stage.stage_id:
-                    continue
-                handle = pool.replicas.get(e.replica_id)
-                live = handle is not None and handle.epoch == e.epoch
-                replicas.append(
-                    {
-                        "replica_id": e.replica_id,
-                        "epoch": e.epoch,
-                        "state": str(e.state),
-                        "reason": e.reason,
-                        "address": e.address,
-                        "local": e.local,
-                        "pid": e.pid,
-                        "capacity": e.capacity,
-                        "queue_length": e.queue_length,
-                        "in_flight": handle.in_flight if live and handle else 0,
-                        "reported_in_flight": e.in_flight,
-                        "dispatched_total": handle.dispatched_total if live and handle else 0,
-                        "progress": e.progress,
-                        "last_heartbeat_age_s": round(now - e.last_seen, 3),
-                    }
-                )
-            stages.append(
-                {
-                    "stage_id": stage.stage_id,
-                    "name": stage.name,
-                    "engine": stage.engine,
-                    "inputs": list(stage.inputs),
-                    "final_output": stage.final_output,
-                    "output_modality": stage.output_modality,
-                    "status": "ready" if pool.live() else "waiting",
-                    "replicas": replicas,
-                }
-            )
-        return {
-            "pipeline": self.config.pipeline,
-            "master_address": self.master_url,
-            "lb_policy": self.opts.lb_policy,
-            "heartbeat_timeout_s": self.opts.heartbeat_timeout_s,
-            "stages": stages,
-        }
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
+        return status.stages_status(
+            self.config,
+            self.pools,
+            self.coordinator.snapshot(),
+            {
+                "master_address": self.master_url,
+                "lb_policy": self.opts.lb_policy,
+                "heartbeat_timeout_s": self.opts.heartbeat_timeout_s,
+            },
+        )

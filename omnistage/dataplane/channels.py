@@ -87,6 +87,14 @@ class DataChannels:
         self.input.connect(input_url)
         self.output.connect(output_url)
 
+    def disconnect_replica(self, input_url: str, output_url: str) -> None:
+        """Stop dialling a replica that bound its own sockets (it is gone or replaced)."""
+        for sock, url in ((self.input, input_url), (self.output, output_url)):
+            try:
+                sock.disconnect(url)
+            except zmq.ZMQError:
+                pass  # already disconnected
+
     def _send_batch(self, identity: Hashable, frames: list[bytes]) -> None:
         assert isinstance(identity, bytes)
         try:

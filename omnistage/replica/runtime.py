@@ -29,7 +29,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.control.replica_table import routing_id
 from omnistage.engines import build_engine
 from omnistage.engines.base import Engine, EngineRequest, StageInput
-from omnistage.net import detect_local_address, free_ports
+from omnistage.net import detect_local_address, free_ports, is_loopback
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import BadRequestError, OmniError, ProtocolError
@@ -183,7 +183,7 @@ class ReplicaRuntime:
         o = self.opts
         address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
         previous_address = getattr(self, "address", None)
-        if address.startswith("127.") and previous_address and not _loopback(o.master_host):
+        if address.startswith("127.") and previous_address and not is_loopback(o.master_host):
             # No route to the head right now (a rejoin during an outage): the detection
             # falls back to loopback, which the head could not reach; keep what worked.
             address = previous_address
@@ -528,10 +528,6 @@ async def _upstream(queue: asyncio.Queue[InputChunk], open_sources: set[int]):
             yield StageInput(chunk.source_stage, chunk.modality, chunk.text, chunk.data, chunk.meta)
         if chunk.finished:
             open_sources.discard(chunk.source_stage)
-
-
-def _loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _left(deadline: float) -> float:

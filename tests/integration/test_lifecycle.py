@@ -118,9 +118,11 @@ def test_missing_stage_is_a_bounded_503_not_a_hang(tmp_path: Path) -> None:
         head.stop()
 
 
-@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+@pytest.mark.parametrize(
+    ("how", "binds"), [("sigterm", False), ("sigkill", False), ("sigterm", True)]
+)
 def test_headless_replicas_rejoin_a_restarted_head_without_restarting(
-    tmp_path: Path, how: str
+    tmp_path: Path, how: str, binds: bool
 ) -> None:
     # Heartbeat timeout 2 s: after a kill -9 the replicas give up on the head after
     # 2 x 2 s without an answer; after a SIGTERM the head tells them it is leaving.
@@ -130,7 +132,8 @@ def test_headless_replicas_rejoin_a_restarted_head_without_restarting(
     second: HeadProc | None = None
     try:
         head.wait_healthy()
-        replica = headless(tmp_path, head, 0, "--omni-dp-size-local", "2")
+        extra = ["--omni-replica-binds-sockets"] if binds else []
+        replica = headless(tmp_path, head, 0, "--omni-dp-size-local", "2", *extra)
         wait_for(lambda: len(head.up_replicas(0)) == 3, 20, what="two headless replicas UP")
         pids = {r["pid"] for r in head.up_replicas(0) if not r["local"]}
         if how == "sigterm":

@@ -1,0 +1,63 @@
+"""The head's state as ``GET /v1/omni/stages`` shows it: stages, replicas, load.
+
+Pure: built from the stage config, the pools (the head's own view of load) and a
+snapshot of the replica table (the coordinator's view), so it can be tested alone.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from omnistage.config.schema import DeployConfig
+from omnistage.control.replica_table import ReplicaEntry
+from omnistage.dataplane.stage_pool import StagePool
+
+
+def stages_status(
+    config: DeployConfig,
+    pools: dict[int, StagePool],
+    entries: list[ReplicaEntry],
+    head: dict[str, Any],
+    now: float | None = None,
+) -> dict[str, Any]:
+    now = time.monotonic() if now is None else now
+    stages = []
+    for stage in config.stages:
+        pool = pools[stage.stage_id]
+        replicas = [_replica(e, pool, now) for e in entries if e.stage_id == stage.stage_id]
+        stages.append(
+            {
+                "stage_id": stage.stage_id,
+                "name": stage.name,
+                "engine": stage.engine,
+                "inputs": list(stage.inputs),
+                "final_output": stage.final_output,
+                "output_modality": stage.output_modality,
+                "status": "ready" if pool.live() else "waiting",
+                "replicas": replicas,
+            }
+        )
+    return {"pipeline": config.pipeline, **head, "stages": stages}
+
+
+def _replica(e: ReplicaEntry, pool: StagePool, now: float) -> dict[str, Any]:
+    handle = pool.replicas.get(e.replica_id)
+    # The pool's counts belong to this incarnation only if the epochs match.
+    live = handle if handle is not None and handle.epoch == e.epoch else None
+    return {
+        "replica_id": e.replica_id,
+        "epoch": e.epoch,
+        "state": str(e.state),
+        "reason": e.reason,
+        "address": e.address,
+        "local": e.local,
+        "pid": e.pid,
+        "capacity": e.capacity,
+        "queue_length": e.queue_length,
+        "in_flight": live.in_flight if live else 0,
+        "reported_in_flight": e.in_flight,
+        "dispatched_total": live.dispatched_total if live else 0,
+        "progress": e.progress,
+        "last_heartbeat_age_s": round(now - e.last_seen, 3),
+    }
