@@ -337,7 +337,7 @@ class ReplicaRuntime:
             pid=os.getpid(),
             address=self.address,
         )
-        self._in.send_multipart(codec.encode(ready))
+        self._in.send(codec.pack(ready))
         self._pump = Pump(loop, self._in, self._on_frames)
         self._heartbeat.start()
         log.info("ready (capacity %d)", self._engine.capacity)
@@ -500,16 +500,15 @@ class ReplicaRuntime:
         self._chunks_sent += 1
 
     def _flush(self) -> None:
-        frames: list[bytes] = []
-        for chunk in self._outputs.drain():
-            frames.extend(codec.encode(chunk))
-        if not frames:
+        records = [codec.pack(chunk) for chunk in self._outputs.drain()]
+        if not records:
             return
+        batch = b"".join(records)
         try:
-            self._out.send_multipart(frames, zmq.NOBLOCK)
+            self._out.send(batch, zmq.NOBLOCK)
         except zmq.Again:
             # 100k messages queued: the head stopped reading. Keep them rather than drop.
-            self._out.send_multipart(frames)
+            self._out.send(batch)
 
     def _load_report(self) -> LoadReport:
         engine = self._engine
