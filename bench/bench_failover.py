@@ -10,9 +10,7 @@ one run, printed side by side. See README.md.
 import argparse
 import asyncio
 import json
-import math
 import os
-import platform
 import re
 import signal
 import sys
@@ -23,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+import common
 import httpx
 from common import HOST, ServerProcess, free_port
 
@@ -93,18 +92,13 @@ class Result:
     error: str | None = None  # the configuration could not be measured
 
 
-def pct(sorted_xs: list[float], p: float) -> float:
-    """Nearest-rank percentile."""
-    return sorted_xs[min(len(sorted_xs), max(1, math.ceil(p / 100 * len(sorted_xs)))) - 1]
-
-
 def stats(samples: list[Sample]) -> Stats:
     # Percentiles of the successful requests only: a fast error must not look like a fast
     # answer; failures are counted on their own.
     ok = sorted(s.latency * 1e3 for s in samples if s.error is None)
     st = Stats(len(samples), len(samples) - len(ok))
     if ok:
-        st.p50_ms, st.p99_ms, st.max_ms = pct(ok, 50), pct(ok, 99), ok[-1]
+        st.p50_ms, st.p99_ms, st.max_ms = common.pct(ok, 50), common.pct(ok, 99), ok[-1]
     return st
 
 
@@ -163,11 +157,6 @@ def find_stage(status: dict[str, Any]) -> list[dict[str, Any]]:
     return next(s["replicas"] for s in status["stages"] if s["stage_id"] == STAGE_ID)
 
 
-def parent_pid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
-
-
 def killer_for(cluster: Cluster, victim: dict[str, Any], which: str) -> Callable[[], None]:
     if which == "headless":
         if victim["pid"] != cluster.headless.pid:
@@ -176,7 +165,7 @@ def killer_for(cluster: Cluster, victim: dict[str, Any], which: str) -> Callable
         return lambda: os.killpg(cluster.headless.pid, signal.SIGKILL)
     pid = victim["pid"]
     # Only ever a process this benchmark's head started.
-    if not pid or parent_pid(pid) != cluster.head.pid:
+    if not pid or common.parent_pid(pid) != cluster.head.pid:
         raise RuntimeError(f"local replica pid {pid} is not a child of the head")
     return lambda: os.kill(pid, signal.SIGKILL)
 
@@ -373,9 +362,7 @@ def run_variant(variant: Variant, args: argparse.Namespace, rate: float) -> tupl
         cluster.wait_up(2, args.health_timeout)
         asyncio.run(measure(cluster, variant, args, res))
     except Exception as exc:
-        while isinstance(exc, ExceptionGroup):
-            exc = exc.exceptions[0]
-        res.error = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
+        res.error = common.describe(exc)
         print(f"! {variant.name}: {res.error}", flush=True)
     finally:
         if cluster is not None:
@@ -456,10 +443,8 @@ def main() -> int:
     )
     over = "JSON for the head's --stage-overrides (default: 8 chunks, 10 ms apart)"
     p.add_argument("--stage-overrides", default=DEFAULT_OVERRIDES, metavar="JSON", help=over)
-    p.add_argument("--health-timeout", type=float, default=60.0, help="seconds to get ready")
-    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request")
     p.add_argument("--logs", metavar="DIR", help="keep the head's and replica's logs here")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    common.add_common_args(p, health_timeout=60.0, request_timeout=10.0)
     args = p.parse_args()
     if args.failover_s / 2 < max(WINDOW_BEFORE_S, WINDOW_AFTER_S):
         p.error(f"--failover-s must be >= {2 * max(WINDOW_BEFORE_S, WINDOW_AFTER_S):g}")
@@ -468,13 +453,12 @@ def main() -> int:
     suffix = EchoArgs.model_validate(stage.engine_args).suffix
     args.suffix = suffix if suffix is not None else f" [{stage.name}]"
     print(
-        f"python {platform.python_version()}, {os.cpu_count()} CPUs; {PIPELINE} stage "
-        f"{STAGE_ID} engine_args {json.dumps(stage.engine_args)}; 2 replicas (head-local + "
-        f"headless); baseline {args.baseline_s:g} s, failover {args.failover_s:g} s",
+        f"{common.machine()}; {PIPELINE} stage {STAGE_ID} engine_args "
+        f"{json.dumps(stage.engine_args)}; 2 replicas (head-local + headless); "
+        f"baseline {args.baseline_s:g} s, failover {args.failover_s:g} s",
         flush=True,
     )
-    # SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the servers.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    common.exit_on_sigterm()
     results: list[Result] = []
     rate = args.rate or 0.0
     started = time.monotonic()
@@ -489,18 +473,9 @@ def main() -> int:
     goals = report(results)
     print(f"\ntotal {time.monotonic() - started:.0f} s")
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        doc = {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "settings": settings,
-            "capacity": next((r.capacity for r in results if r.capacity), None),
-            "rate": rate,
-            "results": [asdict(r) for r in results],
-            "targets": goals,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        capacity = next((r.capacity for r in results if r.capacity), None)
+        sections = {"capacity": capacity, "rate": rate, "results": [asdict(r) for r in results]}
+        common.write_json(args.json, args, sections | {"targets": goals})
     return 0
 
 

@@ -12,9 +12,7 @@ import gc
 import itertools
 import json
 import os
-import platform
 import re
-import signal
 import statistics
 import sys
 import threading
@@ -23,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import common
 from common import HOST, ServerProcess, free_port
 
 from omnistage.config.load import load_config
@@ -71,13 +70,6 @@ class AudioResult:
     error: str | None = None
 
 
-def describe(exc: BaseException, timeout: float) -> str:
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
-    return text + (f" (no answer within {timeout:g}s)" if isinstance(exc, TimeoutError) else "")
-
-
 async def closed_loop(
     one: Callable[[str], Awaitable[Sample]], n: int, c: int, timeout: float, res: LoadResult
 ) -> None:
@@ -92,7 +84,7 @@ async def closed_loop(
                 async with asyncio.timeout(timeout):
                     samples.append(await one(PROMPTS[i % len(PROMPTS)]))
             except Exception as exc:
-                res.error = res.error or describe(exc, timeout)
+                res.error = res.error or common.describe(exc, timeout)
 
     start = time.perf_counter()
     async with asyncio.TaskGroup() as tg:
@@ -257,7 +249,7 @@ async def run_audio(port: int, args: argparse.Namespace) -> AudioResult:
             res.first_audio_s.append(audio)
             res.completed += 1
         except Exception as exc:
-            res.error = res.error or describe(exc, args.request_timeout)
+            res.error = res.error or common.describe(exc, args.request_timeout)
     return res
 
 
@@ -296,9 +288,8 @@ class RssSampler(threading.Thread):
         children: dict[int, list[int]] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
-                with contextlib.suppress(OSError), open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-                    children.setdefault(ppid, []).append(int(entry))
+                with contextlib.suppress(OSError):
+                    children.setdefault(common.parent_pid(int(entry)), []).append(int(entry))
         todo, by_role = [self.root], dict.fromkeys(self.peak, 0)
         while todo:
             pid = todo.pop()
@@ -336,7 +327,7 @@ def serve(args: argparse.Namespace, names: dict[int, str]) -> Served:
         out.loads = asyncio.run(run_served(server.port, args))
         out.audio = asyncio.run(run_audio(server.port, args))
     except Exception as exc:
-        out.error, tail = describe(exc, args.request_timeout), server.log_tail()
+        out.error, tail = common.describe(exc, args.request_timeout), server.log_tail()
         out.error += "" if tail in out.error else tail
         print(f"! served: {out.error}", flush=True)
     finally:
@@ -415,21 +406,18 @@ def main() -> int:
     over = "JSON for serve --stage-overrides, applied to the direct engine too (default: none)"
     p.add_argument("--stage-overrides", dest="overrides", metavar="JSON", help=over)
     p.add_argument("--skip-direct", action="store_true", help="only the served runs")
-    p.add_argument("--health-timeout", type=float, default=300.0, help="seconds to get ready")
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    common.add_common_args(p, health_timeout=300.0, request_timeout=300.0)
     args = p.parse_args()
     config = load_config(PIPELINE, args.overrides)
     thinker = config.stages[0]
     args.model = thinker.engine_args.get("model", "?")
     print(
-        f"python {platform.python_version()}, {os.cpu_count()} CPUs; thinker engine_args "
-        f"{json.dumps(thinker.engine_args)}; warm-up {args.warmup}, requests c=1: "
-        f"{args.requests_c1}, c=8: {args.requests_c8}, audio: {args.audio_requests}",
+        f"{common.machine()}; thinker engine_args {json.dumps(thinker.engine_args)}; warm-up "
+        f"{args.warmup}, requests c=1: {args.requests_c1}, c=8: {args.requests_c8}, "
+        f"audio: {args.audio_requests}",
         flush=True,
     )
-    # SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the engine and server.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    common.exit_on_sigterm()  # so that the finally blocks stop the engine and the server
     counts = (args.requests_c1, args.requests_c8)
     direct = [LoadResult("direct", c, n) for c, n in zip(CONCURRENCIES, counts, strict=True)]
     if not args.skip_direct:
@@ -438,20 +426,16 @@ def main() -> int:
             direct = asyncio.run(run_direct(thinker, args))
         except Exception as exc:
             for r in direct:
-                r.error = describe(exc, args.request_timeout)
+                r.error = common.describe(exc, args.request_timeout)
             print(f"! direct: {direct[0].error}", flush=True)
         gc.collect()  # the engine is shut down; drop its weights before the server starts
     print(f"served (python -m omnistage serve {PIPELINE}) ...", flush=True)
     served = serve(args, {s.stage_id: s.name for s in config.stages})
     goals = report([*direct, *served.loads], served, args)
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        doc: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
-        doc["settings"] = settings
-        doc |= {"direct": [asdict(r) for r in direct], **asdict(served), "targets": goals}
-        doc["served"] = doc.pop("loads")
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        sections = {"direct": [asdict(r) for r in direct], **asdict(served), "targets": goals}
+        sections["served"] = sections.pop("loads")
+        common.write_json(args.json, args, sections)
     return 0
 
 

@@ -7,15 +7,13 @@ and 32; prints req/s, p50/p99 and the pipelines' cost relative to the floor. See
 import argparse
 import asyncio
 import json
-import math
 import os
-import platform
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import common
 from common import HOST, ServerProcess, free_port
 
 PATH = "/v1/chat/completions"
@@ -179,11 +177,8 @@ async def load(target: Target, port: int, c: int, n: int, warmup: int, timeout: 
         for _, writer in conns:
             writer.close()
     lat.sort()
-
-    def pct(p: float) -> float:  # nearest rank, in ms
-        return lat[min(len(lat), max(1, math.ceil(p / 100 * len(lat)))) - 1] * 1e3
-
-    r = Result(target.name, target.stages, c, n, n / wall, pct(50), pct(99))
+    p50_ms, p99_ms = common.pct(lat, 50) * 1e3, common.pct(lat, 99) * 1e3
+    r = Result(target.name, target.stages, c, n, n / wall, p50_ms, p99_ms)
     r.mean_ms, r.client_cpu_pct = sum(lat) / len(lat) * 1e3, cpu / wall * 100
     return r
 
@@ -201,14 +196,11 @@ def bench_target(target: Target, args: argparse.Namespace) -> list[Result]:
         for i, c in enumerate(CONCURRENCIES):
             coro = load(target, server.port, c, counts[c], args.warmup, args.request_timeout)
             results[i] = asyncio.run(coro)
-    except Exception as exc:
-        while isinstance(exc, ExceptionGroup):  # from the load's TaskGroup
-            exc = exc.exceptions[0]
+    except Exception as exc:  # an ExceptionGroup from the load's TaskGroup, too
+        error = common.describe(exc, args.request_timeout)
         for r in results:
             if not r.rps:
-                r.error = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
-                if isinstance(exc, TimeoutError):
-                    r.error += f" (no answer within {args.request_timeout:g}s)"
+                r.error = error
         print(f"! {target.name}: {results[-1].error}", flush=True)
     finally:
         if server is not None:
@@ -261,36 +253,25 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=2000, help="measured requests at c=32")
     p.add_argument("--requests-c1", type=int, default=500, help="measured requests at c=1")
     p.add_argument("--warmup", type=int, default=200, help="warm-up requests per run")
-    p.add_argument("--health-timeout", type=float, default=120.0, help="seconds to get ready")
-    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per request")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    common.add_common_args(p, health_timeout=120.0, request_timeout=10.0)
     p.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_floor:
         serve_floor(args.serve_floor)
         return 0
     print(
-        f"python {platform.python_version()}, {os.cpu_count()} CPUs; warm-up {args.warmup}, "
-        f"requests c=1: {args.requests_c1}, c=32: {args.requests}"
+        f"{common.machine()}; warm-up {args.warmup}, requests c=1: {args.requests_c1}, "
+        f"c=32: {args.requests}"
     )
-    # SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the servers.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    common.exit_on_sigterm()
     results: list[Result] = []
     for target in TARGETS:
         results += bench_target(target, args)
     fill_relative(results)
     goals = report(results)
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "serve_floor")}
-        doc = {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "settings": settings,
-            "results": [asdict(r) for r in results],
-            "targets": goals,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        sections = {"results": [asdict(r) for r in results], "targets": goals}
+        common.write_json(args.json, args, sections, skip=["serve_floor"])
     return 0
 
 

@@ -1,15 +1,22 @@
-"""What the benchmarks share: free ports and server processes that are always cleaned up."""
+"""What the benchmarks share: free ports, server processes that are always cleaned up, and
+the small pieces of their command lines and reports that are the same in each."""
 
+import argparse
 import contextlib
 import http.client
+import json
+import math
 import os
+import platform
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
-from typing import IO
+from collections.abc import Iterable
+from typing import IO, Any
 
 HOST = "127.0.0.1"
 
@@ -94,3 +101,65 @@ class ServerProcess:
             print(f"! {self.name}: processes left after it exited, killing")
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
+
+
+def parent_pid(pid: int) -> int:
+    """From /proc/<pid>/stat (the name in parentheses may hold spaces and parentheses)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+# -- command line, figures and reports ----------------------------------------------------
+
+
+def add_common_args(
+    p: argparse.ArgumentParser, health_timeout: float, request_timeout: float
+) -> None:
+    """--health-timeout, --request-timeout and --json, with the given defaults."""
+    p.add_argument(
+        "--health-timeout", type=float, default=health_timeout, help="seconds to get ready"
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=request_timeout, help="seconds per request"
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the servers."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def machine() -> str:
+    return f"python {platform.python_version()}, {os.cpu_count()} CPUs"
+
+
+def pct(sorted_xs: list[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending, non-empty list."""
+    return sorted_xs[min(len(sorted_xs), max(1, math.ceil(p / 100 * len(sorted_xs)))) - 1]
+
+
+def describe(exc: BaseException, timeout: float | None = None) -> str:
+    """One failure as a line of text: the first of a group's, and for a TimeoutError the
+    ``timeout`` it ran out of, if given."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
+    if timeout is not None and isinstance(exc, TimeoutError):
+        text += f" (no answer within {timeout:g}s)"
+    return text
+
+
+def write_json(
+    path: str, args: argparse.Namespace, sections: dict[str, Any], skip: Iterable[str] = ()
+) -> None:
+    """The machine, the settings (``args`` but --json and ``skip``), then ``sections``."""
+    skipped = {"json", *skip}
+    doc = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "settings": {k: v for k, v in vars(args).items() if k not in skipped},
+        **sections,
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)

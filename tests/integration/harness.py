@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -129,6 +130,21 @@ class HeadProc(Proc):
     def up_replicas(self, stage_id: int) -> list[dict[str, Any]]:
         return [r for r in self.replicas(stage_id) if r["state"] == "UP"]
 
+    def wait_up(
+        self, stage_id: int, count: int, timeout: float = 20, what: str = ""
+    ) -> list[dict[str, Any]]:
+        """Until exactly ``count`` (>= 1) replicas of ``stage_id`` are UP; returns them."""
+
+        def up() -> list[dict[str, Any]] | None:
+            replicas = self.up_replicas(stage_id)
+            return replicas if len(replicas) == count else None
+
+        return wait_for(up, timeout, what=what or f"{count} UP replicas of stage {stage_id}")
+
+    def up_replica_of(self, stage_id: int, proc: Proc) -> dict[str, Any]:
+        """The UP replica of ``stage_id`` whose process is ``proc``."""
+        return next(r for r in self.up_replicas(stage_id) if r["pid"] == proc.pid)
+
     def chat(self, text: str, **extra: Any) -> httpx.Response:
         body = {"messages": [{"role": "user", "content": text}], **extra}
         return self.client.post("/v1/chat/completions", json=body)
@@ -151,3 +167,81 @@ def headless(tmp: Path, head: HeadProc, stage_id: int, *extra: str, name: str = 
         *extra,
     ]
     return Proc(args, tmp / f"{name or f'headless-{stage_id}-{time.monotonic_ns()}'}.log")
+
+
+class SteadyLoad:
+    """``workers`` threads posting chat completions back to back, from start() to stop().
+
+    Every request's text is unique; an answer counts in ``ok`` only if it is a 200 whose
+    content is exactly ``expect(text)``. Any other answer or failure is kept in ``errors``;
+    a request that times out (``timeout`` s) counts in ``hung``, and so does a worker still
+    busy ``join_timeout`` s after stop().
+    """
+
+    def __init__(
+        self,
+        url: str,
+        expect: Callable[[str], str],
+        workers: int = 3,
+        timeout: float = 15,
+        join_timeout: float = 30,
+    ) -> None:
+        self.url, self.expect, self.timeout, self.join_timeout = url, expect, timeout, join_timeout
+        self.ok = 0
+        self.errors: list[str] = []
+        self.hung = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._worker, args=(n,), daemon=True) for n in range(workers)
+        ]
+
+    def start(self) -> SteadyLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> SteadyLoad:
+        """Stops the workers after their current request; safe to call twice."""
+        if not self._stop.is_set():
+            self._stop.set()
+            for t in self._threads:
+                t.join(self.join_timeout)
+            with self._lock:
+                self.hung += sum(t.is_alive() for t in self._threads)
+        return self
+
+    def _one(self, client: httpx.Client, text: str) -> str | None:
+        """None if the answer is right, else what was wrong with it."""
+        r = client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": text}]}
+        )
+        if r.status_code != 200:
+            return f"{text}: {r.status_code} {r.text[:200]}"
+        try:
+            content = r.json()["choices"][0]["message"]["content"]
+        except (ValueError, LookupError, TypeError):
+            content = None
+        if content != self.expect(text):
+            return f"{text}: wrong answer {r.text[:200]}"
+        return None
+
+    def _worker(self, n: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=self.timeout) as client:
+            i = 0
+            while not self._stop.is_set():
+                i += 1
+                text = f"w{n} r{i}"
+                try:
+                    error = self._one(client, text)
+                except httpx.TimeoutException:
+                    with self._lock:
+                        self.hung += 1
+                    continue
+                except Exception as e:
+                    error = f"{text}: {e!r}"
+                with self._lock:
+                    if error is None:
+                        self.ok += 1
+                    else:
+                        self.errors.append(error)

@@ -11,7 +11,7 @@ import zmq
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.messages import Heartbeat
-from tests.integration.harness import HeadProc, headless, wait_for
+from tests.integration.harness import HeadProc, headless
 
 TOKEN = "correct horse battery staple"
 
@@ -56,7 +56,7 @@ def test_headless_replicas_join_with_the_token_and_fail_clearly_without(
     try:
         head.wait_healthy()
         good = headless(tmp_path, head, 0, "--omni-auth-token", TOKEN, name="good")
-        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="authenticated replica UP")
+        head.wait_up(0, 2, what="authenticated replica UP")
         bad = headless(tmp_path, head, 0, "--omni-auth-token", "wrong", name="bad")
         assert bad.wait(20) == 1
         assert "authentication failed" in bad.log()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.harness import HeadProc, wait_for
+from tests.integration.harness import HeadProc
 
 SHAPE = json.dumps(
     {
@@ -112,7 +112,7 @@ def test_kill_9_replicas_of_every_stage_under_load_loses_nothing(tmp_path: Path)
     try:
         head.wait_healthy(60)
         for sid in (0, 1, 2):
-            wait_for(lambda s=sid: len(head.up_replicas(s)) == 2, 60, what=f"stage {sid} x2")
+            head.wait_up(sid, 2, 60)
         stop = threading.Event()
         tally = Tally()
         workers = [

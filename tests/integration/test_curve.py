@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.harness import HeadProc, Proc, headless, wait_for
+from tests.integration.harness import HeadProc, Proc, headless
 
 
 def _keys(tmp_path: Path, name: str) -> Path:
@@ -46,7 +46,7 @@ def test_curve_encrypted_head_serves_replicas_holding_its_keys(tmp_path: Path) -
         head.wait_healthy()  # its local replica joined over CURVE
         good = headless(tmp_path, head, 0, "--omni-curve-keys", str(keys), name="good")
         procs.append(good)
-        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="keyed replica UP")
+        head.wait_up(0, 2, what="keyed replica UP")
         for i in range(4):
             assert head.chat(f"secret {i}").status_code == 200
         assert _greeting_mechanism(head.master_port) == b"CURVE"

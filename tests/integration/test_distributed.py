@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import HeadProc, Proc, headless, wait_for
+from tests.integration.harness import HeadProc, Proc, headless
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def cluster(module_tmp: Path) -> Iterator[tuple[HeadProc, list[Proc]]]:
         procs.append(headless(module_tmp, head, 1, name="hl-stage1"))
         procs.append(headless(module_tmp, head, 2, "--omni-dp-size-local", "2", name="hl-stage2"))
         head.wait_healthy(timeout=30)
-        wait_for(lambda: len(head.up_replicas(2)) == 2, 20, what="two stage-2 replicas UP")
+        head.wait_up(2, 2)
         yield head, procs
     finally:
         for p in procs:

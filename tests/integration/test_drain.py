@@ -33,7 +33,7 @@ def test_sigterm_on_a_replica_drains_its_requests(tmp_path: Path) -> None:
         procs.append(headless(tmp_path, head, 1))
         procs += [headless(tmp_path, head, 2, name=f"s2-{i}") for i in range(2)]
         head.wait_healthy()
-        wait_for(lambda: len(head.up_replicas(2)) == 2, 20, what="two stage-2 replicas")
+        head.wait_up(2, 2)
         results: dict[str, httpx.Response] = {}
         first = threading.Thread(target=_post, args=(head.url, "in flight", results))
         first.start()

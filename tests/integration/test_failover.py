@@ -3,52 +3,12 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from tests.integration.harness import HeadProc, Proc, headless, wait_for
+from tests.integration.harness import HeadProc, Proc, SteadyLoad, headless, wait_for
 
 SLOW_STAGE_2 = '{"2": {"engine_args": {"chunk_delay_s": 0.05}}}'
-
-
-@dataclass
-class LoadResult:
-    ok: int = 0
-    errors: list[str] = field(default_factory=list)
-    hung: int = 0
-
-
-def _steady_load(url: str, stop: threading.Event, result: LoadResult, workers: int = 3) -> None:
-    def worker(n: int) -> None:
-        with httpx.Client(base_url=url, timeout=15) as client:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                text = f"w{n} r{i}"
-                try:
-                    r = client.post(
-                        "/v1/chat/completions",
-                        json={"messages": [{"role": "user", "content": text}]},
-                    )
-                except httpx.TimeoutException:
-                    result.hung += 1
-                    continue
-                if r.status_code == 200:
-                    content = r.json()["choices"][0]["message"]["content"]
-                    assert content == f"{text} [thinker] [talker] [vocoder]"
-                    result.ok += 1
-                else:
-                    result.errors.append(f"{r.status_code} {r.json()['error']['message']}")
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
 
 
 def _state_of(head: HeadProc, stage_id: int, replica_id: int) -> str | None:
@@ -70,6 +30,7 @@ def test_kill_9_of_a_headless_replica_under_load_loses_no_request(tmp_path: Path
         SLOW_STAGE_2,
     )
     procs: list[Proc] = []
+    load: SteadyLoad | None = None
     try:
         head.wait_http()
         procs.append(headless(tmp_path, head, 1))
@@ -77,13 +38,10 @@ def test_kill_9_of_a_headless_replica_under_load_loses_no_request(tmp_path: Path
         procs.append(victim)
         head.wait_healthy()
         procs.append(headless(tmp_path, head, 2, name="survivor"))
-        wait_for(lambda: len(head.up_replicas(2)) == 2, 20, what="2 replicas of stage 2")
-        victim_id = next(r["replica_id"] for r in head.up_replicas(2) if r["pid"] == victim.pid)
+        head.wait_up(2, 2)
+        victim_id = head.up_replica_of(2, victim)["replica_id"]
 
-        stop = threading.Event()
-        result = LoadResult()
-        loader = threading.Thread(target=_steady_load, args=(head.url, stop, result))
-        loader.start()
+        load = SteadyLoad(head.url, lambda text: f"{text} [thinker] [talker] [vocoder]").start()
         time.sleep(1.0)
         # Kill it while it holds requests, so the retry path is what is tested.
         wait_for(
@@ -97,7 +55,7 @@ def test_kill_9_of_a_headless_replica_under_load_loses_no_request(tmp_path: Path
         wait_for(lambda: _state_of(head, 2, victim_id) == "ERROR", 5, what="victim ERROR")
         detected_after = time.monotonic() - killed_at
         time.sleep(1.5)
-        ok_before_replacement = result.ok
+        ok_before_replacement = load.ok
 
         # A replacement joins with a fresh auto-assigned id and takes traffic.
         newcomer = headless(tmp_path, head, 2, name="newcomer")
@@ -108,21 +66,21 @@ def test_kill_9_of_a_headless_replica_under_load_loses_no_request(tmp_path: Path
             what="newcomer UP",
         )
         time.sleep(1.5)
-        stop.set()
-        loader.join(30)
-        assert not loader.is_alive()
+        load.stop()
 
         assert detected_after <= 2.0 + 1.0, f"detected after {detected_after:.2f}s"
-        assert result.hung == 0
-        assert result.ok > ok_before_replacement > 0
+        assert load.hung == 0  # no request timed out, none was still running after 30 s
+        assert load.ok > ok_before_replacement > 0
         # Requests the victim held were retried on the survivor: none failed, and each
         # answer was checked to be exactly the no-failure output.
-        assert result.errors == []
+        assert load.errors == [], load.errors[:5]
         assert "retry 1 of 2" in head.log()
-        newcomer_entry = next(r for r in head.up_replicas(2) if r["pid"] == newcomer.pid)
+        newcomer_entry = head.up_replica_of(2, newcomer)
         assert newcomer_entry["replica_id"] not in (victim_id,)
         assert newcomer_entry["dispatched_total"] > 0
     finally:
+        if load is not None:
+            load.stop()
         for p in procs:
             p.stop()
         head.stop()
@@ -134,8 +92,8 @@ def test_frozen_replica_goes_error_then_back_up_when_it_resumes(tmp_path: Path) 
     try:
         head.wait_healthy()
         replica = headless(tmp_path, head, 0)
-        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="headless replica UP")
-        rid = next(r["replica_id"] for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        head.wait_up(0, 2)
+        rid = head.up_replica_of(0, replica)["replica_id"]
         replica.signal(signal.SIGSTOP)  # freezes the heartbeat thread too
         frozen_at = time.monotonic()
         wait_for(lambda: _state_of(head, 0, rid) == "ERROR", 5, what="ERROR after silence")
@@ -215,8 +173,8 @@ def test_an_idle_remote_replica_that_crashes_is_noticed_within_a_second(tmp_path
     try:
         head.wait_healthy()
         replica = headless(tmp_path, head, 0)
-        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="headless replica UP")
-        rid = next(r["replica_id"] for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        head.wait_up(0, 2)
+        rid = head.up_replica_of(0, replica)["replica_id"]
         replica.signal(signal.SIGKILL)
         killed_at = time.monotonic()
         wait_for(lambda: _state_of(head, 0, rid) == "ERROR", 5, 0.02, what="ERROR")
@@ -251,7 +209,7 @@ def test_a_stalled_replica_is_failed_and_its_request_moves(tmp_path: Path) -> No
     )
     try:
         head.wait_healthy()
-        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="2 replicas")
+        head.wait_up(0, 2)
         # Busy but progressing replicas are never taken for stalled.
         for i in range(3):
             assert head.chat(f"fine {i}").status_code == 200

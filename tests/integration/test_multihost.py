@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import httpx
 import pytest
 
 from omnistage.cli.args import HEARTBEAT_INTERVAL_S
-from tests.integration.harness import HeadProc, Proc, wait_for
+from tests.integration.harness import HeadProc, Proc, SteadyLoad, wait_for
 
 TOKEN = "multihost test token"
 HEARTBEAT_TIMEOUT_S = 2.0
@@ -187,42 +186,6 @@ class NsHead(NsProc):
         return super().stop(grace)
 
 
-@dataclass
-class Load:
-    ok: int = 0
-    errors: list[str] = field(default_factory=list)
-
-
-def _load(
-    url: str, stop: threading.Event, result: Load, workers: int = 3
-) -> list[threading.Thread]:
-    def worker(n: int) -> None:
-        with httpx.Client(base_url=url, timeout=20) as client:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                text = f"w{n} r{i}"
-                try:
-                    r = client.post(
-                        "/v1/chat/completions",
-                        json={"messages": [{"role": "user", "content": text}]},
-                    )
-                except httpx.HTTPError as e:
-                    result.errors.append(f"{text}: {e!r}")
-                    continue
-                if r.status_code != 200:
-                    result.errors.append(f"{text}: {r.status_code} {r.text[:200]}")
-                elif r.json()["choices"][0]["message"]["content"] != f"{text} [echo]":
-                    result.errors.append(f"{text}: wrong answer {r.text[:200]}")
-                else:
-                    result.ok += 1
-
-    threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(workers)]
-    for t in threads:
-        t.start()
-    return threads
-
-
 def _logs(*procs: Proc) -> str:
     return "".join(f"\n--- {p.log_path.name} (tail) ---\n{p.log()[-3000:]}" for p in procs)
 
@@ -309,9 +272,7 @@ def test_replica_on_another_host_survives_a_link_outage(
     assert serves("before"), logs()
 
     # Pull the link, with requests in flight.
-    stop = threading.Event()
-    load = Load()
-    threads = _load(head.url, stop, load)
+    load = SteadyLoad(head.url, lambda text: f"{text} [echo]", timeout=20).start()
     try:
         wait(lambda: load.ok >= 6, 10, "load running before the outage")
         _ip_ok("-n", hosts.replica_ns, "link", "set", hosts.replica_link, "down")
@@ -321,10 +282,8 @@ def test_replica_on_another_host_survives_a_link_outage(
         ok_at_error = load.ok
         wait(lambda: load.ok >= ok_at_error + 10, 10, "traffic during the outage")
     finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
-    assert not any(t.is_alive() for t in threads), "a request hung"
+        load.stop()
+    assert load.hung == 0, f"{load.hung} requests hung{logs()}"
     assert load.errors == [], f"{load.errors[:5]}{logs()}"
     # Found by silence: the last heartbeat got through at most one interval before the cut.
     assert detected_after >= HEARTBEAT_TIMEOUT_S - HEARTBEAT_INTERVAL_S - 0.2, detected_after

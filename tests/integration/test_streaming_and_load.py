@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.integration.harness import HeadProc, Proc, headless, wait_for
+from tests.integration.harness import HeadProc, Proc, headless
 
 
 def test_downstream_stages_start_on_the_first_upstream_chunks(tmp_path: Path) -> None:
@@ -64,8 +64,8 @@ def test_headless_replica_advertises_the_given_address(tmp_path: Path) -> None:
     try:
         head.wait_healthy()
         replica = headless(tmp_path, head, 0, "--omni-replica-address", "127.0.0.7")
-        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="headless replica UP")
-        mine = next(r for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        head.wait_up(0, 2)
+        mine = head.up_replica_of(0, replica)
         assert mine["address"] == "127.0.0.7"
     finally:
         if replica is not None:
@@ -103,8 +103,8 @@ def test_replica_that_binds_its_own_sockets_is_dialled_by_the_head(tmp_path: Pat
         replica = headless(
             tmp_path, head, 0, "--omni-replica-binds-sockets", "--omni-replica-address", "127.0.0.1"
         )
-        wait_for(lambda: len(head.up_replicas(0)) == 2, 20, what="binding replica UP")
-        rid = next(r["replica_id"] for r in head.up_replicas(0) if r["pid"] == replica.pid)
+        head.wait_up(0, 2, what="binding replica UP")
+        rid = head.up_replica_of(0, replica)["replica_id"]
         before = next(r["dispatched_total"] for r in head.up_replicas(0) if r["replica_id"] == rid)
         for i in range(8):
             r = head.chat(f"dialled {i}")

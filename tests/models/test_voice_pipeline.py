@@ -8,6 +8,7 @@ import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -34,6 +35,19 @@ def _client(head: HeadProc) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{head.url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
+def _ask(head: HeadProc, audio: dict[str, str] | None = None, **extra: Any) -> Any:
+    """QUESTION at temperature 0, at most 30 tokens; with ``audio``, also asks for speech."""
+    if audio is not None:
+        extra |= {"modalities": ["text", "audio"], "audio": audio}
+    return _client(head).chat.completions.create(
+        model="voice",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=30,
+        **extra,
+    )
+
+
 def _wav(data: bytes) -> tuple[int, int, float]:
     with wave.open(io.BytesIO(data)) as w:
         return w.getnchannels(), w.getsampwidth(), w.getnframes() / w.getframerate()
@@ -45,26 +59,14 @@ def _talker_dispatches(head: HeadProc) -> int:
 
 def test_text_only_chat_answers_and_never_touches_the_talker(voice_head: HeadProc) -> None:
     before = _talker_dispatches(voice_head)
-    out = _client(voice_head).chat.completions.create(
-        model="voice",
-        messages=[{"role": "user", "content": QUESTION}],
-        temperature=0,
-        max_tokens=30,
-    )
+    out = _ask(voice_head)
     assert "Paris" in (out.choices[0].message.content or "")
     assert out.usage is not None and out.usage.completion_tokens > 0
     assert _talker_dispatches(voice_head) == before
 
 
 def test_chat_with_audio_returns_text_and_a_wav_of_it(voice_head: HeadProc) -> None:
-    out = _client(voice_head).chat.completions.create(
-        model="voice",
-        messages=[{"role": "user", "content": QUESTION}],
-        modalities=["text", "audio"],
-        audio={"voice": "joe", "format": "wav"},
-        temperature=0,
-        max_tokens=30,
-    )
+    out = _ask(voice_head, audio={"voice": "joe", "format": "wav"})
     audio = out.choices[0].message.audio
     assert audio is not None
     assert "Paris" in audio.transcript
@@ -75,15 +77,7 @@ def test_chat_with_audio_returns_text_and_a_wav_of_it(voice_head: HeadProc) -> N
 
 
 def test_streamed_chat_with_audio_sends_text_deltas_and_pcm_chunks(voice_head: HeadProc) -> None:
-    stream = _client(voice_head).chat.completions.create(
-        model="voice",
-        messages=[{"role": "user", "content": QUESTION}],
-        modalities=["text", "audio"],
-        audio={"voice": "default", "format": "pcm16"},
-        temperature=0,
-        max_tokens=30,
-        stream=True,
-    )
+    stream = _ask(voice_head, audio={"voice": "default", "format": "pcm16"}, stream=True)
     text, pcm, finish = "", b"", None
     for chunk in stream:
         if not chunk.choices:
@@ -191,14 +185,7 @@ def test_thinker_and_a_headless_talker_in_separate_processes(tmp_path: Path) -> 
         talker = headless(tmp_path, head, 1)
         head.wait_healthy(timeout=240)
         assert [r["local"] for r in head.up_replicas(1)] == [False]
-        out = _client(head).chat.completions.create(
-            model="voice",
-            messages=[{"role": "user", "content": QUESTION}],
-            modalities=["text", "audio"],
-            audio={"voice": "joe", "format": "wav"},
-            temperature=0,
-            max_tokens=30,
-        )
+        out = _ask(head, audio={"voice": "joe", "format": "wav"})
         audio = out.choices[0].message.audio
         assert audio is not None and "Paris" in audio.transcript
         assert _wav(base64.b64decode(audio.data))[2] > 0.5
