@@ -3,7 +3,7 @@
 Replicas connect a DEALER (routing id = stage.replica.epoch) to the input ROUTER and a
 PUSH to the output PULL. ROUTER_MANDATORY turns a send to a vanished replica into an
 immediate error instead of a silent drop, so the head learns of a dead peer at once.
-Messages travel in batches (see ``zmqio``): one frame of records per peer and tick.
+Messages travel in batches (see ``zmqio``): one multipart message per peer and tick.
 """
 
 from __future__ import annotations
@@ -95,10 +95,10 @@ class DataChannels:
             except zmq.ZMQError:
                 pass  # already disconnected
 
-    def _send_batch(self, identity: Hashable, batch: bytes) -> None:
+    def _send_batch(self, identity: Hashable, frames: list[bytes]) -> None:
         assert isinstance(identity, bytes)
         try:
-            self.input.send_multipart([identity, batch], zmq.NOBLOCK)
+            self.input.send_multipart([identity, *frames], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
@@ -110,23 +110,18 @@ class DataChannels:
     def _read_outputs(self, frames: list[bytes]) -> None:
         # The hot path: check each tag, decode bodies with the bound OutputChunk decoder.
         tag = self._output_tag
-        try:
-            if len(frames) != 1:
-                raise ProtocolError(f"expected one batch frame, got {len(frames)}")
-            records = codec.unpack(frames[0])
-            if any(t != tag for t, _ in records):
-                raise ProtocolError("not a batch of output chunks")
-            chunks = [self._output_decoder.decode(body) for _, body in records]
-        except ProtocolError as exc:
-            _bad_input.warning("dropped a bad output batch: %s", exc)
+        if not frames or len(frames) % 2 or any(f != tag for f in frames[::2]):
+            _bad_input.warning("dropped a message that is not a batch of output chunks")
             return
+        try:
+            chunks = [self._output_decoder.decode(body) for body in frames[1::2]]
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
             _bad_input.warning("dropped a bad output batch: %s", exc)
             return
         self._on_outputs(chunks)
 
     def _read_inputs(self, frames: list[bytes]) -> None:
-        if len(frames) < 2:
+        if len(frames) < 3:
             return
         try:
             messages = codec.decode_batch(frames[1:])

@@ -61,44 +61,15 @@ def decode_frames(frames: list[bytes]) -> Any:
     return decode(frames[0], frames[1])
 
 
-def pack(msg: msgspec.Struct) -> bytes:
-    """One record of a data-plane batch: tag, 4-byte little-endian body length, body.
-
-    The data plane sends each batch as one ZMQ frame of records: a frame costs a few
-    microseconds to send and to receive, far more than slicing records out of one.
-    """
-    tag, body = encode(msg)
-    return tag + len(body).to_bytes(4, "little") + body
-
-
-def unpack(blob: bytes) -> list[tuple[bytes, memoryview]]:
-    """Split a batch frame into ``(tag, body)`` records; malformed framing is a
-    ProtocolError (the bodies are not decoded here)."""
-    view = memoryview(blob)
-    out: list[tuple[bytes, memoryview]] = []
-    at, end = 0, len(view)
-    if not end:
-        raise ProtocolError("empty batch")
-    while at < end:
-        if end - at < 5:
-            raise ProtocolError("truncated record header in a batch")
-        size = int.from_bytes(view[at + 1 : at + 5], "little")
-        if size > MAX_MESSAGE_BYTES or at + 5 + size > end:
-            raise ProtocolError(f"record of {size} bytes overruns its batch")
-        out.append((bytes(view[at : at + 1]), view[at + 5 : at + 5 + size]))
-        at += 5 + size
-    return out
-
-
 def decode_batch(frames: list[bytes]) -> list[Any]:
-    """Decode a data-plane message: one frame holding records made by ``pack``.
+    """Decode ``[tag, body, tag, body, ...]``: several messages sent as one.
 
-    Each record is checked on its own; one bad record fails the whole batch, since a
-    peer that sends garbage cannot be trusted for the rest of that message either.
+    Each pair is checked on its own; one bad pair fails the whole batch, since a peer
+    that sends garbage cannot be trusted for the rest of that message either.
     """
-    if len(frames) != 1:
-        raise ProtocolError(f"expected one batch frame, got {len(frames)} frames")
-    return [decode(tag, body) for tag, body in unpack(frames[0])]
+    if not frames or len(frames) % 2:
+        raise ProtocolError(f"expected (tag, body) pairs, got {len(frames)} frames")
+    return [decode(frames[i], frames[i + 1]) for i in range(0, len(frames), 2)]
 
 
 def decode_register_request(body: bytes, verifier: Verifier | None = None) -> RegisterRequest:

@@ -337,7 +337,7 @@ class ReplicaRuntime:
             pid=os.getpid(),
             address=self.address,
         )
-        self._in.send(codec.pack(ready))
+        self._in.send_multipart(codec.encode(ready))
         self._pump = Pump(loop, self._in, self._on_frames)
         self._heartbeat.start()
         log.info("ready (capacity %d)", self._engine.capacity)
@@ -500,15 +500,16 @@ class ReplicaRuntime:
         self._chunks_sent += 1
 
     def _flush(self) -> None:
-        records = [codec.pack(chunk) for chunk in self._outputs.drain()]
-        if not records:
+        frames: list[bytes] = []
+        for chunk in self._outputs.drain():
+            frames.extend(codec.encode(chunk))
+        if not frames:
             return
-        batch = b"".join(records)
         try:
-            self._out.send(batch, zmq.NOBLOCK)
+            self._out.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             # 100k messages queued: the head stopped reading. Keep them rather than drop.
-            self._out.send(batch)
+            self._out.send_multipart(frames)
 
     def _load_report(self) -> LoadReport:
         engine = self._engine

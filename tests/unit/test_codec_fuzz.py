@@ -70,33 +70,8 @@ def test_batches_of_any_frames_only_raise_protocol_error(frames: list[bytes]) ->
 )
 def test_output_chunks_round_trip(text: str, data: bytes, seq: int, finished: bool) -> None:
     chunk = OutputChunk("r", 1, 2, 3, seq, "text", text=text, data=data, finished=finished)
-    (again,) = codec.decode_batch([codec.pack(chunk)])
+    (again,) = codec.decode_batch(codec.encode(chunk))
     assert again == chunk
-
-
-@settings(max_examples=200, deadline=None)
-@given(blob=st.binary(max_size=256))
-def test_batch_frames_of_random_bytes_only_raise_protocol_error(blob: bytes) -> None:
-    try:
-        codec.decode_batch([blob])
-    except ProtocolError:
-        pass
-
-
-@given(cut=st.integers(min_value=0, max_value=200))
-def test_a_truncated_batch_never_decodes(cut: int) -> None:
-    batch = b"".join(
-        codec.pack(OutputChunk("r", 0, 0, 1, seq, "text", text=f"piece {seq}")) for seq in range(3)
-    )
-    if cut >= len(batch):
-        assert len(codec.decode_batch([batch])) == 3
-        return
-    try:
-        decoded = codec.decode_batch([batch[:cut]])
-    except ProtocolError:
-        return
-    # A cut on a record boundary is a shorter, valid batch: never a mangled record.
-    assert [c.seq for c in decoded] == list(range(len(decoded)))
 
 
 def test_truncated_messages_never_decode() -> None:

@@ -29,7 +29,10 @@ def _runtime(**engine_args: object) -> tuple[ReplicaRuntime, list[OutputChunk]]:
 
 
 def _batch(*messages: object) -> list[bytes]:
-    return [b"".join(codec.pack(m) for m in messages)]  # type: ignore[arg-type]
+    frames: list[bytes] = []
+    for m in messages:
+        frames.extend(codec.encode(m))  # type: ignore[arg-type]
+    return frames
 
 
 async def _settle(rt: ReplicaRuntime) -> None:
