@@ -271,10 +271,8 @@ class Orchestrator:
 
     def _on_chunk(self, run: _Run, chunk: OutputChunk, handle: ReplicaHandle) -> None:
         sid = chunk.stage_id
-        st = run.stages.get(sid)
-        if st is None:
-            st = run.progress(sid)
-        elif chunk.seq < st.next_seq:
+        st = run.progress(sid)
+        if chunk.seq < st.next_seq:
             return  # already delivered (a retry re-sent it)
         st.next_seq = chunk.seq + 1
         if chunk.text:

@@ -67,6 +67,7 @@ class HeartbeatThread:
         self._kick = threading.Event()
         self._seq = 0
         self._stop = threading.Event()
+        self._send_down = True
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -96,13 +97,12 @@ class HeartbeatThread:
                 self._wait_acks(sock)
                 if self._stop.is_set():
                     break
-            send_down = getattr(self, "_send_down", True)
-            if send_down:
+            if self._send_down:
                 self._beat(sock, "DOWN")
         finally:
             # Without a goodbye (leaving a lost head), queued beats must not reach the
             # head later and revive the incarnation we abandoned.
-            sock.close(linger=500 if getattr(self, "_send_down", True) else 0)
+            sock.close(linger=500 if self._send_down else 0)
 
     def _wait_acks(self, sock: zmq.Socket) -> None:
         """Until the next beat is due (or a kick): read acks, judge the head."""

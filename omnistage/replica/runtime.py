@@ -101,6 +101,7 @@ class ReplicaRuntime:
         self._failed_by_head = False
         self._head_instance = ""
         self.replica_id = opts.replica_id
+        self.address: str | None = None  # advertised; kept across rejoins
         self.epoch = 0
         self._chunks_sent = 0
         self._outputs = OutputCoalescer()
@@ -182,8 +183,8 @@ class ReplicaRuntime:
         deadline = time.monotonic() + timeout_s
         o = self.opts
         address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
-        previous_address = getattr(self, "address", None)
-        if address.startswith("127.") and previous_address and not is_loopback(o.master_host):
+        previous_address = self.address
+        if is_loopback(address) and previous_address and not is_loopback(o.master_host):
             # No route to the head right now (a rejoin during an outage): the detection
             # falls back to loopback, which the head could not reach; keep what worked.
             address = previous_address
