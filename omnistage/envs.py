@@ -38,3 +38,9 @@ def local_key() -> str | None:
 def auth_token() -> str | None:
     """OMNISTAGE_AUTH_TOKEN: the default for --omni-auth-token (how local replicas get it)."""
     return os.environ.get("OMNISTAGE_AUTH_TOKEN") or None
+
+
+def replica_options() -> str | None:
+    """OMNISTAGE_REPLICA_OPTIONS: a replica process's options, encoded by its launcher
+    (see omnistage.replica.options)."""
+    return os.environ.get("OMNISTAGE_REPLICA_OPTIONS") or None

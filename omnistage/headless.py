@@ -14,31 +14,36 @@ import signal
 import threading
 
 from omnistage import aio
-from omnistage.replica.launch import LocalLauncher, ReplicaSpec
-from omnistage.replica.runtime import ReplicaOptions, ReplicaRuntime
+from omnistage.launch.local import LocalLauncher
+from omnistage.replica.options import ReplicaOptions
+from omnistage.replica.runtime import ReplicaRuntime
 
 log = logging.getLogger(__name__)
 
 
 def run_headless(args: argparse.Namespace) -> int:
-    overrides = _stage_overrides(args)
+    opts = replica_options(args)
     if args.omni_dp_size_local == 1:
-        opts = ReplicaOptions(
-            stage_id=args.stage_id,
-            master_host=args.omni_master_address,
-            master_port=args.omni_master_port,
-            replica_id=-1,
-            advertise_address=args.omni_replica_address,
-            stage_init_timeout_s=args.stage_init_timeout,
-            stage_overrides=overrides,
-            binds_sockets=args.omni_replica_binds_sockets,
-            drain_timeout_s=args.drain_timeout,
-            auth_token=args.omni_auth_token,
-            rejoin=True,
-            curve_keys=args.omni_curve_keys,
-        )
         return aio.run(ReplicaRuntime(opts).run())
-    return _supervise(args, overrides)
+    return _supervise(opts, args.omni_dp_size_local)
+
+
+def replica_options(args: argparse.Namespace) -> ReplicaOptions:
+    """The options of every replica this headless process runs (ids auto-assigned)."""
+    return ReplicaOptions(
+        stage_id=args.stage_id,
+        master_host=args.omni_master_address,
+        master_port=args.omni_master_port,
+        advertise_address=args.omni_replica_address,
+        stage_init_timeout_s=args.stage_init_timeout,
+        stage_overrides=_stage_overrides(args),
+        binds_sockets=args.omni_replica_binds_sockets,
+        drain_timeout_s=args.drain_timeout,
+        auth_token=args.omni_auth_token,
+        rejoin=True,
+        curve_keys=args.omni_curve_keys,
+        log_level=args.log_level,
+    )
 
 
 def _stage_overrides(args: argparse.Namespace) -> dict:
@@ -49,10 +54,9 @@ def _stage_overrides(args: argparse.Namespace) -> dict:
     return dict(raw.get(str(args.stage_id)) or raw.get(args.stage_id) or {})
 
 
-def _supervise(args: argparse.Namespace, overrides: dict) -> int:
+def _supervise(opts: ReplicaOptions, count: int) -> int:
     codes: list[int] = []
     all_done = threading.Event()
-    count = args.omni_dp_size_local
 
     def on_exit(_proc, code: int) -> None:  # type: ignore[no-untyped-def]
         codes.append(code)
@@ -69,27 +73,11 @@ def _supervise(args: argparse.Namespace, overrides: dict) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     for _ in range(count):
-        launcher.launch(
-            ReplicaSpec(
-                stage_id=args.stage_id,
-                master_host=args.omni_master_address,
-                master_port=args.omni_master_port,
-                replica_id=-1,
-                advertise_address=args.omni_replica_address,
-                stage_init_timeout_s=args.stage_init_timeout,
-                stage_overrides_json=json.dumps(overrides) if overrides else None,
-                binds_sockets=args.omni_replica_binds_sockets,
-                drain_timeout_s=args.drain_timeout,
-                log_level=args.log_level,
-                auth_token=args.omni_auth_token,
-                rejoin=True,
-                curve_keys=args.omni_curve_keys,
-            )
-        )
+        launcher.launch(opts)
     while not all_done.wait(0.2):
         if stop.is_set():
             # The children drain first; kill only those that outlive their drain.
-            launcher.stop_all(grace_s=args.drain_timeout + 5.0)
+            launcher.stop_all(grace_s=opts.drain_timeout_s + 5.0)
             all_done.wait(5)
             break
     return max(codes, default=0)

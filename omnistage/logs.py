@@ -51,3 +51,14 @@ class Throttled:
         self._count += 1
         if self._count <= self._burst:
             self._log.warning(msg, *args)
+
+
+def tag_logs(stage_id: int, replica_id: int) -> None:
+    """Prefix this process's log lines with its stage and replica (replacing an earlier
+    prefix: a replica that rejoins may get another id)."""
+    prefix = f"[stage {stage_id} replica {replica_id}] "
+    for handler in logging.getLogger().handlers:
+        fmt = (handler.formatter._fmt if handler.formatter else None) or "%(message)s"
+        base = getattr(handler, "_omni_untagged_fmt", fmt)
+        handler._omni_untagged_fmt = base  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter(base.replace("%(message)s", prefix + "%(message)s")))

@@ -9,6 +9,12 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def is_loopback_url(url: str) -> bool:
+    """``tcp://HOST:PORT`` on a loopback host."""
+    host = url.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    return is_loopback(host)
+
+
 def listen_tcp(host: str, port: int) -> socket.socket:
     """A bound (not yet listening) TCP socket that a child process could inherit."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -15,14 +15,17 @@ from omnistage.api.auth import ApiKeyMiddleware
 from omnistage.api.limits import BodyLimitMiddleware
 from omnistage.api.routes import chat, completions, info, metrics, speech
 from omnistage.api.schemas import ChatCompletionRequest, CompletionRequest, SpeechRequest
+from omnistage.api.service import PipelineService
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def create_app(
-    omni: Any, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    omni: PipelineService,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """``omni`` is the serving state (the head): config, graph, orchestrator, status."""
+    """The app over ``omni``, what the head offers the API (see ``api.service``)."""
     app = FastAPI(title="omnistage", version=__version__)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:

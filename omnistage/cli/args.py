@@ -9,16 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from omnistage import envs
+from omnistage import defaults, envs
 from omnistage.control.balancing import POLICIES
-from omnistage.replica.restart import POLICIES as RESTART_POLICIES
+from omnistage.launch.restart import POLICIES as RESTART_POLICIES
 
-DEFAULT_PORT = 8091
-HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_INTERVAL_S = defaults.HEARTBEAT_INTERVAL_S
 WORKER_BACKENDS = ("multi_process", "ray")
-
-
-DEFAULT_STALL_TIMEOUT_S = 60.0
 
 
 class UsageError(Exception):
@@ -48,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a built-in pipeline name or a deploy config YAML (default: the built-in default)",
     )
     s.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8091)")
+    s.add_argument("--port", type=int, default=defaults.HTTP_PORT, help="HTTP port (default 8091)")
     s.add_argument("--deploy-config", default=None, metavar="PATH", help="deploy config YAML")
     s.add_argument(
         "--stage-overrides",
@@ -100,13 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--omni-lb-policy",
-        default="random",
+        default=defaults.LB_POLICY,
         help=f"replica balancing: {', '.join(POLICIES)} (default random)",
     )
     s.add_argument(
         "--omni-heartbeat-timeout",
         type=float,
-        default=5.0,
+        default=defaults.HEARTBEAT_TIMEOUT_S,
         help="seconds of silence before a replica is marked ERROR (default 5)",
     )
     s.add_argument(
@@ -120,27 +116,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--omni-max-retries",
         type=int,
-        default=2,
+        default=defaults.MAX_RETRIES,
         help="times a request's stage is dispatched again after its replica fails "
         "(default 2; 0 fails the request at once)",
     )
     s.add_argument(
         "--omni-stage-wait-timeout",
         type=float,
-        default=3.0,
+        default=defaults.STAGE_WAIT_TIMEOUT_S,
         help="seconds a request waits for a live replica before 503 (default 3)",
     )
     s.add_argument(
         "--omni-max-queue",
         type=int,
-        default=1024,
+        default=defaults.MAX_QUEUE,
         help="requests per stage that may wait for a free replica slot; more get 429 "
         "(default 1024)",
     )
     s.add_argument(
         "--max-request-bytes",
         type=int,
-        default=16 * 1024 * 1024,
+        default=defaults.MAX_REQUEST_BYTES,
         help="largest accepted HTTP request body; larger ones get 413 (default 16 MiB)",
     )
     s.add_argument(
@@ -159,27 +155,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--omni-restart-policy",
-        default="on-failure",
+        default=defaults.RESTART_POLICY,
         help="head: restart local replicas that exit: never, on-failure (default), always; "
         "with backoff from 1 s to 30 s",
     )
     s.add_argument(
         "--drain-timeout",
         type=float,
-        default=30.0,
+        default=defaults.DRAIN_TIMEOUT_S,
         help="replica: on SIGTERM/SIGINT, finish in-flight requests for up to this many "
         "seconds before exiting (default 30; a second signal stops at once)",
     )
     s.add_argument(
         "--stage-init-timeout",
         type=float,
-        default=300.0,
+        default=defaults.STAGE_INIT_TIMEOUT_S,
         help="seconds a replica may take to register and load (default 300)",
     )
     s.add_argument(
         "--init-timeout",
         type=float,
-        default=600.0,
+        default=defaults.INIT_TIMEOUT_S,
         help="seconds the head waits for every stage to have a replica (default 600)",
     )
     s.add_argument(
@@ -196,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-stats", action="store_true", help="log request statistics")
     s.add_argument(
         "--log-level",
-        default=envs.log_level() or "INFO",
+        default=envs.log_level() or defaults.LOG_LEVEL,
         help="DEBUG, INFO, WARNING, ERROR (env OMNISTAGE_LOG_LEVEL)",
     )
     return parser
@@ -267,7 +263,7 @@ def validate(args: argparse.Namespace) -> None:
     if args.omni_max_retries < 0:
         raise UsageError(f"--omni-max-retries must be >= 0, got {args.omni_max_retries}")
     if args.omni_stall_timeout is None:
-        args.omni_stall_timeout = max(DEFAULT_STALL_TIMEOUT_S, args.omni_heartbeat_timeout)
+        args.omni_stall_timeout = max(defaults.STALL_TIMEOUT_S, args.omni_heartbeat_timeout)
     if args.omni_stall_timeout < 0:
         raise UsageError(f"--omni-stall-timeout must be >= 0, got {args.omni_stall_timeout:g}")
     if 0 < args.omni_stall_timeout < args.omni_heartbeat_timeout:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
+import zmq
+
 from omnistage import __version__, aio
-from omnistage.cli.args import HEARTBEAT_INTERVAL_S, UsageError, build_parser, validate
+from omnistage.cli.args import UsageError, build_parser, validate
 from omnistage.config.load import load_config
 from omnistage.logs import setup_logging
 from omnistage.protocol.errors import ConfigError
+
+log = logging.getLogger("omnistage.head")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,32 +66,24 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
             f"(stages: {', '.join(str(s) for s in config.stage_ids)})"
         )
     setup_logging(args.log_level)
-    opts = HeadOptions(
-        config=config,
-        host=args.host,
-        port=args.port,
-        master_host=args.omni_master_address or "127.0.0.1",
-        master_port=args.omni_master_port or 0,
-        stage_id=args.stage_id,
-        dp_size_local=args.omni_dp_size_local,
-        lb_policy=args.omni_lb_policy,
-        heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
-        heartbeat_timeout_s=args.omni_heartbeat_timeout,
-        stage_init_timeout_s=args.stage_init_timeout,
-        init_timeout_s=args.init_timeout,
-        no_replica_wait_s=args.omni_stage_wait_timeout,
-        max_retries=args.omni_max_retries,
-        stall_timeout_s=args.omni_stall_timeout,
-        log_level=args.log_level,
-        api_key=args.api_key,
-        max_queue=args.omni_max_queue,
-        restart_policy=args.omni_restart_policy,
-        auth_token=args.omni_auth_token,
-        curve_keys=args.omni_curve_keys,
-        max_request_bytes=args.max_request_bytes,
-        log_stats=args.log_stats,
-    )
-    return aio.run(Head(opts).run())
+    opts = HeadOptions.from_args(args, config)
+    try:
+        head = Head(opts)
+    except OSError as exc:
+        # The HTTP port is claimed before anything starts.
+        log.error(
+            "cannot listen on %s:%d (--host/--port): %s", opts.host, opts.port, exc.strerror or exc
+        )
+        return 1
+    except zmq.ZMQError as exc:
+        log.error(
+            "cannot bind the master on %s:%d (-oma/-omp): %s",
+            opts.master_host,
+            opts.master_port,
+            exc,
+        )
+        return 1
+    return aio.run(head.run())
 
 
 def _serve_headless(args) -> int:  # type: ignore[no-untyped-def]

@@ -10,18 +10,12 @@ import logging
 import threading
 from collections.abc import Callable
 
-from omnistage.control.replica_table import (
-    ReplicaEntry,
-    ReplicaKey,
-    ReplicaState,
-    ReplicaTable,
-    Transition,
-)
+from omnistage.control.replica_table import ReplicaEntry, ReplicaKey, ReplicaTable, Transition
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import Heartbeat, HeartbeatAck
+from omnistage.protocol.messages import Heartbeat, HeartbeatAck, Reason, ReplicaState
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
@@ -73,8 +67,7 @@ class Coordinator:
         self._emit([t] if t else [])
         if msg.status == ReplicaState.DOWN:
             return None  # it is leaving; nobody will read an answer
-        known = str(state) if state else "UNKNOWN"
-        ack = HeartbeatAck(state=known, head_instance=self._head_instance)
+        ack = HeartbeatAck(state=state or ReplicaState.UNKNOWN, head_instance=self._head_instance)
         return [frames[0], *codec.sign(codec.encode(ack), self._signer)]
 
     def tick(self) -> None:
@@ -91,15 +84,24 @@ class Coordinator:
             transitions = self._table.register(key, epoch, address, local, start_timeout_s)
         self._emit(transitions)
 
-    def ready(self, key: ReplicaKey, epoch: int, capacity: int, pid: int) -> bool:
+    def ready(
+        self, key: ReplicaKey, epoch: int, capacity: int, pid: int, peer_address: str = ""
+    ) -> bool:
         with self._lock:
-            t = self._table.ready(key, epoch, capacity, pid)
+            t = self._table.ready(key, epoch, capacity, pid, peer_address)
         self._emit([t] if t else [])
         return t is not None
 
-    def mark(self, key: ReplicaKey, epoch: int | None, state: ReplicaState, reason: str) -> None:
+    def mark(
+        self,
+        key: ReplicaKey,
+        epoch: int | None,
+        state: ReplicaState,
+        reason: Reason,
+        detail: str = "",
+    ) -> None:
         with self._lock:
-            t = self._table.mark(key, epoch, state, reason)
+            t = self._table.mark(key, epoch, state, reason, detail)
         self._emit([t] if t else [])
 
     def snapshot(self) -> list[ReplicaEntry]:
@@ -118,7 +120,7 @@ class Coordinator:
                 e.epoch,
                 t.old or "-",
                 t.new,
-                f" ({t.reason})" if t.reason else "",
+                f" ({t.why})" if t.reason else "",
             )
             try:
                 self._on_transition(t)

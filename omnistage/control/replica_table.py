@@ -3,10 +3,11 @@
 No sockets, no threads, no wall clock: time comes from the injected ``clock`` so expiry
 is unit-testable without sleeping. The coordinator wraps it with a lock.
 
-States: STARTING (registered, engine loading) -> UP (READY received, taking traffic)
--> ERROR (silent past the heartbeat timeout, stalled, failed, or process exited) or
-DOWN (said goodbye). An ERROR replica that heartbeats again after *silence* returns to
-UP: a network blip or a long GC pause must not retire a healthy replica for good.
+States (``protocol.messages.ReplicaState``): STARTING (registered, engine loading) -> UP
+(READY received, taking traffic) -> ERROR (silent past the heartbeat timeout, stalled,
+failed, or process exited) or DOWN (said goodbye). An ERROR replica that heartbeats
+again after *silence* returns to UP: a network blip or a long GC pause must not retire
+a healthy replica for good.
 
 A replica is stalled when it holds work but its engine's progress counter (in every
 heartbeat) has not moved for the stall timeout: its heartbeat thread is alive, its
@@ -16,19 +17,12 @@ engine is not. That is not forgiven by heartbeats, which say nothing about the e
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from omnistage.protocol.messages import Reason, ReplicaState, routing_id
+
 ReplicaKey = tuple[int, int]  # (stage_id, replica_id)
-
-
-class ReplicaState(enum.StrEnum):
-    STARTING = "STARTING"
-    UP = "UP"
-    DRAINING = "DRAINING"  # finishing its requests, taking no new ones
-    DOWN = "DOWN"
-    ERROR = "ERROR"
 
 
 @dataclass
@@ -47,8 +41,11 @@ class ReplicaEntry:
     in_flight: int = 0
     progress: int = 0
     heartbeat_seq: int = -1
-    reason: str = ""
+    reason: Reason = Reason.NONE
+    detail: str = ""  # what the reason alone does not say (an exit code, say)
     pid: int = 0
+    # Where other replicas push this one's inputs (see Ready.peer_address).
+    peer_address: str = ""
     # When progress last moved (or the replica last held no work): the stall clock.
     progress_at: float = 0.0
 
@@ -61,9 +58,14 @@ class ReplicaEntry:
         """Routing id of this incarnation on the head's input socket."""
         return routing_id(self.stage_id, self.replica_id, self.epoch)
 
+    @property
+    def why(self) -> str:
+        return describe(self.reason, self.detail)
 
-def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
-    return f"{stage_id}.{replica_id}.{epoch}".encode()
+
+def describe(reason: Reason, detail: str = "") -> str:
+    """The text operators read for a reason and its detail."""
+    return f"{reason.value} ({detail})" if detail else reason.value
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,12 @@ class Transition:
     entry: ReplicaEntry  # a snapshot taken after the change
     old: ReplicaState | None
     new: ReplicaState
-    reason: str
+    reason: Reason
+    detail: str = ""
+
+    @property
+    def why(self) -> str:
+        return describe(self.reason, self.detail)
 
 
 class ReplicaTable:
@@ -115,7 +122,7 @@ class ReplicaTable:
                 ReplicaState.STARTING,
             )
         ):
-            out.append(self._set(old, ReplicaState.DOWN, "replaced by a new registration"))
+            out.append(self._set(old, ReplicaState.DOWN, Reason.REPLACED))
         entry = ReplicaEntry(
             stage_id=key[0],
             replica_id=key[1],
@@ -128,23 +135,26 @@ class ReplicaTable:
             start_deadline=now + start_timeout_s,
         )
         self._entries[key] = entry
-        out.append(Transition(dataclasses.replace(entry), None, ReplicaState.STARTING, ""))
+        out.append(Transition(dataclasses.replace(entry), None, ReplicaState.STARTING, Reason.NONE))
         return out
 
-    def ready(self, key: ReplicaKey, epoch: int, capacity: int, pid: int) -> Transition | None:
+    def ready(
+        self, key: ReplicaKey, epoch: int, capacity: int, pid: int, peer_address: str = ""
+    ) -> Transition | None:
         entry = self._current(key, epoch)
         if entry is None or entry.state != ReplicaState.STARTING:
             return None
         entry.capacity = capacity
         entry.pid = pid
+        entry.peer_address = peer_address
         entry.last_seen = entry.progress_at = self._clock()
-        return self._set(entry, ReplicaState.UP, "ready")
+        return self._set(entry, ReplicaState.UP, Reason.READY)
 
     def heartbeat(
         self,
         key: ReplicaKey,
         epoch: int,
-        status: str,
+        status: ReplicaState,
         queue_length: int,
         in_flight: int,
         progress: int,
@@ -163,12 +173,12 @@ class ReplicaTable:
         entry.progress = progress
         if status == ReplicaState.DOWN:
             if entry.state != ReplicaState.DOWN:
-                return self._set(entry, ReplicaState.DOWN, "replica shut down")
+                return self._set(entry, ReplicaState.DOWN, Reason.SHUT_DOWN)
             return None
-        silent = entry.state == ReplicaState.ERROR and entry.reason == TIMEOUT_REASON
+        silent = entry.state == ReplicaState.ERROR and entry.reason == Reason.HEARTBEAT_TIMEOUT
         if status == ReplicaState.DRAINING:
             if entry.state == ReplicaState.UP or silent:
-                return self._set(entry, ReplicaState.DRAINING, "draining before shutdown")
+                return self._set(entry, ReplicaState.DRAINING, Reason.DRAINING)
             return None
         if silent:
             # Only silence is forgiven; a replica that failed for another reason
@@ -177,7 +187,7 @@ class ReplicaTable:
             # moved away, and until its Aborts land it still reports that work at the
             # old progress value, which must not read as a stall (never forgiven).
             entry.progress_at = entry.last_seen
-            return self._set(entry, ReplicaState.UP, "heartbeats resumed")
+            return self._set(entry, ReplicaState.UP, Reason.HEARTBEATS_RESUMED)
         return None
 
     def state_of(self, key: ReplicaKey, epoch: int) -> ReplicaState | None:
@@ -186,7 +196,12 @@ class ReplicaTable:
         return entry.state if entry is not None else None
 
     def mark(
-        self, key: ReplicaKey, epoch: int | None, state: ReplicaState, reason: str
+        self,
+        key: ReplicaKey,
+        epoch: int | None,
+        state: ReplicaState,
+        reason: Reason,
+        detail: str = "",
     ) -> Transition | None:
         """Force a state (process exit, unreachable socket). ``epoch=None`` means any."""
         entry = self._entries.get(key)
@@ -194,7 +209,7 @@ class ReplicaTable:
             return None
         if entry.state == state or entry.state == ReplicaState.DOWN:
             return None
-        return self._set(entry, state, reason)
+        return self._set(entry, state, reason, detail)
 
     def expire(self) -> list[Transition]:
         """Mark silent UP replicas, and STARTING ones past their deadline, as ERROR."""
@@ -203,17 +218,15 @@ class ReplicaTable:
         for entry in self._entries.values():
             if entry.state in (ReplicaState.UP, ReplicaState.DRAINING):
                 if now - entry.last_seen > self.heartbeat_timeout_s:
-                    out.append(self._set(entry, ReplicaState.ERROR, TIMEOUT_REASON))
+                    out.append(self._set(entry, ReplicaState.ERROR, Reason.HEARTBEAT_TIMEOUT))
                 elif (
                     self.stall_timeout_s
                     and entry.in_flight > 0
                     and now - entry.progress_at > self.stall_timeout_s
                 ):
-                    out.append(self._set(entry, ReplicaState.ERROR, STALL_REASON))
+                    out.append(self._set(entry, ReplicaState.ERROR, Reason.STALLED))
             elif entry.state == ReplicaState.STARTING and now > entry.start_deadline:
-                out.append(
-                    self._set(entry, ReplicaState.ERROR, "no READY within --stage-init-timeout")
-                )
+                out.append(self._set(entry, ReplicaState.ERROR, Reason.START_TIMEOUT))
         return out
 
     def remove(self, key: ReplicaKey, epoch: int) -> None:
@@ -227,12 +240,10 @@ class ReplicaTable:
             return None
         return entry
 
-    def _set(self, entry: ReplicaEntry, state: ReplicaState, reason: str) -> Transition:
+    def _set(
+        self, entry: ReplicaEntry, state: ReplicaState, reason: Reason, detail: str = ""
+    ) -> Transition:
         old = entry.state
         entry.state = state
-        entry.reason = reason
-        return Transition(dataclasses.replace(entry), old, state, reason)
-
-
-TIMEOUT_REASON = "no heartbeat within --omni-heartbeat-timeout"
-STALL_REASON = "engine made no progress with work in hand within --omni-stall-timeout"
+        entry.reason, entry.detail = reason, detail
+        return Transition(dataclasses.replace(entry), old, state, reason, detail)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
+from typing import Protocol
 
 import msgspec
 import zmq
@@ -25,20 +26,24 @@ log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
 
 
+class DataEvents(Protocol):
+    """What the channels report, on the head's loop."""
+
+    def on_outputs(self, chunks: list[OutputChunk]) -> None: ...
+
+    def on_ready(self, identity: bytes, ready: Ready) -> None: ...
+
+    def on_unreachable(self, identity: bytes) -> None:
+        """A send to this routing id failed: its connection is gone."""
+        ...
+
+    def on_disconnect(self) -> None:
+        """Some replica's connection closed (the event names no peer)."""
+        ...
+
+
 class DataChannels:
-    def __init__(
-        self,
-        ctx: zmq.Context,
-        bind_host: str,
-        on_outputs: Callable[[list[OutputChunk]], None],
-        on_ready: Callable[[bytes, Ready], None],
-        on_unreachable: Callable[[bytes, str], None],
-        on_disconnect: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._on_disconnect = on_disconnect
-        self._on_outputs = on_outputs
-        self._on_ready = on_ready
-        self._on_unreachable = on_unreachable
+    def __init__(self, ctx: zmq.Context, bind_host: str) -> None:
         self.input = ctx.socket(zmq.ROUTER)
         self.input.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A re-registered replica that reuses an identity takes over the connection.
@@ -61,12 +66,14 @@ class DataChannels:
         self._output_tag = codec.TAGS[OutputChunk]
         self._output_decoder = msgspec.msgpack.Decoder(OutputChunk)
 
-    def start(self) -> None:
+    def start(self, events: DataEvents) -> None:
+        """Start reading and sending on the running loop, reporting to ``events``."""
         loop = asyncio.get_running_loop()
+        self._events = events
+        self.outbox = Outbox(loop, self._send_batch)
         self._out_pump = Pump(loop, self.output, self._read_outputs)
         self._in_pump = Pump(loop, self.input, self._read_inputs)
-        self._monitor_pump = Pump(loop, self._monitor, lambda _frames: self._on_disconnect())
-        self.outbox = Outbox(loop, self._send_batch)
+        self._monitor_pump = Pump(loop, self._monitor, lambda _frames: events.on_disconnect())
 
     async def stop(self) -> None:
         self.outbox.close()
@@ -103,7 +110,7 @@ class DataChannels:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
             # Nobody waits on a flush: report it.
-            self._on_unreachable(identity, "its connection closed (unreachable on input)")
+            self._events.on_unreachable(identity)
         finally:
             self._in_pump.kick()
 
@@ -118,7 +125,7 @@ class DataChannels:
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
             _bad_input.warning("dropped a bad output batch: %s", exc)
             return
-        self._on_outputs(chunks)
+        self._events.on_outputs(chunks)
 
     def _read_inputs(self, frames: list[bytes]) -> None:
         if len(frames) < 3:
@@ -130,4 +137,4 @@ class DataChannels:
             return
         for msg in messages:
             if isinstance(msg, Ready):
-                self._on_ready(frames[0], msg)
+                self._events.on_ready(frames[0], msg)

@@ -15,6 +15,17 @@ class StageGraph:
                 self.downstream[upstream].append(stage.stage_id)
         self.final = [s.stage_id for s in config.stages if s.final_output]
 
+    def topological(self) -> list[int]:
+        """Every stage id, each after all of its inputs (the config is acyclic)."""
+        order: list[int] = []
+        placed: set[int] = set()
+        while len(order) < len(self.stages):
+            for sid, stage in sorted(self.stages.items()):
+                if sid not in placed and placed.issuperset(stage.inputs):
+                    order.append(sid)
+                    placed.add(sid)
+        return order
+
     def upstream(self, stage_id: int) -> tuple[int, ...]:
         return self.stages[stage_id].inputs
 

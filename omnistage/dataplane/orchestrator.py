@@ -1,18 +1,21 @@
 """Moves each request through the stage DAG.
 
 Per request: check every needed stage has a live replica (else 503 before anything
-starts), dispatch the source stages, then handle output chunks as they arrive. Chunks
-are handled synchronously in the output reader: each is forwarded at once to every
-downstream stage (dispatching that stage on its first input, so stages pipeline), and
-only final-stage chunks wake the request's consumer. However a request ends (done,
-error, client gone), every stage still working on it is aborted and every replica slot
-it held is released.
+starts), bind a replica of every stage the request needs (waiting, boundedly, for
+capacity: 429 when there is none), and send each its AddRequest in one tick. Outputs
+of a stage that is not final for the request go straight to the downstream replicas
+(the connector seam: ``AddRequest.peers``) where they can; the head then sees only the
+last chunk of such a stage, to free its slot. Other edges go through the head, which
+forwards each chunk synchronously in the output reader. Only final-stage chunks wake the
+request's consumer. However a request ends (done, error, client gone), every stage
+still working on it is aborted and every replica slot it held is released.
 
-Nothing is lost with a replica: until a stage finishes a request, the head keeps the
-stage's inputs and what it has delivered so far. When the replica fails, the stage's
-part of the request is dispatched again (up to ``max_retries`` times) to another
-replica, told what was already delivered (see ``Resume``); chunks carry sequence
-numbers and any the head already has are dropped.
+Nothing is lost with a replica: when one fails, the stages joined to it by direct edges
+(``run.restart_group``) are dispatched again, as a new attempt, to other replicas, up to
+``max_retries`` times per failed stage. The head keeps what it needs for that: the inputs
+it forwarded, and what each final stage delivered (see ``Resume``), so nothing reaches
+the client twice. Stages whose outputs the head never saw run again from their start,
+which repeats their output exactly only for deterministic engines.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from omnistage.control.replica_table import ReplicaState, Transition
+from omnistage.control.replica_table import Transition
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.run import DONE, Run, direct_edge, restart_group
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.protocol.errors import (
     BadRequestError,
@@ -34,81 +37,9 @@ from omnistage.protocol.errors import (
     StageOverloadedError,
     StageUnavailableError,
 )
-from omnistage.protocol.messages import (
-    Abort,
-    AddRequest,
-    InputChunk,
-    OutputChunk,
-    Prompt,
-    Resume,
-)
+from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, ReplicaState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StageOutput:
-    stage_id: int
-    modality: str
-    text: str
-    data: bytes
-    finished: bool
-    finish_reason: str | None
-    usage: dict[str, int] | None
-    meta: dict[str, Any] | None = None
-
-
-class _Done:
-    """Queued after the last output of a request."""
-
-
-_DONE = _Done()
-
-
-@dataclass
-class _StageProgress:
-    """One stage's part of a request, kept until the stage finishes it for a retry."""
-
-    # Every input forwarded to the stage, replayed to a replacement replica.
-    inputs: list[InputChunk] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-    data_chunks: int = 0
-    next_seq: int = 0
-    retries: int = 0
-    # A dispatch is waiting for a replica; inputs queue in ``inputs`` meanwhile.
-    waiting: bool = False
-
-    def resume(self) -> Resume | None:
-        if not self.retries:
-            return None
-        return Resume(text="".join(self.text), data_chunks=self.data_chunks, seq=self.next_seq)
-
-
-@dataclass
-class _Run:
-    request_id: str
-    prompt: Prompt
-    params: dict[int, dict[str, Any]]
-    active: set[int]
-    finals: set[int]
-    queue: asyncio.Queue[StageOutput | BaseException | _Done] = field(default_factory=asyncio.Queue)
-    assigned: dict[int, ReplicaHandle] = field(default_factory=dict)
-    finished: set[int] = field(default_factory=set)
-    usage: dict[int, dict[str, int]] = field(default_factory=dict)
-    stages: dict[int, _StageProgress] = field(default_factory=dict)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    failed: bool = False
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.failed:
-            self.failed = True
-            self.queue.put_nowait(exc)
-
-    def progress(self, sid: int) -> _StageProgress:
-        st = self.stages.get(sid)
-        if st is None:
-            st = self.stages[sid] = _StageProgress()
-        return st
 
 
 class Orchestrator:
@@ -125,7 +56,9 @@ class Orchestrator:
         self.channels = channels
         self.no_replica_wait_s = no_replica_wait_s
         self.max_retries = max_retries
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, Run] = {}
+        # Stage ids in an order where every stage comes after its inputs.
+        self._order = graph.topological()
         self.started_total = 0
         self.retried_total = 0
 
@@ -150,7 +83,7 @@ class Orchestrator:
         if request_id in self._runs:
             raise ValueError(f"duplicate request id {request_id}")
         active = set(finals) if only else self.graph.required_for(finals)
-        run = _Run(
+        run = Run(
             request_id=request_id,
             prompt=prompt,
             params={sid: self._params_for(sid, params, stage_params) for sid in active},
@@ -163,26 +96,24 @@ class Orchestrator:
             # Every stage the request needs must be servable before anything starts, so
             # a missing downstream stage is a 503 up front, not an error mid-stream.
             deadline = time.monotonic() + self.no_replica_wait_s
-            for sid in sorted(active):
-                await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
-            # Sources of this run: stages none of whose inputs take part in it.
-            for sid in sorted(active):
-                if not active.intersection(self.graph.upstream(sid)):
-                    await self._dispatch(run, sid)
+            for sid in self._order:
+                if sid in active:
+                    await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
+            await self._dispatch(run, active)
         except BaseException:
             self._finish(run)
             raise
         return RequestStream(self, run)
 
-    async def _outputs(self, run: _Run) -> AsyncIterator[StageOutput]:
+    async def _outputs(self, run: Run) -> AsyncIterator[OutputChunk]:
         try:
             while True:
                 item = await run.queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                if item is _DONE:
+                if item is DONE:
                     return
-                assert isinstance(item, StageOutput)
+                assert isinstance(item, OutputChunk)
                 yield item
         finally:
             self._finish(run)
@@ -201,58 +132,71 @@ class Orchestrator:
 
     # -- dispatch --------------------------------------------------------------------
 
-    def _add_request(self, run: _Run, sid: int) -> AddRequest:
+    async def _dispatch(self, run: Run, group: set[int]) -> None:
+        """Bind a replica of every stage in ``group`` (all or none at a time, so a
+        waiting request holds no slot), then send their AddRequests."""
+        deadline = time.monotonic() + self.no_replica_wait_s
+        while (lacking := self._try_acquire(run, group)) is not None:
+            await self.pools[lacking].wait_capacity(deadline, self.no_replica_wait_s)
+        self._send_group(run, group)
+
+    def _try_acquire(self, run: Run, group: set[int]) -> int | None:
+        """Acquire for every stage of ``group``; or release all and return one that has
+        no free replica now."""
+        got: list[tuple[int, ReplicaHandle]] = []
+        for sid in group:
+            handle = self.pools[sid].try_acquire(run.request_id)
+            if handle is None:
+                for s, h in got:
+                    self.pools[s].release(h, run.request_id)
+                return sid
+            got.append((sid, handle))
+        run.assigned.update(got)
+        return None
+
+    def _send_group(self, run: Run, group: set[int]) -> None:
+        """Choose the direct edges inside ``group`` and send each stage its AddRequest
+        and the inputs the head holds for it; they leave with this tick's batches. A
+        replica found gone when a batch is sent is marked ERROR at once, which sends the
+        requests it held elsewhere."""
+        for up in group:
+            for down in self.graph.downstream[up]:
+                if down in group and direct_edge(self.graph, run, up, down):
+                    run.direct.add((up, down))
+        for sid in self._order:
+            if sid not in group:
+                continue
+            st = run.progress(sid)
+            st.waiting = False
+            st.attempt = run.attempt
+            st.dispatches += 1
+            handle = run.assigned[sid]
+            self.channels.post(handle.identity, self._add_request(run, sid))
+            for chunk in st.inputs:
+                chunk.attempt = st.attempt
+                self.channels.post(handle.identity, chunk)
+
+    def _add_request(self, run: Run, sid: int) -> AddRequest:
         upstream = [u for u in self.graph.upstream(sid) if u in run.active]
+        peers, head_all = [], sid in run.finals
+        for down in self.graph.downstream[sid]:
+            if down not in run.active or down in run.finished:
+                continue
+            if (sid, down) in run.direct:
+                peers.append(run.assigned[down].peer_address)
+            else:
+                head_all = True
+        st = run.progress(sid)
         return AddRequest(
             request_id=run.request_id,
             prompt=None if upstream else run.prompt,
             upstream=upstream,
             params=run.params[sid],
-            resume=run.progress(sid).resume(),
+            resume=st.resume(),
+            attempt=st.attempt,
+            peers=peers,
+            head_all=head_all,
         )
-
-    def _try_dispatch(self, run: _Run, sid: int) -> bool:
-        """Dispatch now if a replica has room; False if the caller must wait for one.
-
-        The AddRequest and the stage's inputs so far leave with this tick's batch for
-        the replica (one send for every request dispatched to it in the tick). A
-        replica found gone when the batch is sent is marked ERROR at once, which sends
-        the requests it held elsewhere.
-        """
-        handle = self.pools[sid].try_acquire(run.request_id)
-        if handle is None:
-            return False
-        run.assigned[sid] = handle
-        self.channels.post(handle.identity, self._add_request(run, sid))
-        for msg in run.progress(sid).inputs:
-            self.channels.post(handle.identity, msg)
-        return True
-
-    async def _dispatch(self, run: _Run, sid: int) -> None:
-        deadline = time.monotonic() + self.no_replica_wait_s
-        while not self._try_dispatch(run, sid):
-            await self.pools[sid].wait_capacity(deadline, self.no_replica_wait_s)
-
-    def _dispatch_soon(self, run: _Run, sid: int, failure: str | None = None) -> None:
-        """Dispatch now, or in a task that waits (boundedly) for a replica."""
-        if self._try_dispatch(run, sid):
-            return
-        st = run.progress(sid)
-        st.waiting = True
-        task = asyncio.get_running_loop().create_task(self._dispatch_later(run, sid, failure))
-        run.tasks.add(task)
-        task.add_done_callback(run.tasks.discard)
-
-    async def _dispatch_later(self, run: _Run, sid: int, failure: str | None) -> None:
-        try:
-            await self._dispatch(run, sid)
-        except (StageUnavailableError, StageOverloadedError) as exc:
-            if failure is not None:  # a retry that found no replica in time
-                exc = StageFailedError(sid, self._name(sid), f"{failure}; retry: {exc}")
-            run.fail(exc)
-            return
-        finally:
-            run.progress(sid).waiting = False
 
     # -- outputs (called synchronously from the output reader) ----------------------
 
@@ -269,11 +213,11 @@ class Orchestrator:
                 continue  # from a replica this request is no longer bound to
             self._on_chunk(run, chunk, handle)
 
-    def _on_chunk(self, run: _Run, chunk: OutputChunk, handle: ReplicaHandle) -> None:
+    def _on_chunk(self, run: Run, chunk: OutputChunk, handle: ReplicaHandle) -> None:
         sid = chunk.stage_id
         st = run.progress(sid)
-        if chunk.seq < st.next_seq:
-            return  # already delivered (a retry re-sent it)
+        if chunk.attempt != st.attempt or chunk.seq < st.next_seq:
+            return  # an earlier attempt's, or already delivered (a retry re-sent it)
         st.next_seq = chunk.seq + 1
         if chunk.text:
             st.text.append(chunk.text)
@@ -288,50 +232,29 @@ class Orchestrator:
         if chunk.usage:
             run.usage[sid] = chunk.usage
         for down in self.graph.downstream[sid]:
-            if down in run.active:
+            if down in run.active and (sid, down) not in run.direct:
                 self._forward(run, down, chunk)
         if chunk.finished:
             run.finished.add(sid)
-            del run.stages[sid]  # nothing left to retry: free what it kept
+            if not any(up == sid for up, _ in run.direct):
+                st.inputs.clear()  # nothing can make it run again: free what it kept
             self.pools[sid].release(handle, run.request_id)
         if sid in run.finals:
-            run.queue.put_nowait(
-                StageOutput(
-                    stage_id=sid,
-                    modality=chunk.modality,
-                    text=chunk.text,
-                    data=chunk.data,
-                    finished=chunk.finished,
-                    finish_reason=chunk.finish_reason,
-                    usage=chunk.usage,
-                    meta=chunk.meta,
-                )
-            )
+            run.queue.put_nowait(chunk)
         if chunk.finished and run.active <= run.finished:
-            run.queue.put_nowait(_DONE)
+            run.queue.put_nowait(DONE)
 
-    def _forward(self, run: _Run, down: int, chunk: OutputChunk) -> None:
-        msg = InputChunk(
-            request_id=run.request_id,
-            source_stage=chunk.stage_id,
-            seq=chunk.seq,
-            modality=chunk.modality,
-            text=chunk.text,
-            data=chunk.data,
-            finished=chunk.finished,
-            meta=chunk.meta,
-        )
+    def _forward(self, run: Run, down: int, chunk: OutputChunk) -> None:
         st = run.progress(down)
-        st.inputs.append(msg)
+        st.inputs.append(chunk)
         handle = run.assigned.get(down)
-        if handle is not None:
-            self.channels.post(handle.identity, msg)
-        elif not st.waiting:  # the stage's first input: dispatch it
-            self._dispatch_soon(run, down)
+        if handle is not None and not st.waiting:
+            chunk.attempt = st.attempt  # encoded at once: the stamp is this receiver's
+            self.channels.post(handle.identity, chunk)
 
     # -- the end of a request --------------------------------------------------------
 
-    def _finish(self, run: _Run) -> None:
+    def _finish(self, run: Run) -> None:
         """Abort unfinished stages and release replica slots; safe to call twice."""
         if self._runs.pop(run.request_id, None) is None:
             return
@@ -353,7 +276,7 @@ class Orchestrator:
         lost = pool.apply(t)
         if not lost:
             return
-        reason = f"replica {t.entry.replica_id} went {t.new}: {t.reason}"
+        reason = f"replica {t.entry.replica_id} went {t.new}: {t.why}"
         if t.new == ReplicaState.DOWN:
             reason = f"replica {t.entry.replica_id} shut down"
         sid = t.entry.stage_id
@@ -365,26 +288,56 @@ class Orchestrator:
             if run is not None and not run.failed:
                 self._retry(run, sid, reason)
 
-    def _retry(self, run: _Run, sid: int, reason: str) -> None:
-        """Send the stage's part of ``run`` to another replica, or fail the request."""
-        run.assigned.pop(sid, None)
-        st = run.progress(sid)
+    def _retry(self, run: Run, failed: int, reason: str) -> None:
+        """Dispatch ``failed``'s part of ``run`` again, with every stage joined to it by
+        a direct edge, as a new attempt; or fail the request."""
+        st = run.progress(failed)
         if st.retries >= self.max_retries:
             detail = f"{reason}; gave up after {st.retries} retries (--omni-max-retries)"
-            run.fail(StageFailedError(sid, self._name(sid), detail))
+            run.fail(StageFailedError(failed, self._name(failed), detail))
             return
         st.retries += 1
         self.retried_total += 1
+        # A final stage that finished has delivered everything: it never runs again.
+        group = restart_group(run, failed) - (run.finished & run.finals)
         log.info(
-            "request %s: stage %d (%s) %s; retry %d of %d",
+            "request %s: stage %d (%s) %s; retry %d of %d%s",
             run.request_id,
-            sid,
-            self._name(sid),
+            failed,
+            self._name(failed),
             reason,
             st.retries,
             self.max_retries,
+            f" (with stage(s) {sorted(group - {failed})})" if len(group) > 1 else "",
         )
-        self._dispatch_soon(run, sid, failure=reason)
+        run.attempt += 1
+        hidden = {up for up, _ in run.direct}  # stages whose outputs the head did not see
+        run.direct = {(u, d) for u, d in run.direct if u not in group and d not in group}
+        for sid in group:
+            handle = run.assigned.pop(sid, None)
+            if handle is not None and sid not in run.finished:
+                if handle.up:
+                    self.channels.post(handle.identity, Abort(run.request_id))
+                self.pools[sid].release(handle, run.request_id)
+            run.finished.discard(sid)
+            progress = run.progress(sid)
+            progress.waiting = True
+            if sid in hidden:
+                progress.restart_hidden()
+        if self._try_acquire(run, group) is None:
+            self._send_group(run, group)
+            return
+        retry = self._dispatch_again(run, group, failed, reason)
+        task = asyncio.get_running_loop().create_task(retry)
+        run.tasks.add(task)
+        task.add_done_callback(run.tasks.discard)
+
+    async def _dispatch_again(self, run: Run, group: set[int], failed: int, why: str) -> None:
+        try:
+            await self._dispatch(run, group)
+        except (StageUnavailableError, StageOverloadedError) as exc:
+            # A retry that found no replica in time.
+            run.fail(StageFailedError(failed, self._name(failed), f"{why}; retry: {exc}"))
 
     def _name(self, sid: int) -> str:
         return self.graph.stages[sid].name
@@ -393,12 +346,12 @@ class Orchestrator:
 class RequestStream:
     """The outputs of one request. Iterate once; ``close`` aborts what is unfinished."""
 
-    def __init__(self, orchestrator: Orchestrator, run: _Run) -> None:
+    def __init__(self, orchestrator: Orchestrator, run: Run) -> None:
         self._orchestrator = orchestrator
         self._run = run
         self.request_id = run.request_id
 
-    def __aiter__(self) -> AsyncIterator[StageOutput]:
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
         return self._orchestrator._outputs(self._run)
 
     def close(self) -> None:

@@ -11,8 +11,9 @@ import time
 from dataclasses import dataclass, field
 
 from omnistage.control.balancing import BalancingPolicy
-from omnistage.control.replica_table import ReplicaEntry, ReplicaState, Transition
+from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
+from omnistage.protocol.messages import ReplicaState
 
 
 @dataclass
@@ -22,6 +23,8 @@ class ReplicaHandle:
     epoch: int
     identity: bytes
     capacity: int
+    address: str = ""  # the host it registered from
+    peer_address: str = ""  # where other replicas push its inputs ("" = only via the head)
     up: bool = True
     in_flight: int = 0  # the head's live count: sent and not yet finished
     queue_length: int = 0  # from the last heartbeat
@@ -151,4 +154,6 @@ def _handle_from(e: ReplicaEntry) -> ReplicaHandle:
         epoch=e.epoch,
         identity=e.identity,
         capacity=max(1, e.capacity),
+        address=e.address,
+        peer_address=e.peer_address,
     )

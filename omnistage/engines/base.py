@@ -13,18 +13,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.config.schema import StageConfig
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import OutputChunk, Prompt
+
+# An upstream stage's output, read as this stage's input: the same message the upstream
+# replica sent (``stage_id`` is the stage it came from).
+StageInput = OutputChunk
 
 
-@dataclass(frozen=True)
-class StageInput:
-    """One chunk of an upstream stage's output."""
-
-    source_stage: int
-    modality: str
-    text: str = ""
-    data: bytes = b""
-    meta: dict[str, Any] | None = None
+def stage_input(
+    source_stage: int,
+    text: str = "",
+    modality: str = "text",
+    data: bytes = b"",
+    meta: dict[str, Any] | None = None,
+) -> StageInput:
+    """An input chunk made by hand (tests, benchmarks, direct engine use)."""
+    return OutputChunk("", source_stage, 0, 0, 0, modality, text, data, meta=meta)
 
 
 @dataclass

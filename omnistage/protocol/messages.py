@@ -11,6 +11,7 @@ Two families:
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 import msgspec
@@ -21,6 +22,48 @@ PROTOCOL_VERSION = 1
 AUTO_ASSIGN_REPLICA_ID = -1
 
 StageId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
+    """A replica incarnation's routing id on the head's input socket."""
+    return f"{stage_id}.{replica_id}.{epoch}".encode()
+
+
+class ReplicaState(enum.StrEnum):
+    """A replica's state in the head's table, as heartbeats, acks and the API show it.
+
+    STARTING (registered, engine loading) -> UP (READY received, taking traffic) ->
+    DRAINING (finishing its requests, taking no new ones) -> DOWN (said goodbye); or
+    ERROR (silent, stalled, failed or exited). UNKNOWN appears only in a HeartbeatAck:
+    the head has no such incarnation.
+    """
+
+    STARTING = "STARTING"
+    UP = "UP"
+    DRAINING = "DRAINING"
+    DOWN = "DOWN"
+    ERROR = "ERROR"
+    UNKNOWN = "UNKNOWN"
+
+
+class Reason(enum.StrEnum):
+    """Why a replica changed state. The values are what operators read (logs, the API);
+    code compares the members, never the text."""
+
+    NONE = ""
+    READY = "ready"
+    REPLACED = "replaced by a new registration"
+    SHUT_DOWN = "replica shut down"
+    DRAINING = "draining before shutdown"
+    HEARTBEATS_RESUMED = "heartbeats resumed"
+    # Failures (-> ERROR). Only HEARTBEAT_TIMEOUT is forgiven when heartbeats return.
+    HEARTBEAT_TIMEOUT = "no heartbeat within --omni-heartbeat-timeout"
+    STALLED = "engine made no progress with work in hand within --omni-stall-timeout"
+    START_TIMEOUT = "no READY within --stage-init-timeout"
+    PROCESS_EXITED = "local process exited"
+    UNREACHABLE = "its connection closed (unreachable on input)"
+    ACTOR_DIED = "replica actor died"
+
 
 # --------------------------------------------------------------------------------------
 # Registration (seed wire format, msgpack maps)
@@ -118,6 +161,9 @@ class Ready(_Tagged):
     engine: str
     pid: int
     address: str
+    # Where other replicas push this one's inputs straight to it (a PULL socket it
+    # binds); empty when it takes inputs only through the head.
+    peer_address: str = ""
 
 
 class ChatMessage(msgspec.Struct, array_like=True):
@@ -151,9 +197,17 @@ class Resume(_Tagged):
 class AddRequest(_Tagged):
     """Head -> replica: start a request.
 
-    ``upstream`` lists the stages whose outputs will arrive as InputChunk messages;
+    ``upstream`` lists the stages whose outputs will arrive as this request's input
+    (OutputChunk messages of those stages, from the head or pushed by their replicas);
     empty for source stages, which read ``prompt`` instead. ``resume`` is set on a
     retry after a replica failure.
+
+    ``peers`` are the peer addresses of the replicas of downstream stages that take this
+    stage's outputs straight from this replica (the connector seam). The head then gets
+    only the last chunk (or an error) unless ``head_all`` says it needs every chunk (the
+    stage is a final one, or some downstream stage takes its input through the head).
+    ``attempt`` numbers the runs of one request: chunks of an earlier attempt are
+    dropped by whoever receives them.
     """
 
     request_id: str
@@ -161,19 +215,9 @@ class AddRequest(_Tagged):
     upstream: list[int]
     params: dict[str, Any]
     resume: Resume | None = None
-
-
-class InputChunk(_Tagged):
-    """Head -> replica: one output chunk of an upstream stage, forwarded as input."""
-
-    request_id: str
-    source_stage: int
-    seq: int
-    modality: str
-    text: str
-    data: bytes
-    finished: bool
-    meta: dict[str, Any] | None = None
+    attempt: int = 0
+    peers: list[str] = []
+    head_all: bool = True
 
 
 class Abort(_Tagged):
@@ -190,7 +234,12 @@ class Ping(_Tagged):
 
 
 class OutputChunk(_Tagged):
-    """Replica -> head: one piece of a stage's output for a request."""
+    """One piece of a stage's output for a request: the one chunk type end to end.
+
+    A replica makes it once from what its engine yields; the same message then goes to
+    the head (which hands it to the API as is), and to the replicas of downstream
+    stages, straight or through the head, whose engines read it as their input.
+    """
 
     request_id: str
     stage_id: int
@@ -210,6 +259,7 @@ class OutputChunk(_Tagged):
     # client, e.g. a prompt longer than the context window), else a server fault.
     error_kind: str | None = None
     error_param: str | None = None
+    attempt: int = 0
 
 
 class Heartbeat(_Tagged):
@@ -218,7 +268,7 @@ class Heartbeat(_Tagged):
     stage_id: int
     replica_id: int
     epoch: int
-    status: str  # "UP" | "DRAINING" | "DOWN"
+    status: ReplicaState  # UP | DRAINING | DOWN
     queue_length: int
     in_flight: int
     progress: int
@@ -228,13 +278,13 @@ class Heartbeat(_Tagged):
 class HeartbeatAck(_Tagged):
     """Coordinator -> replica, for each heartbeat: what the head thinks of the sender.
 
-    ``state`` is the replica's state in the head's table, or "UNKNOWN" when the head
+    ``state`` is the replica's state in the head's table, or UNKNOWN when the head
     has no such incarnation (it restarted, or a newer registration replaced this one).
     A replica told UNKNOWN or ERROR, or told nothing for long enough, registers again
     (keeping its loaded engine): the head restarted, or it will not route to us.
     """
 
-    state: str
+    state: ReplicaState
     head_instance: str
 
 
@@ -244,7 +294,7 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     HandshakeInit: b"I",
     Ready: b"R",
     AddRequest: b"A",
-    InputChunk: b"C",
+    # b"C" was InputChunk (upstream outputs are OutputChunks now): never reuse it.
     Abort: b"X",
     Shutdown: b"S",
     Ping: b"P",

@@ -22,7 +22,7 @@ import zmq
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import Heartbeat, HeartbeatAck
+from omnistage.protocol.messages import Heartbeat, HeartbeatAck, ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class HeartbeatThread:
         epoch: int,
         interval_s: float,
         report: Callable[[], LoadReport],
-        status: Callable[[], str] = lambda: "UP",
+        status: Callable[[], ReplicaState] = lambda: ReplicaState.UP,
         signer: Signer | None = None,
         on_lost: Callable[[str, bool], None] | None = None,
         lost_after_s: float = 10.0,
@@ -98,7 +98,7 @@ class HeartbeatThread:
                 if self._stop.is_set():
                     break
             if self._send_down:
-                self._beat(sock, "DOWN")
+                self._beat(sock, ReplicaState.DOWN)
         finally:
             # Without a goodbye (leaving a lost head), queued beats must not reach the
             # head later and revive the incarnation we abandoned.
@@ -130,9 +130,9 @@ class HeartbeatThread:
             return
         self._last_ack = self._clock()
         self.head_instance = ack.head_instance
-        if ack.state == "UNKNOWN":
+        if ack.state == ReplicaState.UNKNOWN:
             self._lose("the head does not know this replica (it restarted or replaced us)")
-        elif ack.state == "ERROR":
+        elif ack.state == ReplicaState.ERROR:
             self._lose("the head marked this replica ERROR and will not route to it", True)
 
     def _lose(self, why: str, failed: bool = False) -> None:
@@ -141,7 +141,7 @@ class HeartbeatThread:
             if self._on_lost is not None:
                 self._on_lost(why, failed)
 
-    def _beat(self, sock: zmq.Socket, status: str) -> None:
+    def _beat(self, sock: zmq.Socket, status: ReplicaState) -> None:
         try:
             load = self._report()
         except Exception:  # a report must never kill the heartbeat

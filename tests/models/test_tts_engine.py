@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from omnistage.config.schema import StageConfig
 from omnistage.engines.audio import pcm_duration_s, wav_bytes
-from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
+from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.tts import TtsArgs, TtsEngine
 from omnistage.engines.voices import VoiceCatalog, discover_voices
 from omnistage.protocol.errors import BadRequestError, EngineError
@@ -54,7 +54,7 @@ async def no_inputs() -> AsyncIterator[StageInput]:
 
 async def inputs_of(*texts: str) -> AsyncIterator[StageInput]:
     for text in texts:
-        yield StageInput(source_stage=1, modality="text", text=text)
+        yield stage_input(1, text)
 
 
 def speak(text: str, **params: Any) -> EngineRequest:
@@ -167,11 +167,11 @@ async def test_streamed_input_is_spoken_sentence_by_sentence(engine: TtsEngine):
     async def upstream() -> AsyncIterator[StageInput]:
         nonlocal input_done
         for piece in ("Hello there, this is ", "the first sentence. And"):
-            yield StageInput(source_stage=1, modality="text", text=piece)
+            yield stage_input(1, piece)
         # Upstream is still "writing": nothing more until the first audio is out.
         await asyncio.wait_for(first_audio.wait(), timeout=30)
         for piece in (" here comes", " the second one. Pi is 3.", "14 and", " that is all"):
-            yield StageInput(source_stage=1, modality="text", text=piece)
+            yield stage_input(1, piece)
         input_done = True
 
     chunks: list[EngineChunk] = []
@@ -252,7 +252,7 @@ async def test_cancelling_mid_stream_does_not_hang(engine: TtsEngine):
 
     # Cancelled while waiting for upstream text that never comes.
     async def stuck() -> AsyncIterator[StageInput]:
-        yield StageInput(source_stage=1, modality="text", text="Half a sent")
+        yield stage_input(1, "Half a sent")
         await asyncio.Event().wait()
 
     task = asyncio.create_task(consume(EngineRequest("req-c", None, {}, stuck())))

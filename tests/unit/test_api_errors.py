@@ -9,6 +9,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
+from omnistage.api.service import RequestCounts
 
 HUGE = 2**64  # msgpack has no integer this large
 
@@ -18,7 +19,10 @@ def _head(open_: Any = None) -> SimpleNamespace:
         model_names={"p"},
         config=SimpleNamespace(pipeline="p", stages=[]),
         graph=SimpleNamespace(finals_with=lambda _: [0], stages={0: None}),
-        orchestrator=SimpleNamespace(open=open_),
+        open=open_,
+        request_counts=lambda: RequestCounts(0, 0, 0),
+        replica_entries=list,
+        pools=dict,
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
-from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
+from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.echo import EchoEngine, split_even
 from omnistage.protocol.errors import EngineError
 from omnistage.protocol.messages import ChatMessage, Prompt
@@ -27,7 +27,7 @@ async def no_inputs() -> AsyncIterator[StageInput]:
 
 async def inputs_of(*texts: str) -> AsyncIterator[StageInput]:
     for text in texts:
-        yield StageInput(source_stage=0, modality="text", text=text)
+        yield stage_input(0, text)
 
 
 def source_request(text: str) -> EngineRequest:

@@ -8,6 +8,7 @@ from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
 from omnistage.api.routes.metrics import Exposition, format_value
+from omnistage.api.service import RequestCounts
 
 
 def test_label_values_and_help_are_escaped() -> None:
@@ -27,12 +28,19 @@ def test_values() -> None:
     assert format_value(float("nan")) == "NaN"
 
 
-def test_a_head_without_pools_or_orchestrator_still_renders() -> None:
-    # The head's attributes appear as it starts; /metrics must not fail before.
-    head = SimpleNamespace(config=SimpleNamespace(pipeline="p", stages=[]))
+def test_a_head_with_no_replicas_yet_renders_every_family() -> None:
+    # Before any replica registers: zero counts, the per-state series still listed.
+    stage = SimpleNamespace(stage_id=0, name="only")
+    head = SimpleNamespace(
+        config=SimpleNamespace(pipeline="p", stages=[stage]),
+        request_counts=lambda: RequestCounts(0, 0, 0),
+        replica_entries=list,
+        pools=dict,
+    )
     with TestClient(create_app(head)) as client:
         r = client.get("/metrics")
     assert r.status_code == 200
     assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert 'omnistage_info{version="' in r.text
-    assert "omnistage_requests_started_total" not in r.text
+    assert "omnistage_requests_started_total 0" in r.text
+    assert 'omnistage_replicas{stage_id="0",stage="only",state="UP"} 0' in r.text

@@ -12,23 +12,21 @@ import pytest
 
 from omnistage.config.load import load_config
 from omnistage.control.balancing import make_policy
-from omnistage.control.replica_table import (
-    ReplicaEntry,
-    ReplicaState,
-    Transition,
-    routing_id,
-)
+from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.graph import StageGraph
-from omnistage.dataplane.orchestrator import Orchestrator, RequestStream, StageOutput
+from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
 from omnistage.dataplane.stage_pool import StagePool
+from omnistage.protocol import codec
 from omnistage.protocol.errors import StageFailedError
 from omnistage.protocol.messages import (
     Abort,
     AddRequest,
-    InputChunk,
     OutputChunk,
     Prompt,
+    Reason,
+    ReplicaState,
     Resume,
+    routing_id,
 )
 
 PROMPT = Prompt(text="hi")
@@ -41,7 +39,9 @@ class FakeChannels:
         self.sent: list[tuple[bytes, Any]] = []
 
     def post(self, identity: bytes, msg: Any) -> None:
-        self.sent.append((identity, msg))
+        # As sent: encoded now (DataChannels encodes at once), so later changes to the
+        # object do not show.
+        self.sent.append((identity, codec.decode(*codec.encode(msg))))
 
     def take(self) -> list[tuple[bytes, Any]]:
         out, self.sent = self.sent, []
@@ -52,7 +52,9 @@ def ident(sid: int, rid: int, epoch: int = 1) -> bytes:
     return routing_id(sid, rid, epoch)
 
 
-def entry(sid: int, rid: int, state: ReplicaState, epoch: int = 1) -> ReplicaEntry:
+def entry(
+    sid: int, rid: int, state: ReplicaState, epoch: int = 1, peers: bool = False
+) -> ReplicaEntry:
     return ReplicaEntry(
         stage_id=sid,
         replica_id=rid,
@@ -64,6 +66,8 @@ def entry(sid: int, rid: int, state: ReplicaState, epoch: int = 1) -> ReplicaEnt
         last_seen=0.0,
         start_deadline=0.0,
         capacity=4,
+        # Replicas that listen for peers take upstream outputs straight from them.
+        peer_address=f"tcp://127.0.0.1:{7000 + 10 * sid + rid}" if peers else "",
     )
 
 
@@ -74,8 +78,10 @@ class Head:
         replicas: dict[int, int],
         max_retries: int = 2,
         no_replica_wait_s: float = 1.0,
+        peers: bool = False,
     ) -> None:
         config = load_config(pipeline)
+        self.peers = peers
         self.channels = FakeChannels()
         self.pools = {
             s.stage_id: StagePool(s.stage_id, s.name, make_policy("round-robin"))
@@ -93,18 +99,21 @@ class Head:
                 self.up(sid, rid)
 
     def up(self, sid: int, rid: int, epoch: int = 1) -> None:
-        self.orch.on_transition(
-            Transition(entry(sid, rid, ReplicaState.UP, epoch), ReplicaState.STARTING, "UP", "")
-        )
+        e = entry(sid, rid, ReplicaState.UP, epoch, self.peers)
+        self.orch.on_transition(Transition(e, ReplicaState.STARTING, ReplicaState.UP, Reason.READY))
 
-    def fail(self, sid: int, rid: int, epoch: int = 1, reason: str = "process exited") -> None:
-        self.orch.on_transition(
-            Transition(entry(sid, rid, ReplicaState.ERROR, epoch), ReplicaState.UP, "ERROR", reason)
-        )
+    def fail(
+        self, sid: int, rid: int, epoch: int = 1, reason: Reason = Reason.PROCESS_EXITED
+    ) -> None:
+        e = entry(sid, rid, ReplicaState.ERROR, epoch, self.peers)
+        self.orch.on_transition(Transition(e, ReplicaState.UP, ReplicaState.ERROR, reason))
 
-    def out(self, sid: int, rid: int, seq: int, text: str, epoch: int = 1, **kw: Any) -> None:
+    def out(
+        self, sid: int, rid: int, seq: int, text: str, epoch: int = 1, **kw: Any
+    ) -> OutputChunk:
         chunk = OutputChunk("r1", sid, rid, epoch, seq, "text", text=text, **kw)
         self.orch.on_outputs([chunk])
+        return chunk
 
     def replica_of(self, sid: int) -> int:
         """The replica of ``sid`` the (only) request is bound to now."""
@@ -115,58 +124,66 @@ class Head:
         return sum(h.in_flight for p in self.pools.values() for h in p.replicas.values())
 
 
-async def collect(stream: RequestStream) -> list[StageOutput]:
+async def collect(stream: RequestStream) -> list[OutputChunk]:
     return await asyncio.wait_for(_collect(stream), 5)
 
 
-async def _collect(stream: RequestStream) -> list[StageOutput]:
+async def _collect(stream: RequestStream) -> list[OutputChunk]:
     return [o async for o in stream]
 
 
-def add(sid_upstream: list[int], resume: Resume | None, prompt: Prompt | None = None) -> AddRequest:
-    return AddRequest("r1", prompt, sid_upstream, {}, resume)
+def add(
+    sid_upstream: list[int], resume: Resume | None, prompt: Prompt | None = None, **kw: Any
+) -> AddRequest:
+    return AddRequest("r1", prompt, sid_upstream, {}, resume, **kw)
 
 
-def inp(source: int, seq: int, text: str, finished: bool = False) -> InputChunk:
-    return InputChunk("r1", source, seq, "text", text, b"", finished)
+def inp(source: int, rid: int, seq: int, text: str, finished: bool = False) -> OutputChunk:
+    """An output of ``source``'s replica ``rid`` as the head forwards it."""
+    return OutputChunk("r1", source, rid, 1, seq, "text", text, finished=finished)
 
 
 async def test_downstream_retry_sends_resume_and_replays_the_stage_inputs() -> None:
     head = Head("echo", {0: 1, 1: 2, 2: 1})
     stream = await head.orch.open("r1", PROMPT, finals=[2])
-    assert head.channels.take() == [(ident(0, 0), add([], None, PROMPT))]
-
-    head.out(0, 0, 0, "hel")  # the talker's first input dispatches it
     failing = head.replica_of(1)
     other = 1 - failing
+    # Every stage is bound at once; with no peer listeners, all edges go via the head.
     assert head.channels.take() == [
+        (ident(0, 0), add([], None, PROMPT)),
         (ident(1, failing), add([0], None)),
-        (ident(1, failing), inp(0, 0, "hel")),
-    ]
-    head.out(0, 0, 1, "lo")
-    head.out(1, failing, 0, "HEL")  # the vocoder's first input dispatches it
-    assert head.channels.take() == [
-        (ident(1, failing), inp(0, 1, "lo")),
         (ident(2, 0), add([1], None)),
-        (ident(2, 0), inp(1, 0, "HEL")),
+    ]
+    head.out(0, 0, 0, "hel")
+    head.out(0, 0, 1, "lo")
+    head.out(1, failing, 0, "HEL")
+    assert head.channels.take() == [
+        (ident(1, failing), inp(0, 0, 0, "hel")),
+        (ident(1, failing), inp(0, 0, 1, "lo")),
+        (ident(2, 0), inp(1, failing, 0, "HEL")),
     ]
 
     head.fail(1, failing)
     # The failed replica is told to stop (it may only be silent); the other replica
-    # gets the request with what was delivered and every input the stage had so far.
+    # gets the request with what was delivered and every input the stage had so far,
+    # stamped with the new attempt.
+    replayed = [inp(0, 0, 0, "hel"), inp(0, 0, 1, "lo")]
+    for chunk in replayed:
+        chunk.attempt = 1
     assert head.channels.take() == [
         (ident(1, failing), Abort("r1")),
-        (ident(1, other), add([0], Resume(text="HEL", data_chunks=0, seq=1))),
-        (ident(1, other), inp(0, 0, "hel")),
-        (ident(1, other), inp(0, 1, "lo")),
+        (ident(1, other), add([0], Resume(text="HEL", data_chunks=0, seq=1), attempt=1)),
+        *((ident(1, other), chunk) for chunk in replayed),
     ]
     assert head.orch.retried_total == 1
 
     # Later inputs go to the replacement only; the vocoder keeps its replica.
     head.out(0, 0, 2, "!", finished=True)
-    assert head.channels.take() == [(ident(1, other), inp(0, 2, "!", finished=True))]
-    head.out(1, other, 1, "LO!", finished=True)
-    assert head.channels.take() == [(ident(2, 0), inp(1, 1, "LO!", finished=True))]
+    forwarded = inp(0, 0, 2, "!", finished=True)
+    forwarded.attempt = 1
+    assert head.channels.take() == [(ident(1, other), forwarded)]
+    head.out(1, other, 1, "LO!", finished=True, attempt=1)
+    assert head.channels.take() == [(ident(2, 0), inp(1, other, 1, "LO!", finished=True))]
     head.out(2, 0, 0, "HELLO!", finished=True, finish_reason="stop")
 
     outputs = await collect(stream)
@@ -185,12 +202,12 @@ async def test_a_chunk_below_the_next_expected_seq_is_not_delivered_twice() -> N
     head.fail(0, failing)
     assert head.channels.take() == [
         (ident(0, failing), Abort("r1")),
-        (ident(0, other), add([], Resume(text="abcd", data_chunks=0, seq=2), PROMPT)),
+        (ident(0, other), add([], Resume(text="abcd", data_chunks=0, seq=2), PROMPT, attempt=1)),
     ]
     # The replacement sends again what the head already has, then what is new.
-    head.out(0, other, 0, "ab")
-    head.out(0, other, 1, "cd")
-    head.out(0, other, 2, "ef", finished=True, finish_reason="stop")
+    head.out(0, other, 0, "ab", attempt=1)
+    head.out(0, other, 1, "cd", attempt=1)
+    head.out(0, other, 2, "ef", finished=True, finish_reason="stop", attempt=1)
     outputs = await collect(stream)
     assert [o.text for o in outputs] == ["ab", "cd", "ef"]
     assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
@@ -206,10 +223,11 @@ async def test_a_source_stage_retry_does_not_forward_duplicates_downstream() -> 
     head.channels.take()
     head.fail(0, failing)
     sent = head.channels.take()
-    assert sent[1] == (ident(0, other), add([], Resume(text="a", data_chunks=0, seq=1), PROMPT))
-    head.out(0, other, 0, "a")  # already forwarded to the talker: dropped
-    head.out(0, other, 1, "b", finished=True)
-    assert head.channels.take() == [(ident(1, 0), inp(0, 1, "b", finished=True))]
+    resume = Resume(text="a", data_chunks=0, seq=1)
+    assert sent[1] == (ident(0, other), add([], resume, PROMPT, attempt=1))
+    head.out(0, other, 0, "a", attempt=1)  # already forwarded to the talker: dropped
+    head.out(0, other, 1, "b", finished=True, attempt=1)
+    assert head.channels.take() == [(ident(1, 0), inp(0, other, 1, "b", finished=True))]
     head.out(1, 0, 0, "AB", finished=True)
     head.out(2, 0, 0, "AB!", finished=True)
     assert [o.text for o in await collect(stream)] == ["AB!"]
@@ -227,15 +245,15 @@ async def test_chunks_from_the_failed_replica_after_the_retry_are_ignored() -> N
     # has not seen: it must not count, in the stream or in the next Resume.
     head.out(0, first, 1, "XX")
     head.out(0, first, 2, "YY", finished=True)
-    head.out(0, second, 1, "cd")
+    head.out(0, second, 1, "cd", attempt=1)
     head.channels.take()
     head.fail(0, second)
     third = head.replica_of(0)
     assert third not in (first, second)
     adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
-    assert adds == [add([], Resume(text="abcd", data_chunks=0, seq=2), PROMPT)]
+    assert adds == [add([], Resume(text="abcd", data_chunks=0, seq=2), PROMPT, attempt=2)]
     head.out(0, first, 3, "ZZ")  # still ignored
-    head.out(0, third, 2, "ef", finished=True)
+    head.out(0, third, 2, "ef", finished=True, attempt=2)
     assert [o.text for o in await collect(stream)] == ["ab", "cd", "ef"]
 
 
@@ -256,11 +274,10 @@ async def test_output_of_an_old_incarnation_is_ignored_when_its_slot_returns() -
         if head.channels.sent:
             break
         await asyncio.sleep(0.01)
-    assert head.channels.take() == [
-        (ident(0, 0, epoch=2), add([], Resume(text="ab", data_chunks=0, seq=1), PROMPT))
-    ]
+    resume = Resume(text="ab", data_chunks=0, seq=1)
+    assert head.channels.take() == [(ident(0, 0, epoch=2), add([], resume, PROMPT, attempt=1))]
     head.out(0, 0, 1, "OLD", epoch=1)
-    head.out(0, 0, 1, "cd", epoch=2, finished=True)
+    head.out(0, 0, 1, "cd", epoch=2, finished=True, attempt=1)
     assert [o.text for o in await collect(stream)] == ["ab", "cd"]
 
 
@@ -278,13 +295,14 @@ async def test_inputs_arriving_while_a_retry_waits_are_sent_once_with_the_dispat
         if head.channels.sent:
             break
         await asyncio.sleep(0.01)
+    replayed = [inp(0, 0, 0, "a"), inp(0, 0, 1, "b"), inp(0, 0, 2, "c", finished=True)]
+    for chunk in replayed:
+        chunk.attempt = 1
     assert head.channels.take() == [
-        (ident(1, 1), add([0], Resume(text="", data_chunks=0, seq=0))),
-        (ident(1, 1), inp(0, 0, "a")),
-        (ident(1, 1), inp(0, 1, "b")),
-        (ident(1, 1), inp(0, 2, "c", finished=True)),
+        (ident(1, 1), add([0], Resume(text="", data_chunks=0, seq=0), attempt=1)),
+        *((ident(1, 1), chunk) for chunk in replayed),
     ]
-    head.out(1, 1, 0, "ABC", finished=True)
+    head.out(1, 1, 0, "ABC", finished=True, attempt=1)
     head.out(2, 0, 0, "ABC!", finished=True)
     assert [o.text for o in await collect(stream)] == ["ABC!"]
 
@@ -297,15 +315,16 @@ async def test_a_drain_cut_short_moves_the_requests_without_an_abort() -> None:
     head.out(0, leaving, 0, "ab")
     head.channels.take()
     e = entry(0, leaving, ReplicaState.DRAINING)
-    head.orch.on_transition(Transition(e, ReplicaState.UP, ReplicaState.DRAINING, "draining"))
+    head.orch.on_transition(Transition(e, ReplicaState.UP, ReplicaState.DRAINING, Reason.DRAINING))
     assert head.channels.take() == []  # draining: it finishes what it has
     e = entry(0, leaving, ReplicaState.DOWN)
-    head.orch.on_transition(Transition(e, ReplicaState.DRAINING, ReplicaState.DOWN, "bye"))
+    head.orch.on_transition(
+        Transition(e, ReplicaState.DRAINING, ReplicaState.DOWN, Reason.SHUT_DOWN)
+    )
     # It said goodbye, so it is gone: nothing to abort, the request just moves.
-    assert head.channels.take() == [
-        (ident(0, other), add([], Resume(text="ab", data_chunks=0, seq=1), PROMPT))
-    ]
-    head.out(0, other, 1, "cd", finished=True)
+    resume = Resume(text="ab", data_chunks=0, seq=1)
+    assert head.channels.take() == [(ident(0, other), add([], resume, PROMPT, attempt=1))]
+    head.out(0, other, 1, "cd", finished=True, attempt=1)
     assert [o.text for o in await collect(stream)] == ["ab", "cd"]
 
 
@@ -337,13 +356,13 @@ async def test_after_max_retries_failures_the_request_fails_naming_the_flag(
         used.append(head.replica_of(0))
         head.fail(0, used[-1])
     last = head.replica_of(0)
-    head.fail(0, last, reason="engine stalled")
+    head.fail(0, last, reason=Reason.STALLED)
     with pytest.raises(StageFailedError) as info:
         await collect(stream)
     message = str(info.value)
     assert "--omni-max-retries" in message
     assert f"gave up after {max_retries} retries" in message
-    assert f"replica {last} went ERROR: engine stalled" in message
+    assert f"replica {last} went ERROR: {Reason.STALLED}" in message
     assert head.orch.retried_total == max_retries
     # Never more than 1 + max_retries replicas tried; every slot released.
     adds = [i for i, m in head.channels.sent if isinstance(m, AddRequest)]
@@ -362,7 +381,7 @@ async def test_a_retry_with_no_live_replica_fails_clearly_after_the_wait() -> No
     waited = time.monotonic() - start
     assert 0.25 <= waited < 3
     message = str(info.value)
-    assert "replica 0 went ERROR: process exited" in message
+    assert "replica 0 went ERROR: local process exited" in message
     assert "has no live replica" in message
     assert head.slots_in_use() == 0
 
@@ -377,6 +396,71 @@ async def test_closing_the_stream_while_a_retry_waits_cancels_the_wait() -> None
     await asyncio.sleep(0.05)
     head.up(0, 1)  # a replica appearing later gets nothing for the closed request
     await asyncio.sleep(0.05)
-    assert not [m for _, m in head.channels.take() if isinstance(m, AddRequest | InputChunk)]
+    assert not [m for _, m in head.channels.take() if isinstance(m, AddRequest | OutputChunk)]
     assert head.orch.in_flight == 0
     assert head.slots_in_use() == 0
+
+
+# -- replica to replica (the connector seam) ---------------------------------------------
+
+
+async def test_hidden_stages_send_straight_to_the_next_replica() -> None:
+    head = Head("echo", {0: 1, 1: 1, 2: 1}, peers=True)
+    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    # thinker -> talker -> vocoder: only the vocoder's output is the client's.
+    assert head.channels.take() == [
+        (ident(0, 0), add([], None, PROMPT, peers=["tcp://127.0.0.1:7010"], head_all=False)),
+        (ident(1, 0), add([0], None, peers=["tcp://127.0.0.1:7020"], head_all=False)),
+        (ident(2, 0), add([1], None)),
+    ]
+    # The head sees only the last chunk of each hidden stage, and forwards nothing.
+    head.out(0, 0, 3, "hello", finished=True)
+    head.out(1, 0, 0, "HELLO", finished=True)
+    assert head.channels.take() == []
+    assert head.slots_in_use() == 1  # thinker and talker slots freed by their last chunk
+    head.out(2, 0, 0, "HELLO!", finished=True)
+    assert [o.text for o in await collect(stream)] == ["HELLO!"]
+    assert head.slots_in_use() == 0
+
+
+async def test_a_lost_replica_on_a_direct_path_reruns_the_whole_path_as_a_new_attempt() -> None:
+    head = Head("echo", {0: 1, 1: 2, 2: 1}, peers=True)
+    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    failing = head.replica_of(1)
+    other = 1 - failing
+    head.out(0, 0, 3, "hello", finished=True)  # the thinker is done, its slot freed
+    head.out(2, 0, 0, "HEL")  # the client already has this
+    head.channels.take()
+    head.fail(1, failing)
+    # The talker's inputs went replica to replica, so the thinker runs again; the
+    # vocoder's did too, so it runs again as well, skipping what the client has.
+    talker_peer = f"tcp://127.0.0.1:{7010 + other}"
+    assert head.channels.take() == [
+        (ident(1, failing), Abort("r1")),
+        (ident(2, 0), Abort("r1")),
+        (ident(0, 0), add([], None, PROMPT, attempt=1, peers=[talker_peer], head_all=False)),
+        (
+            ident(1, other),
+            add([0], None, attempt=1, peers=["tcp://127.0.0.1:7020"], head_all=False),
+        ),
+        (ident(2, 0), add([1], Resume(text="HEL", data_chunks=0, seq=1), attempt=1)),
+    ]
+    head.out(2, 0, 0, "HELLO!", finished=True)  # the earlier attempt's: dropped
+    head.out(0, 0, 3, "hello", finished=True, attempt=1)
+    head.out(1, other, 0, "HELLO", finished=True, attempt=1)
+    head.out(2, 0, 1, "LO!", finished=True, attempt=1)
+    assert [o.text for o in await collect(stream)] == ["HEL", "LO!"]
+    assert head.slots_in_use() == 0
+
+
+async def test_edges_out_of_a_final_stage_stay_with_the_head() -> None:
+    # voice-like: the thinker's text is the client's, so the head forwards it.
+    head = Head("echo", {0: 1, 1: 1, 2: 1}, peers=True)
+    stream = await head.orch.open("r1", PROMPT, finals=[0, 2])
+    adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
+    assert [(a.peers, a.head_all) for a in adds] == [
+        ([], True),
+        (["tcp://127.0.0.1:7020"], False),
+        ([], True),
+    ]
+    stream.close()

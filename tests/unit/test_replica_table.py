@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from omnistage.control.replica_table import (
-    STALL_REASON,
-    TIMEOUT_REASON,
-    ReplicaState,
-    ReplicaTable,
-    routing_id,
-)
+from omnistage.control.replica_table import ReplicaTable
+from omnistage.protocol.messages import Reason, ReplicaState, routing_id
+
+TIMEOUT_REASON = Reason.HEARTBEAT_TIMEOUT
+STALL_REASON = Reason.STALLED
 
 KEY = (1, 0)
 TIMEOUT = 5.0
@@ -149,12 +147,12 @@ def test_heartbeat_after_timeout_error_reattaches_replica_to_up(table, clock):
 
 def test_error_for_another_reason_is_not_undone_by_heartbeat(table):
     make_up(table)
-    t = table.mark(KEY, 1, ReplicaState.ERROR, "process exited")
+    t = table.mark(KEY, 1, ReplicaState.ERROR, Reason.PROCESS_EXITED)
     assert t is not None and t.new == ReplicaState.ERROR
     assert beat(table, 0) is None
     entry = table.get(KEY)
     assert entry.state == ReplicaState.ERROR
-    assert entry.reason == "process exited"
+    assert entry.reason == Reason.PROCESS_EXITED
 
 
 def test_heartbeat_with_status_down_marks_replica_down(table):
@@ -262,30 +260,30 @@ def test_reregistering_slot_with_new_epoch_retires_old_up_entry(table):
 
 def test_reregistering_over_error_entry_emits_only_the_new_starting(table):
     make_up(table, epoch=1)
-    table.mark(KEY, 1, ReplicaState.ERROR, "process exited")
+    table.mark(KEY, 1, ReplicaState.ERROR, Reason.PROCESS_EXITED)
     transitions = register(table, epoch=2)
     assert [(t.old, t.new) for t in transitions] == [(None, ReplicaState.STARTING)]
 
 
 def test_mark_with_epoch_none_applies_to_any_epoch(table):
     make_up(table, epoch=7)
-    t = table.mark(KEY, None, ReplicaState.ERROR, "unreachable")
+    t = table.mark(KEY, None, ReplicaState.ERROR, Reason.UNREACHABLE)
     assert t is not None
-    assert (t.old, t.new, t.reason) == (ReplicaState.UP, ReplicaState.ERROR, "unreachable")
+    assert (t.old, t.new, t.reason) == (ReplicaState.UP, ReplicaState.ERROR, Reason.UNREACHABLE)
     assert state(table) == ReplicaState.ERROR
 
 
 def test_mark_with_wrong_epoch_is_ignored(table):
     make_up(table, epoch=7)
-    assert table.mark(KEY, 6, ReplicaState.ERROR, "stale") is None
+    assert table.mark(KEY, 6, ReplicaState.ERROR, Reason.UNREACHABLE) is None
     assert state(table) == ReplicaState.UP
 
 
 def test_mark_to_same_state_or_from_down_is_not_a_transition(table):
     make_up(table)
-    assert table.mark(KEY, None, ReplicaState.UP, "again") is None
+    assert table.mark(KEY, None, ReplicaState.UP, Reason.READY) is None
     beat(table, 0, status="DOWN")
-    assert table.mark(KEY, None, ReplicaState.ERROR, "late") is None
+    assert table.mark(KEY, None, ReplicaState.ERROR, Reason.UNREACHABLE) is None
     assert state(table) == ReplicaState.DOWN
 
 
@@ -318,7 +316,8 @@ def test_transition_entry_is_a_snapshot_not_the_live_entry(table):
 
 
 def test_draining_heartbeat_takes_the_replica_out_of_rotation_until_down() -> None:
-    from omnistage.control.replica_table import ReplicaState, ReplicaTable
+    from omnistage.control.replica_table import ReplicaTable
+    from omnistage.protocol.messages import ReplicaState
 
     now = [0.0]
     table = ReplicaTable(lambda: now[0], heartbeat_timeout_s=5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnistage.replica.restart import RestartPolicy
+from omnistage.launch.restart import RestartPolicy
 
 
 class Clock:

@@ -21,12 +21,14 @@ from omnistage.api.routes.common import (
     json_response,
     peeked,
     resolve_stage_params,
+    service,
     sse_events,
 )
 from omnistage.api.schemas import ChatCompletionRequest, body_schema, parse_body
-from omnistage.dataplane.orchestrator import RequestStream, StageOutput
+from omnistage.api.service import PipelineService
+from omnistage.dataplane.orchestrator import RequestStream
 from omnistage.engines.audio import wav_bytes
-from omnistage.protocol.messages import ChatMessage, Prompt
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
 
 router = APIRouter()
 
@@ -48,7 +50,7 @@ class _Plan:
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatCompletionRequest)
-    omni = request.app.state.omni
+    omni = service(request)
     check_model(omni, body.model)
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
@@ -60,7 +62,7 @@ async def chat_completions(request: Request) -> Response:
         for sid in plan.audio:
             stage_params.setdefault(sid, {}).update(voice=voice)
     request_id = f"chatcmpl-{next_id()}"
-    stream = await omni.orchestrator.open(
+    stream = await omni.open(
         request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params
     )
     created, model = int(time.time()), omni.config.pipeline
@@ -106,7 +108,7 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
-def _plan(omni: Any, body: ChatCompletionRequest) -> _Plan:
+def _plan(omni: PipelineService, body: ChatCompletionRequest) -> _Plan:
     modalities = set(body.modalities or ["text"])
     text = omni.graph.finals_with({"text"})
     if not text:
@@ -140,7 +142,7 @@ def _plan(omni: Any, body: ChatCompletionRequest) -> _Plan:
 
 
 def _events(
-    outputs: AsyncIterator[StageOutput], stream: RequestStream, shape: ChunkShape, plan: _Plan
+    outputs: AsyncIterator[OutputChunk], stream: RequestStream, shape: ChunkShape, plan: _Plan
 ) -> AsyncIterator[bytes]:
     index = {sid: i for i, sid in enumerate(plan.text)}
     index.update({sid: i for i, sid in enumerate(plan.audio)})
@@ -149,7 +151,7 @@ def _events(
     open_stages = {i: {sid for sid, j in index.items() if j == i} for i in set(index.values())}
     finish: dict[int, str] = {}
 
-    def render(out: StageOutput) -> list[bytes]:
+    def render(out: OutputChunk) -> list[bytes]:
         i = index[out.stage_id]
         events = []
         if out.modality == "audio" and out.data:

@@ -12,8 +12,10 @@ from starlette.responses import Response
 
 from omnistage.api.errors import ApiError, as_api_error, error_body
 from omnistage.api.schemas import SamplingFields
+from omnistage.api.service import PipelineService
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
-from omnistage.dataplane.orchestrator import RequestStream, StageOutput
+from omnistage.dataplane.orchestrator import RequestStream
+from omnistage.protocol.messages import OutputChunk
 
 json_encoder = msgspec.json.Encoder()
 
@@ -22,7 +24,12 @@ def json_response(obj: object, status: int = 200) -> Response:
     return Response(json_encoder.encode(obj), status_code=status, media_type="application/json")
 
 
-def check_model(omni: Any, model: str | None) -> None:
+def service(request: Request) -> PipelineService:
+    """The head behind this app (see ``api.service``)."""
+    return request.app.state.omni  # type: ignore[no-any-return]
+
+
+def check_model(omni: PipelineService, model: str | None) -> None:
     if model is not None and model not in omni.model_names:
         raise ApiError(
             404,
@@ -34,7 +41,7 @@ def check_model(omni: Any, model: str | None) -> None:
         )
 
 
-def resolve_stage_params(omni: Any, body: SamplingFields) -> dict[int, dict[str, Any]]:
+def resolve_stage_params(omni: PipelineService, body: SamplingFields) -> dict[int, dict[str, Any]]:
     """The ``stage_params`` extension: per-stage sampling keyed by stage id or name."""
     if not body.stage_params:
         return {}
@@ -60,7 +67,7 @@ class Collected:
     sample_rate: dict[int, int] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
 
-    def add(self, out: StageOutput) -> None:
+    def add(self, out: OutputChunk) -> None:
         if out.text and out.modality == "text":
             self.text.setdefault(out.stage_id, []).append(out.text)
         if out.data and out.modality == "audio":
@@ -92,7 +99,7 @@ async def collect(request: Request, stream: RequestStream) -> Collected | None:
         return None
 
 
-async def peeked(stream: RequestStream) -> AsyncIterator[StageOutput]:
+async def peeked(stream: RequestStream) -> AsyncIterator[OutputChunk]:
     """Wait for the first output before answering, so errors a stage reports straight
     away (bad voice, prompt too long) become a proper 4xx instead of an in-band event.
     Returns an iterator over every output, the first included."""
@@ -105,7 +112,7 @@ async def peeked(stream: RequestStream) -> AsyncIterator[StageOutput]:
         stream.close()
         raise
 
-    async def rest() -> AsyncIterator[StageOutput]:
+    async def rest() -> AsyncIterator[OutputChunk]:
         if first is not None:
             yield first
             async for out in it:
@@ -138,10 +145,10 @@ class ChunkShape:
 
 
 async def sse_events(
-    outputs: AsyncIterator[StageOutput],
+    outputs: AsyncIterator[OutputChunk],
     stream: RequestStream,
     shape: ChunkShape,
-    render: Callable[[StageOutput], list[bytes]],
+    render: Callable[[OutputChunk], list[bytes]],
     opening: list[bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """An SSE response body: ``opening``, each output rendered, then usage and [DONE].

@@ -17,11 +17,11 @@ from omnistage.api.routes.common import (
     json_response,
     peeked,
     resolve_stage_params,
+    service,
     sse_events,
 )
 from omnistage.api.schemas import CompletionRequest, body_schema, parse_body
-from omnistage.dataplane.orchestrator import StageOutput
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import OutputChunk, Prompt
 
 router = APIRouter()
 
@@ -29,7 +29,7 @@ router = APIRouter()
 @router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
 async def completions(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
-    omni = request.app.state.omni
+    omni = service(request)
     check_model(omni, body.model)
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
@@ -37,7 +37,7 @@ async def completions(request: Request) -> Response:
     if not finals:
         raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
     request_id = f"cmpl-{next_id()}"
-    stream = await omni.orchestrator.open(
+    stream = await omni.open(
         request_id,
         Prompt(text=body.prompt),
         finals,
@@ -79,7 +79,7 @@ async def completions(request: Request) -> Response:
 
 
 def _render(index: dict[int, int], shape: ChunkShape):  # type: ignore[no-untyped-def]
-    def render(out: StageOutput) -> list[bytes]:
+    def render(out: OutputChunk) -> list[bytes]:
         reason = (out.finish_reason or "stop") if out.finished else None
         if not (out.text or reason):
             return []

@@ -7,13 +7,14 @@ from starlette.responses import Response
 
 from omnistage.api.errors import error_body
 from omnistage.api.routes.common import json_response as _json_response
+from omnistage.api.routes.common import service
 
 router = APIRouter()
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
-    omni = request.app.state.omni
+    omni = service(request)
     config = omni.config
     finals = [config.stage(sid) for sid in omni.graph.final]
     return _json_response(
@@ -39,7 +40,7 @@ async def models(request: Request) -> Response:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    missing = request.app.state.omni.stages_without_replicas()
+    missing = service(request).stages_without_replicas()
     if missing:
         names = ", ".join(f"{sid} ({name})" for sid, name in missing)
         body = error_body(f"no live replica for stage(s) {names}", "service_unavailable")
@@ -50,4 +51,4 @@ async def health(request: Request) -> Response:
 
 @router.get("/v1/omni/stages")
 async def stages(request: Request) -> Response:
-    return _json_response(request.app.state.omni.stages_status())
+    return _json_response(service(request).stages_status())

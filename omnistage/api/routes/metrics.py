@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
 
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnistage import __version__
+from omnistage.api.routes.common import service
+from omnistage.api.service import PipelineService
+from omnistage.dataplane.stage_pool import StagePool
+from omnistage.protocol.messages import ReplicaState
 
 router = APIRouter()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Listed even at 0 so every stage has a stable series per state.
-REPLICA_STATES = ("STARTING", "UP", "DRAINING", "ERROR", "DOWN")
+REPLICA_STATES = tuple(str(s) for s in ReplicaState if s != ReplicaState.UNKNOWN)
 
 Labels = dict[str, str]
 
@@ -107,7 +111,7 @@ async def metrics(request: Request) -> Response:
     # async on purpose: the pools and orchestrator belong to the event loop (no locks),
     # so they must be read there, not from a worker thread.
     out = Exposition()
-    head = request.app.state.omni
+    head = service(request)
     _head_metrics(out, head)
     counts: Counter[int] | None = getattr(request.app.state, "response_counts", None)
     if counts is not None:
@@ -120,56 +124,49 @@ async def metrics(request: Request) -> Response:
     return Response(out.text(), media_type=CONTENT_TYPE)
 
 
-def _head_metrics(out: Exposition, head: Any) -> None:
-    config = getattr(head, "config", None)
-    stages = list(getattr(config, "stages", []) or [])
+def _head_metrics(out: Exposition, service: PipelineService) -> None:
+    config = service.config
     out.family(
         "omnistage_info",
         "gauge",
         "Constant 1, labelled with the version and the pipeline served.",
-        [({"version": __version__, "pipeline": str(getattr(config, "pipeline", ""))}, 1)],
+        [({"version": __version__, "pipeline": config.pipeline}, 1)],
     )
-    orch = getattr(head, "orchestrator", None)
-    if orch is not None:
-        out.family(
-            "omnistage_requests_started_total",
-            "counter",
-            "Requests the orchestrator has started.",
-            [({}, getattr(orch, "started_total", 0))],
-        )
-        out.family(
-            "omnistage_requests_in_flight",
-            "gauge",
-            "Requests started and not yet finished.",
-            [({}, getattr(orch, "in_flight", 0))],
-        )
-        out.family(
-            "omnistage_request_retries_total",
-            "counter",
-            "Stage dispatches retried on another replica after a replica failed.",
-            [({}, getattr(orch, "retried_total", 0))],
-        )
-    names = {s.stage_id: s.name for s in stages}
-    coordinator = getattr(head, "coordinator", None)
-    if coordinator is not None:
-        by_state: Counter[tuple[int, str]] = Counter(
-            (e.stage_id, str(e.state)) for e in coordinator.snapshot()
-        )
-        states = list(REPLICA_STATES) + sorted(
-            {st for _, st in by_state if st not in REPLICA_STATES}
-        )
-        out.family(
-            "omnistage_replicas",
-            "gauge",
-            "Registered replicas per stage and state.",
-            [
-                ({**_stage(sid, names), "state": st}, by_state.get((sid, st), 0))
-                for sid in sorted(names)
-                for st in states
-            ],
-        )
-    pools = getattr(head, "pools", None) or {}
-    _pool_metrics(out, pools, names)
+    counts = service.request_counts()
+    out.family(
+        "omnistage_requests_started_total",
+        "counter",
+        "Requests the orchestrator has started.",
+        [({}, counts.started_total)],
+    )
+    out.family(
+        "omnistage_requests_in_flight",
+        "gauge",
+        "Requests started and not yet finished.",
+        [({}, counts.in_flight)],
+    )
+    out.family(
+        "omnistage_request_retries_total",
+        "counter",
+        "Stage dispatches retried on another replica after a replica failed.",
+        [({}, counts.retried_total)],
+    )
+    names = {s.stage_id: s.name for s in config.stages}
+    by_state: Counter[tuple[int, str]] = Counter(
+        (e.stage_id, str(e.state)) for e in service.replica_entries()
+    )
+    states = list(REPLICA_STATES) + sorted({st for _, st in by_state if st not in REPLICA_STATES})
+    out.family(
+        "omnistage_replicas",
+        "gauge",
+        "Registered replicas per stage and state.",
+        [
+            ({**_stage(sid, names), "state": st}, by_state.get((sid, st), 0))
+            for sid in sorted(names)
+            for st in states
+        ],
+    )
+    _pool_metrics(out, service.pools(), names)
 
 
 def _stage(sid: int, names: dict[int, str]) -> Labels:
@@ -177,11 +174,11 @@ def _stage(sid: int, names: dict[int, str]) -> Labels:
     return {"stage_id": str(sid), "stage": names.get(sid, str(sid))}
 
 
-def _pool_metrics(out: Exposition, pools: dict[int, Any], names: dict[int, str]) -> None:
+def _pool_metrics(out: Exposition, pools: Mapping[int, StagePool], names: dict[int, str]) -> None:
     handles = [
         ({**_stage(sid, names), "replica": str(h.replica_id)}, h)
         for sid, pool in sorted(pools.items())
-        for _, h in sorted(getattr(pool, "replicas", {}).items())
+        for _, h in sorted(pool.replicas.items())
     ]
     per_replica = (
         ("up", "gauge", "1 if the replica takes new requests, else 0."),
@@ -199,11 +196,11 @@ def _pool_metrics(out: Exposition, pools: dict[int, Any], names: dict[int, str])
             f"omnistage_replica_{attr}",
             type_,
             help_,
-            [(labels, getattr(h, attr, 0)) for labels, h in handles],
+            [(labels, getattr(h, attr)) for labels, h in handles],
         )
     out.family(
         "omnistage_stage_waiting",
         "gauge",
         "Requests waiting for a free replica slot of the stage.",
-        [(_stage(sid, names), getattr(p, "waiting", 0)) for sid, p in sorted(pools.items())],
+        [(_stage(sid, names), p.waiting) for sid, p in sorted(pools.items())],
     )

@@ -15,11 +15,11 @@ from starlette.responses import Response, StreamingResponse
 
 from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
-from omnistage.api.routes.common import check_model, peeked
+from omnistage.api.routes.common import check_model, peeked, service
 from omnistage.api.schemas import SpeechRequest, body_schema, parse_body
-from omnistage.dataplane.orchestrator import RequestStream, StageOutput
+from omnistage.dataplane.orchestrator import RequestStream
 from omnistage.engines.audio import wav_header
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import OutputChunk, Prompt
 
 router = APIRouter()
 
@@ -29,11 +29,11 @@ MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
 @router.post("/v1/audio/speech", openapi_extra=body_schema(SpeechRequest))
 async def speech(request: Request) -> Response:
     body = await parse_body(request, SpeechRequest)
-    omni = request.app.state.omni
+    omni = service(request)
     check_model(omni, body.model)
     sid = _tts_stage(omni, body.stage)
     params = {"voice": body.voice, "speed": body.speed}
-    stream = await omni.orchestrator.open(
+    stream = await omni.open(
         f"speech-{next_id()}", Prompt(text=body.input), [sid], {}, {sid: params}, only=True
     )
     outputs = await peeked(stream)
@@ -62,7 +62,7 @@ def _tts_stage(omni: object, wanted: str | None) -> int:
 
 
 async def _audio(
-    outputs: AsyncIterator[StageOutput], stream: RequestStream, fmt: str
+    outputs: AsyncIterator[OutputChunk], stream: RequestStream, fmt: str
 ) -> AsyncIterator[bytes]:
     header_sent = fmt != "wav"
     try:

@@ -1,7 +1,7 @@
 """Starting replica processes on this host, and noticing at once when one exits.
 
-The launcher is the seam for other backends: ``--worker-backend ray`` will provide a
-class with the same ``launch``/``stop_all`` surface that places replicas on a Ray cluster.
+Each child runs ``python -m omnistage.replica`` with its options as one encoded blob in
+its environment (see ``replica.options``).
 """
 
 from __future__ import annotations
@@ -13,69 +13,18 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+
+from omnistage.launch.base import OnExit
+from omnistage.replica.options import ReplicaOptions, encode_options
 
 log = logging.getLogger(__name__)
 
-OnExit = Callable[["LocalReplicaProcess", int], None]
-
-
-@dataclass
-class ReplicaSpec:
-    stage_id: int
-    master_host: str
-    master_port: int
-    replica_id: int = -1
-    advertise_address: str | None = None
-    stage_init_timeout_s: float = 300.0
-    stage_overrides_json: str | None = None
-    binds_sockets: bool = False
-    drain_timeout_s: float = 30.0
-    log_level: str = "INFO"
-    # Passed in the environment, not argv: command lines are visible to every user.
-    auth_token: str | None = None
-    # Headless replicas outlive their head and register again; the head's own exit.
-    rejoin: bool = False
-    curve_keys: str | None = None
-    local_key: str | None = None  # environment too: the key to head-local slots
-
-    def argv(self) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "omnistage.replica",
-            "--stage-id",
-            str(self.stage_id),
-            "--replica-id",
-            str(self.replica_id),
-            "-oma",
-            self.master_host,
-            "-omp",
-            str(self.master_port),
-            "--stage-init-timeout",
-            str(self.stage_init_timeout_s),
-            "--log-level",
-            self.log_level,
-            "--drain-timeout",
-            str(self.drain_timeout_s),
-        ]
-        if self.advertise_address:
-            args += ["--omni-replica-address", self.advertise_address]
-        if self.stage_overrides_json:
-            args += ["--stage-overrides", self.stage_overrides_json]
-        if self.binds_sockets:
-            args.append("--omni-replica-binds-sockets")
-        if self.rejoin:
-            args.append("--rejoin")
-        if self.curve_keys:
-            args += ["--omni-curve-keys", self.curve_keys]
-        return args
+REPLICA_ARGV = [sys.executable, "-m", "omnistage.replica"]
 
 
 class LocalReplicaProcess:
-    def __init__(self, spec: ReplicaSpec, proc: subprocess.Popen[bytes]) -> None:
-        self.spec = spec
+    def __init__(self, options: ReplicaOptions, proc: subprocess.Popen[bytes]) -> None:
+        self.options = options
         self.proc = proc
 
     @property
@@ -109,21 +58,17 @@ class LocalLauncher:
         with self._lock:
             return list(self._procs)
 
-    def launch(self, spec: ReplicaSpec) -> LocalReplicaProcess:
+    def launch(self, options: ReplicaOptions) -> LocalReplicaProcess:
         env = dict(os.environ)
-        if spec.auth_token:
-            env["OMNISTAGE_AUTH_TOKEN"] = spec.auth_token
-        env.pop("OMNISTAGE_LOCAL_KEY", None)
-        if spec.local_key:
-            env["OMNISTAGE_LOCAL_KEY"] = spec.local_key
-        proc = subprocess.Popen(spec.argv(), preexec_fn=_die_with_parent, env=env)
-        handle = LocalReplicaProcess(spec, proc)
+        env["OMNISTAGE_REPLICA_OPTIONS"] = encode_options(options)
+        proc = subprocess.Popen(REPLICA_ARGV, preexec_fn=_die_with_parent, env=env)
+        handle = LocalReplicaProcess(options, proc)
         with self._lock:
             self._procs.append(handle)
         threading.Thread(
             target=self._watch, args=(handle,), name=f"omni-watch-{proc.pid}", daemon=True
         ).start()
-        log.info("started stage %d replica process pid %d", spec.stage_id, proc.pid)
+        log.info("started stage %d replica process pid %d", options.stage_id, proc.pid)
         return handle
 
     def _watch(self, handle: LocalReplicaProcess) -> None:

@@ -1,0 +1,110 @@
+"""One request's state in the orchestrator: per stage, the replica it is bound to and what
+the head keeps for a retry; and which edges of the graph carry its outputs replica to
+replica. Plain state, no I/O."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.stage_pool import ReplicaHandle
+from omnistage.net import is_loopback, is_loopback_url
+from omnistage.protocol.messages import OutputChunk, Prompt, Resume
+
+
+class Done:
+    """Queued after the last output of a request."""
+
+
+DONE = Done()
+
+
+@dataclass
+class StageProgress:
+    """One stage's part of a request, kept until the stage finishes it, for a retry."""
+
+    # Inputs the head forwarded to the stage (edges through the head), replayed to a
+    # replacement replica.
+    inputs: list[OutputChunk] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    data_chunks: int = 0
+    next_seq: int = 0
+    retries: int = 0
+    dispatches: int = 0
+    # The run attempt this stage's current dispatch belongs to (see AddRequest.attempt).
+    attempt: int = 0
+    # A dispatch is waiting for a replica; inputs queue in ``inputs`` meanwhile.
+    waiting: bool = False
+
+    def resume(self) -> Resume | None:
+        """What a re-dispatch must not deliver again (None on the first dispatch)."""
+        if self.dispatches <= 1:
+            return None
+        return Resume(text="".join(self.text), data_chunks=self.data_chunks, seq=self.next_seq)
+
+    def restart_hidden(self) -> None:
+        """A stage whose outputs the head does not see runs again from its start (all
+        that received them run again too): a fresh dispatch, nothing to resume."""
+        self.text, self.data_chunks, self.next_seq, self.dispatches = [], 0, 0, 0
+
+
+@dataclass
+class Run:
+    request_id: str
+    prompt: Prompt
+    params: dict[int, dict[str, Any]]
+    active: set[int]
+    finals: set[int]
+    queue: asyncio.Queue[OutputChunk | BaseException | Done] = field(default_factory=asyncio.Queue)
+    assigned: dict[int, ReplicaHandle] = field(default_factory=dict)
+    finished: set[int] = field(default_factory=set)
+    usage: dict[int, dict[str, int]] = field(default_factory=dict)
+    stages: dict[int, StageProgress] = field(default_factory=dict)
+    # Edges (upstream, downstream) whose chunks go replica to replica.
+    direct: set[tuple[int, int]] = field(default_factory=set)
+    attempt: int = 0
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    failed: bool = False
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            self.queue.put_nowait(exc)
+
+    def progress(self, sid: int) -> StageProgress:
+        st = self.stages.get(sid)
+        if st is None:
+            st = self.stages[sid] = StageProgress()
+        return st
+
+
+def direct_edge(graph: StageGraph, run: Run, up: int, down: int) -> bool:
+    """Whether ``up``'s outputs go straight to ``down``'s replica.
+
+    Only out of stages whose outputs the head does not need itself (not final for this
+    request), into replicas that listen for peers, and reachable: a loopback address
+    serves only senders on the same host, which the head knows only of loopback senders.
+    """
+    if up in run.finals:
+        return False
+    src, dst = run.assigned[up], run.assigned[down]
+    if not dst.peer_address:
+        return False
+    return not is_loopback_url(dst.peer_address) or is_loopback(src.address)
+
+
+def restart_group(run: Run, failed: int) -> set[int]:
+    """The stages to dispatch again when ``failed``'s replica is lost: those joined to it
+    by direct edges (their chunks to it, or from it, are gone with it), transitively."""
+    group = {failed}
+    todo = [failed]
+    while todo:
+        sid = todo.pop()
+        for up, down in run.direct:
+            other = down if up == sid else up if down == sid else None
+            if other is not None and other not in group:
+                group.add(other)
+                todo.append(other)
+    return group

@@ -1,0 +1,18 @@
+"""Defaults shared by the CLI flags and the options of each process role, in one place."""
+
+from __future__ import annotations
+
+HTTP_PORT = 8091
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TIMEOUT_S = 5.0
+STAGE_INIT_TIMEOUT_S = 300.0
+INIT_TIMEOUT_S = 600.0
+DRAIN_TIMEOUT_S = 30.0
+STALL_TIMEOUT_S = 60.0
+STAGE_WAIT_TIMEOUT_S = 3.0
+MAX_RETRIES = 2
+MAX_QUEUE = 1024
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+LB_POLICY = "random"
+RESTART_POLICY = "on-failure"
+LOG_LEVEL = "INFO"

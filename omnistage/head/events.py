@@ -1,0 +1,198 @@
+"""Replica events as the head handles them: registrations (and dialling replicas that bind
+their own sockets), handshakes, READY, state transitions, and lost connections.
+
+Control-thread callbacks (registration, handshake) hand loop work over with
+``call_soon_threadsafe``; everything else runs on the head's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+import zmq
+
+from omnistage.config.schema import DeployConfig
+from omnistage.control.coordinator import Coordinator
+from omnistage.control.replica_table import Transition, routing_id
+from omnistage.control.slots import Slot, SlotTable
+from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.orchestrator import Orchestrator
+from omnistage.dataplane.stage_pool import StagePool
+from omnistage.head.options import HeadOptions
+from omnistage.head.sockets import HeadSockets
+from omnistage.net import tcp_url
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    OutputChunk,
+    Ping,
+    Ready,
+    Reason,
+    RegisterRequest,
+    ReplicaState,
+    Shutdown,
+)
+
+log = logging.getLogger(__name__)
+
+
+class DialIns:
+    """Replicas that bind their own sockets, which the head dials: (stage, replica) ->
+    the handshake, input and output endpoints. Shared by the control thread and loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._urls: dict[tuple[int, int], tuple[str, str, str]] = {}
+
+    def replace(
+        self, key: tuple[int, int], urls: tuple[str, str, str] | None
+    ) -> tuple[str, str, str] | None:
+        """Record the slot's new endpoints (None: it dials in itself); return the old."""
+        with self._lock:
+            old = self._urls.pop(key, None)
+            if urls is not None:
+                self._urls[key] = urls
+            return old
+
+    def get(self, key: tuple[int, int]) -> tuple[str, str, str] | None:
+        with self._lock:
+            return self._urls.get(key)
+
+
+class ReplicaEvents:
+    def __init__(
+        self,
+        opts: HeadOptions,
+        sockets: HeadSockets,
+        slots: SlotTable,
+        lock: threading.Lock,
+        coordinator: Coordinator,
+        pools: dict[int, StagePool],
+        orchestrator: Orchestrator,
+        on_serving: Callable[[], None],
+    ) -> None:
+        self._opts = opts
+        self._config: DeployConfig = opts.config
+        self._addresses = sockets.addresses
+        self._handshake_sock = sockets.handshake
+        self._channels: DataChannels = sockets.channels
+        self._slots = slots
+        self._lock = lock
+        self._coordinator = coordinator
+        self._pools = pools
+        self._orchestrator = orchestrator
+        self._on_serving = on_serving
+        self._dialled = DialIns()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to the head's loop before any event can arrive."""
+        self._loop = loop
+
+    def _call_soon(self, fn: Callable[..., object], *args: object) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    # -- control thread --------------------------------------------------------------
+
+    def on_register(self, slot: Slot, req: RegisterRequest) -> None:
+        """A replica registered; it is STARTING until READY."""
+        key = (slot.stage_id, slot.replica_id)
+        self._coordinator.register(
+            key,
+            slot.epoch,
+            req.replica_bind_address or "",
+            slot.head_local,
+            self._opts.stage_init_timeout_s,
+        )
+        urls = None
+        if slot.binds_sockets and slot.replica_ports and slot.bind_address:
+            a, b, c = (tcp_url(slot.bind_address, port) for port in slot.replica_ports)
+            urls = (a, b, c)
+        stale = self._dialled.replace(key, urls)
+        if stale is not None:
+            # The slot's previous incarnation bound its own sockets: stop redialling them.
+            with contextlib.suppress(zmq.ZMQError):
+                self._handshake_sock.disconnect(stale[0])
+            self._call_soon(self._channels.disconnect_replica, stale[1], stale[2])
+        if urls is not None:
+            # The handshake socket belongs to this (control) thread; the data sockets
+            # to the loop.
+            self._handshake_sock.connect(urls[0])
+            self._call_soon(self._channels.connect_replica, urls[1], urls[2])
+
+    def init_for(self, stage_id: int) -> HandshakeInit:
+        """What a replica of ``stage_id`` needs to serve."""
+        return HandshakeInit(
+            stage_config=self._config.stage(stage_id).model_dump(mode="json"),
+            input_address=self._addresses.input,
+            output_address=self._addresses.output,
+            coordinator_address=self._addresses.coordinator,
+            heartbeat_interval_s=self._opts.heartbeat_interval_s,
+            stage_init_timeout_s=self._opts.stage_init_timeout_s,
+            heartbeat_timeout_s=self._opts.heartbeat_timeout_s,
+        )
+
+    def post_transition(self, t: Transition) -> None:
+        """From the control thread, launcher threads or the loop itself."""
+        self._call_soon(self._on_transition, t)
+
+    # -- the loop (DataEvents) -------------------------------------------------------
+
+    def on_outputs(self, chunks: list[OutputChunk]) -> None:
+        self._orchestrator.on_outputs(chunks)
+
+    def on_ready(self, identity: bytes, ready: Ready) -> None:
+        if identity != routing_id(ready.stage_id, ready.replica_id, ready.epoch):
+            log.warning("READY with a mismatched routing id %r dropped", identity)
+            return
+        key = (ready.stage_id, ready.replica_id)
+        ok = self._coordinator.ready(
+            key, ready.epoch, ready.capacity, ready.pid, ready.peer_address
+        )
+        if not ok:
+            log.warning(
+                "READY from stage %d replica %d epoch %d ignored (not a current registration)",
+                ready.stage_id,
+                ready.replica_id,
+                ready.epoch,
+            )
+            self._channels.post(identity, Shutdown("stale registration"))
+
+    def on_unreachable(self, identity: bytes) -> None:
+        try:
+            stage_id, replica_id, epoch = (int(p) for p in identity.split(b"."))
+        except ValueError:
+            return
+        key = (stage_id, replica_id)
+        self._coordinator.mark(key, epoch, ReplicaState.ERROR, Reason.UNREACHABLE)
+
+    def on_disconnect(self) -> None:
+        """Find which replica's connection closed by probing them all, now and again
+        shortly (ZMQ may drop the peer a moment after the event)."""
+        assert self._loop is not None
+        for delay in (0.0, 0.1, 0.5):
+            self._loop.call_later(delay, self._probe_replicas)
+
+    def _probe_replicas(self) -> None:
+        for pool in self._pools.values():
+            for handle in list(pool.replicas.values()):
+                self._channels.post(handle.identity, Ping())
+        self._channels.outbox.flush()
+
+    def _on_transition(self, t: Transition) -> None:
+        self._orchestrator.on_transition(t)
+        e = t.entry
+        if t.new == ReplicaState.DOWN:
+            with self._lock:
+                self._slots.release(e.stage_id, e.replica_id, e.epoch)
+            gone = self._dialled.get((e.stage_id, e.replica_id))
+            if gone is not None:
+                # It left for good: stop redialling its data sockets. (Its handshake
+                # endpoint, owned by the control thread, goes when the slot is reused.)
+                self._channels.disconnect_replica(gone[1], gone[2])
+        if t.new == ReplicaState.UP:
+            self._on_serving()

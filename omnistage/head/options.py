@@ -1,0 +1,95 @@
+"""The head's options: one frozen value, built from the CLI flags in one place."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from omnistage import defaults
+from omnistage.config.schema import DeployConfig
+from omnistage.replica.options import ReplicaOptions
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    config: DeployConfig
+    host: str = "127.0.0.1"
+    port: int = defaults.HTTP_PORT
+    master_host: str = "127.0.0.1"
+    master_port: int = 0  # 0: pick a free port (logged at start)
+    stage_id: int | None = None  # only this stage runs locally; others join headless
+    dp_size_local: int = 1
+    lb_policy: str = defaults.LB_POLICY
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = defaults.HEARTBEAT_TIMEOUT_S
+    stage_init_timeout_s: float = defaults.STAGE_INIT_TIMEOUT_S
+    init_timeout_s: float = defaults.INIT_TIMEOUT_S
+    no_replica_wait_s: float = defaults.STAGE_WAIT_TIMEOUT_S
+    max_retries: int = defaults.MAX_RETRIES
+    stall_timeout_s: float = defaults.STALL_TIMEOUT_S
+    shutdown_grace_s: float = 10.0
+    log_level: str = defaults.LOG_LEVEL
+    api_key: str | None = None
+    max_queue: int = defaults.MAX_QUEUE
+    restart_policy: str = defaults.RESTART_POLICY
+    auth_token: str | None = None
+    curve_keys: str | None = None  # --omni-curve-keys DIR
+    max_request_bytes: int = defaults.MAX_REQUEST_BYTES
+    log_stats: bool = False
+    stats_interval_s: float = 10.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
+        """The options of ``omnistage serve`` (validated flags, loaded config)."""
+        return cls(
+            config=config,
+            host=args.host,
+            port=args.port,
+            master_host=args.omni_master_address or "127.0.0.1",
+            master_port=args.omni_master_port or 0,
+            stage_id=args.stage_id,
+            dp_size_local=args.omni_dp_size_local,
+            lb_policy=args.omni_lb_policy,
+            heartbeat_timeout_s=args.omni_heartbeat_timeout,
+            stage_init_timeout_s=args.stage_init_timeout,
+            init_timeout_s=args.init_timeout,
+            no_replica_wait_s=args.omni_stage_wait_timeout,
+            max_retries=args.omni_max_retries,
+            stall_timeout_s=args.omni_stall_timeout,
+            log_level=args.log_level,
+            api_key=args.api_key,
+            max_queue=args.omni_max_queue,
+            restart_policy=args.omni_restart_policy,
+            auth_token=args.omni_auth_token,
+            curve_keys=args.omni_curve_keys,
+            max_request_bytes=args.max_request_bytes,
+            log_stats=args.log_stats,
+        )
+
+    def local_replicas(self) -> dict[int, int]:
+        """How many replicas of each stage this head launches itself."""
+        if self.stage_id is not None:
+            return {
+                s.stage_id: (self.dp_size_local if s.stage_id == self.stage_id else 0)
+                for s in self.config.stages
+            }
+        return {s.stage_id: s.replicas for s in self.config.stages}
+
+    def local_replica(
+        self, stage_id: int, replica_id: int, master_port: int, local_key: str
+    ) -> ReplicaOptions:
+        """The options of one of the head's own replicas (it registers into its slot)."""
+        connect_host = self.master_host
+        if connect_host in ("0.0.0.0", "::", "*"):
+            connect_host = "127.0.0.1"
+        return ReplicaOptions(
+            stage_id=stage_id,
+            replica_id=replica_id,
+            master_host=connect_host,
+            master_port=master_port,
+            stage_init_timeout_s=self.stage_init_timeout_s,
+            log_level=self.log_level,
+            auth_token=self.auth_token,
+            curve_keys=self.curve_keys,
+            local_key=local_key,
+        )

@@ -1,0 +1,255 @@
+"""The head's shell: signals, the HTTP server, start-up and shutdown.
+
+It builds the pieces in order (sockets, tables, pools, orchestrator, the event handlers,
+the control plane, local replicas) and owns none of their logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import uvicorn
+
+from omnistage.api.app import create_app
+from omnistage.control.balancing import make_policy
+from omnistage.control.coordinator import Coordinator
+from omnistage.control.handshake import HandshakeServer
+from omnistage.control.master import Master
+from omnistage.control.plane import ControlPlane
+from omnistage.control.replica_table import ReplicaTable
+from omnistage.control.slots import SlotTable
+from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.orchestrator import Orchestrator
+from omnistage.dataplane.stage_pool import StagePool
+from omnistage.head.events import ReplicaEvents
+from omnistage.head.local import LocalReplicas
+from omnistage.head.options import HeadOptions
+from omnistage.head.service import HeadService
+from omnistage.head.sockets import HeadSockets
+from omnistage.head.startup import StartupWatch, Verdict, stage_names
+from omnistage.head.stats import log_stats
+from omnistage.net import listen_tcp
+from omnistage.protocol.auth import Signer, Verifier
+from omnistage.protocol.messages import Shutdown
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the head owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Head:
+    def __init__(self, opts: HeadOptions) -> None:
+        """Claims the HTTP port, then binds every ZMQ socket; OSError (or ZMQError) if
+        either is taken, before any replica starts."""
+        self.opts = opts
+        self._http_socket = listen_tcp(opts.host, opts.port)
+        # Names this run of the head: replicas that rejoin it get their old ids back.
+        self.instance = uuid.uuid4().hex[:12]
+        self.exit_code = 0
+        self._stop = asyncio.Event()
+        # Set once every stage has had a live replica: start-up is over.
+        self._serving = threading.Event()
+        self._lock = threading.Lock()  # the slot and replica tables, shared with control
+        self.sockets = HeadSockets(opts)
+        local = opts.local_replicas()
+        # Given to local replicas only (in their options): the key to head-local slots.
+        local_key = secrets.token_hex(16)
+        self.slots = SlotTable(
+            opts.config.stage_ids,
+            preallocated=local,
+            head_local={sid: list(range(n)) for sid, n in local.items()},
+            instance=self.instance,
+            epoch_base=int(time.time() * 1000),
+            local_key=local_key,
+        )
+        self.pools = {
+            s.stage_id: StagePool(s.stage_id, s.name, make_policy(opts.lb_policy), opts.max_queue)
+            for s in opts.config.stages
+        }
+        self.orchestrator = Orchestrator(
+            StageGraph(opts.config),
+            self.pools,
+            self.sockets.channels,
+            opts.no_replica_wait_s,
+            opts.max_retries,
+        )
+        table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s, opts.stall_timeout_s)
+        self.coordinator = Coordinator(
+            table,
+            self._lock,
+            self._post_transition,
+            _verifier(opts),
+            Signer(opts.auth_token) if opts.auth_token else None,
+            self.instance,
+        )
+        self.events = ReplicaEvents(
+            opts,
+            self.sockets,
+            self.slots,
+            self._lock,
+            self.coordinator,
+            self.pools,
+            self.orchestrator,
+            self._check_serving,
+        )
+        self.master = Master(
+            self.slots, self.sockets.addresses, self.events.on_register, self._lock, _verifier(opts)
+        )
+        handshake = HandshakeServer(self.slots, self._lock, self.events.init_for, _verifier(opts))
+        self.control = ControlPlane(self.coordinator.tick)
+        self.control.add(self.sockets.master, self.master.handle)
+        self.control.add(self.sockets.handshake, handshake.handle)
+        self.control.add(self.sockets.coordinator, self.coordinator.handle)
+        self.local = LocalReplicas(
+            opts,
+            self.coordinator,
+            self.sockets.master_port,
+            local_key,
+            self._serving.is_set,
+            self._fail_soon,
+        )
+        self.service = HeadService(
+            opts, self.orchestrator, self.pools, self.coordinator, self.sockets.master_url
+        )
+
+    async def run(self) -> int:
+        loop = self._loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self.events.attach(loop)
+        self.sockets.channels.start(self.events)
+        self.control.start()
+        self._log_start()
+        self.local.start(loop)
+        server = _Server(self._http_config())
+        server_task = asyncio.create_task(server.serve([self._http_socket]), name="omni-http")
+        helpers = [
+            asyncio.create_task(self._await_stages(), name="omni-init-wait"),
+            asyncio.create_task(self._observe_load(), name="omni-load"),
+        ]
+        if self.opts.log_stats:
+            stats = log_stats(self.orchestrator, self.pools, self.opts.stats_interval_s)
+            helpers.append(asyncio.create_task(stats, name="omni-stats"))
+        stop_task = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({server_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        if server_task.done() and not self._stop.is_set():
+            exc = server_task.exception()
+            log.error("HTTP server exited%s", f": {exc}" if exc else "")
+            self.exit_code = 1
+        for task in (*helpers, stop_task):
+            task.cancel()
+        server.should_exit = True
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(server_task, self.opts.shutdown_grace_s)
+        await self._shutdown()
+        return self.exit_code
+
+    def _http_config(self) -> uvicorn.Config:
+        app = create_app(self.service, self.opts.api_key, self.opts.max_request_bytes)
+        return uvicorn.Config(
+            app,
+            host=self.opts.host,
+            port=self.opts.port,
+            log_level=self.opts.log_level.lower(),
+            lifespan="off",
+            access_log=False,
+        )
+
+    def _log_start(self) -> None:
+        config, url = self.opts.config, self.sockets.master_url
+        log.info(
+            "master listening on %s (-oma %s -omp %s); pipeline %r with stages %s",
+            url,
+            self.opts.master_host,
+            self.sockets.master_port,
+            config.pipeline,
+            ", ".join(f"{s.stage_id}:{s.name}" for s in config.stages),
+        )
+
+    async def _await_stages(self) -> None:
+        """Report stages still waiting for replicas; give up after --init-timeout."""
+        watch = StartupWatch(time.monotonic, self.opts.init_timeout_s)
+        while True:
+            missing = self.service.stages_without_replicas()
+            verdict = watch.judge(missing)
+            if verdict is Verdict.SERVING:
+                log.info(
+                    "all stages have live replicas; serving on http://%s:%d",
+                    self.opts.host,
+                    self.opts.port,
+                )
+                return
+            if verdict is Verdict.FAILED:
+                log.error(
+                    "stage(s) %s got no replica within --init-timeout (%gs); shutting down",
+                    stage_names(missing),
+                    watch.init_timeout_s,
+                )
+                self.exit_code = 1
+                self._stop.set()
+                return
+            if verdict is Verdict.NOTE:
+                log.info("waiting for replicas of stage(s) %s", stage_names(missing))
+            await asyncio.sleep(0.1)
+
+    async def _observe_load(self) -> None:
+        while True:
+            await asyncio.sleep(self.opts.heartbeat_interval_s)
+            for entry in self.coordinator.snapshot():
+                pool = self.pools.get(entry.stage_id)
+                if pool is not None:
+                    pool.observe(entry)
+
+    # -- callbacks -------------------------------------------------------------------
+
+    def _post_transition(self, t) -> None:  # type: ignore[no-untyped-def]
+        self.events.post_transition(t)
+
+    def _check_serving(self) -> None:
+        # Start-up ends the moment every stage has a live replica (as /health sees it).
+        if not self._serving.is_set() and not self.service.stages_without_replicas():
+            self._serving.set()
+
+    def _fail_soon(self) -> None:
+        """From a launcher thread: a replica could not start; stop the head."""
+        self.exit_code = 1
+        self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("received %s; shutting down", signal.Signals(sig).name)
+        self._stop.set()
+
+    # -- shutdown --------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        self.master.closing = True
+        channels = self.sockets.channels
+        for pool in self.pools.values():
+            for handle in pool.live():
+                channels.post(handle.identity, Shutdown("head shutting down"))
+        channels.outbox.flush()
+        await asyncio.sleep(0.05)  # let the Shutdown messages leave
+        await self.local.stop()
+        await channels.stop()
+        self.control.stop()
+        self.sockets.close()
+        log.info("head stopped")
+
+
+def _verifier(opts: HeadOptions) -> Verifier | None:
+    # One verifier per socket: each keeps its own replay cache.
+    return Verifier(opts.auth_token) if opts.auth_token else None

@@ -1,0 +1,75 @@
+"""The head as the API sees it: ``api.service.PipelineService`` over the orchestrator,
+the pools and the coordinator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from omnistage.api.service import RequestCounts
+from omnistage.control.coordinator import Coordinator
+from omnistage.control.replica_table import ReplicaEntry
+from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
+from omnistage.dataplane.stage_pool import StagePool
+from omnistage.head import status
+from omnistage.head.options import HeadOptions
+from omnistage.protocol.messages import Prompt
+
+
+class HeadService:
+    def __init__(
+        self,
+        opts: HeadOptions,
+        orchestrator: Orchestrator,
+        pools: dict[int, StagePool],
+        coordinator: Coordinator,
+        master_url: str,
+    ) -> None:
+        self._opts = opts
+        self.config = opts.config
+        self.graph = orchestrator.graph
+        self.model_names = frozenset({opts.config.pipeline})
+        self.started_at = int(time.time())
+        self._orchestrator = orchestrator
+        self._pools = pools
+        self._coordinator = coordinator
+        self._master_url = master_url
+
+    def open(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        finals: list[int],
+        params: dict[str, Any] | None = None,
+        stage_params: dict[int, dict[str, Any]] | None = None,
+        only: bool = False,
+    ) -> Coroutine[Any, Any, RequestStream]:
+        # Not async itself: the orchestrator's coroutine is returned as is, one frame
+        # fewer per request.
+        return self._orchestrator.open(request_id, prompt, finals, params, stage_params, only)
+
+    def stages_without_replicas(self) -> list[tuple[int, str]]:
+        return [(sid, p.name) for sid, p in self._pools.items() if not p.live()]
+
+    def stages_status(self) -> dict[str, Any]:
+        return status.stages_status(
+            self.config,
+            self._pools,
+            self._coordinator.snapshot(),
+            {
+                "master_address": self._master_url,
+                "lb_policy": self._opts.lb_policy,
+                "heartbeat_timeout_s": self._opts.heartbeat_timeout_s,
+            },
+        )
+
+    def replica_entries(self) -> list[ReplicaEntry]:
+        return self._coordinator.snapshot()
+
+    def pools(self) -> Mapping[int, StagePool]:
+        return self._pools
+
+    def request_counts(self) -> RequestCounts:
+        o = self._orchestrator
+        return RequestCounts(o.started_total, o.in_flight, o.retried_total)

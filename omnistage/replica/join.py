@@ -1,0 +1,134 @@
+"""Joining a head: register, handshake, load the engine; and joining again, with backoff,
+after the head was lost (keeping the loaded engine unless it must change)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import zmq
+
+from omnistage.config.load import apply_stage_overrides
+from omnistage.config.schema import StageConfig
+from omnistage.engines import build_engine
+from omnistage.engines.base import Engine
+from omnistage.logs import tag_logs
+from omnistage.net import detect_local_address, free_ports, is_loopback
+from omnistage.protocol.auth import Signer
+from omnistage.protocol.errors import OmniError
+from omnistage.protocol.messages import HandshakeInit, RegisterReply
+from omnistage.replica.options import ReplicaOptions
+from omnistage.replica.register import handshake, register
+
+log = logging.getLogger(__name__)
+
+
+class Joiner:
+    def __init__(self, ctx: zmq.Context, opts: ReplicaOptions, signer: Signer | None) -> None:
+        self._ctx = ctx
+        self._opts = opts
+        self._signer = signer
+        # Set to abandon a registration or handshake in progress (a signal).
+        self.cancel = threading.Event()
+        self.replica_id = opts.replica_id
+        self.address: str | None = None  # advertised; kept across rejoins
+        self.reply: RegisterReply | None = None
+        self._head_instance = ""
+
+    async def join(self) -> tuple[HandshakeInit, Engine]:
+        """Register, handshake and load the engine, all within --stage-init-timeout."""
+        deadline = time.monotonic() + self._opts.stage_init_timeout_s
+        init = await self._register_and_handshake(self._opts.stage_init_timeout_s)
+        return init, await self._load(self.stage_config(init), deadline)
+
+    async def rejoin(self, engine: Engine, failed: bool) -> tuple[HandshakeInit, Engine]:
+        """Register again until a head takes us; reload the engine only if the new head's
+        config for this stage differs from the one loaded, or the head failed us."""
+        low, high = self._opts.rejoin_backoff_s
+        delay = low
+        while True:
+            try:
+                init = await self._register_and_handshake(max(2.0, 2 * high))
+                break
+            except OmniError as exc:
+                log.info("rejoin failed (%s); trying again in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(high, delay * 2)
+        stage = self.stage_config(init)
+        changed = stage != engine.stage
+        if changed or failed:
+            # A head that failed us (a stalled engine, say) gets a fresh engine.
+            why = "config for this stage changed" if changed else "marked this replica ERROR"
+            log.info("the head's %s: reloading the engine", why)
+            await engine.shutdown()
+            deadline = time.monotonic() + self._opts.stage_init_timeout_s
+            engine = await self._load(stage, deadline)
+        log.info("rejoined the head as stage %d replica %d", self._opts.stage_id, self.replica_id)
+        return init, engine
+
+    def stage_config(self, init: HandshakeInit) -> StageConfig:
+        raw, overrides = init.stage_config, self._opts.stage_overrides
+        if overrides:
+            raw = apply_stage_overrides({"stages": [raw]}, {str(raw["stage_id"]): overrides})
+            raw = raw["stages"][0]
+        return StageConfig.model_validate(raw)
+
+    async def _register_and_handshake(self, timeout_s: float) -> HandshakeInit:
+        deadline = time.monotonic() + timeout_s
+        o = self._opts
+        address = o.advertise_address or detect_local_address(o.master_host, o.master_port)
+        if is_loopback(address) and self.address and not is_loopback(o.master_host):
+            # No route to the head right now (a rejoin during an outage): the detection
+            # falls back to loopback, which the head could not reach; keep what worked.
+            address = self.address
+        self.address = address
+        ports = tuple(free_ports(3, address)) if o.binds_sockets else None
+        previous = (self._head_instance, self.replica_id) if self._head_instance else None
+        reply = await asyncio.to_thread(
+            register,
+            self._ctx,
+            o.master_host,
+            o.master_port,
+            o.stage_id,
+            o.replica_id,
+            address,
+            timeout_s,
+            o.stage_overrides or None,
+            self.cancel,
+            ports,
+            self._signer,
+            previous,
+            o.local_key,
+        )
+        self.replica_id, self._head_instance, self.reply = (
+            reply.replica_id,
+            reply.head_instance,
+            reply,
+        )
+        tag_logs(o.stage_id, self.replica_id)
+        log.info("registered as stage %d replica %d", o.stage_id, self.replica_id)
+        return await asyncio.to_thread(
+            handshake,
+            self._ctx,
+            reply,
+            o.stage_id,
+            max(0.001, deadline - time.monotonic()),
+            o.master_host,
+            self.cancel,
+            o.binds_sockets,
+            self._signer,
+        )
+
+    async def _load(self, stage: StageConfig, deadline: float) -> Engine:
+        engine = build_engine(stage)
+        log.info("loading engine %r for stage %r", stage.engine, stage.name)
+        try:
+            await asyncio.wait_for(engine.start(), max(0.001, deadline - time.monotonic()))
+        except TimeoutError:
+            raise TimeoutError(
+                f"engine did not load within --stage-init-timeout "
+                f"({self._opts.stage_init_timeout_s:g}s)"
+            ) from None
+        return engine

@@ -1,0 +1,263 @@
+"""A replica's requests: start, feed, abort and resume them, and route their outputs.
+
+No sockets and no threads: the head's messages come in through ``handle`` (and inputs
+pushed by upstream replicas through ``feed``), and outputs leave through an injected
+``Outlet`` once per loop tick, merged where possible (see ``outputs``). Each output goes
+to the head when it needs it (``AddRequest.head_all``, or the last chunk, or an error)
+and to every downstream peer the head named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from omnistage.engines.base import Engine, EngineRequest, StageInput
+from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Ping, Shutdown
+from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
+
+log = logging.getLogger(__name__)
+
+# Inputs pushed by an upstream replica can arrive before the head's AddRequest (they
+# travel on another connection). They wait this long, at most this many requests' worth.
+EARLY_TTL_S = 60.0
+EARLY_MAX_REQUESTS = 10_000
+
+
+class Outlet(Protocol):
+    def to_head(self, chunks: list[OutputChunk]) -> None: ...
+
+    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Route:
+    attempt: int
+    head_all: bool
+    peers: tuple[str, ...]
+
+
+@dataclass
+class _Running:
+    attempt: int
+    upstream: frozenset[int]
+    inputs: asyncio.Queue[StageInput]
+    task: asyncio.Task[None] | None = None
+
+
+class RequestRunner:
+    def __init__(
+        self,
+        stage_id: int,
+        engine: Engine,
+        on_shutdown: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stage_id = stage_id
+        self.engine = engine
+        self._on_shutdown = on_shutdown
+        self._clock = clock
+        self.requests: dict[str, _Running] = {}
+        self._routes: dict[str, _Route] = {}
+        self._early: dict[str, list[tuple[float, OutputChunk]]] = {}
+        self._early_swept = clock()
+        self._outputs = OutputCoalescer()
+        self._outlet: Outlet | None = None
+        self.replica_id = self.epoch = 0
+        self.chunks_sent = 0
+
+    def bind(self, replica_id: int, epoch: int, outlet: Outlet) -> None:
+        """Serve a head as this incarnation; outputs leave through ``outlet``."""
+        self.replica_id, self.epoch, self._outlet = replica_id, epoch, outlet
+
+    # -- messages --------------------------------------------------------------------
+
+    def handle(self, msg: object) -> None:
+        """One message from the head."""
+        if isinstance(msg, OutputChunk):
+            self.feed(msg)
+        elif isinstance(msg, AddRequest):
+            self.add(msg)
+        elif isinstance(msg, Abort):
+            self.abort(msg.request_id)
+        elif isinstance(msg, Shutdown):
+            self._on_shutdown(msg.reason)
+        elif not isinstance(msg, Ping):
+            log.warning("unexpected %s on the input channel", type(msg).__name__)
+
+    def feed(self, chunk: OutputChunk) -> None:
+        """An upstream stage's output, for one of our requests (now or soon)."""
+        running = self.requests.get(chunk.request_id)
+        if running is not None and chunk.attempt == running.attempt:
+            if chunk.stage_id in running.upstream:
+                running.inputs.put_nowait(chunk)
+        elif running is None or chunk.attempt > running.attempt:
+            self._keep_early(chunk)
+
+    def add(self, msg: AddRequest) -> None:
+        if msg.request_id in self.requests:
+            log.warning("duplicate request id %s ignored", msg.request_id)
+            return
+        rid = msg.request_id
+        running = _Running(msg.attempt, frozenset(msg.upstream), asyncio.Queue())
+        for _, chunk in self._early.pop(rid, ()):
+            if chunk.attempt == msg.attempt and chunk.stage_id in running.upstream:
+                running.inputs.put_nowait(chunk)
+        self._routes[rid] = _Route(msg.attempt, msg.head_all, tuple(msg.peers))
+        request = EngineRequest(
+            request_id=rid,
+            prompt=msg.prompt,
+            params=msg.params,
+            inputs=_upstream(running.inputs, set(msg.upstream)),
+        )
+        replay: ReplayFilter | None = None
+        seq = 0
+        if msg.resume is not None:
+            # A retry of a request a failed replica had started: continue its output.
+            seq = msg.resume.seq
+            if self.engine.supports_resume:
+                request.resume_text = msg.resume.text
+            else:
+                replay = ReplayFilter(len(msg.resume.text), msg.resume.data_chunks)
+        self._outputs.start_at(rid, seq)
+        self.requests[rid] = running
+        running.task = asyncio.create_task(self._run(request, seq, replay, running))
+
+    def abort(self, request_id: str) -> None:
+        # Forget it now, not when the task ends: a retry of the same request may follow
+        # in this very batch (a silent replica that came back).
+        running = self.requests.pop(request_id, None)
+        if running is not None and running.task is not None:
+            running.task.cancel()
+
+    async def cancel_all(self) -> None:
+        tasks = [r.task for r in self.requests.values() if r.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- running ---------------------------------------------------------------------
+
+    async def _run(
+        self, request: EngineRequest, seq: int, replay: ReplayFilter | None, running: _Running
+    ) -> None:
+        rid, modality = request.request_id, self.engine.stage.output_modality
+        finished = False
+        try:
+            async for chunk in self.engine.generate(request):
+                if replay is not None:
+                    chunk.text, chunk.data = replay.apply(chunk.text, chunk.data)
+                    if not (chunk.text or chunk.data or chunk.finished):
+                        continue
+                out = self._chunk(rid, running, seq, chunk.modality, chunk.finished)
+                out.text, out.data, out.meta = chunk.text, chunk.data, chunk.meta
+                out.finish_reason, out.usage = chunk.finish_reason, chunk.usage
+                self._send(out)
+                seq += 1
+                if chunk.finished:
+                    finished = True
+                    break
+            if not finished:
+                final = self._chunk(rid, running, seq, modality, True)
+                final.finish_reason = "stop"
+                self._send(final)
+        except asyncio.CancelledError:
+            # Aborted: no more output wanted. Unless a retry of the same request already
+            # took its place here (and set where its numbering starts).
+            current = self.requests.get(rid)
+            if current is None or current is running:
+                self._outputs.forget(rid)
+        except Exception as exc:
+            log.warning("request %s failed: %s", rid, exc)
+            final = self._chunk(rid, running, seq, modality, True)
+            final.finish_reason, final.error = "error", str(exc) or repr(exc)
+            if isinstance(exc, BadRequestError):
+                final.error_kind, final.error_param = "bad_request", exc.param
+            self._send(final)
+        finally:
+            if self.requests.get(rid) is running:
+                self.requests.pop(rid, None)
+
+    def _chunk(
+        self, rid: str, running: _Running, seq: int, modality: str, finished: bool
+    ) -> OutputChunk:
+        return OutputChunk(
+            request_id=rid,
+            stage_id=self.stage_id,
+            replica_id=self.replica_id,
+            epoch=self.epoch,
+            seq=seq,
+            modality=modality,
+            finished=finished,
+            attempt=running.attempt,
+        )
+
+    # -- outputs ---------------------------------------------------------------------
+
+    def _send(self, chunk: OutputChunk) -> None:
+        # Outputs of one loop tick leave together, merged where possible (see outputs).
+        if not self._outputs:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._outputs.add(chunk)
+        self.chunks_sent += 1
+
+    def flush(self) -> None:
+        to_head: list[OutputChunk] = []
+        to_peers: dict[str, list[OutputChunk]] = {}
+        for chunk in self._outputs.drain():
+            route = self._routes.get(chunk.request_id)
+            if route is None or route.attempt != chunk.attempt:
+                to_head.append(chunk)  # a late chunk of an earlier attempt: the head drops it
+                continue
+            if route.head_all or chunk.finished:
+                to_head.append(chunk)
+            for peer in route.peers:
+                to_peers.setdefault(peer, []).append(chunk)
+            if chunk.finished:
+                del self._routes[chunk.request_id]
+        if self._outlet is None:
+            return
+        if to_head:
+            self._outlet.to_head(to_head)
+        for peer, chunks in to_peers.items():
+            self._outlet.to_peer(peer, chunks)
+
+    def forget_routes(self) -> None:
+        """Leaving a head: what it asked for is void."""
+        self._outputs.drain()
+        self._routes.clear()
+        self._early.clear()
+
+    # -- inputs that came early --------------------------------------------------------
+
+    def _keep_early(self, chunk: OutputChunk) -> None:
+        now = self._clock()
+        full = chunk.request_id not in self._early and len(self._early) >= EARLY_MAX_REQUESTS
+        if full or now - self._early_swept > EARLY_TTL_S:
+            self._sweep_early(now)
+        self._early.setdefault(chunk.request_id, []).append((now, chunk))
+
+    def _sweep_early(self, now: float) -> None:
+        self._early_swept = now
+        stale = [rid for rid, kept in self._early.items() if now - kept[-1][0] > EARLY_TTL_S]
+        for rid in stale:
+            del self._early[rid]
+        while len(self._early) >= EARLY_MAX_REQUESTS:  # still full: oldest first
+            del self._early[next(iter(self._early))]
+
+
+async def _upstream(
+    queue: asyncio.Queue[StageInput], open_sources: set[int]
+) -> AsyncIterator[StageInput]:
+    """Yield upstream chunks until every upstream stage has sent its last one."""
+    while open_sources:
+        chunk = await queue.get()
+        if chunk.text or chunk.data:
+            yield chunk
+        if chunk.finished:
+            open_sources.discard(chunk.stage_id)

@@ -1,0 +1,203 @@
+"""A replica's connection to one head: the data sockets, the peer sockets, the heartbeat.
+
+Opened once the engine is loaded (it sends READY), closed when the replica stops or
+leaves that head to look for another. Inbound messages go to the request runner;
+outbound chunks come from it through the ``Outlet`` methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from omnistage.logs import Throttled
+from omnistage.protocol import codec
+from omnistage.protocol.auth import Signer, Verifier
+from omnistage.protocol.errors import ProtocolError
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    OutputChunk,
+    Ready,
+    RegisterReply,
+    ReplicaState,
+    routing_id,
+)
+from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
+from omnistage.replica.requests import RequestRunner
+from omnistage.zmqio import Pump
+
+log = logging.getLogger(__name__)
+_bad_input = Throttled(log)
+
+# A peer that stopped reading gets this many messages queued, then ours are dropped:
+# the head notices that replica's failure and runs the request again elsewhere.
+_PEER_HWM = 10_000
+
+
+class HeadSession:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        runner: RequestRunner,
+        reply: RegisterReply,
+        init: HandshakeInit,
+        address: str,
+        binds_sockets: bool,
+        peers: bool,
+    ) -> None:
+        self._ctx = ctx
+        self._runner = runner
+        self._reply = reply
+        self._init = init
+        self._address = address
+        self._binds_sockets = binds_sockets
+        self._peers_enabled = peers
+        self._peer_out: dict[str, zmq.Socket] = {}
+        self._output_tag = codec.TAGS[OutputChunk]
+        self._output_decoder = msgspec.msgpack.Decoder(OutputChunk)
+        self.heartbeat: HeartbeatThread | None = None
+
+    def open(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        status: Callable[[], ReplicaState],
+        signer: Signer | None,
+        verifier: Verifier | None,
+        on_lost: Callable[[str, bool], None],
+    ) -> None:
+        """Connect (or bind), say READY, start reading and heartbeating."""
+        reply, init, runner = self._reply, self._init, self._runner
+        stage_id = runner.stage_id
+        self._in = self._ctx.socket(zmq.DEALER)
+        self._in.setsockopt(zmq.ROUTING_ID, routing_id(stage_id, reply.replica_id, reply.epoch))
+        self._in.setsockopt(zmq.LINGER, 0)
+        self._in.setsockopt(zmq.RCVHWM, 100_000)
+        self._out = self._ctx.socket(zmq.PUSH)
+        self._out.setsockopt(zmq.LINGER, 1000)
+        self._out.setsockopt(zmq.SNDHWM, 100_000)
+        if self._binds_sockets:
+            self._in.bind(reply.input_address)
+            self._out.bind(reply.output_address)
+        else:
+            self._in.connect(init.input_address)
+            self._out.connect(init.output_address)
+        peer_address = ""
+        self._peer_in: zmq.Socket | None = None
+        if self._peers_enabled:
+            self._peer_in = self._ctx.socket(zmq.PULL)
+            self._peer_in.setsockopt(zmq.LINGER, 0)
+            self._peer_in.setsockopt(zmq.RCVHWM, 100_000)
+            self._peer_in.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
+            port = self._peer_in.bind_to_random_port(f"tcp://{self._address}")
+            peer_address = f"tcp://{self._address}:{port}"
+        runner.bind(reply.replica_id, reply.epoch, self)
+        self.heartbeat = HeartbeatThread(
+            self._ctx,
+            init.coordinator_address,
+            stage_id,
+            reply.replica_id,
+            reply.epoch,
+            init.heartbeat_interval_s,
+            self._load_report,
+            status,
+            signer,
+            on_lost,
+            2 * init.heartbeat_timeout_s,
+            verifier=verifier,
+        )
+        ready = Ready(
+            stage_id=stage_id,
+            replica_id=reply.replica_id,
+            epoch=reply.epoch,
+            capacity=runner.engine.capacity,
+            engine=runner.engine.name,
+            pid=os.getpid(),
+            address=self._address,
+            peer_address=peer_address,
+        )
+        self._in.send_multipart(codec.encode(ready))
+        self._pump = Pump(loop, self._in, self._on_frames)
+        self._peer_pump = Pump(loop, self._peer_in, self._on_peer_frames) if self._peer_in else None
+        self.heartbeat.start()
+
+    def close(self, say_down: bool) -> None:
+        """Stop reading and heartbeating; ``say_down`` tells the head we leave for good."""
+        self._pump.close()
+        if self._peer_pump is not None:
+            self._peer_pump.close()
+        if self.heartbeat is not None:
+            self.heartbeat.stop(send_down=say_down)
+        self._in.close()
+        # Queued outputs still leave when we stop for good; not when leaving a lost head.
+        self._out.close(linger=1000 if say_down else 0)
+        for sock in (self._peer_in, *self._peer_out.values()):
+            if sock is not None:
+                sock.close(linger=1000 if say_down else 0)
+        self._peer_out.clear()
+
+    # -- Outlet ----------------------------------------------------------------------
+
+    def to_head(self, chunks: list[OutputChunk]) -> None:
+        frames = _frames(chunks)
+        try:
+            self._out.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            # 100k messages queued: the head stopped reading. Keep them rather than drop.
+            self._out.send_multipart(frames)
+
+    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
+        sock = self._peer_out.get(address)
+        if sock is None:
+            sock = self._peer_out[address] = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, _PEER_HWM)
+            sock.connect(address)
+        try:
+            sock.send_multipart(_frames(chunks), zmq.NOBLOCK)
+        except zmq.Again:
+            _bad_input.warning("peer %s is not reading; dropped %d chunk(s)", address, len(chunks))
+
+    # -- inbound ---------------------------------------------------------------------
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        try:
+            messages = codec.decode_batch(frames)
+        except ProtocolError as exc:
+            _bad_input.warning("dropped a bad message from the head: %s", exc)
+            return
+        for msg in messages:
+            self._runner.handle(msg)
+
+    def _on_peer_frames(self, frames: list[bytes]) -> None:
+        # The hot path between replicas: output chunks only, checked tag by tag.
+        tag = self._output_tag
+        if not frames or len(frames) % 2 or any(f != tag for f in frames[::2]):
+            _bad_input.warning("dropped a peer message that is not a batch of output chunks")
+            return
+        try:
+            chunks = [self._output_decoder.decode(body) for body in frames[1::2]]
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            _bad_input.warning("dropped a bad peer batch: %s", exc)
+            return
+        for chunk in chunks:
+            self._runner.feed(chunk)
+
+    def _load_report(self) -> LoadReport:
+        engine = self._runner.engine
+        return LoadReport(
+            queue_length=engine.queue_length,
+            in_flight=len(self._runner.requests),
+            progress=engine.progress + self._runner.chunks_sent,
+        )
+
+
+def _frames(chunks: list[OutputChunk]) -> list[bytes]:
+    frames: list[bytes] = []
+    for chunk in chunks:
+        frames.extend(codec.encode(chunk))
+    return frames

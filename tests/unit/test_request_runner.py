@@ -1,0 +1,123 @@
+"""The replica's request runner with a real echo engine and no sockets: outputs are
+captured by a recording Outlet; decoding, starting, aborting, resuming, numbering and
+routing (head or peers) are the real code."""
+
+from __future__ import annotations
+
+import asyncio
+
+from omnistage.config.schema import StageConfig
+from omnistage.engines import build_engine
+from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, Resume
+from omnistage.replica.requests import RequestRunner
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.head: list[OutputChunk] = []
+        self.peers: dict[str, list[OutputChunk]] = {}
+
+    def to_head(self, chunks: list[OutputChunk]) -> None:
+        self.head.extend(chunks)
+
+    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
+        self.peers.setdefault(address, []).extend(chunks)
+
+
+def _runner(stage_id: int = 0, **engine_args: object) -> tuple[RequestRunner, Recorder]:
+    stage = StageConfig(stage_id=stage_id, name="echo", engine="echo", engine_args=engine_args)
+    runner = RequestRunner(stage_id, build_engine(stage), lambda _why: None)
+    out = Recorder()
+    runner.bind(replica_id=3, epoch=7, outlet=out)
+    return runner, out
+
+
+async def _settle(runner: RequestRunner) -> None:
+    for _ in range(200):
+        if not runner.requests:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.02)
+
+
+def _add(rid: str, text: str, resume: Resume | None = None, **kw: object) -> AddRequest:
+    return AddRequest(rid, Prompt(text=text), [], {}, resume, **kw)  # type: ignore[arg-type]
+
+
+def _input(rid: str, source: int, text: str, finished: bool, attempt: int = 0) -> OutputChunk:
+    return OutputChunk(rid, source, 0, 1, 0, "text", text, finished=finished, attempt=attempt)
+
+
+async def test_abort_then_retry_in_one_batch_runs_the_retry_numbered_from_resume() -> None:
+    runner, out = _runner(num_chunks=4, chunk_delay_s=0.02, suffix="!")
+    runner.handle(_add("r", "abcdefgh"))
+    await asyncio.sleep(0.05)  # a chunk or two out
+    out.head.clear()
+    # The head took the request back (a silent replica) and then gave it to us again.
+    runner.handle(Abort("r"))
+    runner.handle(_add("r", "abcdefgh", Resume("ab", 0, 7)))
+    await _settle(runner)
+    mine = [c for c in out.head if c.request_id == "r"]
+    assert mine, "the retry produced nothing: it was taken for a duplicate"
+    assert [c.seq for c in mine] == list(range(7, 7 + len(mine)))
+    assert "".join(c.text for c in mine) == "cdefgh!"
+    assert mine[-1].finished
+    assert (mine[0].replica_id, mine[0].epoch) == (3, 7)
+
+
+async def test_a_resumed_rerun_drops_what_the_client_already_has() -> None:
+    runner, out = _runner(num_chunks=3, suffix=" [s]")
+    runner.handle(_add("q", "hello world", Resume("hello w", 0, 2)))
+    await _settle(runner)
+    assert "".join(c.text for c in out.head) == "orld [s]"
+    assert out.head[0].seq == 2 and out.head[-1].finished
+
+
+async def test_a_plain_abort_stops_the_request_and_frees_its_numbering() -> None:
+    runner, out = _runner(num_chunks=8, chunk_delay_s=0.05)
+    runner.handle(_add("z", "abcdefgh"))
+    await asyncio.sleep(0.08)
+    runner.handle(Abort("z"))
+    await _settle(runner)
+    assert not runner.requests
+    assert not any(c.finished for c in out.head)
+    assert "z" not in runner._outputs._next_seq
+
+
+async def test_outputs_go_to_peers_and_only_the_last_chunk_to_the_head() -> None:
+    runner, out = _runner(num_chunks=4, chunk_delay_s=0.01, suffix="")
+    runner.handle(_add("p", "abcdefgh", peers=["tcp://a:1", "tcp://b:2"], head_all=False))
+    await _settle(runner)
+    for peer in ("tcp://a:1", "tcp://b:2"):
+        assert "".join(c.text for c in out.peers[peer]) == "abcdefgh"
+        assert out.peers[peer][-1].finished
+    assert len(out.head) == 1 and out.head[0].finished
+
+
+async def test_head_all_sends_every_chunk_to_the_head_as_well() -> None:
+    runner, out = _runner(num_chunks=4, chunk_delay_s=0.01, suffix="")
+    runner.handle(_add("p", "abcdefgh", peers=["tcp://a:1"], head_all=True))
+    await _settle(runner)
+    assert "".join(c.text for c in out.head) == "abcdefgh"
+    assert [c.seq for c in out.head] == [c.seq for c in out.peers["tcp://a:1"]]
+
+
+async def test_inputs_that_arrive_before_the_add_request_are_kept_for_it() -> None:
+    runner, out = _runner(stage_id=1, suffix=" [1]")
+    # An upstream replica's pushes can overtake the head's AddRequest.
+    runner.feed(_input("e", 0, "early ", False, attempt=2))
+    runner.feed(_input("e", 0, "bird", True, attempt=2))
+    runner.feed(_input("e", 0, "stale", True, attempt=1))  # an earlier attempt's
+    runner.handle(AddRequest("e", None, [0], {}, attempt=2))
+    await _settle(runner)
+    assert "".join(c.text for c in out.head) == "early bird [1]"
+    assert all(c.attempt == 2 for c in out.head)
+
+
+async def test_inputs_of_another_attempt_are_dropped() -> None:
+    runner, out = _runner(stage_id=1, suffix="")
+    runner.handle(AddRequest("a", None, [0], {}, attempt=1))
+    runner.feed(_input("a", 0, "old", False, attempt=0))
+    runner.feed(_input("a", 0, "new", True, attempt=1))
+    await _settle(runner)
+    assert "".join(c.text for c in out.head) == "new"
