@@ -27,6 +27,20 @@ log = logging.getLogger(__name__)
 # Messages handled per callback before yielding the loop to other work.
 _DRAIN_BUDGET = 512
 
+# Plain ints: pyzmq's flags are IntFlag members, and combining them per frame (as
+# ``send_multipart`` does) builds a new enum member each time, a measurable cost on the
+# data plane's hot path.
+NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+    """``send_multipart`` for the hot path: one multipart message of ``frames``."""
+    more = flags | _SNDMORE
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, more if i < last else flags)
+
 
 class Pump:
     def __init__(

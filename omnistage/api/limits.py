@@ -25,9 +25,13 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        declared = _content_length(scope["headers"])
+        if declared is not None:
+            # The server reads exactly the declared length: nothing to count.
+            if declared > self.max_bytes:
+                await self._refuse(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         seen = 0
         started = False
@@ -60,3 +64,10 @@ class BodyLimitMiddleware:
             code="request_too_large",
         )
         await response(scope, receive, send)
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None

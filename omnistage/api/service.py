@@ -20,6 +20,8 @@ class RequestCounts:
     started_total: int
     in_flight: int
     retried_total: int
+    direct_edges_total: int = 0
+    forwarded_chunks_total: int = 0
 
 
 class PipelineService(Protocol):

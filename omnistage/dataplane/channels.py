@@ -20,7 +20,7 @@ from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import OutputChunk, Ready
-from omnistage.zmqio import Outbox, Pump
+from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
@@ -105,7 +105,7 @@ class DataChannels:
     def _send_batch(self, identity: Hashable, frames: list[bytes]) -> None:
         assert isinstance(identity, bytes)
         try:
-            self.input.send_multipart([identity, *frames], zmq.NOBLOCK)
+            send_frames(self.input, [identity, *frames], NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise

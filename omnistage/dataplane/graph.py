@@ -14,20 +14,26 @@ class StageGraph:
             for upstream in stage.inputs:
                 self.downstream[upstream].append(stage.stage_id)
         self.final = [s.stage_id for s in config.stages if s.final_output]
+        # Plain copies of what the orchestrator reads per request (pydantic attribute
+        # access costs more than a dict lookup on that path).
+        self.inputs: dict[int, tuple[int, ...]] = {s.stage_id: s.inputs for s in config.stages}
+        self.sampling_defaults: dict[int, dict[str, object]] = {
+            s.stage_id: dict(s.default_sampling_params) for s in config.stages
+        }
 
     def topological(self) -> list[int]:
         """Every stage id, each after all of its inputs (the config is acyclic)."""
         order: list[int] = []
         placed: set[int] = set()
         while len(order) < len(self.stages):
-            for sid, stage in sorted(self.stages.items()):
-                if sid not in placed and placed.issuperset(stage.inputs):
+            for sid in sorted(self.stages):
+                if sid not in placed and placed.issuperset(self.inputs[sid]):
                     order.append(sid)
                     placed.add(sid)
         return order
 
     def upstream(self, stage_id: int) -> tuple[int, ...]:
-        return self.stages[stage_id].inputs
+        return self.inputs[stage_id]
 
     def finals_with(self, modalities: set[str]) -> list[int]:
         return [sid for sid in self.final if self.stages[sid].output_modality in modalities]
@@ -40,5 +46,5 @@ class StageGraph:
             sid = todo.pop()
             if sid not in needed:
                 needed.add(sid)
-                todo.extend(self.stages[sid].inputs)
+                todo.extend(self.inputs[sid])
         return needed

@@ -61,6 +61,9 @@ class Orchestrator:
         self._order = graph.topological()
         self.started_total = 0
         self.retried_total = 0
+        # Stage-to-stage edges of dispatched requests, by how their chunks travel.
+        self.direct_edges_total = 0
+        self.forwarded_chunks_total = 0  # chunks the head passed on between stages
 
     @property
     def in_flight(self) -> int:
@@ -97,7 +100,7 @@ class Orchestrator:
             # a missing downstream stage is a 503 up front, not an error mid-stream.
             deadline = time.monotonic() + self.no_replica_wait_s
             for sid in self._order:
-                if sid in active:
+                if sid in active and not self.pools[sid].has_live():
                     await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
             await self._dispatch(run, active)
         except BaseException:
@@ -124,7 +127,7 @@ class Orchestrator:
         params: dict[str, Any] | None,
         stage_params: dict[int, dict[str, Any]] | None,
     ) -> dict[str, Any]:
-        defaults = self.graph.stages[sid].default_sampling_params
+        defaults = self.graph.sampling_defaults[sid]
         extra = stage_params.get(sid) if stage_params else None
         if not extra and not defaults:
             return params or {}
@@ -163,6 +166,7 @@ class Orchestrator:
             for down in self.graph.downstream[up]:
                 if down in group and direct_edge(self.graph, run, up, down):
                     run.direct.add((up, down))
+                    self.direct_edges_total += 1
         for sid in self._order:
             if sid not in group:
                 continue
@@ -251,6 +255,7 @@ class Orchestrator:
         if handle is not None and not st.waiting:
             chunk.attempt = st.attempt  # encoded at once: the stamp is this receiver's
             self.channels.post(handle.identity, chunk)
+            self.forwarded_chunks_total += 1
 
     # -- the end of a request --------------------------------------------------------
 

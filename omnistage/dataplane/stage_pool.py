@@ -45,9 +45,13 @@ class StagePool:
         self.waiting = 0
         self.replicas: dict[int, ReplicaHandle] = {}
         self._changed = asyncio.Event()
+        self._sleepers = 0  # tasks waiting on _changed: only they need waking
 
     def live(self) -> list[ReplicaHandle]:
         return [r for r in self.replicas.values() if r.up]
+
+    def has_live(self) -> bool:
+        return any(r.up for r in self.replicas.values())
 
     def apply(self, t: Transition) -> set[str]:
         """Apply a state transition; returns request ids lost with a failed replica."""
@@ -115,27 +119,20 @@ class StagePool:
                     f"all {len(live)} live replica(s) at capacity for {wait_s:.1f}s",
                 )
             raise StageUnavailableError(self.stage_id, self.name, wait_s)
-        self._changed.clear()
         self.waiting += 1
         try:
-            await asyncio.wait_for(self._changed.wait(), left)
-        except TimeoutError:
-            pass
+            await self._sleep(left)
         finally:
             self.waiting -= 1
 
     async def wait_live(self, deadline: float, wait_s: float) -> None:
         """Return once the stage has a live replica; StageUnavailableError at ``deadline``
         (a time.monotonic value; ``wait_s`` is the whole wait, for the message)."""
-        while not self.live():
+        while not self.has_live():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise StageUnavailableError(self.stage_id, self.name, wait_s)
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                pass
+            await self._sleep(left)
 
     def release(self, handle: ReplicaHandle, request_id: str) -> None:
         if request_id in handle.requests:
@@ -143,8 +140,20 @@ class StagePool:
             handle.in_flight -= 1
             self._wake()
 
+    async def _sleep(self, timeout: float) -> None:
+        """Until the pool changes, or ``timeout``."""
+        self._changed.clear()
+        self._sleepers += 1
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._sleepers -= 1
+
     def _wake(self) -> None:
-        self._changed.set()
+        if self._sleepers:
+            self._changed.set()
 
 
 def _handle_from(e: ReplicaEntry) -> ReplicaHandle:

@@ -167,6 +167,9 @@ class Head:
             log_level=self.opts.log_level.lower(),
             lifespan="off",
             access_log=False,
+            # Nothing reads the client address (no access log): skip the layer that
+            # rewrites it from X-Forwarded-For on every request.
+            proxy_headers=False,
         )
 
     def _log_start(self) -> None:

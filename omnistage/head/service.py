@@ -72,4 +72,10 @@ class HeadService:
 
     def request_counts(self) -> RequestCounts:
         o = self._orchestrator
-        return RequestCounts(o.started_total, o.in_flight, o.retried_total)
+        return RequestCounts(
+            o.started_total,
+            o.in_flight,
+            o.retried_total,
+            o.direct_edges_total,
+            o.forwarded_chunks_total,
+        )

@@ -29,7 +29,7 @@ from omnistage.protocol.messages import (
 )
 from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
 from omnistage.replica.requests import RequestRunner
-from omnistage.zmqio import Pump
+from omnistage.zmqio import NOBLOCK, Pump, send_frames
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
@@ -145,7 +145,7 @@ class HeadSession:
     def to_head(self, chunks: list[OutputChunk]) -> None:
         frames = _frames(chunks)
         try:
-            self._out.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self._out, frames, NOBLOCK)
         except zmq.Again:
             # 100k messages queued: the head stopped reading. Keep them rather than drop.
             self._out.send_multipart(frames)
@@ -158,7 +158,7 @@ class HeadSession:
             sock.setsockopt(zmq.SNDHWM, _PEER_HWM)
             sock.connect(address)
         try:
-            sock.send_multipart(_frames(chunks), zmq.NOBLOCK)
+            send_frames(sock, _frames(chunks), NOBLOCK)
         except zmq.Again:
             _bad_input.warning("peer %s is not reading; dropped %d chunk(s)", address, len(chunks))
 

@@ -151,6 +151,18 @@ def _head_metrics(out: Exposition, service: PipelineService) -> None:
         "Stage dispatches retried on another replica after a replica failed.",
         [({}, counts.retried_total)],
     )
+    out.family(
+        "omnistage_direct_edges_total",
+        "counter",
+        "Stage-to-stage edges of dispatched requests whose chunks went replica to replica.",
+        [({}, counts.direct_edges_total)],
+    )
+    out.family(
+        "omnistage_forwarded_chunks_total",
+        "counter",
+        "Output chunks the head passed on from one stage to the next.",
+        [({}, counts.forwarded_chunks_total)],
+    )
     names = {s.stage_id: s.name for s in config.stages}
     by_state: Counter[tuple[int, str]] = Counter(
         (e.stage_id, str(e.state)) for e in service.replica_entries()
