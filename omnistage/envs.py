@@ -29,12 +29,6 @@ def keep_model_hubs_offline() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def local_key() -> str | None:
-    """OMNISTAGE_LOCAL_KEY: set by the head for its own replica processes only; it lets
-    them register into the head-local slots, which nobody else may claim."""
-    return os.environ.get("OMNISTAGE_LOCAL_KEY") or None
-
-
 def auth_token() -> str | None:
     """OMNISTAGE_AUTH_TOKEN: the default for --omni-auth-token (how local replicas get it)."""
     return os.environ.get("OMNISTAGE_AUTH_TOKEN") or None
