@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -37,6 +38,8 @@ _bad_input = Throttled(log)
 # A peer that stopped reading gets this many messages queued, then ours are dropped:
 # the head notices that replica's failure and runs the request again elsewhere.
 _PEER_HWM = 10_000
+# A socket to a peer we have not pushed to for this long is closed.
+_PEER_IDLE_S = 60.0
 
 
 class HeadSession:
@@ -57,7 +60,10 @@ class HeadSession:
         self._address = address
         self._binds_sockets = binds_sockets
         self._peers_enabled = peers
-        self._peer_out: dict[str, zmq.Socket] = {}
+        self._peer_in: zmq.Socket | None = None
+        # Downstream replicas we push to: address -> (socket, when last used).
+        self._peer_out: dict[str, tuple[zmq.Socket, float]] = {}
+        self._peers_pruned = time.monotonic()
         self._output_tag = codec.TAGS[OutputChunk]
         self._output_decoder = msgspec.msgpack.Decoder(OutputChunk)
         self.heartbeat: HeartbeatThread | None = None
@@ -86,15 +92,7 @@ class HeadSession:
         else:
             self._in.connect(init.input_address)
             self._out.connect(init.output_address)
-        peer_address = ""
-        self._peer_in: zmq.Socket | None = None
-        if self._peers_enabled:
-            self._peer_in = self._ctx.socket(zmq.PULL)
-            self._peer_in.setsockopt(zmq.LINGER, 0)
-            self._peer_in.setsockopt(zmq.RCVHWM, 100_000)
-            self._peer_in.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
-            port = self._peer_in.bind_to_random_port(f"tcp://{self._address}")
-            peer_address = f"tcp://{self._address}:{port}"
+        peer_address = self._listen_for_peers() if self._peers_enabled else ""
         runner.bind(reply.replica_id, reply.epoch, self)
         self.heartbeat = HeartbeatThread(
             self._ctx,
@@ -125,6 +123,26 @@ class HeadSession:
         self._peer_pump = Pump(loop, self._peer_in, self._on_peer_frames) if self._peer_in else None
         self.heartbeat.start()
 
+    def _listen_for_peers(self) -> str:
+        """Bind the PULL that upstream replicas push to; "" (inputs only through the head)
+        when the advertised address is not one of this host's (behind NAT, say)."""
+        sock = self._ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
+        try:
+            port = sock.bind_to_random_port(f"tcp://{self._address}")
+        except zmq.ZMQError as exc:
+            log.warning(
+                "cannot listen for other replicas on %s (%s); inputs will come through the head",
+                self._address,
+                exc,
+            )
+            sock.close(linger=0)
+            return ""
+        self._peer_in = sock
+        return f"tcp://{self._address}:{port}"
+
     def close(self, say_down: bool) -> None:
         """Stop reading and heartbeating; ``say_down`` tells the head we leave for good."""
         self._pump.close()
@@ -135,7 +153,7 @@ class HeadSession:
         self._in.close()
         # Queued outputs still leave when we stop for good; not when leaving a lost head.
         self._out.close(linger=1000 if say_down else 0)
-        for sock in (self._peer_in, *self._peer_out.values()):
+        for sock in (self._peer_in, *(s for s, _ in self._peer_out.values())):
             if sock is not None:
                 sock.close(linger=1000 if say_down else 0)
         self._peer_out.clear()
@@ -151,16 +169,32 @@ class HeadSession:
             self._out.send_multipart(frames)
 
     def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
-        sock = self._peer_out.get(address)
-        if sock is None:
-            sock = self._peer_out[address] = self._ctx.socket(zmq.PUSH)
+        now = time.monotonic()
+        if now - self._peers_pruned > _PEER_IDLE_S:
+            self._prune_peers(now)
+        kept = self._peer_out.get(address)
+        if kept is None:
+            sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, _PEER_HWM)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
             sock.connect(address)
+        else:
+            sock = kept[0]
+        self._peer_out[address] = (sock, now)
         try:
             send_frames(sock, _frames(chunks), NOBLOCK)
         except zmq.Again:
             _bad_input.warning("peer %s is not reading; dropped %d chunk(s)", address, len(chunks))
+
+    def _prune_peers(self, now: float) -> None:
+        """Close sockets to peers not used for a while: replicas come and go (each
+        incarnation listens on a new port), and ZMQ keeps redialling a vanished one."""
+        self._peers_pruned = now
+        for address, (sock, used) in list(self._peer_out.items()):
+            if now - used > _PEER_IDLE_S:
+                sock.close(linger=0)
+                del self._peer_out[address]
 
     # -- inbound ---------------------------------------------------------------------
 

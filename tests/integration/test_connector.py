@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.harness import HeadProc
+from tests.integration.harness import HeadProc, headless
 from tests.integration.test_metrics import scrape, value
 
 
@@ -66,4 +66,35 @@ def test_with_curve_every_edge_goes_through_the_head(tmp_path: Path) -> None:
         assert direct == 0
         assert forwarded >= 2  # at least the last chunk of thinker and of talker
     finally:
+        head.stop()
+
+
+def test_a_replica_that_cannot_listen_on_its_advertised_address_takes_inputs_via_the_head(
+    tmp_path: Path,
+) -> None:
+    # The talker advertises an address that is not this host's (as behind NAT): it
+    # cannot bind a peer socket there, so the thinker's output reaches it through the
+    # head, and nothing is ever sent to that address (the replica dials the head).
+    vocoder = None
+    head = HeadProc(tmp_path, "echo", "--stage-id", "0")
+    talker = None
+    try:
+        head.wait_http()
+        vocoder = headless(tmp_path, head, 2, name="vocoder")
+        talker = headless(tmp_path, head, 1, "-ora", "192.0.2.123", name="natted-talker")
+        head.wait_healthy(timeout=30)
+        r = head.chat("natted")
+        assert r.json()["choices"][0]["message"]["content"] == (
+            "natted [thinker] [talker] [vocoder]"
+        )
+        direct, forwarded = _counts(head)
+        # thinker -> talker: the talker has no peer socket; talker -> vocoder: the
+        # vocoder listens on loopback, which a replica on another address cannot reach.
+        assert direct == 0
+        assert forwarded >= 2
+        assert "inputs will come through the head" in talker.log()
+    finally:
+        for proc in (talker, vocoder):
+            if proc is not None:
+                proc.stop()
         head.stop()
