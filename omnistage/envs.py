@@ -38,3 +38,9 @@ def replica_options() -> str | None:
     """OMNISTAGE_REPLICA_OPTIONS: a replica process's options, encoded by its launcher
     (see omnistage.replica.options)."""
     return os.environ.get("OMNISTAGE_REPLICA_OPTIONS") or None
+
+
+def api_server_options() -> str | None:
+    """OMNISTAGE_API_SERVER_OPTIONS: an API server process's options, encoded by the head
+    (see omnistage.api.server)."""
+    return os.environ.get("OMNISTAGE_API_SERVER_OPTIONS") or None

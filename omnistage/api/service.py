@@ -1,18 +1,18 @@
-"""What the API needs from the head, as a typed protocol: the routes are written against
-this and nothing else (``head.service.HeadService`` implements it)."""
+"""What the API needs from the head, as typed protocols: the routes are written against
+these and nothing else. ``head.service.HeadService`` implements them in the head;
+``api.remote.RemoteService`` in an API server process (``--api-server-count``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
-from omnistage.dataplane.orchestrator import RequestStream
-from omnistage.dataplane.stage_pool import StagePool
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import OutputChunk, Prompt
 
 
 @dataclass(frozen=True)
@@ -24,13 +24,40 @@ class RequestCounts:
     forwarded_chunks_total: int = 0
 
 
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """One replica's load as the head's pool sees it."""
+
+    stage_id: int
+    replica_id: int
+    up: bool
+    in_flight: int
+    capacity: int
+    queue_length: int
+    dispatched_total: int
+
+
+class OutputStream(Protocol):
+    """The outputs of one request (``Orchestrator.RequestStream`` or its remote twin)."""
+
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]: ...
+
+    def close(self) -> None:
+        """Abort what is unfinished; safe to call twice."""
+        ...
+
+    def usage(self) -> dict[str, int]: ...
+
+
 class PipelineService(Protocol):
     config: DeployConfig
     graph: StageGraph
     model_names: frozenset[str]
     started_at: int  # unix seconds
 
-    async def open(
+    def open(
         self,
         request_id: str,
         prompt: Prompt,
@@ -38,7 +65,7 @@ class PipelineService(Protocol):
         params: dict[str, Any] | None = None,
         stage_params: dict[int, dict[str, Any]] | None = None,
         only: bool = False,
-    ) -> RequestStream:
+    ) -> Coroutine[Any, Any, OutputStream]:
         """Start a request through the pipeline (see ``Orchestrator.open``)."""
         ...
 
@@ -52,8 +79,16 @@ class PipelineService(Protocol):
         """The coordinator's table, copied."""
         ...
 
-    def pools(self) -> Mapping[int, StagePool]:
-        """Per stage, the live replicas and their load (read on the loop only)."""
+    def replica_loads(self) -> list[ReplicaLoad]:
+        """Every replica the pools know, by stage and replica id."""
+        ...
+
+    def stage_waiting(self) -> dict[int, int]:
+        """Per stage, requests waiting for a free replica slot."""
         ...
 
     def request_counts(self) -> RequestCounts: ...
+
+    def response_counts(self, mine: Counter[int]) -> Counter[int]:
+        """HTTP responses by status, of every API server, given this one's own."""
+        ...

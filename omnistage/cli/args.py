@@ -189,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=envs.api_key(),
         help="require 'Authorization: Bearer KEY' on /v1/* (env OMNISTAGE_API_KEY)",
     )
+    s.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        metavar="N",
+        help="HTTP API server processes in front of the orchestrator (default 1: the head "
+        "serves HTTP itself); more spread the HTTP work over cores",
+    )
     s.add_argument("--log-stats", action="store_true", help="log request statistics")
     s.add_argument(
         "--log-level",
@@ -271,6 +279,10 @@ def validate(args: argparse.Namespace) -> None:
             f"--omni-stall-timeout ({args.omni_stall_timeout:g}s) must be 0 or at least "
             f"--omni-heartbeat-timeout ({args.omni_heartbeat_timeout:g}s)"
         )
+    if args.api_server_count < 1:
+        raise UsageError(f"--api-server-count must be >= 1, got {args.api_server_count}")
+    if args.api_server_count != 1 and args.headless:
+        raise UsageError("--api-server-count is for the head; --headless serves no HTTP")
     if args.omni_max_queue < 0:
         raise UsageError(f"--omni-max-queue must be >= 0, got {args.omni_max_queue}")
     if args.max_request_bytes < 1:

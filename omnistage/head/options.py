@@ -37,6 +37,7 @@ class HeadOptions:
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     log_stats: bool = False
     stats_interval_s: float = 10.0
+    api_server_count: int = 1  # > 1: that many API server processes serve HTTP
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
@@ -64,6 +65,7 @@ class HeadOptions:
             curve_keys=args.omni_curve_keys,
             max_request_bytes=args.max_request_bytes,
             log_stats=args.log_stats,
+            api_server_count=args.api_server_count,
         )
 
     def local_replicas(self) -> dict[int, int]:

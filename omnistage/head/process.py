@@ -29,7 +29,9 @@ from omnistage.control.slots import SlotTable
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
+from omnistage.head.api_servers import ApiServers
 from omnistage.head.events import ReplicaEvents
+from omnistage.head.frontends import FrontendServer
 from omnistage.head.local import LocalReplicas
 from omnistage.head.options import HeadOptions
 from omnistage.head.service import HeadService
@@ -125,6 +127,14 @@ class Head:
         self.service = HeadService(
             opts, self.orchestrator, self.pools, self.coordinator, self.sockets.master_url
         )
+        # --api-server-count > 1: API server processes serve HTTP in front of this head.
+        self.frontends: FrontendServer | None = None
+        self.api_servers: ApiServers | None = None
+        if opts.api_server_count > 1:
+            self.frontends = FrontendServer(self.service)
+            self.api_servers = ApiServers(
+                opts, self._http_socket, self.frontends.address, self.service.started_at
+            )
 
     async def run(self) -> int:
         loop = self._loop = asyncio.get_running_loop()
@@ -135,8 +145,7 @@ class Head:
         self.control.start()
         self._log_start()
         self.local.start(loop)
-        server = _Server(self._http_config())
-        server_task = asyncio.create_task(server.serve([self._http_socket]), name="omni-http")
+        server, server_task = self._serve_http(loop)
         helpers = [
             asyncio.create_task(self._await_stages(), name="omni-init-wait"),
             asyncio.create_task(self._observe_load(), name="omni-load"),
@@ -152,11 +161,31 @@ class Head:
             self.exit_code = 1
         for task in (*helpers, stop_task):
             task.cancel()
-        server.should_exit = True
+        if server is not None:
+            server.should_exit = True
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(server_task, self.opts.shutdown_grace_s)
         await self._shutdown()
         return self.exit_code
+
+    def _serve_http(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> tuple[_Server | None, asyncio.Task[None]]:
+        """uvicorn in this process; or, with --api-server-count > 1, API server processes
+        on the same socket in front of this orchestrator (then the task ends at stop)."""
+        if self.frontends is None or self.api_servers is None:
+            server = _Server(self._http_config())
+            return server, loop.create_task(server.serve([self._http_socket]), name="omni-http")
+        self.frontends.start(loop)
+        self.api_servers.start(loop)
+        task = self._run_api_servers(self.frontends, self.api_servers)
+        return None, loop.create_task(task, name="omni-api-servers")
+
+    async def _run_api_servers(self, frontends: FrontendServer, servers: ApiServers) -> None:
+        """Until the head stops; then the servers finish their HTTP requests in flight."""
+        await self._stop.wait()
+        await servers.stop(self.opts.shutdown_grace_s)
+        await frontends.stop()
 
     def _http_config(self) -> uvicorn.Config:
         app = create_app(self.service, self.opts.api_key, self.opts.max_request_bytes)

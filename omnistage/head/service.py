@@ -4,10 +4,11 @@ the pools and the coordinator."""
 from __future__ import annotations
 
 import time
-from collections.abc import Coroutine, Mapping
+from collections import Counter
+from collections.abc import Coroutine
 from typing import Any
 
-from omnistage.api.service import RequestCounts
+from omnistage.api.service import ReplicaLoad, RequestCounts
 from omnistage.control.coordinator import Coordinator
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
@@ -67,8 +68,26 @@ class HeadService:
     def replica_entries(self) -> list[ReplicaEntry]:
         return self._coordinator.snapshot()
 
-    def pools(self) -> Mapping[int, StagePool]:
-        return self._pools
+    def replica_loads(self) -> list[ReplicaLoad]:
+        return [
+            ReplicaLoad(
+                h.stage_id,
+                h.replica_id,
+                h.up,
+                h.in_flight,
+                h.capacity,
+                h.queue_length,
+                h.dispatched_total,
+            )
+            for sid, pool in sorted(self._pools.items())
+            for _, h in sorted(pool.replicas.items())
+        ]
+
+    def stage_waiting(self) -> dict[int, int]:
+        return {sid: pool.waiting for sid, pool in sorted(self._pools.items())}
+
+    def response_counts(self, mine: Counter[int]) -> Counter[int]:
+        return mine
 
     def request_counts(self) -> RequestCounts:
         o = self._orchestrator

@@ -61,7 +61,7 @@ class LocalLauncher:
     def launch(self, options: ReplicaOptions) -> LocalReplicaProcess:
         env = dict(os.environ)
         env["OMNISTAGE_REPLICA_OPTIONS"] = encode_options(options)
-        proc = subprocess.Popen(REPLICA_ARGV, preexec_fn=_die_with_parent, env=env)
+        proc = subprocess.Popen(REPLICA_ARGV, preexec_fn=die_with_parent, env=env)
         handle = LocalReplicaProcess(options, proc)
         with self._lock:
             self._procs.append(handle)
@@ -93,7 +93,7 @@ class LocalLauncher:
                 p.wait(5)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGTERM this child if its parent dies (even by SIGKILL)."""
     if not sys.platform.startswith("linux"):
         return

@@ -288,6 +288,73 @@ class HeartbeatAck(_Tagged):
     head_instance: str
 
 
+# --------------------------------------------------------------------------------------
+# API servers <-> head (--api-server-count > 1; a private ipc socket on the head's host)
+# --------------------------------------------------------------------------------------
+
+
+class ErrorInfo(msgspec.Struct, array_like=True):
+    """An error as the HTTP API answers it (status and OpenAI's error body)."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class FrontOpen(_Tagged):
+    """API server -> head: start a request through the pipeline (``Orchestrator.open``)."""
+
+    request_id: str
+    prompt: Prompt
+    finals: list[int]
+    params: dict[str, Any]
+    stage_params: dict[int, dict[str, Any]]
+    only: bool = False
+
+
+class FrontOpened(_Tagged):
+    """Head -> API server: the request started (``error`` None) or was refused."""
+
+    request_id: str
+    error: ErrorInfo | None = None
+
+
+class FrontDone(_Tagged):
+    """Head -> API server, after the request's last OutputChunk (or instead of more)."""
+
+    request_id: str
+    usage: dict[str, int]
+    error: ErrorInfo | None = None
+
+
+class FrontClose(_Tagged):
+    """API server -> head: the client is gone; abort what is unfinished."""
+
+    request_id: str
+
+
+class FrontQuery(_Tagged):
+    """API server -> head, every refresh interval: my HTTP response counts; your state."""
+
+    server: int
+    responses: dict[int, int]
+
+
+class FrontSnapshot(_Tagged):
+    """Head -> API server: what the non-generation routes show (health, status,
+    metrics), as of now. ``responses`` are every API server's last reported counts."""
+
+    missing: list[tuple[int, str]]
+    status_json: bytes
+    counts: list[int]  # started, in flight, retried, direct edges, forwarded chunks
+    entries_json: bytes
+    loads_json: bytes
+    waiting: dict[int, int]
+    responses: dict[int, dict[int, int]]
+
+
 # The tag of each message type. Tags are part of the wire format: never reuse one.
 TAGS: dict[type[msgspec.Struct], bytes] = {
     Hello: b"H",
@@ -301,4 +368,10 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     OutputChunk: b"O",
     Heartbeat: b"B",
     HeartbeatAck: b"K",
+    FrontOpen: b"a",
+    FrontOpened: b"o",
+    FrontDone: b"d",
+    FrontClose: b"x",
+    FrontQuery: b"q",
+    FrontSnapshot: b"s",
 }

@@ -22,7 +22,9 @@ def _head(open_: Any = None) -> SimpleNamespace:
         open=open_,
         request_counts=lambda: RequestCounts(0, 0, 0),
         replica_entries=list,
-        pools=dict,
+        replica_loads=list,
+        stage_waiting=dict,
+        response_counts=lambda mine: mine,
     )
 
 

@@ -35,7 +35,9 @@ def test_a_head_with_no_replicas_yet_renders_every_family() -> None:
         config=SimpleNamespace(pipeline="p", stages=[stage]),
         request_counts=lambda: RequestCounts(0, 0, 0),
         replica_entries=list,
-        pools=dict,
+        replica_loads=list,
+        stage_waiting=dict,
+        response_counts=lambda mine: mine,
     )
     with TestClient(create_app(head)) as client:
         r = client.get("/metrics")

@@ -25,8 +25,7 @@ from omnistage.api.routes.common import (
     sse_events,
 )
 from omnistage.api.schemas import ChatCompletionRequest, body_schema, parse_body
-from omnistage.api.service import PipelineService
-from omnistage.dataplane.orchestrator import RequestStream
+from omnistage.api.service import OutputStream, PipelineService
 from omnistage.engines.audio import wav_bytes
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
 
@@ -142,7 +141,7 @@ def _plan(omni: PipelineService, body: ChatCompletionRequest) -> _Plan:
 
 
 def _events(
-    outputs: AsyncIterator[OutputChunk], stream: RequestStream, shape: ChunkShape, plan: _Plan
+    outputs: AsyncIterator[OutputChunk], stream: OutputStream, shape: ChunkShape, plan: _Plan
 ) -> AsyncIterator[bytes]:
     index = {sid: i for i, sid in enumerate(plan.text)}
     index.update({sid: i for i, sid in enumerate(plan.audio)})

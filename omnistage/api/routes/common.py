@@ -12,9 +12,8 @@ from starlette.responses import Response
 
 from omnistage.api.errors import ApiError, as_api_error, error_body
 from omnistage.api.schemas import SamplingFields
-from omnistage.api.service import PipelineService
+from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
-from omnistage.dataplane.orchestrator import RequestStream
 from omnistage.protocol.messages import OutputChunk
 
 json_encoder = msgspec.json.Encoder()
@@ -81,7 +80,7 @@ class Collected:
         return "".join(self.text.get(sid, []))
 
 
-async def collect(request: Request, stream: RequestStream) -> Collected | None:
+async def collect(request: Request, stream: OutputStream) -> Collected | None:
     """Gather every output; None if the client went away (the request is aborted)."""
 
     async def gather() -> Collected:
@@ -99,7 +98,7 @@ async def collect(request: Request, stream: RequestStream) -> Collected | None:
         return None
 
 
-async def peeked(stream: RequestStream) -> AsyncIterator[OutputChunk]:
+async def peeked(stream: OutputStream) -> AsyncIterator[OutputChunk]:
     """Wait for the first output before answering, so errors a stage reports straight
     away (bad voice, prompt too long) become a proper 4xx instead of an in-band event.
     Returns an iterator over every output, the first included."""
@@ -146,7 +145,7 @@ class ChunkShape:
 
 async def sse_events(
     outputs: AsyncIterator[OutputChunk],
-    stream: RequestStream,
+    stream: OutputStream,
     shape: ChunkShape,
     render: Callable[[OutputChunk], list[bytes]],
     opening: list[bytes] | None = None,

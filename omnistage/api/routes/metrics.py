@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
 
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
@@ -18,7 +17,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from omnistage import __version__
 from omnistage.api.routes.common import service
 from omnistage.api.service import PipelineService
-from omnistage.dataplane.stage_pool import StagePool
 from omnistage.protocol.messages import ReplicaState
 
 router = APIRouter()
@@ -113,14 +111,13 @@ async def metrics(request: Request) -> Response:
     out = Exposition()
     head = service(request)
     _head_metrics(out, head)
-    counts: Counter[int] | None = getattr(request.app.state, "response_counts", None)
-    if counts is not None:
-        out.family(
-            "omnistage_http_responses_total",
-            "counter",
-            "HTTP responses sent, by status code.",
-            [({"code": str(code)}, n) for code, n in sorted(counts.items())],
-        )
+    counts = head.response_counts(request.app.state.response_counts)
+    out.family(
+        "omnistage_http_responses_total",
+        "counter",
+        "HTTP responses sent, by status code.",
+        [({"code": str(code)}, n) for code, n in sorted(counts.items())],
+    )
     return Response(out.text(), media_type=CONTENT_TYPE)
 
 
@@ -178,7 +175,7 @@ def _head_metrics(out: Exposition, service: PipelineService) -> None:
             for st in states
         ],
     )
-    _pool_metrics(out, service.pools(), names)
+    _pool_metrics(out, service, names)
 
 
 def _stage(sid: int, names: dict[int, str]) -> Labels:
@@ -186,11 +183,10 @@ def _stage(sid: int, names: dict[int, str]) -> Labels:
     return {"stage_id": str(sid), "stage": names.get(sid, str(sid))}
 
 
-def _pool_metrics(out: Exposition, pools: Mapping[int, StagePool], names: dict[int, str]) -> None:
-    handles = [
-        ({**_stage(sid, names), "replica": str(h.replica_id)}, h)
-        for sid, pool in sorted(pools.items())
-        for _, h in sorted(pool.replicas.items())
+def _pool_metrics(out: Exposition, service: PipelineService, names: dict[int, str]) -> None:
+    loads = [
+        ({**_stage(r.stage_id, names), "replica": str(r.replica_id)}, r)
+        for r in service.replica_loads()
     ]
     per_replica = (
         ("up", "gauge", "1 if the replica takes new requests, else 0."),
@@ -208,11 +204,11 @@ def _pool_metrics(out: Exposition, pools: Mapping[int, StagePool], names: dict[i
             f"omnistage_replica_{attr}",
             type_,
             help_,
-            [(labels, getattr(h, attr)) for labels, h in handles],
+            [(labels, getattr(r, attr)) for labels, r in loads],
         )
     out.family(
         "omnistage_stage_waiting",
         "gauge",
         "Requests waiting for a free replica slot of the stage.",
-        [(_stage(sid, names), p.waiting) for sid, p in sorted(pools.items())],
+        [(_stage(sid, names), n) for sid, n in sorted(service.stage_waiting().items())],
     )

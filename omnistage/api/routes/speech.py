@@ -17,7 +17,7 @@ from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import check_model, peeked, service
 from omnistage.api.schemas import SpeechRequest, body_schema, parse_body
-from omnistage.dataplane.orchestrator import RequestStream
+from omnistage.api.service import OutputStream
 from omnistage.engines.audio import wav_header
 from omnistage.protocol.messages import OutputChunk, Prompt
 
@@ -62,7 +62,7 @@ def _tts_stage(omni: object, wanted: str | None) -> int:
 
 
 async def _audio(
-    outputs: AsyncIterator[OutputChunk], stream: RequestStream, fmt: str
+    outputs: AsyncIterator[OutputChunk], stream: OutputStream, fmt: str
 ) -> AsyncIterator[bytes]:
     header_sent = fmt != "wav"
     try:

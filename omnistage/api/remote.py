@@ -1,0 +1,239 @@
+"""The head as an API server process sees it (``--api-server-count``): the same
+``PipelineService`` as in the head, over a socket to the head's ``FrontendServer``.
+
+Requests go to the head and their outputs come back as they are made. What the other
+routes show (health, stages, metrics) comes from a snapshot the server asks the head for
+every ``refresh_s``, so it is at most that old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import msgspec
+import zmq
+
+from omnistage.api.errors import ApiError
+from omnistage.api.service import ReplicaLoad, RequestCounts
+from omnistage.config.schema import DeployConfig
+from omnistage.control.replica_table import ReplicaEntry
+from omnistage.dataplane.graph import StageGraph
+from omnistage.logs import Throttled
+from omnistage.protocol import codec
+from omnistage.protocol.errors import ProtocolError
+from omnistage.protocol.messages import (
+    ErrorInfo,
+    FrontClose,
+    FrontDone,
+    FrontOpen,
+    FrontOpened,
+    FrontQuery,
+    FrontSnapshot,
+    OutputChunk,
+    Prompt,
+)
+from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
+
+log = logging.getLogger(__name__)
+_bad_input = Throttled(log)
+_HEAD = b"head"  # the one destination of this server's outbox
+
+
+def _raise(info: ErrorInfo) -> None:
+    raise ApiError(info.status, info.message, info.type, info.param, info.code)
+
+
+class _Done:
+    def __init__(self, msg: FrontDone) -> None:
+        self.msg = msg
+
+
+class RemoteStream:
+    """The outputs of one request, relayed by the head."""
+
+    def __init__(self, service: RemoteService, request_id: str) -> None:
+        self._service = service
+        self.request_id = request_id
+        self.opened: asyncio.Future[ErrorInfo | None] = asyncio.get_running_loop().create_future()
+        self.queue: asyncio.Queue[OutputChunk | _Done] = asyncio.Queue()
+        self._usage: dict[str, int] = {}
+        self._finished = False
+
+    async def _outputs(self) -> AsyncIterator[OutputChunk]:
+        try:
+            while True:
+                item = await self.queue.get()
+                if isinstance(item, _Done):
+                    self._finished = True
+                    self._usage = item.msg.usage
+                    if item.msg.error is not None:
+                        _raise(item.msg.error)
+                    return
+                yield item
+        finally:
+            self.close()
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        return self._outputs()
+
+    def close(self) -> None:
+        self._service._forget(self.request_id, tell_head=not self._finished)
+        self._finished = True
+
+    def usage(self) -> dict[str, int]:
+        return dict(self._usage)
+
+
+class RemoteService:
+    def __init__(
+        self,
+        config: DeployConfig,
+        address: str,
+        server: int,
+        started_at: int,
+        refresh_s: float = 0.5,
+    ) -> None:
+        self.config = config
+        self.graph = StageGraph(config)
+        self.model_names = frozenset({config.pipeline})
+        self.started_at = started_at
+        self._server = server
+        self._refresh_s = refresh_s
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 100_000)
+        self._sock.setsockopt(zmq.RCVHWM, 100_000)
+        self._sock.connect(address)
+        self._streams: dict[str, RemoteStream] = {}
+        self._snapshot: FrontSnapshot | None = None
+        self._fresh = asyncio.Event()
+        self._ids = itertools.count()
+        # This server's own HTTP response counts (the app's counter), reported upward.
+        self.my_responses: Counter[int] = Counter()
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        """Connect and wait for the head's first snapshot."""
+        loop = asyncio.get_running_loop()
+        self._outbox = Outbox(loop, self._send)
+        self._pump = Pump(loop, self._sock, self._on_frames)
+        self._refresher = loop.create_task(self._refresh())
+        await asyncio.wait_for(self._fresh.wait(), timeout_s)
+
+    async def close(self) -> None:
+        self._refresher.cancel()
+        self._outbox.close()
+        self._pump.close()
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    # -- requests --------------------------------------------------------------------
+
+    def open(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        finals: list[int],
+        params: dict[str, Any] | None = None,
+        stage_params: dict[int, dict[str, Any]] | None = None,
+        only: bool = False,
+    ) -> Coroutine[Any, Any, RemoteStream]:
+        return self._open(
+            FrontOpen(request_id, prompt, finals, params or {}, stage_params or {}, only)
+        )
+
+    async def _open(self, msg: FrontOpen) -> RemoteStream:
+        stream = RemoteStream(self, msg.request_id)
+        self._streams[msg.request_id] = stream
+        self._outbox.put(_HEAD, msg)
+        try:
+            error = await stream.opened
+        except BaseException:
+            stream.close()
+            raise
+        if error is not None:
+            self._streams.pop(msg.request_id, None)
+            _raise(error)
+        return stream
+
+    def _forget(self, request_id: str, tell_head: bool) -> None:
+        if self._streams.pop(request_id, None) is not None and tell_head:
+            self._outbox.put(_HEAD, FrontClose(request_id))
+
+    # -- the head's state --------------------------------------------------------------
+
+    def _snap(self) -> FrontSnapshot:
+        assert self._snapshot is not None, "start() waits for the first snapshot"
+        return self._snapshot
+
+    def stages_without_replicas(self) -> list[tuple[int, str]]:
+        return [(sid, name) for sid, name in self._snap().missing]
+
+    def stages_status(self) -> dict[str, Any]:
+        return msgspec.json.decode(self._snap().status_json)
+
+    def replica_entries(self) -> list[ReplicaEntry]:
+        return msgspec.json.decode(self._snap().entries_json, type=list[ReplicaEntry])
+
+    def replica_loads(self) -> list[ReplicaLoad]:
+        return msgspec.json.decode(self._snap().loads_json, type=list[ReplicaLoad])
+
+    def stage_waiting(self) -> dict[int, int]:
+        return dict(self._snap().waiting)
+
+    def request_counts(self) -> RequestCounts:
+        return RequestCounts(*self._snap().counts)
+
+    def response_counts(self, mine: Counter[int]) -> Counter[int]:
+        """Every other server's counts as the head last heard them, and ours now."""
+        total: Counter[int] = Counter(mine)
+        for server, counts in self._snap().responses.items():
+            if server != self._server:
+                total.update(counts)
+        return total
+
+    async def _refresh(self) -> None:
+        while True:
+            query = FrontQuery(self._server, dict(self.my_responses))
+            self._outbox.put(_HEAD, query)
+            await asyncio.sleep(self._refresh_s)
+
+    # -- socket ----------------------------------------------------------------------
+
+    def _send(self, _dest: object, frames: list[bytes]) -> None:
+        try:
+            send_frames(self._sock, frames, NOBLOCK)
+        except zmq.Again:
+            _bad_input.warning("the head is not reading; %d frame(s) dropped", len(frames))
+        finally:
+            self._pump.kick()
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        try:
+            messages = codec.decode_batch(frames)
+        except ProtocolError as exc:
+            _bad_input.warning("dropped a bad message from the head: %s", exc)
+            return
+        for msg in messages:
+            if isinstance(msg, OutputChunk):
+                stream = self._streams.get(msg.request_id)
+                if stream is not None:
+                    stream.queue.put_nowait(msg)
+            elif isinstance(msg, FrontOpened):
+                stream = self._streams.get(msg.request_id)
+                if stream is not None and not stream.opened.done():
+                    stream.opened.set_result(msg.error)
+            elif isinstance(msg, FrontDone):
+                stream = self._streams.get(msg.request_id)
+                if stream is not None:
+                    stream.queue.put_nowait(_Done(msg))
+            elif isinstance(msg, FrontSnapshot):
+                self._snapshot = msg
+                self._fresh.set()
+            else:
+                _bad_input.warning("unexpected %s from the head", type(msg).__name__)

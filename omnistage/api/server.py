@@ -1,0 +1,92 @@
+"""One API server process of ``--api-server-count N``: ``python -m omnistage.api.server``.
+
+Started by the head with its options in ``OMNISTAGE_API_SERVER_OPTIONS`` and the HTTP
+listening socket inherited (every server accepts from the same socket). It serves the
+same app as the head does with one server, over ``api.remote.RemoteService``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+import sys
+from typing import Any
+
+import msgspec
+import uvicorn
+
+from omnistage import aio, defaults, envs
+from omnistage.api.app import create_app
+from omnistage.api.remote import RemoteService
+from omnistage.config.schema import DeployConfig
+from omnistage.logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+class ApiServerOptions(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    listen_fd: int
+    head_address: str  # the head's FrontendServer
+    config: dict[str, Any]  # the head's DeployConfig, as JSON-ready data
+    started_at: int
+    api_key: str | None = None
+    max_request_bytes: int = defaults.MAX_REQUEST_BYTES
+    log_level: str = defaults.LOG_LEVEL
+    refresh_s: float = 0.5
+
+
+def encode_options(opts: ApiServerOptions) -> str:
+    return base64.b64encode(msgspec.msgpack.encode(opts)).decode("ascii")
+
+
+def decode_options(blob: str) -> ApiServerOptions:
+    return msgspec.msgpack.decode(base64.b64decode(blob), type=ApiServerOptions)
+
+
+async def serve(opts: ApiServerOptions) -> int:
+    service = RemoteService(
+        DeployConfig.model_validate(opts.config),
+        opts.head_address,
+        opts.index,
+        opts.started_at,
+        opts.refresh_s,
+    )
+    try:
+        await service.start()
+    except TimeoutError:
+        log.error("API server %d: no answer from the head at %s", opts.index, opts.head_address)
+        return 1
+    app = create_app(service, opts.api_key, opts.max_request_bytes)
+    service.my_responses = app.state.response_counts
+    sock = socket.socket(fileno=opts.listen_fd)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level=opts.log_level.lower(),
+            lifespan="off",
+            access_log=False,
+            proxy_headers=False,
+        )
+    )
+    try:
+        # uvicorn handles SIGTERM/SIGINT: stop accepting, finish what is in flight.
+        await server.serve([sock])
+    finally:
+        await service.close()
+    return 0
+
+
+def main() -> int:
+    blob = envs.api_server_options()
+    if blob is None:
+        print("python -m omnistage.api.server is started by the head", file=sys.stderr)
+        return 2
+    opts = decode_options(blob)
+    setup_logging(opts.log_level)
+    return aio.run(serve(opts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The head's side of ``--api-server-count``: API server processes send requests here, and
+get their outputs and the head's state back (see ``api.remote``).
+
+One ROUTER on an ipc socket in a directory only this user can enter: the API servers
+run on the head's host, and nobody else may hand the orchestrator requests around the
+HTTP API's key check. Each request runs as a task that relays its outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from collections import Counter
+
+import msgspec
+import zmq
+
+from omnistage.api.errors import as_api_error
+from omnistage.head.service import HeadService
+from omnistage.logs import Throttled
+from omnistage.protocol import codec
+from omnistage.protocol.errors import ProtocolError
+from omnistage.protocol.messages import (
+    ErrorInfo,
+    FrontClose,
+    FrontDone,
+    FrontOpen,
+    FrontOpened,
+    FrontQuery,
+    FrontSnapshot,
+)
+from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
+
+log = logging.getLogger(__name__)
+_bad_input = Throttled(log)
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    e = as_api_error(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+    return ErrorInfo(e.status, e.message, e.type, e.param, e.code)
+
+
+class FrontendServer:
+    def __init__(self, service: HeadService) -> None:
+        self._service = service
+        # Its own context: the head's may carry CURVE defaults, which this local socket
+        # needs no more than the HTTP port does.
+        self._ctx = zmq.Context()
+        self._dir = tempfile.mkdtemp(prefix="omnistage-")
+        os.chmod(self._dir, 0o700)
+        self.address = f"ipc://{self._dir}/frontends"
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 100_000)
+        self._sock.setsockopt(zmq.RCVHWM, 100_000)
+        self._sock.bind(self.address)
+        self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
+        self._responses: dict[int, dict[int, int]] = {}
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._outbox = Outbox(loop, self._send)
+        self._pump = Pump(loop, self._sock, self._on_frames)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._outbox.close()
+        self._pump.close()
+        self._sock.close(linger=0)
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def response_counts(self) -> Counter[int]:
+        """Every API server's last reported HTTP response counts, summed."""
+        total: Counter[int] = Counter()
+        for counts in self._responses.values():
+            total.update(counts)
+        return total
+
+    def _send(self, identity: object, frames: list[bytes]) -> None:
+        assert isinstance(identity, bytes)
+        try:
+            send_frames(self._sock, [identity, *frames], NOBLOCK)
+        except zmq.ZMQError as exc:
+            _bad_input.warning("an API server is not reading (%s); its messages dropped", exc)
+        finally:
+            self._pump.kick()
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        try:
+            messages = codec.decode_batch(frames[1:])
+        except ProtocolError as exc:
+            _bad_input.warning("dropped a bad message from an API server: %s", exc)
+            return
+        for msg in messages:
+            if isinstance(msg, FrontOpen):
+                key = (identity, msg.request_id)
+                task = self._loop.create_task(self._serve(identity, msg))
+                self._tasks[key] = task
+                task.add_done_callback(lambda _t, key=key: self._tasks.pop(key, None))
+            elif isinstance(msg, FrontClose):
+                running = self._tasks.get((identity, msg.request_id))
+                if running is not None:
+                    running.cancel()
+            elif isinstance(msg, FrontQuery):
+                self._responses[msg.server] = msg.responses
+                self._outbox.put(identity, self._snapshot())
+            else:
+                _bad_input.warning("unexpected %s from an API server", type(msg).__name__)
+
+    async def _serve(self, identity: bytes, msg: FrontOpen) -> None:
+        rid = msg.request_id
+        try:
+            stream = await self._service.open(
+                rid, msg.prompt, msg.finals, msg.params, msg.stage_params, msg.only
+            )
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            self._outbox.put(identity, FrontOpened(rid, error_info(exc)))
+            return
+        self._outbox.put(identity, FrontOpened(rid))
+        try:
+            async for chunk in stream:
+                self._outbox.put(identity, chunk)
+            self._outbox.put(identity, FrontDone(rid, stream.usage()))
+        except asyncio.CancelledError:
+            pass  # the client went away: closing the stream aborts the rest
+        except Exception as exc:
+            self._outbox.put(identity, FrontDone(rid, {}, error_info(exc)))
+        finally:
+            stream.close()
+
+    def _snapshot(self) -> FrontSnapshot:
+        s = self._service
+        c = s.request_counts()
+        return FrontSnapshot(
+            missing=s.stages_without_replicas(),
+            status_json=msgspec.json.encode(s.stages_status()),
+            counts=[
+                c.started_total,
+                c.in_flight,
+                c.retried_total,
+                c.direct_edges_total,
+                c.forwarded_chunks_total,
+            ],
+            entries_json=msgspec.json.encode(s.replica_entries()),
+            loads_json=msgspec.json.encode(s.replica_loads()),
+            waiting=s.stage_waiting(),
+            responses=dict(self._responses),
+        )

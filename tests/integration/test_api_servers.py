@@ -1,0 +1,156 @@
+"""--api-server-count: API server processes in front of the head's orchestrator.
+
+Real processes: the head, its replicas and two API servers sharing the HTTP socket.
+Everything the API does with one process it must do through the servers: answers,
+streams, errors with their status codes, health, status and metrics, aborts when the
+client leaves, the API key; and a server that dies is started again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.harness import HeadProc, wait_for
+from tests.integration.test_metrics import scrape, value
+
+SLOW = '{"0": {"engine_args": {"num_chunks": 50, "chunk_delay_s": 0.05}}}'
+
+
+def _complete(head: HeadProc, prompt: str) -> httpx.Response:
+    """On a new connection (the kernel hands each to either server), a quick request."""
+    body = {"prompt": prompt, "stage_params": {"0": {"num_chunks": 1}}}
+    with httpx.Client(base_url=head.url, headers=head.client.headers) as client:
+        return client.post("/v1/completions", json=body)
+
+
+def _api_servers(head: HeadProc) -> list[int]:
+    """PIDs of the head's API server processes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if ppid == head.pid and b"omnistage.api.server" in cmd:
+            found.append(int(entry))
+    return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def fronted(module_tmp: Path) -> Iterator[HeadProc]:
+    head = HeadProc(
+        module_tmp,
+        "echo",
+        "--api-server-count",
+        "2",
+        "--stage-overrides",
+        SLOW,
+        "--api-key",
+        "k",
+        name="fronted-head",
+    )
+    head.client.headers["Authorization"] = "Bearer k"
+    try:
+        head.wait_healthy()
+        wait_for(lambda: len(_api_servers(head)) == 2, 20, what="two API servers")
+        yield head
+    finally:
+        head.stop()
+
+
+def test_answers_and_streams_go_through_the_api_servers(fronted: HeadProc) -> None:
+    for i in range(6):  # enough connections that both servers take some
+        with httpx.Client(base_url=fronted.url, headers=fronted.client.headers) as c:
+            r = c.post(
+                "/v1/completions",
+                json={"prompt": f"p{i}", "stage_params": {"0": {"num_chunks": 2}}},
+            )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == f"p{i} [thinker] [talker] [vocoder]"
+        assert r.json()["usage"]["total_tokens"] > 0
+    body = {"messages": [{"role": "user", "content": "stream"}], "stream": True}
+    with fronted.client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        text = "".join(r.iter_text())
+    assert "[vocoder]" in text and text.rstrip().endswith("data: [DONE]")
+
+
+def test_errors_keep_their_status_and_shape(fronted: HeadProc) -> None:
+    r = fronted.client.post("/v1/completions", json={"prompt": "x", "model": "nope"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = fronted.chat("x", stage_params={"nowhere": {}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stage_params"
+    assert httpx.get(f"{fronted.url}/v1/models").status_code == 401  # no key
+
+
+def test_health_status_and_metrics_come_from_the_head(fronted: HeadProc) -> None:
+    assert fronted.client.get("/health").json() == {"status": "ok"}
+    stages = fronted.stages()["stages"]
+    assert [s["name"] for s in stages] == ["thinker", "talker", "vocoder"]
+    _, before = scrape(fronted.client)
+    assert fronted.chat("count me", stage_params={"0": {"num_chunks": 1}}).status_code == 200
+
+    def counted() -> bool:
+        _, now = scrape(fronted.client)
+        started = "omnistage_requests_started_total"
+        return value(now, started) >= value(before, started) + 1
+
+    wait_for(counted, 5, 0.1, "the request counted in /metrics")
+
+
+def test_a_client_that_leaves_aborts_its_request_in_the_head(fronted: HeadProc) -> None:
+    body = {"messages": [{"role": "user", "content": "long"}], "stream": True}
+    with fronted.client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # started, 2.5 s of chunks to go: hang up now
+
+    def idle() -> bool:
+        _, samples = scrape(fronted.client)
+        return value(samples, "omnistage_requests_in_flight") == 0
+
+    wait_for(idle, 3, 0.1, "the abandoned request aborted in the head")
+
+
+def test_a_dead_api_server_is_started_again(fronted: HeadProc) -> None:
+    victim = _api_servers(fronted)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: len(s := _api_servers(fronted)) == 2 and victim not in s,
+        20,
+        what="a new API server",
+    )
+    deadline = time.monotonic() + 10
+    ok = 0
+    while ok < 4 and time.monotonic() < deadline:
+        with httpx.Client(base_url=fronted.url, headers=fronted.client.headers) as c:
+            r = c.post(
+                "/v1/completions",
+                json={"prompt": "again", "stage_params": {"0": {"num_chunks": 1}}},
+            )
+        ok += r.status_code == 200
+    assert ok == 4
+
+
+def test_a_stage_without_replicas_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo", "--stage-id", "0", "--api-server-count", "2")
+    try:
+        head.wait_http()
+        wait_for(lambda: head.client.get("/health").status_code == 503, 10, what="503 health")
+        r = head.chat("x")
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "stage_unavailable"
+    finally:
+        head.stop()
