@@ -9,10 +9,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
+from starlette.types import ASGIApp
 
 from omnistage import __version__
 from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
+from omnistage.api.fastpath import FastPaths
 from omnistage.api.limits import BodyLimitMiddleware
 from omnistage.api.routes import chat, completions, info, metrics, speech
 from omnistage.api.schemas import ChatCompletionRequest, CompletionRequest, SpeechRequest
@@ -33,15 +35,28 @@ def create_app(
     omni: PipelineService,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> FastAPI:
-    """The app over ``omni``, what the head offers the API (see ``api.service``)."""
+) -> FastPaths:
+    """The app over ``omni``, what the head offers the API (see ``api.service``): the
+    FastAPI app, with the generation routes' POSTs taken past it (see ``fastpath``)."""
     app = FastAPI(title="omnistage", version=__version__, **_NO_NATIVE_TELEMETRY)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    counts: Counter[int] = Counter()
+    app.state.response_counts = counts
+    # Innermost first. The response counter is the outermost: it counts the 401s and
+    # 413s of the others as well.
+    stack: list[tuple[type, dict[str, Any]]] = [
+        (BodyLimitMiddleware, {"max_bytes": max_body_bytes})
+    ]
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    # Added last so it is the outermost: it counts the 401s and 413s above as well.
-    app.state.response_counts = Counter()
-    app.add_middleware(metrics.ResponseCounterMiddleware, counts=app.state.response_counts)
+        stack.append((ApiKeyMiddleware, {"api_key": api_key}))
+    stack.append((metrics.ResponseCounterMiddleware, {"counts": counts}))
+    for cls, kwargs in stack:
+        app.add_middleware(cls, **kwargs)
+
+    def wrap(inner: ASGIApp) -> ASGIApp:
+        for cls, kwargs in stack:
+            inner = cls(inner, **kwargs)
+        return inner
+
     app.state.omni = omni
     errors.install(app)
     app.include_router(chat.router)
@@ -50,7 +65,12 @@ def create_app(
     app.include_router(info.router)
     app.include_router(metrics.router)
     _document_bodies(app, [ChatCompletionRequest, CompletionRequest, SpeechRequest])
-    return app
+    routes = {
+        "/v1/chat/completions": chat.chat_completions,
+        "/v1/completions": completions.completions,
+        "/v1/audio/speech": speech.speech,
+    }
+    return FastPaths(app, routes, wrap)
 
 
 def _document_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:

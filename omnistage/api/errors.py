@@ -73,10 +73,15 @@ def as_api_error(exc: Exception) -> ApiError:
     return ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
 
 
-async def _api_error(_: Request, exc: Exception) -> Response:
+def answer_error(exc: Exception) -> Response:
+    """The response to an error raised while serving a request."""
     e = as_api_error(exc)
     headers = {"Retry-After": "1"} if e.status in (429, 503) else None
     return error_response(e.status, e.message, e.type, e.param, e.code, headers)
+
+
+async def _api_error(_: Request, exc: Exception) -> Response:
+    return answer_error(exc)
 
 
 def invalid_body(errors: Sequence[Any]) -> ApiError:

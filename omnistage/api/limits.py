@@ -12,8 +12,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from omnistage.api.errors import error_response
 
 
-class _TooLargeError(Exception):
-    pass
+class BodyTooLargeError(Exception):
+    """Raised from ``receive`` once a chunked body passes the limit; this middleware
+    answers it with a 413 (whoever sits between must let it through)."""
 
 
 class BodyLimitMiddleware:
@@ -42,7 +43,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLargeError()
+                    raise BodyTooLargeError()
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -52,7 +53,7 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLargeError:
+        except BodyTooLargeError:
             if not started:
                 await self._refuse(scope, receive, send)
 
