@@ -2,9 +2,9 @@
 
 A ``Pump`` watches a plain (sync) socket's FD with ``loop.add_reader`` and drains every
 queued message in one callback; an ``Outbox`` collects the messages bound for each peer
-during one loop tick and sends them as one multipart message. Together they turn a burst
-of N chunks into one wake-up and one send instead of N of each, which is most of the
-per-message cost in Python.
+during one loop tick and sends them as one frame of records (``codec.pack``). Together
+they turn a burst of N chunks into one wake-up and one send instead of N of each, which
+is most of the per-message cost in Python.
 
 ZMQ's FD is edge-triggered and shared by reads and writes: after any send, or when a
 drain stops early, readable messages may be pending with no new edge. ``kick`` re-checks
@@ -97,7 +97,7 @@ class Outbox:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        send: Callable[[Hashable, list[bytes]], None],
+        send: Callable[[Hashable, bytes], None],
     ) -> None:
         self._loop = loop
         self._send = send
@@ -113,7 +113,7 @@ class Outbox:
     def put(self, dest: Hashable, msg: msgspec.Struct) -> None:
         if self.closed:
             return
-        self._pending.setdefault(dest, []).extend(codec.encode(msg))
+        self._pending.setdefault(dest, []).append(codec.pack(msg))
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)
@@ -123,8 +123,8 @@ class Outbox:
         if self.closed:
             return
         pending, self._pending = self._pending, {}
-        for dest, frames in pending.items():
+        for dest, records in pending.items():
             try:
-                self._send(dest, frames)
+                self._send(dest, b"".join(records))
             except Exception:
                 log.exception("batched send failed")

@@ -37,7 +37,7 @@ from omnistage.protocol.messages import (
     OutputChunk,
     Prompt,
 )
-from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
+from omnistage.zmqio import NOBLOCK, Outbox, Pump
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
@@ -205,11 +205,11 @@ class RemoteService:
 
     # -- socket ----------------------------------------------------------------------
 
-    def _send(self, _dest: object, frames: list[bytes]) -> None:
+    def _send(self, _dest: object, batch: bytes) -> None:
         try:
-            send_frames(self._sock, frames, NOBLOCK)
+            self._sock.send(batch, NOBLOCK)
         except zmq.Again:
-            _bad_input.warning("the head is not reading; %d frame(s) dropped", len(frames))
+            _bad_input.warning("the head is not reading; a batch of messages dropped")
         finally:
             self._pump.kick()
 

@@ -102,10 +102,10 @@ class DataChannels:
             except zmq.ZMQError:
                 pass  # already disconnected
 
-    def _send_batch(self, identity: Hashable, frames: list[bytes]) -> None:
+    def _send_batch(self, identity: Hashable, batch: bytes) -> None:
         assert isinstance(identity, bytes)
         try:
-            send_frames(self.input, [identity, *frames], NOBLOCK)
+            send_frames(self.input, [identity, batch], NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
@@ -115,20 +115,19 @@ class DataChannels:
             self._in_pump.kick()
 
     def _read_outputs(self, frames: list[bytes]) -> None:
-        # The hot path: check each tag, decode bodies with the bound OutputChunk decoder.
-        tag = self._output_tag
-        if not frames or len(frames) % 2 or any(f != tag for f in frames[::2]):
-            _bad_input.warning("dropped a message that is not a batch of output chunks")
+        # The hot path: one frame of OutputChunk records, decoded by the bound decoder.
+        if len(frames) != 1:
+            _bad_input.warning("dropped an output message of %d frames", len(frames))
             return
         try:
-            chunks = [self._output_decoder.decode(body) for body in frames[1::2]]
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            chunks = codec.decode_records(frames[0], self._output_tag, self._output_decoder)
+        except ProtocolError as exc:
             _bad_input.warning("dropped a bad output batch: %s", exc)
             return
         self._events.on_outputs(chunks)
 
     def _read_inputs(self, frames: list[bytes]) -> None:
-        if len(frames) < 3:
+        if len(frames) < 2:
             return
         try:
             messages = codec.decode_batch(frames[1:])

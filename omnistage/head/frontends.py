@@ -83,10 +83,10 @@ class FrontendServer:
             total.update(counts)
         return total
 
-    def _send(self, identity: object, frames: list[bytes]) -> None:
+    def _send(self, identity: object, batch: bytes) -> None:
         assert isinstance(identity, bytes)
         try:
-            send_frames(self._sock, [identity, *frames], NOBLOCK)
+            send_frames(self._sock, [identity, batch], NOBLOCK)
         except zmq.ZMQError as exc:
             _bad_input.warning("an API server is not reading (%s); its messages dropped", exc)
         finally:

@@ -30,7 +30,7 @@ from omnistage.protocol.messages import (
 )
 from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
 from omnistage.replica.requests import RequestRunner
-from omnistage.zmqio import NOBLOCK, Pump, send_frames
+from omnistage.zmqio import NOBLOCK, Pump
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
@@ -118,7 +118,7 @@ class HeadSession:
             address=self._address,
             peer_address=peer_address,
         )
-        self._in.send_multipart(codec.encode(ready))
+        self._in.send(codec.pack(ready))
         self._pump = Pump(loop, self._in, self._on_frames)
         self._peer_pump = Pump(loop, self._peer_in, self._on_peer_frames) if self._peer_in else None
         self.heartbeat.start()
@@ -161,12 +161,12 @@ class HeadSession:
     # -- Outlet ----------------------------------------------------------------------
 
     def to_head(self, chunks: list[OutputChunk]) -> None:
-        frames = _frames(chunks)
+        batch = _batch(chunks)
         try:
-            send_frames(self._out, frames, NOBLOCK)
+            self._out.send(batch, NOBLOCK)
         except zmq.Again:
             # 100k messages queued: the head stopped reading. Keep them rather than drop.
-            self._out.send_multipart(frames)
+            self._out.send(batch)
 
     def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
         now = time.monotonic()
@@ -183,7 +183,7 @@ class HeadSession:
             sock = kept[0]
         self._peer_out[address] = (sock, now)
         try:
-            send_frames(sock, _frames(chunks), NOBLOCK)
+            sock.send(_batch(chunks), NOBLOCK)
         except zmq.Again:
             _bad_input.warning("peer %s is not reading; dropped %d chunk(s)", address, len(chunks))
 
@@ -208,14 +208,13 @@ class HeadSession:
             self._runner.handle(msg)
 
     def _on_peer_frames(self, frames: list[bytes]) -> None:
-        # The hot path between replicas: output chunks only, checked tag by tag.
-        tag = self._output_tag
-        if not frames or len(frames) % 2 or any(f != tag for f in frames[::2]):
-            _bad_input.warning("dropped a peer message that is not a batch of output chunks")
+        # The hot path between replicas: one frame of OutputChunk records.
+        if len(frames) != 1:
+            _bad_input.warning("dropped a peer message of %d frames", len(frames))
             return
         try:
-            chunks = [self._output_decoder.decode(body) for body in frames[1::2]]
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            chunks = codec.decode_records(frames[0], self._output_tag, self._output_decoder)
+        except ProtocolError as exc:
             _bad_input.warning("dropped a bad peer batch: %s", exc)
             return
         for chunk in chunks:
@@ -230,8 +229,5 @@ class HeadSession:
         )
 
 
-def _frames(chunks: list[OutputChunk]) -> list[bytes]:
-    frames: list[bytes] = []
-    for chunk in chunks:
-        frames.extend(codec.encode(chunk))
-    return frames
+def _batch(chunks: list[OutputChunk]) -> bytes:
+    return b"".join([codec.pack(chunk) for chunk in chunks])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import TAGS, OutputChunk, RegisterRequest
+from omnistage.protocol.messages import TAGS, Abort, OutputChunk, RegisterRequest
 
 TAG_BYTES = st.sampled_from([*TAGS.values(), b"", b"?", b"OO"])
 # msgpack-shaped noise: valid containers of wrong types, plus raw bytes.
@@ -70,8 +70,30 @@ def test_batches_of_any_frames_only_raise_protocol_error(frames: list[bytes]) ->
 )
 def test_output_chunks_round_trip(text: str, data: bytes, seq: int, finished: bool) -> None:
     chunk = OutputChunk("r", 1, 2, 3, seq, "text", text=text, data=data, finished=finished)
-    (again,) = codec.decode_batch(codec.encode(chunk))
+    (again,) = codec.decode_batch([codec.pack(chunk)])
     assert again == chunk
+
+
+@settings(max_examples=200, deadline=None)
+@given(blob=st.binary(max_size=200))
+def test_batch_frames_of_any_bytes_only_raise_protocol_error(blob: bytes) -> None:
+    try:
+        codec.decode_batch([blob])
+    except ProtocolError:
+        pass
+
+
+def test_a_batch_holds_its_records_in_order_and_refuses_a_cut_or_a_stranger() -> None:
+    chunks = [OutputChunk("r", 0, 0, 1, i, "text", text=str(i) * i) for i in range(5)]
+    blob = b"".join(codec.pack(c) for c in chunks)
+    assert codec.decode_batch([blob]) == chunks
+    tag, decoder = codec.TAGS[OutputChunk], msgspec.msgpack.Decoder(OutputChunk)
+    assert codec.decode_records(blob, tag, decoder) == chunks
+    for cut in (1, 4, len(blob) - 1):
+        with pytest.raises(ProtocolError):
+            codec.decode_batch([blob[:cut]])
+    with pytest.raises(ProtocolError):  # an Abort among the outputs
+        codec.decode_records(blob + codec.pack(Abort("r")), tag, decoder)
 
 
 def test_truncated_messages_never_decode() -> None:
