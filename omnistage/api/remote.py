@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from omnistage.aio import Mailbox
 from omnistage.api.errors import ApiError
 from omnistage.api.service import ReplicaLoad, RequestCounts
 from omnistage.config.schema import DeployConfig
@@ -60,7 +61,7 @@ class RemoteStream:
         self._service = service
         self.request_id = request_id
         self.opened: asyncio.Future[ErrorInfo | None] = asyncio.get_running_loop().create_future()
-        self.queue: asyncio.Queue[OutputChunk | _Done] = asyncio.Queue()
+        self.queue: Mailbox[OutputChunk | _Done] = Mailbox()
         self._usage: dict[str, int] = {}
         self._finished = False
 

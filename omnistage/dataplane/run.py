@@ -21,7 +21,7 @@ class Done:
 DONE = Done()
 
 
-@dataclass
+@dataclass(slots=True)
 class StageProgress:
     """One stage's part of a request, kept until the stage finishes it, for a retry."""
 
@@ -50,7 +50,7 @@ class StageProgress:
         self.text, self.data_chunks, self.next_seq, self.dispatches = [], 0, 0, 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Run:
     request_id: str
     prompt: Prompt

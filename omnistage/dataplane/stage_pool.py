@@ -46,15 +46,22 @@ class StagePool:
         self.replicas: dict[int, ReplicaHandle] = {}
         self._changed = asyncio.Event()
         self._sleepers = 0  # tasks waiting on _changed: only they need waking
+        self._live = 0  # replicas up: kept by ``apply``, read per request
 
     def live(self) -> list[ReplicaHandle]:
         return [r for r in self.replicas.values() if r.up]
 
     def has_live(self) -> bool:
-        return any(r.up for r in self.replicas.values())
+        return self._live > 0
 
     def apply(self, t: Transition) -> set[str]:
         """Apply a state transition; returns request ids lost with a failed replica."""
+        try:
+            return self._apply(t)
+        finally:
+            self._live = sum(1 for r in self.replicas.values() if r.up)
+
+    def _apply(self, t: Transition) -> set[str]:
         e = t.entry
         handle = self.replicas.get(e.replica_id)
         if handle is not None and handle.epoch != e.epoch:

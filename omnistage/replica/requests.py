@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from omnistage.aio import Mailbox
 from omnistage.engines.base import Engine, EngineRequest, StageInput
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Ping, Shutdown
@@ -46,7 +47,7 @@ class _Route:
 class _Running:
     attempt: int
     upstream: frozenset[int]
-    inputs: asyncio.Queue[StageInput]
+    inputs: Mailbox[StageInput]
     task: asyncio.Task[None] | None = None
 
 
@@ -104,7 +105,7 @@ class RequestRunner:
             log.warning("duplicate request id %s ignored", msg.request_id)
             return
         rid = msg.request_id
-        running = _Running(msg.attempt, frozenset(msg.upstream), asyncio.Queue())
+        running = _Running(msg.attempt, frozenset(msg.upstream), Mailbox())
         for _, chunk in self._early.pop(rid, ()):
             if chunk.attempt == msg.attempt and chunk.stage_id in running.upstream:
                 running.inputs.put_nowait(chunk)
@@ -252,7 +253,7 @@ class RequestRunner:
 
 
 async def _upstream(
-    queue: asyncio.Queue[StageInput], open_sources: set[int]
+    queue: Mailbox[StageInput], open_sources: set[int]
 ) -> AsyncIterator[StageInput]:
     """Yield upstream chunks until every upstream stage has sent its last one."""
     while open_sources:
