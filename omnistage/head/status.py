@@ -49,7 +49,7 @@ def _replica(e: ReplicaEntry, pool: StagePool, now: float) -> dict[str, Any]:
         "replica_id": e.replica_id,
         "epoch": e.epoch,
         "state": str(e.state),
-        "reason": e.reason,
+        "reason": e.why,
         "address": e.address,
         "local": e.local,
         "pid": e.pid,
