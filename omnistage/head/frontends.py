@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections import Counter
 
 import msgspec
@@ -37,6 +38,9 @@ from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
 
+# API servers ask for a snapshot every 0.5 s; one silent for this long is gone.
+SILENT_AFTER_S = 3.0
+
 
 def error_info(exc: BaseException) -> ErrorInfo:
     e = as_api_error(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
@@ -59,13 +63,18 @@ class FrontendServer:
         self._sock.bind(self.address)
         self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
         self._responses: dict[int, dict[int, int]] = {}
+        # When each API server (by socket identity) last asked for a snapshot: one that
+        # stops asking is gone (killed, say), and its requests are aborted.
+        self._seen: dict[bytes, float] = {}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._outbox = Outbox(loop, self._send)
         self._pump = Pump(loop, self._sock, self._on_frames)
+        self._reaper = loop.create_task(self._reap_silent())
 
     async def stop(self) -> None:
+        self._reaper.cancel()
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -110,10 +119,24 @@ class FrontendServer:
                 if running is not None:
                     running.cancel()
             elif isinstance(msg, FrontQuery):
+                self._seen[identity] = time.monotonic()
                 self._responses[msg.server] = msg.responses
                 self._outbox.put(identity, self._snapshot())
             else:
                 _bad_input.warning("unexpected %s from an API server", type(msg).__name__)
+
+    async def _reap_silent(self) -> None:
+        """Abort the requests of API servers that stopped asking for snapshots."""
+        while True:
+            await asyncio.sleep(SILENT_AFTER_S / 2)
+            now = time.monotonic()
+            gone = {i for i, seen in self._seen.items() if now - seen > SILENT_AFTER_S}
+            for identity in gone:
+                del self._seen[identity]
+            for (identity, rid), task in list(self._tasks.items()):
+                if identity in gone:
+                    log.warning("request %s: its API server went silent; aborting it", rid)
+                    task.cancel()
 
     async def _serve(self, identity: bytes, msg: FrontOpen) -> None:
         rid = msg.request_id

@@ -8,8 +8,10 @@ client leaves, the API key; and a server that dies is started again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,3 +156,41 @@ def test_a_stage_without_replicas_is_a_503_with_retry_after(tmp_path: Path) -> N
         assert r.json()["error"]["code"] == "stage_unavailable"
     finally:
         head.stop()
+
+
+def test_requests_of_an_api_server_that_died_are_aborted_in_the_head(tmp_path: Path) -> None:
+    wedge = '{"0": {"engine_args": {"hang_on": "WEDGE"}}}'
+    head = HeadProc(tmp_path, "echo-1stage", "--api-server-count", "2", "--stage-overrides", wedge)
+    clients: list[threading.Thread] = []
+    try:
+        head.wait_healthy()
+        wait_for(lambda: len(_api_servers(head)) == 2, 20, what="two API servers")
+
+        def stuck() -> None:  # answered only when its server dies
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{head.url}/v1/completions", json={"prompt": "WEDGE"}, timeout=30)
+
+        clients = [threading.Thread(target=stuck, daemon=True) for _ in range(4)]
+        for t in clients:
+            t.start()
+
+        def in_flight() -> float | None:
+            # A new connection each time: the servers are killed and started again.
+            try:
+                with httpx.Client(base_url=head.url, timeout=5) as client:
+                    _, samples = scrape(client)
+            except httpx.HTTPError:
+                return None
+            return value(samples, "omnistage_requests_in_flight")
+
+        wait_for(lambda: in_flight() == 4, 10, 0.1, "four wedged requests in the head")
+        for pid in _api_servers(head):
+            os.kill(pid, signal.SIGKILL)
+        # New servers take over; the head notices the old ones' silence and aborts
+        # what they had asked for, instead of running it for nobody.
+        wait_for(lambda: in_flight() == 0, 15, 0.2, "orphaned requests aborted")
+        assert "its API server went silent" in head.log()
+    finally:
+        head.stop()
+        for t in clients:
+            t.join(5)
