@@ -43,10 +43,29 @@ class LlmArgs(_Args):
     cache_dir: str | None = None
 
 
+# OpenAI's voice names, which its SDK and examples send.
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+)
+
+
 class TtsArgs(_Args):
     # Default voice: an id ("en_US-joe-medium") or alias ("joe"); None: en_US-joe-medium
     # when installed, else the first voice found.
     voice: str | None = None
+    # What OpenAI's voice names mean here: name -> an installed voice (id or alias), or
+    # None for the default voice. Names left out keep that default meaning.
+    openai_voices: dict[str, str | None] = Field(default_factory=dict)
     # Extra directory of <voice>.onnx + <voice>.onnx.json files (searched first).
     voices_dir: str | None = None
     # Default speaking rate; requests may override it with params["speed"].

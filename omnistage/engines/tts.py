@@ -58,7 +58,10 @@ class TtsEngine(Engine):
 
     async def start(self) -> None:
         self.catalog = await asyncio.to_thread(
-            VoiceCatalog.discover, self.args.voices_dir, self.args.voice
+            VoiceCatalog.discover,
+            self.args.voices_dir,
+            self.args.voice,
+            self.args.openai_voices,
         )
         voice = self.catalog.default
         log.info(

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnistage.config.engine_args import OPENAI_VOICES
 from omnistage.protocol.errors import BadRequestError, EngineError
 
 log = logging.getLogger(__name__)
@@ -130,9 +131,15 @@ def discover_voices(voices_dir: str | Path | None = None) -> list[VoiceInfo]:
 
 
 class VoiceCatalog:
-    """The voices a TTS engine can use, and which one ``"default"`` means."""
+    """The voices a TTS engine can use, which one ``"default"`` means, and what OpenAI's
+    voice names (``alloy`` ...) mean: the default voice unless ``openai`` maps them."""
 
-    def __init__(self, voices: Iterable[VoiceInfo], default: str | None = None) -> None:
+    def __init__(
+        self,
+        voices: Iterable[VoiceInfo],
+        default: str | None = None,
+        openai: dict[str, str | None] | None = None,
+    ) -> None:
         self.voices = list(voices)
         if not self.voices:
             raise EngineError(
@@ -149,12 +156,24 @@ class VoiceCatalog:
         else:
             chosen = self._find(PREFERRED_DEFAULT, prefer=None) or self.voices[0]
         self.default = chosen
+        self.openai: dict[str, VoiceInfo] = {name: chosen for name in OPENAI_VOICES}
+        for name, target in (openai or {}).items():
+            voice = chosen if target is None else self._find(target, prefer=chosen)
+            if voice is None:
+                raise EngineError(
+                    f"openai_voices maps {name!r} to {target!r}, which is not installed; "
+                    f"available voices: {self.available()}"
+                )
+            self.openai[name.strip().lower()] = voice
 
     @classmethod
     def discover(
-        cls, voices_dir: str | Path | None = None, default: str | None = None
+        cls,
+        voices_dir: str | Path | None = None,
+        default: str | None = None,
+        openai: dict[str, str | None] | None = None,
     ) -> VoiceCatalog:
-        return cls(discover_voices(voices_dir), default)
+        return cls(discover_voices(voices_dir), default, openai)
 
     def available(self) -> str:
         return ", ".join(voice.describe() for voice in self.voices)
@@ -167,12 +186,15 @@ class VoiceCatalog:
             raise BadRequestError(
                 f"voice must be a string; available voices: {self.available()}", param="voice"
             )
-        if name.strip().lower() == "default":
+        key = name.strip().lower()
+        if key == "default":
             return self.default
-        voice = self._find(name, prefer=self.default)
+        # An installed voice of that name wins over OpenAI's meaning of it.
+        voice = self._find(name, prefer=self.default) or self.openai.get(key)
         if voice is None:
             raise BadRequestError(
-                f"unknown voice {name!r}; available voices: default, {self.available()}",
+                f"unknown voice {name!r}; available voices: default, {self.available()}, "
+                f"or one of OpenAI's ({', '.join(sorted(self.openai))})",
                 param="voice",
             )
         return voice

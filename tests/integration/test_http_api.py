@@ -97,6 +97,15 @@ def test_models_lists_the_pipeline_and_its_stages(echo_head: HeadProc) -> None:
     assert model["output_modalities"] == ["text"]
 
 
+def test_one_model_by_id_as_the_openai_client_retrieves_it(echo_head: HeadProc) -> None:
+    client = openai.OpenAI(base_url=f"{echo_head.url}/v1", api_key="x")
+    model = client.models.retrieve("echo")
+    assert (model.id, model.object, model.owned_by) == ("echo", "model", "omnistage")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
 def test_health_and_stage_listing_when_everything_is_up(echo_head: HeadProc) -> None:
     assert echo_head.client.get("/health").json() == {"status": "ok"}
     stages = echo_head.stages()["stages"]

@@ -128,6 +128,20 @@ def test_speech_via_the_openai_client_grows_with_the_text(voice_head: HeadProc) 
     assert len(longer) > 3 * len(short) > 0
 
 
+def test_openai_voice_names_speak_with_the_default_voice(voice_head: HeadProc) -> None:
+    # The SDK's own examples say voice="alloy"; without a mapping it is the default voice.
+    client = _client(voice_head)
+    alloy = client.audio.speech.create(
+        model="voice", voice="alloy", input="Hello there.", response_format="pcm"
+    ).content
+    joe = client.audio.speech.create(
+        model="voice", voice="joe", input="Hello there.", response_format="pcm"
+    ).content
+    assert len(alloy) > 0 and abs(len(alloy) - len(joe)) < 0.2 * len(joe)
+    out = _ask(voice_head, audio={"voice": "alloy", "format": "wav"})
+    assert out.choices[0].message.audio.data
+
+
 def test_completions_endpoint(voice_head: HeadProc) -> None:
     out = _client(voice_head).completions.create(
         model="voice", prompt="The capital of France is", max_tokens=8, temperature=0

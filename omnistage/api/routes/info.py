@@ -2,40 +2,46 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from omnistage.api.errors import error_body
+from omnistage.api.routes.common import check_model, service
 from omnistage.api.routes.common import json_response as _json_response
-from omnistage.api.routes.common import service
+from omnistage.api.service import PipelineService
 
 router = APIRouter()
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> Response:
-    omni = service(request)
+def _model(omni: PipelineService) -> dict[str, Any]:
     config = omni.config
     finals = [config.stage(sid) for sid in omni.graph.final]
-    return _json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": config.pipeline,
-                    "object": "model",
-                    "created": omni.started_at,
-                    "owned_by": "omnistage",
-                    "description": config.description,
-                    "output_modalities": sorted({s.output_modality for s in finals}),
-                    "stages": [
-                        {"stage_id": s.stage_id, "name": s.name, "engine": s.engine}
-                        for s in config.stages
-                    ],
-                }
-            ],
-        }
-    )
+    return {
+        "id": config.pipeline,
+        "object": "model",
+        "created": omni.started_at,
+        "owned_by": "omnistage",
+        "description": config.description,
+        "output_modalities": sorted({s.output_modality for s in finals}),
+        "stages": [
+            {"stage_id": s.stage_id, "name": s.name, "engine": s.engine} for s in config.stages
+        ],
+    }
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    return _json_response({"object": "list", "data": [_model(service(request))]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str) -> Response:
+    """One model, as OpenAI's ``models.retrieve``; an unknown id is a 404."""
+    omni = service(request)
+    check_model(omni, model_id)
+    return _json_response(_model(omni))
 
 
 @router.get("/health")
