@@ -63,7 +63,7 @@ def as_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, BadRequestError):
-        return ApiError(400, str(exc), "invalid_request_error", exc.param)
+        return ApiError(400, str(exc), "invalid_request_error", exc.param, exc.code)
     if isinstance(exc, StageOverloadedError):
         return ApiError(429, str(exc), "rate_limit_exceeded", code="stage_overloaded")
     if isinstance(exc, StageUnavailableError):

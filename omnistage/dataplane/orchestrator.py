@@ -229,7 +229,7 @@ class Orchestrator:
             st.data_chunks += 1
         if chunk.error:
             if chunk.error_kind == "bad_request":
-                run.fail(BadRequestError(chunk.error, chunk.error_param))
+                run.fail(BadRequestError(chunk.error, chunk.error_param, chunk.error_code))
             else:
                 run.fail(StageFailedError(sid, self._name(sid), chunk.error))
             return

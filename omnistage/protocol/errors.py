@@ -64,6 +64,8 @@ class EngineError(OmniError):
 class BadRequestError(OmniError):
     """A request the deployment cannot serve as asked (maps to HTTP 400)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         self.param = param
+        # OpenAI's error code where it has one clients key on (context_length_exceeded).
+        self.code = code
         super().__init__(message)

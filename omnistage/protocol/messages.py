@@ -260,6 +260,7 @@ class OutputChunk(_Tagged):
     error_kind: str | None = None
     error_param: str | None = None
     attempt: int = 0
+    error_code: str | None = None  # with error_kind "bad_request": OpenAI's error code
 
 
 class Heartbeat(_Tagged):

@@ -39,6 +39,7 @@ class OutputCoalescer:
             last.error = chunk.error
             last.error_kind = chunk.error_kind
             last.error_param = chunk.error_param
+            last.error_code = chunk.error_code
         else:
             chunk.seq = self._next_seq.get(rid, 0)
             self._next_seq[rid] = chunk.seq + 1

@@ -179,6 +179,7 @@ class RequestRunner:
             final.finish_reason, final.error = "error", str(exc) or repr(exc)
             if isinstance(exc, BadRequestError):
                 final.error_kind, final.error_param = "bad_request", exc.param
+                final.error_code = exc.code
             self._send(final)
         finally:
             if self.requests.get(rid) is running:

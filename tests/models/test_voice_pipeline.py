@@ -142,6 +142,19 @@ def test_openai_voice_names_speak_with_the_default_voice(voice_head: HeadProc) -
     assert out.choices[0].message.audio.data
 
 
+def test_a_prompt_over_the_context_window_is_context_length_exceeded(
+    voice_head: HeadProc,
+) -> None:
+    # LiteLLM and others pick their fallbacks by this code.
+    with pytest.raises(openai.BadRequestError) as info:
+        _client(voice_head).chat.completions.create(
+            model="voice", messages=[{"role": "user", "content": "word " * 3000}], max_tokens=5
+        )
+    error = info.value.body
+    assert error["code"] == "context_length_exceeded", error  # type: ignore[index]
+    assert "context window" in error["message"]  # type: ignore[index]
+
+
 def test_completions_endpoint(voice_head: HeadProc) -> None:
     out = _client(voice_head).completions.create(
         model="voice", prompt="The capital of France is", max_tokens=8, temperature=0

@@ -90,6 +90,7 @@ class LlmEngine(Engine):
                 f"the prompt is {len(ids)} tokens; this model's context window is "
                 f"{self.max_model_len} tokens",
                 "messages",
+                "context_length_exceeded",
             )
         if prior and len(prior) >= params.max_tokens:
             # The failed replica had generated everything but the final message.
