@@ -143,9 +143,10 @@ class RemoteService:
         params: dict[str, Any] | None = None,
         stage_params: dict[int, dict[str, Any]] | None = None,
         only: bool = False,
+        ack: bool = False,
     ) -> Coroutine[Any, Any, RemoteStream]:
         return self._open(
-            FrontOpen(request_id, prompt, finals, params or {}, stage_params or {}, only)
+            FrontOpen(request_id, prompt, finals, params or {}, stage_params or {}, only, ack)
         )
 
     async def _open(self, msg: FrontOpen) -> RemoteStream:

@@ -65,6 +65,7 @@ class PipelineService(Protocol):
         params: dict[str, Any] | None = None,
         stage_params: dict[int, dict[str, Any]] | None = None,
         only: bool = False,
+        ack: bool = False,
     ) -> Coroutine[Any, Any, OutputStream]:
         """Start a request through the pipeline (see ``Orchestrator.open``)."""
         ...

@@ -77,11 +77,14 @@ class Orchestrator:
         params: dict[str, Any] | None = None,
         stage_params: dict[int, dict[str, Any]] | None = None,
         only: bool = False,
+        ack: bool = False,
     ) -> RequestStream:
         """Start a request and return its output stream.
 
         ``only``: run just the ``finals`` stages, each fed the prompt directly (e.g. the
         speech endpoint driving a TTS stage that normally listens to an LLM).
+        ``ack``: each final stage first checks its params and answers at once (an error,
+        or an empty chunk), so a caller can wait for every final's first chunk.
         """
         if request_id in self._runs:
             raise ValueError(f"duplicate request id {request_id}")
@@ -92,6 +95,7 @@ class Orchestrator:
             params={sid: self._params_for(sid, params, stage_params) for sid in active},
             active=active,
             finals=set(finals),
+            ack=ack,
         )
         self._runs[request_id] = run
         self.started_total += 1
@@ -200,6 +204,7 @@ class Orchestrator:
             attempt=st.attempt,
             peers=peers,
             head_all=head_all,
+            ack=run.ack and sid in run.finals and st.dispatches == 1,
         )
 
     # -- outputs (called synchronously from the output reader) ----------------------

@@ -65,6 +65,7 @@ class Run:
     # Edges (upstream, downstream) whose chunks go replica to replica.
     direct: set[tuple[int, int]] = field(default_factory=set)
     attempt: int = 0
+    ack: bool = False  # final stages acknowledge their params first (AddRequest.ack)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     failed: bool = False
 

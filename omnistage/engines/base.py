@@ -80,6 +80,10 @@ class Engine(abc.ABC):
         """Requests accepted but not yet being worked on."""
         return 0
 
+    def check(self, params: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Raise BadRequestError for request params this engine cannot serve, before
+        any work (a stream's status line waits for it; see ``AddRequest.ack``)."""
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load weights; may take long (bounded by --stage-init-timeout)."""
 

@@ -90,6 +90,10 @@ class TtsEngine(Engine):
             load.cancel()
         self._loads.clear()
 
+    def check(self, params: dict[str, Any]) -> None:
+        self._catalog().resolve(params.get("voice"))
+        self._length_scale(params.get("speed"))
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         params = request.params or {}
         voice = self._catalog().resolve(params.get("voice"))

@@ -142,7 +142,7 @@ class FrontendServer:
         rid = msg.request_id
         try:
             stream = await self._service.open(
-                rid, msg.prompt, msg.finals, msg.params, msg.stage_params, msg.only
+                rid, msg.prompt, msg.finals, msg.params, msg.stage_params, msg.only, msg.ack
             )
         except asyncio.CancelledError:
             return

@@ -45,10 +45,11 @@ class HeadService:
         params: dict[str, Any] | None = None,
         stage_params: dict[int, dict[str, Any]] | None = None,
         only: bool = False,
+        ack: bool = False,
     ) -> Coroutine[Any, Any, RequestStream]:
         # Not async itself: the orchestrator's coroutine is returned as is, one frame
         # fewer per request.
-        return self._orchestrator.open(request_id, prompt, finals, params, stage_params, only)
+        return self._orchestrator.open(request_id, prompt, finals, params, stage_params, only, ack)
 
     def stages_without_replicas(self) -> list[tuple[int, str]]:
         return [(sid, p.name) for sid, p in self._pools.items() if not p.live()]

@@ -218,6 +218,9 @@ class AddRequest(_Tagged):
     attempt: int = 0
     peers: list[str] = []
     head_all: bool = True
+    # Check the params first and answer at once: an error, or an empty chunk that says
+    # they are fine (the API holds a stream's status line until every final stage has).
+    ack: bool = False
 
 
 class Abort(_Tagged):
@@ -313,6 +316,7 @@ class FrontOpen(_Tagged):
     params: dict[str, Any]
     stage_params: dict[int, dict[str, Any]]
     only: bool = False
+    ack: bool = False
 
 
 class FrontOpened(_Tagged):

@@ -126,6 +126,14 @@ class RequestRunner:
             else:
                 replay = ReplayFilter(len(msg.resume.text), msg.resume.data_chunks)
         self._outputs.start_at(rid, seq)
+        if msg.ack:
+            try:
+                self.engine.check(msg.params)
+            except BadRequestError as exc:
+                self._send(self._refusal(rid, running, seq, exc))
+                return
+            self._send(self._chunk(rid, running, seq, self.engine.stage.output_modality, False))
+            seq += 1
         self.requests[rid] = running
         running.task = asyncio.create_task(self._run(request, seq, replay, running))
 
@@ -175,15 +183,19 @@ class RequestRunner:
                 self._outputs.forget(rid)
         except Exception as exc:
             log.warning("request %s failed: %s", rid, exc)
-            final = self._chunk(rid, running, seq, modality, True)
-            final.finish_reason, final.error = "error", str(exc) or repr(exc)
-            if isinstance(exc, BadRequestError):
-                final.error_kind, final.error_param = "bad_request", exc.param
-                final.error_code = exc.code
-            self._send(final)
+            self._send(self._refusal(rid, running, seq, exc))
         finally:
             if self.requests.get(rid) is running:
                 self.requests.pop(rid, None)
+
+    def _refusal(self, rid: str, running: _Running, seq: int, exc: Exception) -> OutputChunk:
+        """The last chunk of a request that failed: the error, and its kind."""
+        final = self._chunk(rid, running, seq, self.engine.stage.output_modality, True)
+        final.finish_reason, final.error = "error", str(exc) or repr(exc)
+        if isinstance(exc, BadRequestError):
+            final.error_kind, final.error_param = "bad_request", exc.param
+            final.error_code = exc.code
+        return final
 
     def _chunk(
         self, rid: str, running: _Running, seq: int, modality: str, finished: bool

@@ -142,6 +142,20 @@ def test_openai_voice_names_speak_with_the_default_voice(voice_head: HeadProc) -
     assert out.choices[0].message.audio.data
 
 
+def test_a_bad_voice_in_a_streamed_chat_is_a_400_before_the_stream(voice_head: HeadProc) -> None:
+    # Before, the thinker's first words went out with a 200 and the talker's refusal
+    # followed as an error event, which clients surface as a generic APIError.
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(voice_head, audio={"voice": "nobody", "format": "pcm16"}, stream=True)
+    error = info.value.body
+    assert error["param"] == "voice" and "unknown voice" in error["message"]  # type: ignore[index]
+    ok = _ask(voice_head, audio={"voice": "alloy", "format": "pcm16"}, stream=True)
+    kinds = {
+        ("audio" if c.choices and getattr(c.choices[0].delta, "audio", None) else "x") for c in ok
+    }
+    assert "audio" in kinds
+
+
 def test_a_prompt_over_the_context_window_is_context_length_exceeded(
     voice_head: HeadProc,
 ) -> None:

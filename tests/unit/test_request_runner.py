@@ -8,6 +8,8 @@ import asyncio
 
 from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
+from omnistage.engines.echo import EchoEngine
+from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, Resume
 from omnistage.replica.requests import RequestRunner
 
@@ -121,3 +123,40 @@ async def test_inputs_of_another_attempt_are_dropped() -> None:
     runner.feed(_input("a", 0, "new", True, attempt=1))
     await _settle(runner)
     assert "".join(c.text for c in out.head) == "new"
+
+
+class _Picky(EchoEngine):
+    """An echo engine that refuses params with "bad" set, as TTS refuses a voice."""
+
+    def check(self, params: dict[str, object]) -> None:
+        if params.get("bad"):
+            raise BadRequestError("bad is not allowed here", param="bad")
+
+
+def _picky() -> tuple[RequestRunner, Recorder]:
+    stage = StageConfig(stage_id=1, name="picky", engine="echo")
+    runner = RequestRunner(1, _Picky(stage), lambda _why: None)
+    out = Recorder()
+    runner.bind(replica_id=0, epoch=1, outlet=out)
+    return runner, out
+
+
+async def test_an_ack_request_answers_at_once_with_an_empty_chunk_then_runs() -> None:
+    runner, out = _picky()
+    runner.handle(AddRequest("k", None, [0], {}, ack=True))
+    runner.flush()  # what the first tick sends, before any input arrived
+    (ack,) = out.head
+    assert (ack.seq, ack.text, ack.data, ack.finished, ack.error) == (0, "", b"", False, None)
+    runner.feed(_input("k", 0, "hi", True))
+    await _settle(runner)
+    assert "".join(c.text for c in out.head) == "hi [picky]"
+    assert [c.seq for c in out.head] == list(range(len(out.head)))
+
+
+async def test_an_ack_request_with_bad_params_is_refused_before_any_work() -> None:
+    runner, out = _picky()
+    runner.handle(AddRequest("k", None, [0], {"bad": True}, ack=True))
+    await _settle(runner)
+    (refusal,) = out.head
+    assert refusal.finished and refusal.error_kind == "bad_request"
+    assert refusal.error_param == "bad" and not runner.requests

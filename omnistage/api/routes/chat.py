@@ -61,12 +61,15 @@ async def chat_completions(request: Request) -> Response:
         for sid in plan.audio:
             stage_params.setdefault(sid, {}).update(voice=voice)
     request_id = f"chatcmpl-{next_id()}"
+    # A stream's status line waits until the audio stages have checked their params
+    # (voice, speed): a bad one is then a 400, not an error event after a 200.
+    ack = bool(body.stream and plan.audio)
     stream = await omni.open(
-        request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params
+        request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params, ack=ack
     )
     created, model = int(time.time()), omni.config.pipeline
     if body.stream:
-        outputs = await peeked(stream)
+        outputs = await peeked(stream, frozenset(plan.audio if ack else ()))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shape = ChunkShape(request_id, "chat.completion.chunk", created, model, include_usage)
         events = _events(outputs, stream, shape, plan)

@@ -98,22 +98,31 @@ async def collect(request: Request, stream: OutputStream) -> Collected | None:
         return None
 
 
-async def peeked(stream: OutputStream) -> AsyncIterator[OutputChunk]:
-    """Wait for the first output before answering, so errors a stage reports straight
-    away (bad voice, prompt too long) become a proper 4xx instead of an in-band event.
-    Returns an iterator over every output, the first included."""
+async def peeked(
+    stream: OutputStream, stages: set[int] = frozenset()
+) -> AsyncIterator[OutputChunk]:
+    """Wait for the first output (and one from each of ``stages``, opened with ``ack``)
+    before answering, so errors a stage reports straight away (bad voice, prompt too
+    long) become a proper 4xx instead of an in-band event. Returns an iterator over
+    every output, those read here included."""
     it = aiter(stream)
+    early: list[OutputChunk] = []
+    waiting = set(stages)
     try:
-        first = await anext(it)
+        while not early or waiting:
+            out = await anext(it)
+            early.append(out)
+            waiting.discard(out.stage_id)
     except StopAsyncIteration:
-        first = None
+        pass
     except BaseException:
         stream.close()
         raise
 
     async def rest() -> AsyncIterator[OutputChunk]:
-        if first is not None:
-            yield first
+        for out in early:
+            yield out
+        if early:
             async for out in it:
                 yield out
 
