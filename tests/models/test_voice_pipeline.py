@@ -78,7 +78,7 @@ def test_chat_with_audio_returns_text_and_a_wav_of_it(voice_head: HeadProc) -> N
 
 def test_streamed_chat_with_audio_sends_text_deltas_and_pcm_chunks(voice_head: HeadProc) -> None:
     stream = _ask(voice_head, audio={"voice": "default", "format": "pcm16"}, stream=True)
-    text, pcm, finish = "", b"", None
+    text, pcm, finish, transcript = "", b"", None, ""
     for chunk in stream:
         if not chunk.choices:
             continue
@@ -86,9 +86,13 @@ def test_streamed_chat_with_audio_sends_text_deltas_and_pcm_chunks(voice_head: H
         text += delta.content or ""
         audio = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
         if audio:
-            pcm += base64.b64decode(audio["data"] if isinstance(audio, dict) else audio.data)
+            audio = audio if isinstance(audio, dict) else audio.model_dump()
+            pcm += base64.b64decode(audio["data"])
+            transcript += audio.get("transcript") or ""
         finish = chunk.choices[0].finish_reason or finish
     assert "Paris" in text
+    # The transcript pieces join into the text as written, spaces between sentences kept.
+    assert transcript == " ".join(text.split()), (transcript, text)
     assert len(pcm) > 22050  # > 0.5 s of 16-bit audio at 22 kHz
     assert finish == "stop"
 

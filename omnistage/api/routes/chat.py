@@ -152,6 +152,7 @@ def _events(
     # A choice is finished when all of its stages are.
     open_stages = {i: {sid for sid, j in index.items() if j == i} for i in set(index.values())}
     finish: dict[int, str] = {}
+    spoken: set[int] = set()  # choices whose transcript has begun
 
     def render(out: OutputChunk) -> list[bytes]:
         i = index[out.stage_id]
@@ -159,7 +160,11 @@ def _events(
         if out.modality == "audio" and out.data:
             audio = {"id": audio_id, "data": base64.b64encode(out.data).decode()}
             if out.text:
-                audio["transcript"] = out.text
+                # The talker speaks trimmed sentences; the pieces of the transcript
+                # must still read as text once a client joins them.
+                gap = " " if i in spoken and not out.text[0].isspace() else ""
+                audio["transcript"] = gap + out.text
+                spoken.add(i)
             events.append(
                 shape.chunk([{"index": i, "delta": {"audio": audio}, "finish_reason": None}])
             )
