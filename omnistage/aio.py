@@ -46,6 +46,3 @@ class Mailbox(Generic[T]):
             finally:
                 self._waiter = None
         return self._items.popleft()
-
-    def qsize(self) -> int:
-        return len(self._items)

@@ -7,7 +7,6 @@ same app as the head does with one server, over ``api.remote.RemoteService``.
 
 from __future__ import annotations
 
-import base64
 import logging
 import socket
 import sys
@@ -21,6 +20,8 @@ from omnistage.api.app import create_app
 from omnistage.api.remote import RemoteService
 from omnistage.config.schema import DeployConfig
 from omnistage.logs import setup_logging
+from omnistage.protocol import codec
+from omnistage.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,11 @@ class ApiServerOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def encode_options(opts: ApiServerOptions) -> str:
-    return base64.b64encode(msgspec.msgpack.encode(opts)).decode("ascii")
+    return codec.encode_blob(opts)
 
 
 def decode_options(blob: str) -> ApiServerOptions:
-    return msgspec.msgpack.decode(base64.b64decode(blob), type=ApiServerOptions)
+    return codec.decode_blob(blob, ApiServerOptions)
 
 
 async def serve(opts: ApiServerOptions) -> int:
@@ -83,7 +84,11 @@ def main() -> int:
     if blob is None:
         print("python -m omnistage.api.server is started by the head", file=sys.stderr)
         return 2
-    opts = decode_options(blob)
+    try:
+        opts = decode_options(blob)
+    except ProtocolError as exc:
+        print(f"invalid OMNISTAGE_API_SERVER_OPTIONS: {exc}", file=sys.stderr)
+        return 2
     setup_logging(opts.log_level)
     return aio.run(serve(opts))
 

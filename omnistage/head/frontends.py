@@ -42,8 +42,8 @@ _bad_input = Throttled(log)
 SILENT_AFTER_S = 3.0
 
 
-def error_info(exc: BaseException) -> ErrorInfo:
-    e = as_api_error(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+def error_info(exc: Exception) -> ErrorInfo:
+    e = as_api_error(exc)
     return ErrorInfo(e.status, e.message, e.type, e.param, e.code)
 
 

@@ -24,7 +24,7 @@ from omnistage.control.coordinator import Coordinator
 from omnistage.control.handshake import HandshakeServer
 from omnistage.control.master import Master
 from omnistage.control.plane import ControlPlane
-from omnistage.control.replica_table import ReplicaTable
+from omnistage.control.replica_table import ReplicaTable, Transition
 from omnistage.control.slots import SlotTable
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
@@ -248,7 +248,7 @@ class Head:
 
     # -- callbacks -------------------------------------------------------------------
 
-    def _post_transition(self, t) -> None:  # type: ignore[no-untyped-def]
+    def _post_transition(self, t: Transition) -> None:
         self.events.post_transition(t)
 
     def _check_serving(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any, TypeVar
 
 import msgspec
@@ -116,6 +117,19 @@ def decode_records(blob: bytes, tag: bytes, decoder: msgspec.msgpack.Decoder[T])
         return [decoder.decode(body) for _, body in records]
     except _DECODE_ERRORS as exc:
         raise ProtocolError(f"invalid {decoder.type.__name__}: {_why(exc)}") from None
+
+
+def encode_blob(msg: msgspec.Struct) -> str:
+    """A struct as printable text, for an environment variable (a child's options)."""
+    return base64.b64encode(_encoder.encode(msg)).decode("ascii")
+
+
+def decode_blob(blob: str, type_: type[T]) -> T:
+    """The struct ``encode_blob`` made; ProtocolError for anything else."""
+    try:
+        return msgspec.msgpack.decode(base64.b64decode(blob, validate=True), type=type_)
+    except (*_DECODE_ERRORS, ValueError) as exc:
+        raise ProtocolError(f"invalid {type_.__name__}: {_why(exc)}") from None
 
 
 def decode_register_request(body: bytes, verifier: Verifier | None = None) -> RegisterRequest:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import sys
 
-import msgspec
-
 from omnistage import aio, envs
 from omnistage.logs import setup_logging
+from omnistage.protocol.errors import ProtocolError
 from omnistage.replica.options import decode_options
 from omnistage.replica.runtime import ReplicaRuntime
 
@@ -25,7 +24,7 @@ def main() -> int:
         return 2
     try:
         opts = decode_options(blob)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+    except ProtocolError as exc:
         print(f"invalid OMNISTAGE_REPLICA_OPTIONS: {exc}", file=sys.stderr)
         return 2
     setup_logging(opts.log_level)

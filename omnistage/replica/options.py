@@ -8,12 +8,12 @@ the process's user, and the options carry the auth token and the head-local key.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import msgspec
 
 from omnistage import defaults
+from omnistage.protocol import codec
 
 
 class ReplicaOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,13 +42,9 @@ class ReplicaOptions(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = defaults.LOG_LEVEL
 
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(ReplicaOptions)
-
-
 def encode_options(opts: ReplicaOptions) -> str:
-    return base64.b64encode(_encoder.encode(opts)).decode("ascii")
+    return codec.encode_blob(opts)
 
 
 def decode_options(blob: str) -> ReplicaOptions:
-    return _decoder.decode(base64.b64decode(blob))
+    return codec.decode_blob(blob, ReplicaOptions)

@@ -17,7 +17,7 @@ from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import check_model, peeked, service
 from omnistage.api.schemas import SpeechRequest, body_schema, parse_body
-from omnistage.api.service import OutputStream
+from omnistage.api.service import OutputStream, PipelineService
 from omnistage.engines.audio import wav_header
 from omnistage.protocol.messages import OutputChunk, Prompt
 
@@ -44,12 +44,12 @@ async def speech(request: Request) -> Response:
     )
 
 
-def _tts_stage(omni: object, wanted: str | None) -> int:
-    stages = [s for s in omni.config.stages if s.engine == "tts"]  # type: ignore[attr-defined]
+def _tts_stage(omni: PipelineService, wanted: str | None) -> int:
+    stages = [s for s in omni.config.stages if s.engine == "tts"]
     if wanted is not None:
         stages = [s for s in stages if wanted in (str(s.stage_id), s.name)]
     if not stages:
-        pipeline = omni.config.pipeline  # type: ignore[attr-defined]
+        pipeline = omni.config.pipeline
         what = f"TTS stage {wanted!r}" if wanted else "TTS stage"
         raise ApiError(
             400 if wanted else 404,
