@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.config.schema import StageConfig
-from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.protocol.messages import OutputChunk, Prompt, TokenLogprob
 
 # An upstream stage's output, read as this stage's input: the same message the upstream
 # replica sent (``stage_id`` is the stage it came from).
@@ -52,6 +52,7 @@ class EngineChunk:
     finish_reason: str | None = None
     usage: dict[str, int] | None = field(default=None)
     meta: dict[str, Any] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine(abc.ABC):

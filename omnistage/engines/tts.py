@@ -132,8 +132,8 @@ class TtsEngine(Engine):
         buffer = ""
         spoken_any = False
         async for item in request.inputs:
-            if not item.text:
-                continue
+            if not item.text or item.modality != "text":
+                continue  # a function call's arguments are not for speaking
             words_in += len(item.text.split())
             buffer += item.text
             if not self.args.sentence_streaming:

@@ -166,9 +166,36 @@ class Ready(_Tagged):
     peer_address: str = ""
 
 
+class ToolCall(msgspec.Struct, array_like=True):
+    """A function call the model made (OpenAI's ``tool_calls`` entry)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
 class ChatMessage(msgspec.Struct, array_like=True):
     role: str
     content: str
+    # An assistant turn's calls, and a tool turn's answer to one (chat history).
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class TopLogprob(msgspec.Struct, array_like=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One sampled token with its log probability and the most likely alternatives
+    (OpenAI's ``logprobs.content`` entry)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
 
 
 class Prompt(_Tagged):
@@ -242,6 +269,9 @@ class OutputChunk(_Tagged):
     A replica makes it once from what its engine yields; the same message then goes to
     the head (which hands it to the API as is), and to the replicas of downstream
     stages, straight or through the head, whose engines read it as their input.
+
+    ``modality`` is "text", "audio", ... or "tool_call": then ``text`` is the next piece
+    of a function call's JSON arguments and ``meta`` says which call ({"index", "name"}).
     """
 
     request_id: str
@@ -264,6 +294,8 @@ class OutputChunk(_Tagged):
     error_param: str | None = None
     attempt: int = 0
     error_code: str | None = None  # with error_kind "bad_request": OpenAI's error code
+    # The tokens behind ``text``, when the request asked for logprobs.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Heartbeat(_Tagged):

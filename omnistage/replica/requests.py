@@ -166,6 +166,7 @@ class RequestRunner:
                 out = self._chunk(rid, running, seq, chunk.modality, chunk.finished)
                 out.text, out.data, out.meta = chunk.text, chunk.data, chunk.meta
                 out.finish_reason, out.usage = chunk.finish_reason, chunk.usage
+                out.logprobs = chunk.logprobs
                 self._send(out)
                 seq += 1
                 if chunk.finished:

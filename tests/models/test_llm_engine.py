@@ -166,7 +166,7 @@ def test_prompt_longer_than_the_window_is_a_bad_request() -> None:
     async def main() -> None:
         engine = await _started(max_model_len=64)
         try:
-            with pytest.raises(BadRequestError, match="context window is 64 tokens"):
+            with pytest.raises(BadRequestError, match="maximum context length is 64 tokens"):
                 await _run(engine, _request("word " * 200))
         finally:
             await engine.shutdown()

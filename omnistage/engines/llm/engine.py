@@ -13,7 +13,14 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
 from omnistage.engines.llm import weights
 from omnistage.engines.llm.detok import Detokenizer
+from omnistage.engines.llm.guided import (
+    Guide,
+    TokenVocabulary,
+    json_grammar,
+    schema_of_response_format,
+)
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
+from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
 from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChatMessage, Prompt
@@ -29,6 +36,7 @@ class LlmEngine(Engine):
         self.args = LlmArgs.model_validate(stage.engine_args)
         self._worker: LlmWorker | None = None
         self.tokenizer: Any = None
+        self.vocabulary: TokenVocabulary | None = None
         self.max_model_len = 0
 
     async def start(self) -> None:
@@ -52,6 +60,10 @@ class LlmEngine(Engine):
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
             eos_ids.add(tokenizer.eos_token_id)
+        self._eos_ids = frozenset(eos_ids)
+        # Grammars and logprobs see tokens as bytes through it.
+        self.vocabulary = TokenVocabulary(tokenizer, self._vocab)
+        self._template_knows_tools = "tools" in (getattr(tokenizer, "chat_template", "") or "")
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
         self._worker = LlmWorker(model, device, eos_ids, limits, self._count_step)
         self._worker.start()
@@ -74,21 +86,25 @@ class LlmEngine(Engine):
             raise EngineError("engine not started")
         prompt = request.prompt
         if prompt is None:  # fed by an upstream stage: its whole text is the user turn
-            text = "".join([i.text async for i in request.inputs])
+            text = "".join([i.text async for i in request.inputs if i.modality == "text"])
             prompt = Prompt(messages=[_user(text)])
-        ids = self._prompt_ids(prompt)
+        params, plan, guide = self._request_setup(request.params)
+        ids = self._prompt_ids(prompt, plan)
         prompt_tokens = len(ids)
-        params = SamplingParams.from_params(request.params, self.args.default_max_tokens)
         # A retry continues from the prompt plus what the client already has. The
         # earlier tokens are recovered by re-encoding that text (byte-level BPE encodes
         # it back to the same tokens in practice), and count against max_tokens.
         prior = self._continuation_ids(request.resume_text)
+        if guide is not None:
+            guide.replay(prior)
         ids += prior
         room = self.max_model_len - len(ids)
         if room < 1:
+            # OpenAI's wording: LiteLLM and others classify the error by it.
             raise BadRequestError(
-                f"the prompt is {len(ids)} tokens; this model's context window is "
-                f"{self.max_model_len} tokens",
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, your messages resulted in {len(ids)} tokens. Please reduce the "
+                "length of the messages.",
                 "messages",
                 "context_length_exceeded",
             )
@@ -106,37 +122,74 @@ class LlmEngine(Engine):
         seq = Sequence(
             request_id=request.request_id,
             prompt_ids=ids,
-            sampler=Sampler(params, self._vocab, self._torch_device),
+            sampler=Sampler(params, self._vocab, self._torch_device, guide, self._eos_ids),
             max_tokens=min(params.max_tokens - len(prior), room),
             detok=Detokenizer(self.tokenizer, params.stop),
             deliver=deliver,
             prompt_tokens=prompt_tokens,
             prior_tokens=len(prior),
+            token_text=self._vocabulary().token if params.logprobs is not None else None,
         )
+        shaper = CallShaper(plan, request.resume_text)
         self._worker.submit(seq)
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                for out in shaper.shape(item):
+                    yield out
                 if item.finished:
                     return
         finally:
             if not seq.done:
                 self._worker.abort(seq)  # frees its batch row before the next step
 
+    def check(self, params: dict[str, Any]) -> None:
+        self._request_setup(params)
+
+    def _request_setup(
+        self, params: dict[str, Any]
+    ) -> tuple[SamplingParams, ToolPlan, Guide | None]:
+        """A request's sampling params, tool plan and grammar; BadRequestError if any
+        of them is wrong."""
+        sampling = SamplingParams.from_params(params, self.args.default_max_tokens)
+        for token, _ in sampling.logit_bias:
+            if token >= self._vocab:
+                raise BadRequestError(f"logit_bias: no token {token}", "logit_bias")
+        plan = plan_tools(params)
+        schema, param = plan.schema(), "tools"
+        if schema is None:
+            schema, param = (
+                schema_of_response_format(params.get("response_format")),
+                ("response_format"),
+            )
+        guide = None
+        if schema is not None:
+            guide = Guide(self._vocabulary(), json_grammar(schema, param), param)
+        return sampling, plan, guide
+
+    def _vocabulary(self) -> TokenVocabulary:
+        if self.vocabulary is None:
+            raise EngineError("engine not started")
+        return self.vocabulary
+
     def _continuation_ids(self, text: str) -> list[int]:
         if not text:
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def _prompt_ids(self, prompt: Prompt, plan: ToolPlan) -> list[int]:
         tok = self.tokenizer
         if prompt.messages is not None:
-            messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+            messages = chat_messages(prompt.messages, plan, self._template_knows_tools)
             if getattr(tok, "chat_template", None):
-                out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                extra: dict[str, Any] = {}
+                if plan.offered and self._template_knows_tools:
+                    extra["tools"] = [t.spec() for t in plan.tools]
+                out = tok.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, **extra
+                )
                 return _as_ids(out)
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
             return list(tok.encode(text))

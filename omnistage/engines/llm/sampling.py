@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -20,6 +20,12 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Alternatives reported per token; None: no logprobs at all, 0: the chosen one only.
+    logprobs: int | None = None
+    # End-of-sequence is not allowed before this many tokens (ignore_eos: never).
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def from_params(cls, params: dict[str, Any], default_max_tokens: int) -> SamplingParams:
@@ -53,6 +59,10 @@ class SamplingParams:
         if seed is not None and not isinstance(seed, int):
             raise BadRequestError("seed must be an integer", "seed")
         return cls(
+            logprobs=_logprobs(params),
+            min_tokens=_count(params, "min_tokens"),
+            ignore_eos=_flag(params, "ignore_eos"),
+            logit_bias=_logit_bias(params.get("logit_bias")),
             temperature=num("temperature", 1.0, 0.0, 2.0),
             top_p=num("top_p", 1.0, 1e-6, 1.0),
             top_k=max(0, top_k),
@@ -68,11 +78,95 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-class Sampler:
-    """Sampling state of one sequence: its RNG and the counts penalties need."""
+# OpenAI's limit on top_logprobs.
+MAX_TOP_LOGPROBS = 20
 
-    def __init__(self, params: SamplingParams, vocab_size: int, device: torch.device) -> None:
+
+def _flag(params: dict[str, Any], name: str) -> bool:
+    value = params.get(name) or False
+    if not isinstance(value, bool):
+        raise BadRequestError(f"{name} must be true or false", name)
+    return value
+
+
+def _count(params: dict[str, Any], name: str) -> int:
+    value = params.get(name) or 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequestError(f"{name} must be a non-negative integer", name)
+    return value
+
+
+def _logprobs(params: dict[str, Any]) -> int | None:
+    """Chat's ``logprobs: true`` + ``top_logprobs: k``, or completions' ``logprobs: k``."""
+    wanted = params.get("logprobs")
+    if wanted is None or wanted is False:
+        if params.get("top_logprobs"):
+            raise BadRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    if wanted is True:
+        top, name = _count(params, "top_logprobs"), "top_logprobs"
+    else:
+        top, name = wanted, "logprobs"
+    if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise BadRequestError(f"{name} must be an integer from 0 to {MAX_TOP_LOGPROBS}", name)
+    return top
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    if not value:
+        return ()
+    if not isinstance(value, dict):
+        raise BadRequestError("logit_bias must map token ids to numbers", "logit_bias")
+    out = []
+    for key, bias in value.items():
+        token = str(key)
+        if not (token.isascii() and token.isdigit()):
+            raise BadRequestError(f"logit_bias: {key!r} is not a token id", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise BadRequestError("logit_bias values must be from -100 to 100", "logit_bias")
+        out.append((int(token), float(bias)))
+    return tuple(out)
+
+
+class Constraint(Protocol):
+    """What the sampler asks of a grammar (see ``guided.Guide``)."""
+
+    def allowed(self) -> torch.Tensor:
+        """A bool mask over the vocabulary: the tokens the grammar allows next."""
+        ...
+
+    def advance(self, token: int) -> None: ...
+
+    @property
+    def complete(self) -> bool:
+        """Nothing may follow: the text is finished."""
+        ...
+
+
+class Sampler:
+    """Sampling state of one sequence: its RNG and the counts penalties need, an
+    optional grammar constraint, and the logprobs of the last token when asked."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        device: torch.device,
+        constraint: Constraint | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self.params = params
+        self.constraint = constraint
+        self._eos = torch.tensor(sorted(i for i in eos_ids if i < vocab_size), device=device)
+        self._bias: torch.Tensor | None = None
+        if params.logit_bias:
+            self._bias = torch.zeros(vocab_size, device=device)
+            for token, bias in params.logit_bias:
+                if token >= vocab_size:
+                    raise BadRequestError(f"logit_bias: no token {token}", "logit_bias")
+                self._bias[token] = bias
+        # (chosen token's logprob, [(token, logprob), ...] best first) of the last sample.
+        self.last_logprobs: tuple[float, list[tuple[int, float]]] | None = None
         self._generator: torch.Generator | None = None
         if params.seed is not None:
             self._generator = torch.Generator(device=device)
@@ -80,10 +174,19 @@ class Sampler:
         self._penalize = bool(params.presence_penalty or params.frequency_penalty)
         self._counts = torch.zeros(vocab_size, device=device) if self._penalize else None
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """One token from a 1-D logits row."""
+    def sample(self, logits: torch.Tensor, generated: int = 0) -> int:
+        """One token from a 1-D logits row, ``generated`` tokens into the completion."""
         p = self.params
         logits = logits.float()
+        # Reported logprobs are the model's own, before any processing (as vLLM's).
+        raw = torch.log_softmax(logits, dim=-1) if p.logprobs is not None else None
+        if self._bias is not None:
+            logits = logits + self._bias
+        if self.constraint is not None:
+            # The grammar decides where the text may end; min_tokens does not apply.
+            logits = logits.masked_fill(~self.constraint.allowed(), float("-inf"))
+        elif self._eos.numel() and (p.ignore_eos or generated < p.min_tokens):
+            logits = logits.index_fill(0, self._eos, float("-inf"))
         if self._counts is not None:
             logits = logits - p.frequency_penalty * self._counts
             logits = logits - p.presence_penalty * (self._counts > 0).float()
@@ -105,4 +208,12 @@ class Sampler:
             token = int(torch.multinomial(probs, 1, generator=self._generator))
         if self._counts is not None:
             self._counts[token] += 1
+        if raw is not None:
+            top: list[tuple[int, float]] = []
+            if p.logprobs:
+                values, ids = torch.topk(raw, p.logprobs)
+                top = list(zip(ids.tolist(), values.tolist(), strict=True))
+            self.last_logprobs = (float(raw[token]), top)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         return token

@@ -25,6 +25,7 @@ from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.kv_batch import KvBatch
 from omnistage.engines.llm.sampling import Sampler
+from omnistage.protocol.messages import TokenLogprob, TopLogprob
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,12 @@ class Sequence:
     # generated before a retry took over.
     prompt_tokens: int = 0
     prior_tokens: int = 0
+    # Token id -> (text, bytes), for logprobs (see guided.TokenVocabulary).
+    token_text: Callable[[int], tuple[str, list[int]]] | None = None
     generated: list[int] = field(default_factory=list)
+    # Logprobs of tokens whose text has not gone out yet (held back by detokenizing).
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprob_chars: int = 0  # text length of the tokens whose logprobs went out
     aborted: bool = False
     done: bool = False
 
@@ -167,7 +173,7 @@ class LlmWorker:
             use_cache=True,
             **{self._cache_kw: cache},
         )
-        token = seq.sampler.sample(out.logits[0, -1])
+        token = seq.sampler.sample(out.logits[0, -1], seq.prior_tokens)
         self._tick()
         if self._accept(seq, token, position=n):
             self._batch.add(cache, n, token)
@@ -176,7 +182,10 @@ class LlmWorker:
     def _decode_step(self) -> None:
         out = self._model(**self._batch.step_inputs())
         logits = out.logits[:, -1, :]
-        tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(self._running)]
+        tokens = [
+            s.sampler.sample(logits[i], s.prior_tokens + len(s.generated))
+            for i, s in enumerate(self._running)
+        ]
         self._batch.advance(tokens)
         self._tick()
         for seq, token, pos in zip(self._running, tokens, self._batch.positions, strict=True):
@@ -198,14 +207,17 @@ class LlmWorker:
             finish = "stop"
         else:
             seq.generated.append(token)
+            if seq.token_text is not None:
+                seq.pending_logprobs.append(_logprob(seq, token))
             delta = seq.detok.add(token)
-            if seq.detok.stopped:
-                finish = "stop"
+            constraint = seq.sampler.constraint
+            if seq.detok.stopped or (constraint is not None and constraint.complete):
+                finish = "stop"  # a complete grammar allows nothing but the end
             elif len(seq.generated) >= seq.max_tokens or position + 1 >= self.limits.max_model_len:
                 finish = "length"
         if finish is None:
             if delta:
-                seq.deliver(EngineChunk("text", text=delta))
+                seq.deliver(EngineChunk("text", text=delta, logprobs=_take_logprobs(seq)))
             return True
         seq.done = True
         seq.deliver(
@@ -218,6 +230,7 @@ class LlmWorker:
                     "prompt_tokens": seq.prompt_tokens or len(seq.prompt_ids),
                     "completion_tokens": seq.prior_tokens + len(seq.generated),
                 },
+                logprobs=_take_logprobs(seq, final=True),
             )
         )
         return False
@@ -232,6 +245,35 @@ class LlmWorker:
             if not seq.done:
                 seq.done = True
                 seq.deliver(exc)
+
+
+def _logprob(seq: Sequence, token: int) -> TokenLogprob:
+    assert seq.token_text is not None and seq.sampler.last_logprobs is not None
+    chosen, top = seq.sampler.last_logprobs
+    text, raw = seq.token_text(token)
+    alternatives = []
+    for alt, logprob in top:
+        alt_text, alt_raw = seq.token_text(alt)
+        alternatives.append(TopLogprob(alt_text, logprob, alt_raw))
+    return TokenLogprob(text, chosen, raw, alternatives)
+
+
+def _take_logprobs(seq: Sequence, final: bool = False) -> list[TokenLogprob] | None:
+    if not seq.pending_logprobs:
+        return None
+    taken, seq.pending_logprobs = seq.pending_logprobs, []
+    if final and seq.detok.stopped:
+        # A stop string cut the text: the tokens from the cut on were never delivered.
+        room = len(seq.detok.released) - seq.logprob_chars
+        kept = []
+        for entry in taken:
+            room -= len(entry.token)
+            if room < 0:
+                break
+            kept.append(entry)
+        taken = kept
+    seq.logprob_chars += sum(len(e.token) for e in taken)
+    return taken or None
 
 
 def cache_keyword(model: Any) -> str:
