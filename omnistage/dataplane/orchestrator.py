@@ -240,6 +240,7 @@ class Orchestrator:
             return
         if chunk.usage:
             run.usage[sid] = chunk.usage
+            st.tokens = chunk.usage.get("completion_tokens", 0)
         for down in self.graph.downstream[sid]:
             if down in run.active and (sid, down) not in run.direct:
                 self._forward(run, down, chunk)

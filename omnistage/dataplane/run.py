@@ -30,6 +30,7 @@ class StageProgress:
     inputs: list[OutputChunk] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     data_chunks: int = 0
+    tokens: int = 0  # completion tokens so far, when the stage's chunks say
     next_seq: int = 0
     retries: int = 0
     dispatches: int = 0
@@ -42,12 +43,18 @@ class StageProgress:
         """What a re-dispatch must not deliver again (None on the first dispatch)."""
         if self.dispatches <= 1:
             return None
-        return Resume(text="".join(self.text), data_chunks=self.data_chunks, seq=self.next_seq)
+        return Resume(
+            text="".join(self.text),
+            data_chunks=self.data_chunks,
+            seq=self.next_seq,
+            tokens=self.tokens,
+        )
 
     def restart_hidden(self) -> None:
         """A stage whose outputs the head does not see runs again from its start (all
         that received them run again too): a fresh dispatch, nothing to resume."""
         self.text, self.data_chunks, self.next_seq, self.dispatches = [], 0, 0, 0
+        self.tokens = 0
 
 
 @dataclass(slots=True)

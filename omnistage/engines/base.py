@@ -41,6 +41,8 @@ class EngineRequest:
     # On a retry after a replica failure, for engines with ``supports_resume``: the
     # text this stage already delivered. Generate what follows it, not it again.
     resume_text: str = ""
+    # The completion tokens behind ``resume_text`` as first counted (0: unknown).
+    resume_tokens: int = 0
 
 
 @dataclass

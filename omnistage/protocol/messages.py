@@ -219,6 +219,9 @@ class Resume(_Tagged):
     text: str
     data_chunks: int
     seq: int
+    # Completion tokens behind ``text`` as the failed replica counted them (from the
+    # usage its chunks carried); 0 when unknown. Re-encoding the text may give fewer.
+    tokens: int = 0
 
 
 class AddRequest(_Tagged):

@@ -123,6 +123,7 @@ class RequestRunner:
             seq = msg.resume.seq
             if self.engine.supports_resume:
                 request.resume_text = msg.resume.text
+                request.resume_tokens = msg.resume.tokens
             else:
                 replay = ReplayFilter(len(msg.resume.text), msg.resume.data_chunks)
         self._outputs.start_at(rid, seq)

@@ -345,6 +345,21 @@ async def test_data_chunks_delivered_so_far_are_counted_in_the_resume() -> None:
     stream.close()
 
 
+async def test_the_tokens_behind_the_delivered_text_go_with_the_resume() -> None:
+    # A grammar may make an LLM write text in more tokens than re-encoding it gives:
+    # the retry must know the count the failed replica reported.
+    head = Head("echo-1stage", {0: 2})
+    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    failing = head.replica_of(0)
+    usage = {"prompt_tokens": 9, "completion_tokens": 3}
+    head.orch.on_outputs([OutputChunk("r1", 0, failing, 1, 0, "text", '{"a":', usage=usage)])
+    head.channels.take()
+    head.fail(0, failing)
+    adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
+    assert [a.resume for a in adds] == [Resume(text='{"a":', data_chunks=0, seq=1, tokens=3)]
+    stream.close()
+
+
 @pytest.mark.parametrize("max_retries", [0, 1, 2])
 async def test_after_max_retries_failures_the_request_fails_naming_the_flag(
     max_retries: int,

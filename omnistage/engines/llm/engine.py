@@ -91,10 +91,12 @@ class LlmEngine(Engine):
         params, plan, guide = self._request_setup(request.params)
         ids = self._prompt_ids(prompt, plan)
         prompt_tokens = len(ids)
-        # A retry continues from the prompt plus what the client already has. The
-        # earlier tokens are recovered by re-encoding that text (byte-level BPE encodes
-        # it back to the same tokens in practice), and count against max_tokens.
+        # A retry continues from the prompt plus what the client already has, re-encoded
+        # (byte-level BPE gives back the same tokens in practice). Those tokens count
+        # against max_tokens as the failed replica counted them: under a grammar it may
+        # have written the text in more tokens than re-encoding gives.
         prior = self._continuation_ids(request.resume_text)
+        done = max(request.resume_tokens, len(prior)) if prior else 0
         if guide is not None:
             guide.replay(prior)
         ids += prior
@@ -108,9 +110,9 @@ class LlmEngine(Engine):
                 "messages",
                 "context_length_exceeded",
             )
-        if prior and len(prior) >= params.max_tokens:
+        if prior and done >= params.max_tokens:
             # The failed replica had generated everything but the final message.
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(prior)}
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
             yield EngineChunk("text", finished=True, finish_reason="length", usage=usage)
             return
         loop = asyncio.get_running_loop()
@@ -123,11 +125,11 @@ class LlmEngine(Engine):
             request_id=request.request_id,
             prompt_ids=ids,
             sampler=Sampler(params, self._vocab, self._torch_device, guide, self._eos_ids),
-            max_tokens=min(params.max_tokens - len(prior), room),
+            max_tokens=min(params.max_tokens - done, room),
             detok=Detokenizer(self.tokenizer, params.stop),
             deliver=deliver,
             prompt_tokens=prompt_tokens,
-            prior_tokens=len(prior),
+            prior_tokens=done,
             token_text=self._vocabulary().token if params.logprobs is not None else None,
         )
         shaper = CallShaper(plan, request.resume_text)

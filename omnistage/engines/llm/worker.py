@@ -217,7 +217,11 @@ class LlmWorker:
                 finish = "length"
         if finish is None:
             if delta:
-                seq.deliver(EngineChunk("text", text=delta, logprobs=_take_logprobs(seq)))
+                # Usage so far rides along: a retry then knows how many tokens the
+                # delivered text took, which re-encoding it may not tell (see Resume).
+                chunk = EngineChunk("text", text=delta, usage=_usage(seq))
+                chunk.logprobs = _take_logprobs(seq)
+                seq.deliver(chunk)
             return True
         seq.done = True
         seq.deliver(
@@ -226,10 +230,7 @@ class LlmWorker:
                 text=delta + seq.detok.finish(),
                 finished=True,
                 finish_reason=finish,
-                usage={
-                    "prompt_tokens": seq.prompt_tokens or len(seq.prompt_ids),
-                    "completion_tokens": seq.prior_tokens + len(seq.generated),
-                },
+                usage=_usage(seq),
                 logprobs=_take_logprobs(seq, final=True),
             )
         )
@@ -245,6 +246,13 @@ class LlmWorker:
             if not seq.done:
                 seq.done = True
                 seq.deliver(exc)
+
+
+def _usage(seq: Sequence) -> dict[str, int]:
+    return {
+        "prompt_tokens": seq.prompt_tokens or len(seq.prompt_ids),
+        "completion_tokens": seq.prior_tokens + len(seq.generated),
+    }
 
 
 def _logprob(seq: Sequence, token: int) -> TokenLogprob:
