@@ -98,10 +98,13 @@ class RemoteService:
         server: int,
         started_at: int,
         refresh_s: float = 0.5,
+        served_model_names: tuple[str, ...] = (),
     ) -> None:
         self.config = config
         self.graph = StageGraph(config)
-        self.model_names = frozenset({config.pipeline})
+        self.served_model_names = served_model_names or (config.pipeline,)
+        self.served_model = self.served_model_names[0]
+        self.model_names = frozenset(self.served_model_names)
         self.started_at = started_at
         self._server = server
         self._refresh_s = refresh_s

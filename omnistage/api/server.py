@@ -36,6 +36,7 @@ class ApiServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     log_level: str = defaults.LOG_LEVEL
     refresh_s: float = 0.5
+    served_model_names: tuple[str, ...] = ()  # (): the pipeline name
 
 
 def encode_options(opts: ApiServerOptions) -> str:
@@ -53,6 +54,7 @@ async def serve(opts: ApiServerOptions) -> int:
         opts.index,
         opts.started_at,
         opts.refresh_s,
+        opts.served_model_names,
     )
     try:
         await service.start()

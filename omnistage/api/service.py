@@ -54,6 +54,10 @@ class OutputStream(Protocol):
 class PipelineService(Protocol):
     config: DeployConfig
     graph: StageGraph
+    # --served-model-name, else the pipeline name: what /v1/models lists, in order, and
+    # requests may name; ``served_model`` (the first) is the ``model`` of responses.
+    served_model_names: tuple[str, ...]
+    served_model: str
     model_names: frozenset[str]
     started_at: int  # unix seconds
 

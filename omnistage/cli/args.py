@@ -31,6 +31,27 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write server.key(_secret) and client.key(_secret) into DIR.",
     )
     keys.add_argument("directory", metavar="DIR")
+    tok = sub.add_parser(
+        "tokenizer",
+        help="print the directory of an llm stage's tokenizer (for benchmark clients)",
+        description="Print the local directory holding the tokenizer files (tokenizer.json, "
+        "tokenizer_config.json, chat template) of the pipeline's text-writing llm stage, "
+        'converting the model once if needed; e.g. aiperf --tokenizer "$(omnistage '
+        'tokenizer)".',
+    )
+    tok.add_argument(
+        "model_or_config",
+        nargs="?",
+        default=None,
+        metavar="MODEL_OR_CONFIG",
+        help="a built-in pipeline name or a deploy config YAML (default: the built-in default)",
+    )
+    tok.add_argument(
+        "--stage",
+        default=None,
+        metavar="NAME_OR_ID",
+        help="the llm stage, by name or stage id (default: the one writing the text answer)",
+    )
     s = sub.add_parser(
         "serve",
         help="serve a pipeline (head), or one stage's replicas (--headless)",
@@ -197,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP API server processes in front of the orchestrator (default 1: the head "
         "serves HTTP itself); more spread the HTTP work over cores",
     )
+    s.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model names the API answers to (/v1/models, `model` of requests and "
+        "responses; the first is the one reported) instead of the pipeline name",
+    )
     s.add_argument("--log-stats", action="store_true", help="log request statistics")
     s.add_argument(
         "--log-level",
@@ -283,6 +312,12 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--api-server-count must be >= 1, got {args.api_server_count}")
     if args.api_server_count != 1 and args.headless:
         raise UsageError("--api-server-count is for the head; --headless serves no HTTP")
+    if args.served_model_name is not None:
+        if args.headless:
+            raise UsageError("--served-model-name is for the head; --headless serves no HTTP")
+        for name in args.served_model_name:
+            if not name.strip():
+                raise UsageError("--served-model-name: a name must not be empty")
     if args.omni_max_queue < 0:
         raise UsageError(f"--omni-max-queue must be >= 0, got {args.omni_max_queue}")
     if args.max_request_bytes < 1:

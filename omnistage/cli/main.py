@@ -1,4 +1,5 @@
-"""``omnistage`` console entry: ``omnistage serve [MODEL_OR_CONFIG] [flags]``."""
+"""``omnistage`` console entry: ``omnistage serve [MODEL_OR_CONFIG] [flags]``, and the
+helpers ``omnistage curve-keys DIR`` and ``omnistage tokenizer [MODEL_OR_CONFIG]``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from omnistage import __version__, aio
 from omnistage.cli.args import UsageError, build_parser, validate
 from omnistage.config.load import load_config
 from omnistage.logs import setup_logging
-from omnistage.protocol.errors import ConfigError
+from omnistage.protocol.errors import ConfigError, EngineError
 
 log = logging.getLogger("omnistage.head")
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "curve-keys":
         return _curve_keys(args.directory)
+    if args.command == "tokenizer":
+        return _tokenizer(args.model_or_config, args.stage)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -50,6 +53,24 @@ def _curve_keys(directory: str) -> int:
         "give the head and every replica --omni-curve-keys "
         f"{directory} (replica hosts need server.key and client.key_secret)"
     )
+    return 0
+
+
+def _tokenizer(model_or_config: str | None, stage: str | None) -> int:
+    """Print the tokenizer directory, alone on stdout (for ``$(omnistage tokenizer)``)."""
+    from omnistage.cli.tokenizer import tokenizer_dir
+
+    try:
+        config = load_config(model_or_config)
+        setup_logging("INFO")  # to stderr: the one-time conversion takes ~30 s
+        path = tokenizer_dir(config, stage)
+    except (ConfigError, UsageError) as exc:
+        print(f"omnistage tokenizer: error: {exc}", file=sys.stderr)
+        return 2
+    except EngineError as exc:
+        print(f"omnistage tokenizer: error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
 
 

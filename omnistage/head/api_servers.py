@@ -61,6 +61,7 @@ class ApiServers:
             api_key=self._opts.api_key,
             max_request_bytes=self._opts.max_request_bytes,
             log_level=self._opts.log_level,
+            served_model_names=self._opts.served_model_names,
         )
         env = dict(os.environ, OMNISTAGE_API_SERVER_OPTIONS=encode_options(options))
         proc = subprocess.Popen(

@@ -38,6 +38,7 @@ class HeadOptions:
     log_stats: bool = False
     stats_interval_s: float = 10.0
     api_server_count: int = 1  # > 1: that many API server processes serve HTTP
+    served_model_names: tuple[str, ...] = ()  # --served-model-name; (): the pipeline name
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
@@ -66,7 +67,13 @@ class HeadOptions:
             max_request_bytes=args.max_request_bytes,
             log_stats=args.log_stats,
             api_server_count=args.api_server_count,
+            served_model_names=tuple(args.served_model_name or ()),
         )
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names the API answers to; the first is the one it reports."""
+        return self.served_model_names or (self.config.pipeline,)
 
     def local_replicas(self) -> dict[int, int]:
         """How many replicas of each stage this head launches itself."""

@@ -30,7 +30,9 @@ class HeadService:
         self._opts = opts
         self.config = opts.config
         self.graph = orchestrator.graph
-        self.model_names = frozenset({opts.config.pipeline})
+        self.served_model_names = opts.model_names
+        self.served_model = opts.model_names[0]
+        self.model_names = frozenset(opts.model_names)
         self.started_at = int(time.time())
         self._orchestrator = orchestrator
         self._pools = pools

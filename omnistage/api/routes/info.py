@@ -15,11 +15,11 @@ from omnistage.api.service import PipelineService
 router = APIRouter()
 
 
-def _model(omni: PipelineService) -> dict[str, Any]:
+def _model(omni: PipelineService, name: str) -> dict[str, Any]:
     config = omni.config
     finals = [config.stage(sid) for sid in omni.graph.final]
     return {
-        "id": config.pipeline,
+        "id": name,
         "object": "model",
         "created": omni.started_at,
         "owned_by": "omnistage",
@@ -33,7 +33,9 @@ def _model(omni: PipelineService) -> dict[str, Any]:
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
-    return _json_response({"object": "list", "data": [_model(service(request))]})
+    omni = service(request)
+    cards = [_model(omni, name) for name in omni.served_model_names]
+    return _json_response({"object": "list", "data": cards})
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -41,7 +43,7 @@ async def model(request: Request, model_id: str) -> Response:
     """One model, as OpenAI's ``models.retrieve``; an unknown id is a 404."""
     omni = service(request)
     check_model(omni, model_id)
-    return _json_response(_model(omni))
+    return _json_response(_model(omni, model_id))
 
 
 @router.get("/health")
