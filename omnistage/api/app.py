@@ -16,8 +16,13 @@ from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
 from omnistage.api.fastpath import FastPaths
 from omnistage.api.limits import BodyLimitMiddleware
-from omnistage.api.routes import chat, completions, info, metrics, speech
-from omnistage.api.schemas import ChatCompletionRequest, CompletionRequest, SpeechRequest
+from omnistage.api.routes import chat, completions, info, metrics, responses, speech
+from omnistage.api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponsesRequest,
+    SpeechRequest,
+)
 from omnistage.api.service import PipelineService
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -61,13 +66,17 @@ def create_app(
     errors.install(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(responses.router)
     app.include_router(speech.router)
     app.include_router(info.router)
     app.include_router(metrics.router)
-    _document_bodies(app, [ChatCompletionRequest, CompletionRequest, SpeechRequest])
+    _document_bodies(
+        app, [ChatCompletionRequest, CompletionRequest, ResponsesRequest, SpeechRequest]
+    )
     routes = {
         "/v1/chat/completions": chat.chat_completions,
         "/v1/completions": completions.completions,
+        "/v1/responses": responses.responses,
         "/v1/audio/speech": speech.speech,
     }
     return FastPaths(app, routes, wrap)

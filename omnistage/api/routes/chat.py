@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator
@@ -12,26 +13,28 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
+from omnistage.api.audio_out import AudioEncoder, encode_whole, require_av
 from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
+from omnistage.api.logprobs import chat_logprobs
 from omnistage.api.routes.common import (
     ChunkShape,
     check_model,
     collect,
     json_response,
+    output_stage_params,
     peeked,
-    resolve_stage_params,
     service,
     sse_events,
 )
-from omnistage.api.schemas import ChatCompletionRequest, body_schema, parse_body
+from omnistage.api.schemas import ChatCompletionRequest, ChatMessageIn, body_schema, parse_body
 from omnistage.api.service import OutputStream, PipelineService
-from omnistage.engines.audio import wav_bytes
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
 
 router = APIRouter()
 
-AUDIO_FORMATS = ("wav", "pcm16")
+# OpenAI's chat audio formats, all 24 kHz mono (api/audio_out.py); a stream is pcm16.
+AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
 # How long the audio id stays meaningful to clients (OpenAI's expires_at); nothing is
 # stored server-side, so this is informational.
 AUDIO_TTL_S = 3600
@@ -54,8 +57,8 @@ async def chat_completions(request: Request) -> Response:
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
     plan = _plan(omni, body)
-    prompt = Prompt(messages=[ChatMessage(m.role, m.text()) for m in body.messages])
-    stage_params = resolve_stage_params(omni, body)
+    prompt = Prompt(messages=[_message(m) for m in body.messages])
+    stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
         voice = body.audio.voice if body.audio else "default"
         for sid in plan.audio:
@@ -67,7 +70,7 @@ async def chat_completions(request: Request) -> Response:
     stream = await omni.open(
         request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params, ack=ack
     )
-    created, model = int(time.time()), omni.config.pipeline
+    created, model = int(time.time()), omni.served_model
     if body.stream:
         outputs = await peeked(stream, frozenset(plan.audio if ack else ()))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -84,11 +87,18 @@ async def chat_completions(request: Request) -> Response:
     for i, sid in enumerate(plan.text):
         text = got.text_of(sid)
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        calls = got.calls_of(sid)
+        if calls:
+            message["content"] = text or None
+            message["tool_calls"] = [
+                _tool_call(request_id, j, name, arguments)
+                for j, (name, arguments) in enumerate(calls)
+            ]
         if i < len(plan.audio):
             audio_sid = plan.audio[i]
             pcm = b"".join(got.audio.get(audio_sid, []))
             rate = got.sample_rate.get(audio_sid, 22050)
-            data = wav_bytes(pcm, rate) if plan.audio_format == "wav" else pcm
+            data = await asyncio.to_thread(encode_whole, pcm, rate, plan.audio_format)
             message["content"] = None  # as OpenAI: the words are the audio's transcript
             message["audio"] = {
                 "id": f"audio_{request_id.removeprefix('chatcmpl-')}",
@@ -97,7 +107,10 @@ async def chat_completions(request: Request) -> Response:
                 "expires_at": created + AUDIO_TTL_S,
             }
         finish = got.finish.get(sid, "stop")
-        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
+        logprobs = chat_logprobs(got.logprobs.get(sid, [])) if body.logprobs else None
+        choices.append(
+            {"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs}
+        )
     return json_response(
         {
             "id": request_id,
@@ -108,6 +121,25 @@ async def chat_completions(request: Request) -> Response:
             "usage": stream.usage(),
         }
     )
+
+
+def _message(m: ChatMessageIn) -> ChatMessage:
+    calls = None
+    if m.tool_calls:
+        calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]
+    return ChatMessage(m.role, m.text(), calls, m.tool_call_id)
+
+
+def _tool_call(request_id: str, index: int, name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": _call_id(request_id, index),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _call_id(request_id: str, index: int) -> str:
+    return f"call_{request_id.removeprefix('chatcmpl-')}_{index}"
 
 
 def _plan(omni: PipelineService, body: ChatCompletionRequest) -> _Plan:
@@ -140,6 +172,7 @@ def _plan(omni: PipelineService, body: ChatCompletionRequest) -> _Plan:
             "invalid_request_error",
             "audio.format",
         )
+    require_av()
     return _Plan(text, audio[: len(text)], fmt)
 
 
@@ -152,25 +185,44 @@ def _events(
     # A choice is finished when all of its stages are.
     open_stages = {i: {sid for sid, j in index.items() if j == i} for i in set(index.values())}
     finish: dict[int, str] = {}
-    spoken: set[int] = set()  # choices whose transcript has begun
+    # Choices with audio: their text goes out as the audio transcript.
+    spoken = {index[sid] for sid in plan.audio}
+    started_calls: set[tuple[int, int]] = set()  # (stage, call index) already announced
+    # One 24 kHz resampler per choice, kept across its chunks so they join seamlessly.
+    pcm24: dict[int, AudioEncoder] = {}
+
+    def resampled(i: int, out: OutputChunk) -> bytes:
+        if out.modality != "audio":
+            return b""
+        encoder = pcm24.get(i)
+        if encoder is None:
+            rate = int((out.meta or {}).get("sample_rate", 22050))
+            encoder = pcm24[i] = AudioEncoder("pcm16", rate)
+        data = encoder.feed(out.data) if out.data else b""
+        if out.finished:
+            data += pcm24.pop(i).finish()
+        return data
 
     def render(out: OutputChunk) -> list[bytes]:
         i = index[out.stage_id]
         events = []
-        if out.modality == "audio" and out.data:
-            audio = {"id": audio_id, "data": base64.b64encode(out.data).decode()}
-            if out.text:
-                # The talker speaks trimmed sentences; the pieces of the transcript
-                # must still read as text once a client joins them.
-                gap = " " if i in spoken and not out.text[0].isspace() else ""
-                audio["transcript"] = gap + out.text
-                spoken.add(i)
-            events.append(
-                shape.chunk([{"index": i, "delta": {"audio": audio}, "finish_reason": None}])
-            )
+        delta: dict[str, Any] | None = None
+        if out.modality == "audio":
+            data = resampled(i, out)
+            if data:
+                delta = {"audio": {"id": audio_id, "data": base64.b64encode(data).decode()}}
+        elif out.modality == "tool_call" and out.meta:
+            delta = {"tool_calls": [call_delta(out)]}
+        elif out.text and i in spoken:
+            # With audio, OpenAI sends the words once: as the audio's transcript.
+            delta = {"audio": {"id": audio_id, "transcript": out.text}}
         elif out.text:
             delta = {"content": out.text}
-            events.append(shape.chunk([{"index": i, "delta": delta, "finish_reason": None}]))
+        if delta is not None or out.logprobs:
+            choice: dict[str, Any] = {"index": i, "delta": delta or {}, "finish_reason": None}
+            if out.logprobs:
+                choice["logprobs"] = chat_logprobs(out.logprobs)
+            events.append(shape.chunk([choice]))
         if out.finished:
             if out.stage_id in plan.text:
                 finish[i] = out.finish_reason or "stop"
@@ -180,8 +232,22 @@ def _events(
                 events.append(shape.chunk([{"index": i, "delta": {}, "finish_reason": reason}]))
         return events
 
-    role = {"role": "assistant", "content": ""}
+    def call_delta(out: OutputChunk) -> dict[str, Any]:
+        assert out.meta is not None
+        key = (out.stage_id, int(out.meta["index"]))
+        if key in started_calls:
+            return {"index": key[1], "function": {"arguments": out.text}}
+        started_calls.add(key)
+        call = _tool_call(shape.request_id, key[1], str(out.meta["name"]), out.text)
+        return {"index": key[1], **call}
+
+    def role(i: int) -> dict[str, Any]:
+        if i in spoken:
+            audio = {"id": audio_id, "transcript": "", "expires_at": shape.created + AUDIO_TTL_S}
+            return {"role": "assistant", "content": None, "audio": audio}
+        return {"role": "assistant", "content": ""}
+
     opening = [
-        shape.chunk([{"index": i, "delta": role, "finish_reason": None}]) for i in open_stages
+        shape.chunk([{"index": i, "delta": role(i), "finish_reason": None}]) for i in open_stages
     ]
     return sse_events(outputs, stream, shape, render, opening)

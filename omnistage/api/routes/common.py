@@ -14,7 +14,7 @@ from omnistage.api.errors import ApiError, as_api_error, error_body
 from omnistage.api.schemas import SamplingFields
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
-from omnistage.protocol.messages import OutputChunk
+from omnistage.protocol.messages import OutputChunk, TokenLogprob
 
 json_encoder = msgspec.json.Encoder()
 
@@ -57,6 +57,19 @@ def resolve_stage_params(omni: PipelineService, body: SamplingFields) -> dict[in
     return out
 
 
+def output_stage_params(
+    omni: PipelineService, body: SamplingFields, answering: list[int]
+) -> dict[int, dict[str, Any]]:
+    """``stage_params`` plus what only the stages writing the answer take (logprobs,
+    response_format, tools; see ``output_params`` of the request bodies)."""
+    out = resolve_stage_params(omni, body)
+    extra = body.output_params()
+    if extra:
+        for sid in answering:
+            out[sid] = {**extra, **out.get(sid, {})}
+    return out
+
+
 @dataclass
 class Collected:
     """A whole request's final outputs, per stage."""
@@ -65,10 +78,19 @@ class Collected:
     audio: dict[int, list[bytes]] = field(default_factory=dict)
     sample_rate: dict[int, int] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
+    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
+    # stage -> call index -> (function name, argument pieces)
+    calls: dict[int, dict[int, tuple[str, list[str]]]] = field(default_factory=dict)
 
     def add(self, out: OutputChunk) -> None:
         if out.text and out.modality == "text":
             self.text.setdefault(out.stage_id, []).append(out.text)
+        if out.modality == "tool_call" and out.meta:
+            calls = self.calls.setdefault(out.stage_id, {})
+            _, pieces = calls.setdefault(int(out.meta["index"]), (str(out.meta["name"]), []))
+            pieces.append(out.text)
+        if out.logprobs:
+            self.logprobs.setdefault(out.stage_id, []).extend(out.logprobs)
         if out.data and out.modality == "audio":
             self.audio.setdefault(out.stage_id, []).append(out.data)
         if out.meta and "sample_rate" in out.meta:
@@ -78,6 +100,11 @@ class Collected:
 
     def text_of(self, sid: int) -> str:
         return "".join(self.text.get(sid, []))
+
+    def calls_of(self, sid: int) -> list[tuple[str, str]]:
+        """The stage's function calls: (name, JSON arguments), in order."""
+        calls = self.calls.get(sid, {})
+        return [(calls[i][0], "".join(calls[i][1])) for i in sorted(calls)]
 
 
 async def collect(request: Request, stream: OutputStream) -> Collected | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
@@ -10,13 +12,14 @@ from starlette.responses import Response, StreamingResponse
 
 from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
+from omnistage.api.logprobs import completion_logprobs
 from omnistage.api.routes.common import (
     ChunkShape,
     check_model,
     collect,
     json_response,
+    output_stage_params,
     peeked,
-    resolve_stage_params,
     service,
     sse_events,
 )
@@ -42,15 +45,16 @@ async def completions(request: Request) -> Response:
         Prompt(text=body.prompt),
         finals,
         body.sampling_params(),
-        resolve_stage_params(omni, body),
+        output_stage_params(omni, body, finals),
     )
-    created, model = int(time.time()), omni.config.pipeline
+    created, model = int(time.time()), omni.served_model
     index = {sid: i for i, sid in enumerate(finals)}
     if body.stream:
         outputs = await peeked(stream)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shape = ChunkShape(request_id, "text_completion", created, model, include_usage)
-        events = sse_events(outputs, stream, shape, _render(index, shape))
+        render = _render(index, shape, body.logprobs is not None)
+        events = sse_events(outputs, stream, shape, render)
         return StreamingResponse(
             events, media_type="text/event-stream", background=BackgroundTask(stream.close)
         )
@@ -62,7 +66,11 @@ async def completions(request: Request) -> Response:
             "index": i,
             "text": got.text_of(sid),
             "finish_reason": got.finish.get(sid, "stop"),
-            "logprobs": None,
+            "logprobs": (
+                completion_logprobs(got.logprobs.get(sid, []))
+                if body.logprobs is not None
+                else None
+            ),
         }
         for sid, i in index.items()
     ]
@@ -78,12 +86,24 @@ async def completions(request: Request) -> Response:
     )
 
 
-def _render(index: dict[int, int], shape: ChunkShape):  # type: ignore[no-untyped-def]
+def _render(
+    index: dict[int, int], shape: ChunkShape, logprobs: bool
+) -> Callable[[OutputChunk], list[bytes]]:
+    offsets = dict.fromkeys(index, 0)  # where each choice's next piece starts
+
     def render(out: OutputChunk) -> list[bytes]:
         reason = (out.finish_reason or "stop") if out.finished else None
         if not (out.text or reason):
             return []
-        choice = {"index": index[out.stage_id], "text": out.text, "finish_reason": reason}
+        choice: dict[str, Any] = {
+            "index": index[out.stage_id],
+            "text": out.text,
+            "finish_reason": reason,
+            "logprobs": None,
+        }
+        if logprobs:
+            choice["logprobs"] = completion_logprobs(out.logprobs or [], offsets[out.stage_id])
+        offsets[out.stage_id] += len(out.text)
         return [shape.chunk([choice])]
 
     return render

@@ -1,29 +1,30 @@
 """POST /v1/audio/speech: text in, audio bytes out, streamed as sentences are spoken.
 
 Served by the pipeline's TTS stage on its own (the text goes straight to it). The
-response starts once the first sentence is synthesized; a WAV response then carries a
-streaming header (sizes unknown, as for any live WAV stream) followed by raw PCM.
+response starts once the first sentence is synthesized; each sentence's PCM is then
+resampled to 24 kHz and encoded in ``response_format`` (mp3 by default, as OpenAI) as
+it arrives, so every format streams (see api/audio_out.py; a WAV stream carries a
+header with unknown sizes, as any live WAV stream does).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
+from omnistage.api.audio_out import MEDIA_TYPES, OUTPUT_RATE, AudioEncoder, require_av
 from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import check_model, peeked, service
 from omnistage.api.schemas import SpeechRequest, body_schema, parse_body
 from omnistage.api.service import OutputStream, PipelineService
-from omnistage.engines.audio import wav_header
 from omnistage.protocol.messages import OutputChunk, Prompt
 
 router = APIRouter()
-
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
 
 
 @router.post("/v1/audio/speech", openapi_extra=body_schema(SpeechRequest))
@@ -32,6 +33,7 @@ async def speech(request: Request) -> Response:
     omni = service(request)
     check_model(omni, body.model)
     sid = _tts_stage(omni, body.stage)
+    require_av()  # a missing encoder is a 500 now, not a broken stream after a 200
     params = {"voice": body.voice, "speed": body.speed}
     stream = await omni.open(
         f"speech-{next_id()}", Prompt(text=body.input), [sid], {}, {sid: params}, only=True
@@ -64,13 +66,22 @@ def _tts_stage(omni: PipelineService, wanted: str | None) -> int:
 async def _audio(
     outputs: AsyncIterator[OutputChunk], stream: OutputStream, fmt: str
 ) -> AsyncIterator[bytes]:
-    header_sent = fmt != "wav"
+    # Encoding a sentence takes a few ms of CPU (mp3, AAC): off the event loop.
+    encoder: AudioEncoder | None = None
     try:
         async for out in outputs:
-            if not header_sent and out.meta and "sample_rate" in out.meta:
-                yield wav_header(int(out.meta["sample_rate"]), data_bytes=None)
-                header_sent = True
-            if out.data:
-                yield out.data
+            if encoder is None and out.meta and "sample_rate" in out.meta:
+                encoder = AudioEncoder(fmt, int(out.meta["sample_rate"]))
+                if fmt == "wav":
+                    yield encoder.feed(b"")  # the header, as soon as the rate is known
+            if encoder is not None and out.data:
+                data = await asyncio.to_thread(encoder.feed, out.data)
+                if data:
+                    yield data
+        # No audio at all still makes a valid (empty) file.
+        encoder = encoder or AudioEncoder(fmt, OUTPUT_RATE)
+        tail = await asyncio.to_thread(encoder.finish)
+        if tail:
+            yield tail
     finally:
         stream.close()
