@@ -108,12 +108,14 @@ def _answers_to_the_alias(head: HeadProc) -> None:
         ok = head.chat("hi", model=name)
         assert ok.status_code == 200, ok.text
         assert ok.json()["choices"][0]["message"]["content"]
+        assert ok.json()["model"] == ALIAS  # responses report the first name
     refused = head.chat("hi", model="echo")
     assert refused.status_code == 404, refused.text
     assert refused.json()["error"]["code"] == "model_not_found"
     assert ALIAS in refused.json()["error"]["message"]
     no_model = head.client.post("/v1/completions", json={"prompt": "hi"})
     assert no_model.status_code == 200, no_model.text  # `model` may be left out
+    assert no_model.json()["model"] == ALIAS
 
 
 @pytest.fixture(scope="module")
