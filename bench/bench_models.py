@@ -235,8 +235,10 @@ async def run_audio(port: int, args: argparse.Namespace) -> AudioResult:
                         delta = choice["delta"]
                         if audio is None and (delta.get("audio") or {}).get("data"):
                             audio = t - t0
-                        if delta.get("content"):
-                            text, last_text = text + delta["content"], t - t0
+                        # With audio the words come as the audio's transcript (OpenAI's shape).
+                        words = delta.get("content") or (delta.get("audio") or {}).get("transcript")
+                        if words:
+                            text, last_text = text + words, t - t0
                             if sentence is None and (m := SENTENCE_END.search(text)):
                                 sentence = t - t0
                                 res.sentences.append(text[: m.end()].strip())

@@ -48,10 +48,11 @@ def replica_options(args: argparse.Namespace) -> ReplicaOptions:
 
 def _stage_overrides(args: argparse.Namespace) -> dict:
     """This stage's entry of --stage-overrides, applied on top of the head's config."""
-    if not args.stage_overrides:
-        return {}
-    raw = json.loads(args.stage_overrides)
-    return dict(raw.get(str(args.stage_id)) or raw.get(args.stage_id) or {})
+    from omnistage.cli.engine_flags import headless_overrides
+
+    raw = json.loads(args.stage_overrides) if args.stage_overrides else {}
+    own = dict(raw.get(str(args.stage_id)) or raw.get(args.stage_id) or {})
+    return headless_overrides(own, args)  # plus the diffusion flags given
 
 
 def _supervise(opts: ReplicaOptions, count: int) -> int:

@@ -16,10 +16,20 @@ from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
 from omnistage.api.fastpath import FastPaths
 from omnistage.api.limits import BodyLimitMiddleware
-from omnistage.api.routes import chat, completions, info, metrics, responses, speech
+from omnistage.api.routes import (
+    chat,
+    completions,
+    images,
+    info,
+    metrics,
+    responses,
+    speech,
+    transcriptions,
+)
 from omnistage.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    ImageGenerationRequest,
     ResponsesRequest,
     SpeechRequest,
 )
@@ -46,10 +56,13 @@ def create_app(
     app = FastAPI(title="omnistage", version=__version__, **_NO_NATIVE_TELEMETRY)
     counts: Counter[int] = Counter()
     app.state.response_counts = counts
+    # An audio upload may be as large as OpenAI takes, even under a lower general limit.
+    upload_limit = max(max_body_bytes, transcriptions.TRANSCRIPTION_BODY_BYTES)
+    path_limits = {transcriptions.PATH: upload_limit}
     # Innermost first. The response counter is the outermost: it counts the 401s and
     # 413s of the others as well.
     stack: list[tuple[type, dict[str, Any]]] = [
-        (BodyLimitMiddleware, {"max_bytes": max_body_bytes})
+        (BodyLimitMiddleware, {"max_bytes": max_body_bytes, "path_limits": path_limits})
     ]
     if api_key:
         stack.append((ApiKeyMiddleware, {"api_key": api_key}))
@@ -68,16 +81,26 @@ def create_app(
     app.include_router(completions.router)
     app.include_router(responses.router)
     app.include_router(speech.router)
+    app.include_router(images.router)
+    app.include_router(transcriptions.router)
     app.include_router(info.router)
     app.include_router(metrics.router)
     _document_bodies(
-        app, [ChatCompletionRequest, CompletionRequest, ResponsesRequest, SpeechRequest]
+        app,
+        [
+            ChatCompletionRequest,
+            CompletionRequest,
+            ResponsesRequest,
+            SpeechRequest,
+            ImageGenerationRequest,
+        ],
     )
     routes = {
         "/v1/chat/completions": chat.chat_completions,
         "/v1/completions": completions.completions,
         "/v1/responses": responses.responses,
         "/v1/audio/speech": speech.speech,
+        images.PATH: images.generations,
     }
     return FastPaths(app, routes, wrap)
 

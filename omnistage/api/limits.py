@@ -2,10 +2,13 @@
 
 A declared Content-Length over the limit is refused before any byte is read; a chunked
 body is counted as it arrives and refused once it passes the limit, so a client cannot
-make the server buffer an unbounded body.
+make the server buffer an unbounded body. A path may have a limit of its own (an audio
+upload is larger than any JSON body).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -18,19 +21,23 @@ class BodyTooLargeError(Exception):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope["path"], self.max_bytes)
         declared = _content_length(scope["headers"])
         if declared is not None:
             # The server reads exactly the declared length: nothing to count.
-            if declared > self.max_bytes:
-                await self._refuse(scope, receive, send)
+            if declared > limit:
+                await self._refuse(scope, receive, send, limit)
             else:
                 await self.app(scope, receive, send)
             return
@@ -42,7 +49,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise BodyTooLargeError()
             return message
 
@@ -55,12 +62,12 @@ class BodyLimitMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except BodyTooLargeError:
             if not started:
-                await self._refuse(scope, receive, send)
+                await self._refuse(scope, receive, send, limit)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         response = error_response(
             413,
-            f"request body larger than {self.max_bytes} bytes",
+            f"request body larger than {limit} bytes",
             "invalid_request_error",
             code="request_too_large",
         )

@@ -6,6 +6,7 @@ and a bad one is a 400 naming it.
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal, TypeVar
 
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
 from starlette.requests import ClientDisconnect, Request
 
 from omnistage.api.errors import invalid_body
+from omnistage.engines import image_params
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -60,9 +62,28 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class InputAudio(_Body):
+    data: str = Field(min_length=1)  # base64
+    # OpenAI's are wav and mp3; the listener decodes these others as well.
+    format: Literal["wav", "mp3", "flac", "ogg", "webm", "m4a"] = "wav"
+
+    def decoded(self) -> bytes:
+        try:
+            return base64.b64decode(self.data, validate=True)
+        except ValueError:
+            raise ValueError("input_audio.data must be base64") from None
+
+
 class ContentPart(_Body):
-    type: Literal["text"]
+    type: Literal["text", "input_audio"]
     text: str | None = None
+    input_audio: InputAudio | None = None
+
+    @model_validator(mode="after")
+    def _has_its_payload(self) -> ContentPart:
+        if self.type == "input_audio" and self.input_audio is None:
+            raise ValueError("an input_audio part needs an input_audio object")
+        return self
 
 
 class FunctionCallIn(_Body):
@@ -90,12 +111,17 @@ class ChatMessageIn(_Body):
         # A silent drop would answer a question about an image without the image.
         for part in value if isinstance(value, list) else ():
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text":
+            if kind not in ("text", "input_audio"):
                 raise ValueError(
                     f"content parts of type {kind!r} are not supported by this pipeline; "
-                    "only text parts are"
+                    "only text and input_audio parts are"
                 )
         return value
+
+    def audio_parts(self) -> list[InputAudio]:
+        if not isinstance(self.content, list):
+            return []
+        return [p.input_audio for p in self.content if p.input_audio is not None]
 
     def text(self) -> str:
         if self.content is None:
@@ -232,8 +258,8 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("messages")
     @classmethod
     def _has_content(cls, value: list[ChatMessageIn]) -> list[ChatMessageIn]:
-        if not any(m.text().strip() or m.tool_calls for m in value):
-            raise ValueError("at least one message must have text content")
+        if not any(m.text().strip() or m.tool_calls or m.audio_parts() for m in value):
+            raise ValueError("at least one message must have text or audio content")
         return value
 
     @field_validator("top_logprobs")
@@ -533,3 +559,82 @@ def _checked_ints(value: Any) -> Any:
     if value is not None and not _ints_fit(value):
         raise ValueError(f"integers must be between {INT64_MIN} and {INT64_MAX}")
     return value
+
+
+# --------------------------------------------------------------------------------------
+# POST /v1/images/generations
+# --------------------------------------------------------------------------------------
+
+
+class ImageGenerationRequest(_Body):
+    """OpenAI's image generation body, plus omnistage's diffusion fields. ``size`` is
+    checked by the route against the image stage's ``max_generated_image_size``."""
+
+    prompt: str = Field(min_length=1, max_length=32000)
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=image_params.MAX_IMAGES)
+    size: str | None = Field(default="auto", max_length=16)  # "WIDTHxHEIGHT" or "auto"
+    response_format: Literal["b64_json", "url"] | None = None
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)
+    stream: bool = False
+    # Accepted and ignored: they name settings of OpenAI's own models (or, for user,
+    # abuse tracking); partial_images: no previews are drawn, only finished images.
+    quality: str | None = None
+    style: str | None = None
+    background: str | None = None
+    moderation: str | None = None
+    user: str | None = None
+    partial_images: int | None = Field(default=None, ge=0, le=3)
+    # omnistage extensions. seed: image i is drawn with seed + i (random if not given);
+    # revise_prompt false draws the prompt as given, without the stages before the
+    # image stage; stage: which image stage (id or name); stage_params as on chat.
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    num_inference_steps: int | None = Field(default=None, ge=1, le=image_params.MAX_STEPS)
+    guidance_scale: float | None = Field(default=None, ge=0.0, le=image_params.MAX_GUIDANCE)
+    negative_prompt: str | None = Field(default=None, max_length=image_params.MAX_NEGATIVE_PROMPT)
+    revise_prompt: bool = True
+    stage: str | None = None
+    stage_params: dict[str, dict[str, Any]] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("prompt must describe the image")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _b64_only(cls, value: str | None) -> str | None:
+        if value == "url":
+            raise ValueError(
+                "response_format 'url' is not supported: this server stores no images; "
+                "use b64_json (the default)"
+            )
+        return value
+
+    @field_validator("stage_params")
+    @classmethod
+    def _int64_only(cls, value: Any) -> Any:
+        return _checked_ints(value)
+
+    def image_params(self, seed: int) -> dict[str, Any]:
+        """The image stage's params (see engines/image_params.py)."""
+        out: dict[str, Any] = {
+            "n": self.n,
+            "size": self.size,
+            "seed": seed,
+            "output_format": self.output_format,
+            "progress": self.stream,
+        }
+        for key in (
+            "num_inference_steps",
+            "guidance_scale",
+            "negative_prompt",
+            "output_compression",
+        ):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out

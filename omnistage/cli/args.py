@@ -226,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model names the API answers to (/v1/models, `model` of requests and "
         "responses; the first is the one reported) instead of the pipeline name",
     )
+    _add_diffusion_flags(s)
     s.add_argument("--log-stats", action="store_true", help="log request statistics")
     s.add_argument(
         "--log-level",
@@ -233,6 +234,64 @@ def build_parser() -> argparse.ArgumentParser:
         help="DEBUG, INFO, WARNING, ERROR (env OMNISTAGE_LOG_LEVEL)",
     )
     return parser
+
+
+def _add_diffusion_flags(s: argparse.ArgumentParser) -> None:
+    """vLLM-Omni's diffusion flags: each sets that engine_args key of every diffusion
+    stage (see cli/engine_flags.py)."""
+    g = s.add_argument_group("diffusion stages")
+    g.add_argument(
+        "--diffusers-load-kwargs",
+        default=None,
+        metavar="JSON",
+        help='JSON object passed to from_pretrained(), e.g. \'{"variant": "fp16"}\'',
+    )
+    g.add_argument(
+        "--diffusers-call-kwargs",
+        default=None,
+        metavar="JSON",
+        help="JSON object merged into every pipeline call (a request's own params win)",
+    )
+    g.add_argument(
+        "--model-class-name",
+        default=None,
+        metavar="NAME",
+        help="diffusers pipeline class (default: the one model_index.json names)",
+    )
+    g.add_argument(
+        "--max-generated-image-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="largest image in pixels (width * height; default 1048576, i.e. 1024x1024)",
+    )
+    g.add_argument("--vae-use-slicing", action="store_true", help="decode with VAE slicing")
+    g.add_argument("--vae-use-tiling", action="store_true", help="decode with VAE tiling")
+    g.add_argument(
+        "--enable-cpu-offload",
+        action="store_true",
+        help="keep idle pipeline components on the CPU (needs a GPU)",
+    )
+
+
+def _validate_diffusion_flags(args: argparse.Namespace) -> None:
+    for flag in ("diffusers_load_kwargs", "diffusers_call_kwargs"):
+        raw = getattr(args, flag)
+        if raw is None:
+            continue
+        name = f"--{flag.replace('_', '-')}"
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{name}: not valid JSON: {exc.msg}") from None
+        if not isinstance(value, dict):
+            raise UsageError(f"{name} must be a JSON object, got {raw!r}")
+    name = args.model_class_name
+    if name is not None and not name.isidentifier():
+        raise UsageError(f"--model-class-name must be a Python class name, got {name!r}")
+    size = args.max_generated_image_size
+    if size is not None and size < 64 * 64:
+        raise UsageError(f"--max-generated-image-size must be >= 4096 (64x64), got {size}")
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -336,6 +395,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--ray-address requires --worker-backend ray")
     if args.headless and args.stage_overrides:
         _check_headless_overrides(args.stage_overrides, args.stage_id)
+    _validate_diffusion_flags(args)
     if args.model_or_config and args.deploy_config:
         raise UsageError("give either MODEL_OR_CONFIG or --deploy-config, not both")
 

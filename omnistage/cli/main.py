@@ -75,6 +75,7 @@ def _tokenizer(model_or_config: str | None, stage: str | None) -> int:
 
 
 def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
+    from omnistage.cli.engine_flags import apply_diffusion_flags, check_diffusion_models
     from omnistage.head import Head, HeadOptions
 
     try:
@@ -86,8 +87,11 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
             f"--stage-id {args.stage_id} is not a stage of {config.pipeline!r} "
             f"(stages: {', '.join(str(s) for s in config.stage_ids)})"
         )
-    setup_logging(args.log_level)
+    config = apply_diffusion_flags(config, args)
     opts = HeadOptions.from_args(args, config)
+    source = args.deploy_config or args.model_or_config or config.pipeline
+    check_diffusion_models(config, opts.local_replicas(), source)
+    setup_logging(args.log_level)
     try:
         head = Head(opts)
     except OSError as exc:

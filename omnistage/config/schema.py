@@ -16,7 +16,7 @@ from pydantic import (
 from omnistage.config.engine_args import ENGINE_ARGS
 
 Modality = Literal["text", "audio", "image"]
-ENGINES = ("echo", "llm", "tts", "diffusion")
+ENGINES = ("echo", "llm", "tts", "asr", "diffusion")
 
 
 class _Frozen(BaseModel):
@@ -32,6 +32,10 @@ class StageConfig(_Frozen):
     replicas: int = Field(default=1, ge=0)
     devices: str = "cpu"
     inputs: tuple[int, ...] = ()
+    # What of the client's input this stage reads itself: a request whose input it can
+    # read runs without its upstream stages (a text chat skips the listener in front of
+    # the thinker). None: a source stage reads text, a stage with inputs reads nothing.
+    prompt_modalities: tuple[Modality, ...] | None = None
     final_output: bool = False
     output_modality: Modality = "text"
     default_sampling_params: dict[str, Any] = Field(default_factory=dict)
@@ -56,6 +60,12 @@ class StageConfig(_Frozen):
                 field = ".".join(str(p) for p in err["loc"])
                 raise _located(f"engine_args.{field}", err["msg"]) from None
         return self
+
+    @property
+    def reads_prompt(self) -> tuple[str, ...]:
+        if self.prompt_modalities is not None:
+            return self.prompt_modalities
+        return () if self.inputs else ("text",)
 
     @field_validator("inputs")
     @classmethod

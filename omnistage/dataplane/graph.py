@@ -20,6 +20,9 @@ class StageGraph:
         self.sampling_defaults: dict[int, dict[str, object]] = {
             s.stage_id: dict(s.default_sampling_params) for s in config.stages
         }
+        self.reads_prompt: dict[int, frozenset[str]] = {
+            s.stage_id: frozenset(s.reads_prompt) for s in config.stages
+        }
 
     def topological(self) -> list[int]:
         """Every stage id, each after all of its inputs (the config is acyclic)."""
@@ -35,16 +38,30 @@ class StageGraph:
     def upstream(self, stage_id: int) -> tuple[int, ...]:
         return self.inputs[stage_id]
 
+    def stages_reading(self, modality: str) -> list[int]:
+        return [sid for sid, kinds in self.reads_prompt.items() if modality in kinds]
+
     def finals_with(self, modalities: set[str]) -> list[int]:
         return [sid for sid in self.final if self.stages[sid].output_modality in modalities]
 
-    def required_for(self, finals: list[int]) -> set[int]:
-        """The final stages asked for and every stage they depend on."""
+    def required_for(self, finals: list[int], given: frozenset[str] = frozenset()) -> set[int]:
+        """The final stages asked for and every stage they need, given the modalities of
+        the client's input: a stage that reads all of ``given`` itself runs without its
+        upstream stages; otherwise they run (and read what it cannot). With nothing
+        given, every upstream stage is needed."""
         needed: set[int] = set()
         todo = list(finals)
         while todo:
             sid = todo.pop()
-            if sid not in needed:
-                needed.add(sid)
-                todo.extend(self.inputs[sid])
+            if sid in needed:
+                continue
+            needed.add(sid)
+            if given and given <= self.reads_prompt[sid]:
+                continue
+            todo.extend(self.inputs[sid])
         return needed
+
+    def prompt_for(self, sid: int, active_upstream: bool) -> bool:
+        """Whether stage ``sid`` gets the client's prompt: a source always; a stage fed by
+        upstream stages too when it reads part of the client's input itself."""
+        return not active_upstream or bool(self.reads_prompt[sid])

@@ -88,7 +88,7 @@ class Orchestrator:
         """
         if request_id in self._runs:
             raise ValueError(f"duplicate request id {request_id}")
-        active = set(finals) if only else self.graph.required_for(finals)
+        active = set(finals) if only else self.graph.required_for(finals, prompt.modalities())
         run = Run(
             request_id=request_id,
             prompt=prompt,
@@ -197,7 +197,7 @@ class Orchestrator:
         st = run.progress(sid)
         return AddRequest(
             request_id=run.request_id,
-            prompt=None if upstream else run.prompt,
+            prompt=run.prompt if self.graph.prompt_for(sid, bool(upstream)) else None,
             upstream=upstream,
             params=run.params[sid],
             resume=st.resume(),
@@ -369,13 +369,14 @@ class RequestStream:
         self._orchestrator._finish(self._run)
 
     def usage(self) -> dict[str, int]:
-        """Prompt tokens read by the source stages; completion tokens of the finals."""
+        """Prompt tokens read by the stages given the client's prompt; completion tokens
+        of the finals."""
         graph = self._orchestrator.graph
         run = self._run
         prompt = sum(
             u.get("prompt_tokens", 0)
             for sid, u in run.usage.items()
-            if not run.active.intersection(graph.upstream(sid))
+            if graph.prompt_for(sid, bool(run.active.intersection(graph.upstream(sid))))
         )
         completion = sum(
             u.get("completion_tokens", 0) for sid, u in run.usage.items() if sid in run.finals

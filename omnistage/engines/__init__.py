@@ -20,6 +20,14 @@ def build_engine(stage: StageConfig) -> Engine:
         from omnistage.engines.tts import TtsEngine
 
         return TtsEngine(stage)
+    if stage.engine == "asr":
+        from omnistage.engines.asr import AsrEngine
+
+        return AsrEngine(stage)
+    if stage.engine == "diffusion":
+        from omnistage.engines.diffusion import DiffusionEngine
+
+        return DiffusionEngine(stage)
     raise EngineError(
         f"engine {stage.engine!r} (stage {stage.stage_id} {stage.name!r}) is not available "
         "in this build"

@@ -199,10 +199,23 @@ class TokenLogprob(msgspec.Struct, array_like=True):
 
 
 class Prompt(_Tagged):
-    """Client input for a source stage: chat messages or plain text."""
+    """Client input: chat messages or plain text, and audio to listen to (the bytes of
+    an uploaded file, e.g. WAV or MP3, decoded by the stage that reads it)."""
 
     text: str | None = None
     messages: list[ChatMessage] | None = None
+    audio: bytes | None = None
+    audio_format: str | None = None  # the client's hint ("wav", "mp3", ...), if any
+
+    def modalities(self) -> frozenset[str]:
+        has_text = self.text is not None or self.messages is not None
+        if self.audio is None:
+            return _TEXT if has_text else frozenset()
+        return _TEXT_AUDIO if has_text else _AUDIO
+
+
+_TEXT, _AUDIO = frozenset({"text"}), frozenset({"audio"})
+_TEXT_AUDIO = _TEXT | _AUDIO
 
 
 class Resume(_Tagged):

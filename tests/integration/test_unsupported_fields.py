@@ -25,7 +25,10 @@ FN = {"type": "function", "function": {"name": "f"}}
                         "role": "user",
                         "content": [
                             {"type": "text", "text": "what is this?"},
-                            {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+                            {
+                                "type": "input_audio",
+                                "input_audio": {"data": "UklGRg==", "format": "wav"},
+                            },
                         ],
                     }
                 ]
@@ -83,8 +86,10 @@ def test_unsupported_fields_are_400s_naming_them(
 @pytest.mark.parametrize(
     "path", ["/v1/audio/transcriptions", "/v1/images/generations", "/v1/embeddings"]
 )
-def test_endpoints_not_served_are_404s(echo_head: HeadProc, path: str) -> None:
-    assert echo_head.client.post(path, json={}).status_code == 404
+def test_endpoints_this_pipeline_cannot_serve_are_404s(echo_head: HeadProc, path: str) -> None:
+    # The echo pipeline has no listener, no painter, no embedding stage.
+    r = echo_head.client.post(path, json={"prompt": "a cat", "input": "hi", "model": "echo"})
+    assert r.status_code == 404, r.text
 
 
 def test_fields_that_do_not_change_the_answer_are_accepted(echo_head: HeadProc) -> None:

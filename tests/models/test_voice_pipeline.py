@@ -242,9 +242,12 @@ def test_requests_the_pipeline_cannot_serve_get_a_4xx(
 def test_thinker_and_a_headless_talker_in_separate_processes(tmp_path: Path) -> None:
     head = HeadProc(tmp_path, "voice", "--stage-id", "0")
     talker: Proc | None = None
+    listener: Proc | None = None
     try:
         head.wait_http()
         talker = headless(tmp_path, head, 1)
+        # /health waits for every stage, the listener too (a chat like this one skips it).
+        listener = headless(tmp_path, head, 2, name="listener")
         head.wait_healthy(timeout=240)
         assert [r["local"] for r in head.up_replicas(1)] == [False]
         out = _ask(head, audio={"voice": "joe", "format": "wav"})
@@ -253,8 +256,9 @@ def test_thinker_and_a_headless_talker_in_separate_processes(tmp_path: Path) -> 
         assert _wav(base64.b64decode(audio.data))[2] > 0.5
         wait_for(lambda: _talker_dispatches(head) >= 1, 5, what="talker used")
     finally:
-        if talker is not None:
-            talker.stop()
+        for proc in (talker, listener):
+            if proc is not None:
+                proc.stop()
         head.stop()
 
 

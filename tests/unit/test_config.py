@@ -60,9 +60,14 @@ def test_default_pipeline_is_the_voice_pipeline():
     assert [(s.name, s.engine, s.output_modality) for s in config.stages] == [
         ("thinker", "llm", "text"),
         ("talker", "tts", "audio"),
+        ("listener", "asr", "text"),
     ]
     assert config.stage(1).inputs == (0,)
-    assert all(s.final_output for s in config.stages)
+    # The listener feeds the thinker; a typed chat skips it (the thinker reads text).
+    assert config.stage(0).inputs == (2,)
+    assert config.stage(0).reads_prompt == ("text",)
+    assert config.stage(2).reads_prompt == ("audio",)
+    assert [s.name for s in config.stages if s.final_output] == ["thinker", "talker"]
 
 
 def test_echo_builtin_is_three_stage_chain_with_stage_2_final():

@@ -29,6 +29,7 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas import ChatCompletionRequest, ChatMessageIn, body_schema, parse_body
 from omnistage.api.service import OutputStream, PipelineService
+from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
 
 router = APIRouter()
@@ -57,7 +58,7 @@ async def chat_completions(request: Request) -> Response:
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
     plan = _plan(omni, body)
-    prompt = Prompt(messages=[_message(m) for m in body.messages])
+    prompt, audio_param = _prompt(omni, body)
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
         voice = body.audio.voice if body.audio else "default"
@@ -71,16 +72,22 @@ async def chat_completions(request: Request) -> Response:
         request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params, ack=ack
     )
     created, model = int(time.time()), omni.served_model
-    if body.stream:
-        outputs = await peeked(stream, frozenset(plan.audio if ack else ()))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shape = ChunkShape(request_id, "chat.completion.chunk", created, model, include_usage)
-        events = _events(outputs, stream, shape, plan)
-        # The background close covers a client that leaves before the first byte.
-        return StreamingResponse(
-            events, media_type="text/event-stream", background=BackgroundTask(stream.close)
-        )
-    got = await collect(request, stream)
+    try:
+        if body.stream:
+            outputs = await peeked(stream, frozenset(plan.audio if ack else ()))
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            shape = ChunkShape(request_id, "chat.completion.chunk", created, model, include_usage)
+            events = _events(outputs, stream, shape, plan)
+            # The background close covers a client that leaves before the first byte.
+            return StreamingResponse(
+                events, media_type="text/event-stream", background=BackgroundTask(stream.close)
+            )
+        got = await collect(request, stream)
+    except BadRequestError as exc:
+        # The listener names the audio "file" (as the transcription endpoint calls it).
+        if exc.param == "file" and audio_param:
+            exc.param = audio_param
+        raise
     if got is None:
         return Response(status_code=499)
     choices = []
@@ -121,6 +128,37 @@ async def chat_completions(request: Request) -> Response:
             "usage": stream.usage(),
         }
     )
+
+
+def _prompt(omni: PipelineService, body: ChatCompletionRequest) -> tuple[Prompt, str | None]:
+    """The messages, and the audio of the last user turn for a stage that listens (with
+    the field that holds it, for errors about it)."""
+    messages = [_message(m) for m in body.messages]
+    heard = [(i, m.audio_parts()) for i, m in enumerate(body.messages) if m.audio_parts()]
+    if not heard:
+        return Prompt(messages=messages), None
+    index, parts = heard[-1]
+    param = f"messages.{index}.content"
+    if not omni.graph.stages_reading("audio"):
+        raise ApiError(
+            400,
+            f"pipeline {omni.config.pipeline!r} has no stage that takes audio input",
+            "invalid_request_error",
+            param,
+        )
+    last_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
+    if len(heard) > 1 or len(parts) > 1 or index != last_user:
+        raise ApiError(
+            400,
+            "only the last user message may carry audio, one input_audio part",
+            "invalid_request_error",
+            param,
+        )
+    try:
+        audio = parts[0].decoded()
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error", param) from None
+    return Prompt(messages=messages, audio=audio, audio_format=parts[0].format), param
 
 
 def _message(m: ChatMessageIn) -> ChatMessage:

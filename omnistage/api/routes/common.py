@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -109,9 +109,20 @@ class Collected:
 
 async def collect(request: Request, stream: OutputStream) -> Collected | None:
     """Gather every output; None if the client went away (the request is aborted)."""
+    return await collect_into(request, stream, Collected())
 
-    async def gather() -> Collected:
-        got = Collected()
+
+class Sink(Protocol):
+    def add(self, out: OutputChunk) -> None: ...
+
+
+S = TypeVar("S", bound=Sink)
+
+
+async def collect_into(request: Request, stream: OutputStream, got: S) -> S | None:
+    """Every output into ``got``; None if the client went away (the request is aborted)."""
+
+    async def gather() -> S:
         try:
             async for out in stream:
                 got.add(out)

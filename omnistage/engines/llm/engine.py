@@ -8,6 +8,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
+
 from omnistage.config.engine_args import LlmArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
@@ -84,10 +86,12 @@ class LlmEngine(Engine):
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         if self._worker is None:
             raise EngineError("engine not started")
-        prompt = request.prompt
-        if prompt is None:  # fed by an upstream stage: its whole text is the user turn
-            text = "".join([i.text async for i in request.inputs if i.modality == "text"])
-            prompt = Prompt(messages=[_user(text)])
+        # Upstream text (a listener's transcript, another model's answer); none for a
+        # source stage, whose inputs end at once.
+        heard = "".join([i.text async for i in request.inputs if i.modality == "text"])
+        prompt = _with_heard(request.prompt, heard)
+        if self.args.system_prompt:
+            prompt = _with_system(prompt, self.args.system_prompt)
         params, plan, guide = self._request_setup(request.params)
         ids = self._prompt_ids(prompt, plan)
         prompt_tokens = len(ids)
@@ -202,8 +206,34 @@ class LlmEngine(Engine):
             await asyncio.to_thread(self._worker.stop)
 
 
-def _user(text: str) -> ChatMessage:
-    return ChatMessage("user", text)
+def _with_heard(prompt: Prompt | None, heard: str) -> Prompt:
+    """The prompt with the upstream text in it: alone, it is the user turn; with the
+    client's messages (speech in: the listener transcribed the last user turn's audio),
+    it completes the last user message."""
+    if prompt is None:
+        return Prompt(messages=[ChatMessage("user", heard)])
+    if not heard.strip():
+        return prompt
+    if prompt.messages is None:
+        text = f"{prompt.text}\n{heard.strip()}" if prompt.text else heard.strip()
+        return Prompt(text=text)
+    messages = list(prompt.messages)
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            m = messages[i]
+            content = f"{m.content}\n{heard.strip()}" if m.content.strip() else heard.strip()
+            messages[i] = ChatMessage(m.role, content, m.tool_calls, m.tool_call_id)
+            return Prompt(messages=messages)
+    return Prompt(messages=[*messages, ChatMessage("user", heard.strip())])
+
+
+def _with_system(prompt: Prompt, system: str) -> Prompt:
+    """The stage's system prompt first, unless the client sent a system message (a
+    plain text prompt is a raw completion and has no turns to put it in)."""
+    messages = prompt.messages
+    if messages is None or any(m.role in ("system", "developer") for m in messages):
+        return prompt
+    return msgspec.structs.replace(prompt, messages=[ChatMessage("system", system), *messages])
 
 
 def _as_ids(out: Any) -> list[int]:

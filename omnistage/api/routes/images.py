@@ -1,0 +1,203 @@
+"""POST /v1/images/generations: a prompt in, images out, in OpenAI's shape.
+
+Served by the pipeline's image stage (engine ``diffusion``). The stages in front of it
+run too: in the ``painter`` pipeline a thinker first expands the prompt, and what it
+wrote comes back as each image's ``revised_prompt`` (``revise_prompt: false`` skips
+them and draws the prompt as given). The seed is fixed here, before the request runs
+(random unless the client gives one), so a retry on another replica draws the same
+images; each image reports its seed. Images come back as ``b64_json`` only: nothing is
+stored, so there is no URL to give.
+
+With ``stream: true`` the answer is server-sent events: an ``image_generation.progress``
+event (omnistage's) after every denoising step, and OpenAI's
+``image_generation.completed`` event per finished image.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from omnistage.api.errors import ApiError
+from omnistage.api.ids import next_id
+from omnistage.api.routes.common import (
+    ChunkShape,
+    check_model,
+    collect_into,
+    json_response,
+    peeked,
+    resolve_stage_params,
+    service,
+    sse_events,
+)
+from omnistage.api.schemas import (
+    ImageGenerationRequest,
+    SamplingFields,
+    body_schema,
+    parse_body,
+)
+from omnistage.api.service import OutputStream, PipelineService
+from omnistage.api.streaming import sse
+from omnistage.config.engine_args import DiffusionArgs
+from omnistage.config.schema import StageConfig
+from omnistage.engines.image_params import SEED_LIMIT, image_job
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
+
+router = APIRouter()
+
+PATH = "/v1/images/generations"
+
+
+@router.post(PATH, openapi_extra=body_schema(ImageGenerationRequest))
+async def generations(request: Request) -> Response:
+    body = await parse_body(request, ImageGenerationRequest)
+    omni = service(request)
+    check_model(omni, body.model)
+    painter = _image_stage(omni, body.stage)
+    seed = body.seed if body.seed is not None else secrets.randbelow(SEED_LIMIT)
+    params = body.image_params(seed)
+    # The stage would refuse them too, but only after the stages before it had run.
+    image_job(params, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
+    writers = _writers(omni, painter) if body.revise_prompt else []
+    stage_params = resolve_stage_params(omni, SamplingFields(stage_params=body.stage_params))
+    stage_params[painter.stage_id] = {**stage_params.get(painter.stage_id, {}), **params}
+    stream = await omni.open(
+        f"img-{next_id()}",
+        Prompt(messages=[ChatMessage("user", body.prompt)]),
+        [*writers, painter.stage_id],
+        {"seed": seed},  # the thinker's sampling too: one seed repeats the whole answer
+        stage_params,
+        only=not body.revise_prompt,
+    )
+    if body.stream:
+        outputs = await peeked(stream)
+        shape = ChunkShape(stream.request_id, "image", int(time.time()), omni.served_model, False)
+        events = sse_events(outputs, stream, shape, _Renderer(body, stream).render)
+        return StreamingResponse(
+            events, media_type="text/event-stream", background=BackgroundTask(stream.close)
+        )
+    got = await collect_into(request, stream, _Images())
+    if got is None:
+        return Response(status_code=499)  # the client went away; the request is aborted
+    return json_response(got.response(body, stream.usage()))
+
+
+def _image_stage(omni: PipelineService, wanted: str | None) -> StageConfig:
+    stages = [s for s in omni.config.stages if s.engine == "diffusion"]
+    if wanted is not None:
+        stages = [s for s in stages if wanted in (str(s.stage_id), s.name)]
+    if not stages:
+        what = f"image stage {wanted!r}" if wanted else "image stage (engine diffusion)"
+        raise ApiError(
+            400 if wanted else 404,
+            f"pipeline {omni.config.pipeline!r} has no {what}; /v1/images/generations "
+            "needs one (e.g. the built-in painter pipeline)",
+            "invalid_request_error",
+            "stage" if wanted else None,
+            "no_image_stage",
+        )
+    return stages[0]
+
+
+def _writers(omni: PipelineService, painter: StageConfig) -> list[int]:
+    """The text stages feeding the image stage: what they write is the revised prompt."""
+    return [sid for sid in painter.inputs if omni.graph.stages[sid].output_modality == "text"]
+
+
+def usage_body(usage: dict[str, int]) -> dict[str, Any]:
+    """OpenAI's image usage: input is the prompt's tokens, output the revised prompt's."""
+    read, wrote = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return {
+        "input_tokens": read,
+        "input_tokens_details": {"text_tokens": read, "image_tokens": 0},
+        "output_tokens": wrote,
+        "output_tokens_details": {"text_tokens": wrote, "image_tokens": 0},
+        "total_tokens": read + wrote,
+    }
+
+
+@dataclass
+class _Images:
+    """A whole request's outputs: the revised prompt and the images, in order."""
+
+    revised: list[str] = field(default_factory=list)
+    images: dict[int, tuple[bytes, dict[str, Any]]] = field(default_factory=dict)
+    wrote: bool = False  # some stage before the image stage ran
+
+    def add(self, out: OutputChunk) -> None:
+        if out.modality == "text":
+            self.wrote = True
+            self.revised.append(out.text)
+        elif out.data and out.meta:
+            self.images[int(out.meta.get("index", len(self.images)))] = (out.data, out.meta)
+
+    def revised_prompt(self) -> str | None:
+        return "".join(self.revised).strip() if self.wrote else None
+
+    def response(self, body: ImageGenerationRequest, usage: dict[str, int]) -> dict[str, Any]:
+        revised = self.revised_prompt()
+        data = []
+        size = body.size or "auto"
+        for index in sorted(self.images):
+            image, meta = self.images[index]
+            item: dict[str, Any] = {"b64_json": base64.b64encode(image).decode()}
+            if revised is not None:
+                item["revised_prompt"] = revised
+            item["seed"] = meta.get("seed")
+            data.append(item)
+            size = f"{meta.get('width')}x{meta.get('height')}"
+        return {
+            "created": int(time.time()),
+            "data": data,
+            "output_format": body.output_format,
+            "size": size,
+            "usage": usage_body(usage),
+        }
+
+
+class _Renderer:
+    """The SSE events of a streamed answer, one output at a time."""
+
+    def __init__(self, body: ImageGenerationRequest, stream: OutputStream) -> None:
+        self._body = body
+        self._stream = stream
+        self._got = _Images()
+
+    def render(self, out: OutputChunk) -> list[bytes]:
+        self._got.add(out)
+        meta = out.meta or {}
+        if out.modality == "text" or not meta:
+            return []
+        if not out.data:
+            return [sse({"type": "image_generation.progress", **_progress(meta)})]
+        event: dict[str, Any] = {
+            "type": "image_generation.completed",
+            "b64_json": base64.b64encode(out.data).decode(),
+            "created_at": int(time.time()),
+            "size": f"{meta.get('width')}x{meta.get('height')}",
+            "quality": "auto",
+            "background": "opaque",
+            "output_format": self._body.output_format,
+            "usage": usage_body(self._stream.usage()),
+            "image_index": meta.get("index", 0),
+            "seed": meta.get("seed"),
+        }
+        revised = self._got.revised_prompt()
+        if revised is not None:
+            event["revised_prompt"] = revised
+        return [sse(event)]
+
+
+def _progress(meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "image_index": meta.get("index", 0),
+        "step": meta.get("step"),
+        "steps": meta.get("steps"),
+    }

