@@ -239,10 +239,12 @@ def test_a_stage_failing_mid_stream_reports_in_band_then_done(tmp_path: Path) ->
 
 
 def test_head_fails_fast_when_a_local_replica_cannot_start(tmp_path: Path) -> None:
-    config = tmp_path / "draw.yaml"
+    # A listener whose model is nowhere: its engine fails to start.
+    config = tmp_path / "listen.yaml"
     config.write_text(
-        "pipeline: draw\nstages:\n"
-        "  - {stage_id: 0, name: drawer, engine: diffusion, final_output: true}\n"
+        "pipeline: listen\nstages:\n"
+        "  - {stage_id: 0, name: listener, engine: asr, final_output: true,\n"
+        "     prompt_modalities: [audio], engine_args: {model: /nonexistent/whisper}}\n"
     )
     started = time.monotonic()
     head = HeadProc(tmp_path, str(config))
@@ -250,8 +252,8 @@ def test_head_fails_fast_when_a_local_replica_cannot_start(tmp_path: Path) -> No
         assert head.wait(30) == 1
         assert time.monotonic() - started < 20  # not the 600 s --init-timeout
         log = head.log()
-        assert "engine 'diffusion'" in log and "not available" in log
-        assert "stage 0 (drawer) replica 0 exited with code 1 while starting" in log
+        assert "/nonexistent/whisper" in log and "downloads no weights" in log
+        assert "stage 0 (listener) replica 0 exited with code 1 while starting" in log
     finally:
         head.stop()
 
