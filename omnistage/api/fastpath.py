@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from omnistage import tracing
 from omnistage.api.errors import answer_error
 from omnistage.api.limits import BodyTooLargeError
 
@@ -37,6 +38,9 @@ class _Handlers:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["app"] = self._app  # handlers find the service on request.app.state
         request = Request(scope, receive)
+        if tracing.enabled():
+            # A caller's trace context: the request's root span becomes its child.
+            tracing.incoming_parent.set(request.headers.get("traceparent", ""))
         try:
             response = await self._routes[scope["path"]](request)
         except BodyTooLargeError:

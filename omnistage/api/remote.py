@@ -24,6 +24,7 @@ from omnistage.api.service import ReplicaLoad, RequestCounts
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
@@ -193,6 +194,10 @@ class RemoteService:
 
     def request_counts(self) -> RequestCounts:
         return RequestCounts(*self._snap().counts)
+
+    def latency(self) -> LatencySnapshot:
+        raw = self._snap().latency_json
+        return msgspec.json.decode(raw, type=LatencySnapshot) if raw else LatencySnapshot()
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
         """Every other server's counts as the head last heard them, and ours now."""

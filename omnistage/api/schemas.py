@@ -20,6 +20,7 @@ from pydantic import (
 )
 from starlette.requests import ClientDisconnect, Request
 
+from omnistage import tracing
 from omnistage.api.errors import invalid_body
 from omnistage.engines import image_params
 
@@ -34,9 +35,11 @@ async def parse_body(request: Request, model: type[M]) -> M:
     """Validate the JSON body straight from bytes (pydantic-core's parser: no json.loads
     pass first); a bad body is a 400 naming the field."""
     try:
-        return model.model_validate_json(await read_body(request))
+        body = model.model_validate_json(await read_body(request))
     except ValidationError as exc:
         raise invalid_body(exc.errors()) from None
+    tracing.mark_stream(body)  # for the request's root span; nothing when tracing is off
+    return body
 
 
 async def read_body(request: Request) -> bytes:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol.messages import OutputChunk, Prompt
 
 
@@ -93,6 +94,10 @@ class PipelineService(Protocol):
         ...
 
     def request_counts(self) -> RequestCounts: ...
+
+    def latency(self) -> LatencySnapshot:
+        """The orchestrator's latency histograms and output counters, copied."""
+        ...
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
         """HTTP responses by status, of every API server, given this one's own."""

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME_OR_ID",
         help="the llm stage, by name or stage id (default: the one writing the text answer)",
     )
+    _add_status_parser(sub)
     s = sub.add_parser(
         "serve",
         help="serve a pipeline (head), or one stage's replicas (--headless)",
@@ -229,11 +230,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_diffusion_flags(s)
     s.add_argument("--log-stats", action="store_true", help="log request statistics")
     s.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        metavar="URL",
+        help="export OpenTelemetry traces of requests over OTLP HTTP/protobuf to URL "
+        "(e.g. http://collector:4318/v1/traces; default: the OTEL_EXPORTER_OTLP_* "
+        "variables, else off); needs `pip install omnistage[otel]`",
+    )
+    s.add_argument(
         "--log-level",
         default=envs.log_level() or defaults.LOG_LEVEL,
         help="DEBUG, INFO, WARNING, ERROR (env OMNISTAGE_LOG_LEVEL)",
     )
     return parser
+
+
+def _add_status_parser(sub: argparse._SubParsersAction) -> None:
+    from omnistage.cli.status import default_url
+
+    st = sub.add_parser(
+        "status",
+        help="show a running pipeline's stages and replicas in the terminal",
+        description="Print the head's stages, replicas, load and recent state changes "
+        "(from GET /v1/omni/stages and /metrics); --watch redraws until Ctrl-C.",
+    )
+    st.add_argument(
+        "--url",
+        default=default_url(),
+        help="the head's HTTP address (default $OMNISTAGE_URL or http://127.0.0.1:8091)",
+    )
+    st.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=1.0,
+        default=None,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 1) until Ctrl-C",
+    )
+    st.add_argument(
+        "--api-key",
+        default=envs.api_key(),
+        help="the head's --api-key, sent as a Bearer token (env OMNISTAGE_API_KEY)",
+    )
 
 
 def _add_diffusion_flags(s: argparse.ArgumentParser) -> None:

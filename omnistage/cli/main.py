@@ -1,5 +1,6 @@
 """``omnistage`` console entry: ``omnistage serve [MODEL_OR_CONFIG] [flags]``, and the
-helpers ``omnistage curve-keys DIR`` and ``omnistage tokenizer [MODEL_OR_CONFIG]``."""
+helpers ``omnistage curve-keys DIR``, ``omnistage tokenizer [MODEL_OR_CONFIG]`` and
+``omnistage status [--url URL] [--watch [SECONDS]]``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import zmq
 
-from omnistage import __version__, aio
+from omnistage import __version__, aio, tracing
 from omnistage.cli.args import UsageError, build_parser, validate
 from omnistage.config.load import load_config
 from omnistage.logs import setup_logging
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         return _curve_keys(args.directory)
     if args.command == "tokenizer":
         return _tokenizer(args.model_or_config, args.stage)
+    if args.command == "status":
+        return _status(args)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -74,6 +77,15 @@ def _tokenizer(model_or_config: str | None, stage: str | None) -> int:
     return 0
 
 
+def _status(args) -> int:  # type: ignore[no-untyped-def]
+    from omnistage.cli.status import run
+
+    if args.watch is not None and not args.watch > 0:
+        print(f"omnistage status: error: --watch must be > 0, got {args.watch:g}", file=sys.stderr)
+        return 2
+    return run(args.url, args.watch, args.api_key)
+
+
 def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
     from omnistage.cli.engine_flags import apply_diffusion_flags, check_diffusion_models
     from omnistage.head import Head, HeadOptions
@@ -92,6 +104,8 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
     source = args.deploy_config or args.model_or_config or config.pipeline
     check_diffusion_models(config, opts.local_replicas(), source)
     setup_logging(args.log_level)
+    # Before the head: its orchestrator takes real span hooks only if tracing is on.
+    tracing.configure(opts.otlp_traces_endpoint, "omnistage-head")
     try:
         head = Head(opts)
     except OSError as exc:
@@ -108,7 +122,10 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
             exc,
         )
         return 1
-    return aio.run(head.run())
+    try:
+        return aio.run(head.run())
+    finally:
+        tracing.shutdown()  # export the last batch of spans
 
 
 def _serve_headless(args) -> int:  # type: ignore[no-untyped-def]

@@ -29,6 +29,7 @@ from typing import Any
 from omnistage.control.replica_table import Transition
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.latency import LatencyRecorder
 from omnistage.dataplane.run import DONE, Run, direct_edge, restart_group
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.protocol.errors import (
@@ -38,6 +39,7 @@ from omnistage.protocol.errors import (
     StageUnavailableError,
 )
 from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, ReplicaState
+from omnistage.tracing import RequestTraces, request_traces
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ class Orchestrator:
         channels: DataChannels,
         no_replica_wait_s: float = 3.0,
         max_retries: int = 2,
+        latency: LatencyRecorder | None = None,
+        traces: RequestTraces | None = None,
     ) -> None:
         self.graph = graph
         self.pools = pools
@@ -64,6 +68,11 @@ class Orchestrator:
         # Stage-to-stage edges of dispatched requests, by how their chunks travel.
         self.direct_edges_total = 0
         self.forwarded_chunks_total = 0  # chunks the head passed on between stages
+        self.latency = latency or LatencyRecorder({s: st.name for s, st in graph.stages.items()})
+        # Spans of requests and stage dispatches; does nothing unless tracing is on.
+        self.traces = traces or request_traces(
+            graph.config.pipeline, {s: st.name for s, st in graph.stages.items()}
+        )
 
     @property
     def in_flight(self) -> int:
@@ -99,6 +108,8 @@ class Orchestrator:
         )
         self._runs[request_id] = run
         self.started_total += 1
+        self.latency.opened(run)
+        self.traces.opened(run)
         try:
             # Every stage the request needs must be servable before anything starts, so
             # a missing downstream stage is a 503 up front, not an error mid-stream.
@@ -108,7 +119,7 @@ class Orchestrator:
                     await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
             await self._dispatch(run, active)
         except BaseException:
-            self._finish(run)
+            self._finish(run, "rejected")
             raise
         return RequestStream(self, run)
 
@@ -178,13 +189,15 @@ class Orchestrator:
             st.waiting = False
             st.attempt = run.attempt
             st.dispatches += 1
+            self.latency.dispatched(run, sid, st)
             handle = run.assigned[sid]
-            self.channels.post(handle.identity, self._add_request(run, sid))
+            trace = self.traces.dispatched(run, sid, handle)
+            self.channels.post(handle.identity, self._add_request(run, sid, trace))
             for chunk in st.inputs:
                 chunk.attempt = st.attempt
                 self.channels.post(handle.identity, chunk)
 
-    def _add_request(self, run: Run, sid: int) -> AddRequest:
+    def _add_request(self, run: Run, sid: int, trace: str) -> AddRequest:
         upstream = [u for u in self.graph.upstream(sid) if u in run.active]
         peers, head_all = [], sid in run.finals
         for down in self.graph.downstream[sid]:
@@ -205,6 +218,7 @@ class Orchestrator:
             peers=peers,
             head_all=head_all,
             ack=run.ack and sid in run.finals and st.dispatches == 1,
+            trace=trace,
         )
 
     # -- outputs (called synchronously from the output reader) ----------------------
@@ -241,17 +255,20 @@ class Orchestrator:
         if chunk.usage:
             run.usage[sid] = chunk.usage
             st.tokens = chunk.usage.get("completion_tokens", 0)
+        self.latency.output(run, sid, st, chunk)
         for down in self.graph.downstream[sid]:
             if down in run.active and (sid, down) not in run.direct:
                 self._forward(run, down, chunk)
         if chunk.finished:
             run.finished.add(sid)
+            self.traces.stage_ended(run, sid, "ok")
             if not any(up == sid for up, _ in run.direct):
                 st.inputs.clear()  # nothing can make it run again: free what it kept
             self.pools[sid].release(handle, run.request_id)
         if sid in run.finals:
             run.queue.put_nowait(chunk)
         if chunk.finished and run.active <= run.finished:
+            self.latency.done(run)
             run.queue.put_nowait(DONE)
 
     def _forward(self, run: Run, down: int, chunk: OutputChunk) -> None:
@@ -265,10 +282,12 @@ class Orchestrator:
 
     # -- the end of a request --------------------------------------------------------
 
-    def _finish(self, run: Run) -> None:
-        """Abort unfinished stages and release replica slots; safe to call twice."""
+    def _finish(self, run: Run, outcome: str = "") -> None:
+        """Abort unfinished stages and release replica slots; safe to call twice.
+        ``outcome`` is for the request's trace ("": from how the run stands)."""
         if self._runs.pop(run.request_id, None) is None:
             return
+        self.traces.ended(run, outcome)
         for task in list(run.tasks):
             task.cancel()
         for sid, handle in run.assigned.items():
@@ -305,6 +324,7 @@ class Orchestrator:
         st = run.progress(failed)
         if st.retries >= self.max_retries:
             detail = f"{reason}; gave up after {st.retries} retries (--omni-max-retries)"
+            self.traces.stage_ended(run, failed, "replica lost")
             run.fail(StageFailedError(failed, self._name(failed), detail))
             return
         st.retries += 1
@@ -327,12 +347,15 @@ class Orchestrator:
         for sid in group:
             handle = run.assigned.pop(sid, None)
             if handle is not None and sid not in run.finished:
+                lost = "replica lost" if sid == failed else "restarted"
+                self.traces.stage_ended(run, sid, lost)
                 if handle.up:
                     self.channels.post(handle.identity, Abort(run.request_id))
                 self.pools[sid].release(handle, run.request_id)
             run.finished.discard(sid)
             progress = run.progress(sid)
             progress.waiting = True
+            self.latency.waiting(progress)
             if sid in hidden:
                 progress.restart_hidden()
         if self._try_acquire(run, group) is None:

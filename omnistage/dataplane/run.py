@@ -38,6 +38,12 @@ class StageProgress:
     attempt: int = 0
     # A dispatch is waiting for a replica; inputs queue in ``inputs`` meanwhile.
     waiting: bool = False
+    # Clock readings for the latency histograms (``dataplane.latency``): when a retry
+    # started waiting (None: the first dispatch waits from the request's open), the
+    # current dispatch, and its first output (None: none yet).
+    waiting_since: float | None = None
+    dispatched_at: float = 0.0
+    first_at: float | None = None
 
     def resume(self) -> Resume | None:
         """What a re-dispatch must not deliver again (None on the first dispatch)."""
@@ -75,6 +81,10 @@ class Run:
     ack: bool = False  # final stages acknowledge their params first (AddRequest.ack)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     failed: bool = False
+    # Clock readings for the latency histograms (``dataplane.latency``).
+    opened_at: float = 0.0
+    first_text_at: float | None = None
+    first_audio_at: float | None = None
 
     def fail(self, exc: BaseException) -> None:
         if not self.failed:

@@ -22,6 +22,7 @@ from omnistage.control.slots import Slot, SlotTable
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
+from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
 from omnistage.head.sockets import HeadSockets
 from omnistage.net import tcp_url
@@ -73,7 +74,9 @@ class ReplicaEvents:
         pools: dict[int, StagePool],
         orchestrator: Orchestrator,
         on_serving: Callable[[], None],
+        history: History,
     ) -> None:
+        self._history = history
         self._opts = opts
         self._config: DeployConfig = opts.config
         self._addresses = sockets.addresses
@@ -184,6 +187,7 @@ class ReplicaEvents:
         self._channels.outbox.flush()
 
     def _on_transition(self, t: Transition) -> None:
+        self._history.changed(t)
         self._orchestrator.on_transition(t)
         e = t.entry
         if t.new == ReplicaState.DOWN:

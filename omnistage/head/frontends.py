@@ -178,4 +178,5 @@ class FrontendServer:
             loads_json=msgspec.json.encode(s.replica_loads()),
             waiting=s.stage_waiting(),
             responses=dict(self._responses),
+            latency_json=msgspec.json.encode(s.latency()),
         )

@@ -28,7 +28,9 @@ class LocalReplicas:
         local_key: str,
         is_serving: Callable[[], bool],
         fail_head: Callable[[], None],
+        on_restart: Callable[[int, int], None] = lambda stage_id, replica_id: None,
     ) -> None:
+        self._on_restart = on_restart
         self._opts = opts
         self._coordinator = coordinator
         self._master_port = master_port
@@ -56,6 +58,11 @@ class LocalReplicas:
             return
         self.restarts.started((options.stage_id, options.replica_id))
         self.launcher.launch(options)
+
+    def _relaunch(self, options: ReplicaOptions) -> None:
+        if not self._stopping:
+            self._on_restart(options.stage_id, options.replica_id)
+        self._launch(options)
 
     def _on_exit(self, proc: ReplicaProcess, code: int) -> None:
         """Launcher thread: a local replica process ended."""
@@ -90,4 +97,4 @@ class LocalReplicas:
                 self.restarts.mode,
             )
             loop = self._loop
-            loop.call_soon_threadsafe(lambda: loop.call_later(delay, self._launch, o))
+            loop.call_soon_threadsafe(lambda: loop.call_later(delay, self._relaunch, o))

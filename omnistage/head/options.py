@@ -39,6 +39,7 @@ class HeadOptions:
     stats_interval_s: float = 10.0
     api_server_count: int = 1  # > 1: that many API server processes serve HTTP
     served_model_names: tuple[str, ...] = ()  # --served-model-name; (): the pipeline name
+    otlp_traces_endpoint: str | None = None  # None: the OTEL_* variables decide (tracing)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
@@ -68,6 +69,7 @@ class HeadOptions:
             log_stats=args.log_stats,
             api_server_count=args.api_server_count,
             served_model_names=tuple(args.served_model_name or ()),
+            otlp_traces_endpoint=args.otlp_traces_endpoint,
         )
 
     @property
@@ -101,4 +103,5 @@ class HeadOptions:
             auth_token=self.auth_token,
             curve_keys=self.curve_keys,
             local_key=local_key,
+            otlp_traces_endpoint=self.otlp_traces_endpoint,
         )

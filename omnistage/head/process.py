@@ -32,6 +32,7 @@ from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head.api_servers import ApiServers
 from omnistage.head.events import ReplicaEvents
 from omnistage.head.frontends import FrontendServer
+from omnistage.head.history import History
 from omnistage.head.local import LocalReplicas
 from omnistage.head.options import HeadOptions
 from omnistage.head.service import HeadService
@@ -98,6 +99,7 @@ class Head:
             Signer(opts.auth_token) if opts.auth_token else None,
             self.instance,
         )
+        history = History({s.stage_id: s.name for s in opts.config.stages})
         self.events = ReplicaEvents(
             opts,
             self.sockets,
@@ -107,6 +109,7 @@ class Head:
             self.pools,
             self.orchestrator,
             self._check_serving,
+            history,
         )
         self.master = Master(
             self.slots, self.sockets.addresses, self.events.on_register, self._lock, _verifier(opts)
@@ -123,9 +126,10 @@ class Head:
             local_key,
             self._serving.is_set,
             self._fail_soon,
+            history.restarted,
         )
         self.service = HeadService(
-            opts, self.orchestrator, self.pools, self.coordinator, self.sockets.master_url
+            opts, self.orchestrator, self.pools, self.coordinator, self.sockets.master_url, history
         )
         # --api-server-count > 1: API server processes serve HTTP in front of this head.
         self.frontends: FrontendServer | None = None

@@ -11,9 +11,11 @@ from typing import Any
 from omnistage.api.service import ReplicaLoad, RequestCounts
 from omnistage.control.coordinator import Coordinator
 from omnistage.control.replica_table import ReplicaEntry
+from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head import status
+from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
 from omnistage.protocol.messages import Prompt
 
@@ -26,6 +28,7 @@ class HeadService:
         pools: dict[int, StagePool],
         coordinator: Coordinator,
         master_url: str,
+        history: History | None = None,
     ) -> None:
         self._opts = opts
         self.config = opts.config
@@ -38,6 +41,8 @@ class HeadService:
         self._pools = pools
         self._coordinator = coordinator
         self._master_url = master_url
+        # State changes and local restarts, for the views of the running system.
+        self.history = history or History({s.stage_id: s.name for s in opts.config.stages})
 
     def open(
         self,
@@ -66,6 +71,7 @@ class HeadService:
                 "lb_policy": self._opts.lb_policy,
                 "heartbeat_timeout_s": self._opts.heartbeat_timeout_s,
             },
+            history=self.history,
         )
 
     def replica_entries(self) -> list[ReplicaEntry]:
@@ -91,6 +97,9 @@ class HeadService:
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
         return mine
+
+    def latency(self) -> LatencySnapshot:
+        return self._orchestrator.latency.snapshot()
 
     def request_counts(self) -> RequestCounts:
         o = self._orchestrator

@@ -12,6 +12,7 @@ from typing import Any
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.stage_pool import StagePool
+from omnistage.head.history import History
 
 
 def stages_status(
@@ -20,12 +21,18 @@ def stages_status(
     entries: list[ReplicaEntry],
     head: dict[str, Any],
     now: float | None = None,
+    history: History | None = None,
 ) -> dict[str, Any]:
     now = time.monotonic() if now is None else now
+    restarts = history.restarts if history is not None else {}
     stages = []
     for stage in config.stages:
         pool = pools[stage.stage_id]
-        replicas = [_replica(e, pool, now) for e in entries if e.stage_id == stage.stage_id]
+        replicas = [
+            _replica(e, pool, now, restarts.get(e.key, 0))
+            for e in entries
+            if e.stage_id == stage.stage_id
+        ]
         stages.append(
             {
                 "stage_id": stage.stage_id,
@@ -35,13 +42,20 @@ def stages_status(
                 "final_output": stage.final_output,
                 "output_modality": stage.output_modality,
                 "status": "ready" if pool.live() else "waiting",
+                "waiting": pool.waiting,
                 "replicas": replicas,
             }
         )
-    return {"pipeline": config.pipeline, **head, "stages": stages}
+    changes = history.recent() if history is not None else []
+    return {
+        "pipeline": config.pipeline,
+        **head,
+        "stages": stages,
+        "recent_state_changes": changes,
+    }
 
 
-def _replica(e: ReplicaEntry, pool: StagePool, now: float) -> dict[str, Any]:
+def _replica(e: ReplicaEntry, pool: StagePool, now: float, restarts: int) -> dict[str, Any]:
     handle = pool.replicas.get(e.replica_id)
     # The pool's counts belong to this incarnation only if the epochs match.
     live = handle if handle is not None and handle.epoch == e.epoch else None
@@ -60,4 +74,5 @@ def _replica(e: ReplicaEntry, pool: StagePool, now: float) -> dict[str, Any]:
         "dispatched_total": live.dispatched_total if live else 0,
         "progress": e.progress,
         "last_heartbeat_age_s": round(now - e.last_seen, 3),
+        "restarts": restarts,
     }

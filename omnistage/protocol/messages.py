@@ -264,6 +264,9 @@ class AddRequest(_Tagged):
     # Check the params first and answer at once: an error, or an empty chunk that says
     # they are fine (the API holds a stream's status line until every final stage has).
     ack: bool = False
+    # The head's stage span as a W3C traceparent ("" when tracing is off): the replica's
+    # span continues it. Last, so a replica that predates it ignores it.
+    trace: str = ""
 
 
 class Abort(_Tagged):
@@ -406,6 +409,8 @@ class FrontSnapshot(_Tagged):
     loads_json: bytes
     waiting: dict[int, int]
     responses: dict[int, dict[int, int]]
+    # ``dataplane.latency.LatencySnapshot`` as JSON; empty from a head without it.
+    latency_json: bytes = b""
 
 
 # The tag of each message type. Tags are part of the wire format: never reuse one.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from omnistage import aio, envs
+from omnistage import aio, envs, tracing
 from omnistage.logs import setup_logging
 from omnistage.protocol.errors import ProtocolError
 from omnistage.replica.options import decode_options
@@ -28,7 +28,11 @@ def main() -> int:
         print(f"invalid OMNISTAGE_REPLICA_OPTIONS: {exc}", file=sys.stderr)
         return 2
     setup_logging(opts.log_level)
-    return aio.run(ReplicaRuntime(opts).run())
+    tracing.configure(opts.otlp_traces_endpoint, f"omnistage-replica-{opts.stage_id}")
+    try:
+        return aio.run(ReplicaRuntime(opts).run())
+    finally:
+        tracing.shutdown()  # export the last batch of spans
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ class ReplicaOptions(msgspec.Struct, frozen=True, kw_only=True):
     # Set for the head's own replicas: lets them fill head-local slots.
     local_key: str | None = None
     log_level: str = defaults.LOG_LEVEL
+    # --otlp-traces-endpoint (see ``omnistage.tracing``); None: the OTEL_* variables decide.
+    otlp_traces_endpoint: str | None = None
 
 
 def encode_options(opts: ReplicaOptions) -> str:

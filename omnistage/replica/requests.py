@@ -14,8 +14,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from omnistage import tracing
 from omnistage.aio import Mailbox
 from omnistage.engines.base import Engine, EngineRequest, StageInput
 from omnistage.protocol.errors import BadRequestError
@@ -49,6 +50,7 @@ class _Running:
     upstream: frozenset[int]
     inputs: Mailbox[StageInput]
     task: asyncio.Task[None] | None = None
+    span: Any = None  # its ``omnistage.replica.generate`` span, when tracing is on
 
 
 class RequestRunner:
@@ -106,6 +108,8 @@ class RequestRunner:
             return
         rid = msg.request_id
         running = _Running(msg.attempt, frozenset(msg.upstream), Mailbox())
+        if msg.trace:  # the head traces this request
+            running.span = tracing.start_replica_span(msg.trace, self._span_attributes(rid))
         for _, chunk in self._early.pop(rid, ()):
             if chunk.attempt == msg.attempt and chunk.stage_id in running.upstream:
                 running.inputs.put_nowait(chunk)
@@ -132,11 +136,15 @@ class RequestRunner:
                 self.engine.check(msg.params)
             except BadRequestError as exc:
                 self._send(self._refusal(rid, running, seq, exc))
+                _end_span(running, 1, "bad_request")
                 return
             self._send(self._chunk(rid, running, seq, self.engine.stage.output_modality, False))
             seq += 1
         self.requests[rid] = running
         running.task = asyncio.create_task(self._run(request, seq, replay, running))
+        if running.span is not None:
+            # A task cancelled before its first step never runs its ``finally``.
+            running.task.add_done_callback(lambda _: _end_span(running, 0, "aborted"))
 
     def abort(self, request_id: str) -> None:
         # Forget it now, not when the task ends: a retry of the same request may follow
@@ -157,7 +165,7 @@ class RequestRunner:
         self, request: EngineRequest, seq: int, replay: ReplayFilter | None, running: _Running
     ) -> None:
         rid, modality = request.request_id, self.engine.stage.output_modality
-        finished = False
+        finished, first_seq, outcome = False, seq, "ok"
         try:
             async for chunk in self.engine.generate(request):
                 if replay is not None:
@@ -177,18 +185,30 @@ class RequestRunner:
                 final = self._chunk(rid, running, seq, modality, True)
                 final.finish_reason = "stop"
                 self._send(final)
+                seq += 1
         except asyncio.CancelledError:
             # Aborted: no more output wanted. Unless a retry of the same request already
             # took its place here (and set where its numbering starts).
             current = self.requests.get(rid)
             if current is None or current is running:
                 self._outputs.forget(rid)
+            outcome = "aborted"
         except Exception as exc:
             log.warning("request %s failed: %s", rid, exc)
             self._send(self._refusal(rid, running, seq, exc))
+            seq, outcome = seq + 1, "error"
         finally:
             if self.requests.get(rid) is running:
                 self.requests.pop(rid, None)
+            _end_span(running, seq - first_seq, outcome)
+
+    def _span_attributes(self, rid: str) -> dict[str, Any]:
+        return {
+            "omnistage.request_id": rid,
+            "omnistage.stage_id": self.stage_id,
+            "omnistage.replica_id": self.replica_id,
+            "omnistage.engine": self.engine.name,
+        }
 
     def _refusal(self, rid: str, running: _Running, seq: int, exc: Exception) -> OutputChunk:
         """The last chunk of a request that failed: the error, and its kind."""
@@ -265,6 +285,12 @@ class RequestRunner:
             del self._early[rid]
         while len(self._early) >= EARLY_MAX_REQUESTS:  # still full: oldest first
             del self._early[next(iter(self._early))]
+
+
+def _end_span(running: _Running, chunks: int, outcome: str) -> None:
+    if running.span is not None:
+        tracing.end_replica_span(running.span, chunks, outcome)
+        running.span = None
 
 
 async def _upstream(

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from tests.integration.harness import HeadProc, wait_for
@@ -194,3 +195,19 @@ def test_requests_of_an_api_server_that_died_are_aborted_in_the_head(tmp_path: P
         head.stop()
         for t in clients:
             t.join(5)
+
+
+def test_the_dashboard_and_its_event_stream_go_through_the_api_servers(
+    fronted: HeadProc,
+) -> None:
+    assert httpx.get(f"{fronted.url}/dashboard").status_code == 200  # no key: no data in it
+    assert httpx.get(f"{fronted.url}/v1/omni/events").status_code == 401
+    for _ in range(4):  # new connections: the kernel hands them to either server
+        url = f"{fronted.url}/v1/omni/events"
+        with httpx.stream("GET", url, params={"api_key": "k"}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert "event: stages" in lines
+            body = next(lines).removeprefix("data: ")
+        names = [s["name"] for s in msgspec.json.decode(body)["stages"]]
+        assert names == ["thinker", "talker", "vocoder"]

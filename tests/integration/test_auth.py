@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import msgspec
 import zmq
 
@@ -88,5 +89,41 @@ def test_forged_heartbeats_do_not_change_replica_state(tmp_path: Path) -> None:
         assert [r["state"] for r in head.replicas(0) if r["replica_id"] == 0] == ["UP"]
         assert "unauthenticated message" in head.log()
         assert head.chat("still here").status_code == 200
+    finally:
+        head.stop()
+
+
+def _first_stages_event(
+    client: httpx.Client,
+    params: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict:
+    """The first ``stages`` event of /v1/omni/events; the stream is then closed."""
+    with client.stream("GET", "/v1/omni/events", params=params, headers=headers) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = r.iter_lines()
+        for line in lines:
+            if line == "event: stages":
+                return msgspec.json.decode(next(lines).removeprefix("data: "))
+    raise AssertionError("the stream ended before a stages event")
+
+
+def test_the_event_stream_alone_takes_the_api_key_as_a_query_parameter(tmp_path: Path) -> None:
+    head = HeadProc(tmp_path, "echo-1stage", "--api-key", "K&=y")
+    try:
+        head.wait_healthy()
+        c = head.client
+        assert c.get("/v1/omni/events").status_code == 401
+        assert c.get("/v1/omni/events", params={"api_key": "wrong"}).status_code == 401
+        both = "/v1/omni/events?api_key=K%26%3Dy&api_key=K%26%3Dy"
+        assert c.get(both).status_code == 401  # exactly one key, or none
+        # Only on the event stream: a key in a URL is refused everywhere else.
+        assert c.get("/v1/omni/stages", params={"api_key": "K&=y"}).status_code == 401
+        by_query = _first_stages_event(c, params={"api_key": "K&=y"})
+        by_header = _first_stages_event(c, headers={"Authorization": "Bearer K&=y"})
+        assert by_query["stages"][0]["name"] == by_header["stages"][0]["name"] == "echo"
+        # Streams that were left end in the head: it keeps answering.
+        assert c.get("/health").status_code == 200
     finally:
         head.stop()

@@ -159,6 +159,13 @@ def test_a_crashed_local_replica_is_restarted_and_serves_again(tmp_path: Path) -
         assert again["replica_id"] == talker["replica_id"]  # the same head-local slot
         assert again["epoch"] > talker["epoch"]
         assert "restarting stage 1 replica 0 in 1s" in head.log()
+        # /v1/omni/stages keeps the count and the story: UP -> ERROR (exit) -> ... -> UP.
+        assert again["restarts"] == 1
+        changes = head.client.get("/v1/omni/stages").json()["recent_state_changes"]
+        talker_changes = [c for c in changes if c["stage"] == "talker"]
+        assert talker_changes[0]["state"] == "UP"  # newest first
+        crash = next(c for c in talker_changes if c["state"] == "ERROR")
+        assert "exit code -9" in crash["reason"] and crash["epoch"] == talker["epoch"]
         r = head.chat("after the crash")
         assert r.status_code == 200
         assert r.json()["choices"][0]["message"]["content"].endswith("[vocoder]")

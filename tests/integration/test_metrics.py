@@ -43,7 +43,8 @@ def parse(text: str) -> tuple[dict[str, str], Samples]:
         m = _SAMPLE.match(line)
         assert m, f"malformed sample {line!r}"
         name, raw_labels, value = m.groups()
-        assert name in types, f"sample {name} before its TYPE line"
+        family = _histogram_family(name, types)
+        assert family in types, f"sample {name} before its TYPE line"
         labels: list[tuple[str, str]] = []
         pos = 0
         while raw_labels and pos < len(raw_labels):
@@ -57,6 +58,16 @@ def parse(text: str) -> tuple[dict[str, str], Samples]:
         samples[key] = float(value)
     assert helped == set(types), "every family has HELP and TYPE"
     return types, samples
+
+
+def _histogram_family(name: str, types: dict[str, str]) -> str:
+    """The family of a histogram's ``_bucket``, ``_sum`` or ``_count`` sample, else
+    ``name`` itself."""
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = name.removesuffix(suffix)
+        if base != name and types.get(base) == "histogram":
+            return base
+    return name
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:

@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
 from omnistage.api.service import RequestCounts
+from omnistage.dataplane.latency import LatencySnapshot
 
 HUGE = 2**64  # msgpack has no integer this large
 
@@ -25,6 +26,7 @@ def _head(open_: Any = None) -> SimpleNamespace:
         replica_loads=list,
         stage_waiting=dict,
         response_counts=lambda mine: mine,
+        latency=LatencySnapshot,
     )
 
 

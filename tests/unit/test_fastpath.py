@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 from omnistage.api.app import create_app
 from omnistage.api.fastpath import FastPaths
 from omnistage.api.service import RequestCounts
+from omnistage.dataplane.latency import LatencySnapshot
 
 
 def _service() -> SimpleNamespace:
@@ -22,6 +23,7 @@ def _service() -> SimpleNamespace:
         replica_loads=list,
         stage_waiting=dict,
         response_counts=lambda mine: mine,
+        latency=LatencySnapshot,
     )
 
 

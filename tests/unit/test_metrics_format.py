@@ -9,6 +9,7 @@ from starlette.testclient import TestClient
 from omnistage.api.app import create_app
 from omnistage.api.routes.metrics import Exposition, format_value
 from omnistage.api.service import RequestCounts
+from omnistage.dataplane.latency import LatencySnapshot
 
 
 def test_label_values_and_help_are_escaped() -> None:
@@ -38,6 +39,7 @@ def test_a_head_with_no_replicas_yet_renders_every_family() -> None:
         replica_loads=list,
         stage_waiting=dict,
         response_counts=lambda mine: mine,
+        latency=LatencySnapshot,
     )
     with TestClient(create_app(head)) as client:
         r = client.get("/metrics")

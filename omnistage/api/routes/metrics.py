@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from omnistage import __version__
 from omnistage.api.routes.common import service
 from omnistage.api.service import PipelineService
+from omnistage.dataplane.latency import Histogram, LatencySnapshot
 from omnistage.protocol.messages import ReplicaState
 
 router = APIRouter()
@@ -41,6 +42,18 @@ class Exposition:
         self._lines.append(f"# TYPE {name} {type_}")
         for labels, value in samples:
             self._lines.append(f"{name}{format_labels(labels)} {format_value(value)}")
+
+    def histogram(self, name: str, help_: str, samples: list[tuple[Labels, Histogram]]) -> None:
+        """A histogram family: cumulative ``_bucket`` series up to ``le="+Inf"`` (which
+        equals ``_count``), then ``_sum`` and ``_count``, per label set."""
+        self._lines.append(f"# HELP {name} {escape_help(help_)}")
+        self._lines.append(f"# TYPE {name} histogram")
+        for labels, hist in samples:
+            for le, n in hist.cumulative():
+                bucket = format_labels({**labels, "le": format_value(le)})
+                self._lines.append(f"{name}_bucket{bucket} {n}")
+            self._lines.append(f"{name}_sum{format_labels(labels)} {format_value(hist.sum)}")
+            self._lines.append(f"{name}_count{format_labels(labels)} {hist.count}")
 
     def text(self) -> str:
         return "\n".join(self._lines) + "\n"
@@ -176,6 +189,7 @@ def _head_metrics(out: Exposition, service: PipelineService) -> None:
         ],
     )
     _pool_metrics(out, service, names)
+    _latency_metrics(out, service.latency(), names)
 
 
 def _stage(sid: int, names: dict[int, str]) -> Labels:
@@ -211,4 +225,75 @@ def _pool_metrics(out: Exposition, service: PipelineService, names: dict[int, st
         "gauge",
         "Requests waiting for a free replica slot of the stage.",
         [(_stage(sid, names), n) for sid, n in sorted(service.stage_waiting().items())],
+    )
+
+
+# Retries: each dispatch of a stage is timed anew, so a retried stage counts once per
+# dispatch in the per-stage families.
+_PER_DISPATCH = (
+    " Counted per dispatch: a stage dispatched again after a replica failed counts again."
+)
+STAGE_HISTOGRAMS = (
+    (
+        "queue_wait",
+        "omnistage_stage_queue_wait_seconds",
+        "From the request's start (a retry: from the replica's loss) to its dispatch to a "
+        "replica of the stage." + _PER_DISPATCH,
+    ),
+    (
+        "first_output",
+        "omnistage_stage_first_output_seconds",
+        "From dispatch to the first output chunk of the stage the head saw (a stage whose "
+        "outputs go replica to replica shows the head only its last)." + _PER_DISPATCH,
+    ),
+    (
+        "duration",
+        "omnistage_stage_duration_seconds",
+        "From dispatch to the stage's finished chunk." + _PER_DISPATCH,
+    ),
+)
+REQUEST_HISTOGRAMS = (
+    (
+        "e2e",
+        "omnistage_request_e2e_seconds",
+        "From a request's start to its last final chunk, of requests that completed; "
+        "kind is the final stages' names.",
+    ),
+    (
+        "first_token",
+        "omnistage_request_time_to_first_token_seconds",
+        "From a request's start to the first text chunk of a final text stage.",
+    ),
+    (
+        "first_audio",
+        "omnistage_request_time_to_first_audio_seconds",
+        "From a request's start to the first audio chunk with data of a final stage.",
+    ),
+)
+
+
+def _latency_metrics(out: Exposition, snap: LatencySnapshot, names: dict[int, str]) -> None:
+    for key, name, help_ in STAGE_HISTOGRAMS:
+        by_sid = snap.stages.get(key, {})
+        out.histogram(
+            name,
+            help_,
+            [(_stage(sid, names), snap.histogram(h)) for sid, h in sorted(by_sid.items())],
+        )
+    for key, name, help_ in REQUEST_HISTOGRAMS:
+        by_kind = snap.requests.get(key, {})
+        out.histogram(
+            name, help_, [({"kind": k}, snap.histogram(h)) for k, h in sorted(by_kind.items())]
+        )
+    out.family(
+        "omnistage_completion_tokens_total",
+        "counter",
+        "Completion tokens of final stages, from their usage when they finish.",
+        [(_stage(sid, names), n) for sid, n in sorted(snap.completion_tokens.items())],
+    )
+    out.family(
+        "omnistage_audio_seconds_total",
+        "counter",
+        "Seconds of pcm16 audio final stages delivered (bytes / 2 / sample_rate).",
+        [(_stage(sid, names), n) for sid, n in sorted(snap.audio_seconds.items())],
     )

@@ -1,0 +1,197 @@
+"""GET /dashboard in a real headless Chromium, over a real echo head.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/test.sh installs them as
+root) and Selenium, which is pointed at both so that it downloads nothing. With
+``OMNISTAGE_SCREENSHOT=docs/dashboard.png`` the first test saves the page there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.harness import HeadProc
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and CHROMEDRIVER):
+    pytest.skip(
+        "the dashboard test needs chromium and chromedriver on PATH "
+        "(apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
+webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the test extra)")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+PAGE = Path(__file__).parents[2] / "omnistage" / "api" / "static" / "dashboard.html"
+TWO_TALKERS = '{"1": {"replicas": 2}}'
+KEY = "dashboard key"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1200,800")
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _replicas(browser: Any) -> dict[tuple[int, int], str]:
+    """(stage id, replica id) -> state, as the page shows them."""
+    found = browser.execute_script(
+        "return [...document.querySelectorAll('.replica')].map("
+        "e => [e.dataset.stage, e.dataset.replica, e.dataset.state])"
+    )
+    return {(int(s), int(r)): state for s, r, state in found}
+
+
+def _wait(browser: Any, check: Any, timeout: float, what: str) -> Any:
+    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(
+        lambda b: check(b), message=f"timed out waiting for {what}"
+    )
+
+
+def _numbers(browser: Any, metric: str, replicas: set[tuple[int, int]]) -> Any:
+    """{stage id: the page's number for ``metric``}, or False until every stage has one."""
+    found = browser.execute_script(
+        "return [...document.querySelectorAll('[data-stage][data-metric=\"' + arguments[0]"
+        " + '\"]')].map(e => [e.dataset.stage, e.textContent])",
+        metric,
+    )
+    values = {}
+    for sid, text in found:
+        try:
+            values[int(sid)] = float(text)
+        except ValueError:
+            return False
+    return values if set(values) == {s for s, _ in replicas} else False
+
+
+def test_the_page_computes_quantiles_as_histogram_quantile(browser: Any) -> None:
+    """``omniQuantile(bounds, counts, q)``: linear within the bucket, 0 as the first
+    bucket's lower bound, the last bound for the bucket above it, null when empty.
+    The page's file itself, no head: its stream just fails to connect."""
+    browser.get(PAGE.as_uri())
+    q = "return window.omniQuantile(arguments[0], arguments[1], arguments[2])"
+    bounds = [0.01, 0.1, 1.0]
+    cases = [
+        ([4, 0, 0, 0], 0.5, 0.005),
+        ([0, 4, 0, 0], 0.5, 0.055),
+        ([0, 2, 2, 0], 0.5, 0.1),
+        ([0, 2, 2, 0], 0.75, 0.55),
+        ([1, 0, 0, 9], 0.99, 1.0),
+        ([0, 0, 0, 0], 0.5, None),
+    ]
+    for counts, quantile, want in cases:
+        got = browser.execute_script(q, bounds, counts, quantile)
+        assert got == pytest.approx(want) if want is not None else got is None, (counts, got)
+
+
+def _traffic(head: HeadProc, seconds: float) -> None:
+    """Requests one after another, at a rate that varies, for ``seconds``."""
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        assert head.chat(f"hello {i}").status_code == 200
+        time.sleep(0.005 * (i % 10))
+        i += 1
+
+
+def test_the_dashboard_shows_every_replica_and_a_killed_one_without_reloading(
+    tmp_path: Path, browser: Any
+) -> None:
+    head = HeadProc(tmp_path, "echo", "--stage-overrides", TWO_TALKERS)
+    try:
+        head.wait_healthy()
+        head.wait_up(1, 2)
+        expected = {
+            (s["stage_id"], r["replica_id"]) for s in head.stages()["stages"] for r in s["replicas"]
+        }
+        assert len(expected) == 4
+        browser.get(f"{head.url}/dashboard")
+        _wait(
+            browser,
+            lambda b: _replicas(b) == dict.fromkeys(expected, "UP"),
+            10,
+            "every replica UP on the page",
+        )
+        names = [e.text.split()[0] for e in browser.find_elements(By.CSS_SELECTOR, ".stage h2")]
+        assert names == ["thinker", "talker", "vocoder"]
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#edges path.edge")) == 2
+        shot = os.environ.get("OMNISTAGE_SCREENSHOT")
+        _traffic(head, 8.0 if shot else 1.0)  # something for the charts to draw
+        p50s = _wait(
+            browser,
+            lambda b: _numbers(b, "p50_duration", expected),
+            5,
+            "a p50 stage duration for every stage",
+        )
+        print(f"p50 stage durations on the page (ms): {p50s}")
+        assert browser.find_element(By.CSS_SELECTOR, '[data-metric="429_per_min"]').text == "0"
+        # Not 0: /health answers 503 until the head is ready, and the harness polls it.
+        assert int(browser.find_element(By.CSS_SELECTOR, '[data-metric="5xx_total"]').text) >= 0
+        kinds = browser.find_elements(By.CSS_SELECTOR, '[data-metric="p50_e2e"]')
+        assert kinds and all(float(e.text) >= 0 for e in kinds)
+
+        victim = head.up_replicas(1)[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        key = (1, victim["replica_id"])
+        state = _wait(
+            browser,
+            lambda b: _replicas(b).get(key) in ("ERROR", "DOWN") and _replicas(b)[key],
+            2,
+            "the killed replica ERROR or DOWN on the page",
+        )
+        seen_after = time.monotonic() - killed_at
+        print(f"killed replica shown {state} after {seen_after:.2f} s")
+        changes = browser.find_element(By.ID, "changes").text
+        assert f"talker #{victim['replica_id']} UP \u2192 {state}" in changes
+        if shot:
+            size = {"width": 1200, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+            browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", size)
+            time.sleep(1.0)
+            assert browser.save_screenshot(shot)
+    finally:
+        head.stop()
+
+
+def test_with_an_api_key_the_page_asks_for_it_or_takes_it_from_the_fragment(
+    tmp_path: Path, browser: Any
+) -> None:
+    head = HeadProc(tmp_path, "echo-1stage", "--api-key", KEY)
+    try:
+        head.wait_healthy()
+        assert httpx.get(f"{head.url}/dashboard").status_code == 200  # the page holds no data
+        with httpx.stream("GET", f"{head.url}/v1/omni/events") as r:
+            assert r.status_code == 401
+
+        browser.get(f"{head.url}/dashboard")
+        form = browser.find_element(By.ID, "keyform")
+        _wait(browser, lambda b: form.is_displayed(), 10, "the key form")
+        browser.find_element(By.ID, "key").send_keys(KEY)
+        form.submit()
+        _wait(browser, lambda b: _replicas(b) == {(0, 0): "UP"}, 10, "the stage after the key")
+
+        browser.get("about:blank")
+        browser.get(f"{head.url}/dashboard#key={KEY.replace(' ', '%20')}")
+        _wait(browser, lambda b: _replicas(b) == {(0, 0): "UP"}, 10, "the stage with #key=")
+        assert not browser.find_element(By.ID, "keyform").is_displayed()
+    finally:
+        head.stop()
