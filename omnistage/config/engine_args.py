@@ -27,6 +27,8 @@ class EchoArgs(_Args):
     # Hang (no progress, event loop still alive) on inputs containing this marker, to
     # test stall detection.
     hang_on: str | None = None
+    # Seconds ``start`` takes (a model's long load), with a STARTING detail saying so.
+    start_delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
 
 
 class LlmArgs(_Args):

@@ -62,6 +62,7 @@ class Coordinator:
                 msg.in_flight,
                 msg.progress,
                 msg.seq,
+                msg.detail,
             )
             state = self._table.state_of((msg.stage_id, msg.replica_id), msg.epoch)
         self._emit([t] if t else [])

@@ -48,6 +48,7 @@ class ReplicaEntry:
     peer_address: str = ""
     # When progress last moved (or the replica last held no work): the stall clock.
     progress_at: float = 0.0
+    starting: str = ""  # while STARTING: what the engine's start is doing
 
     @property
     def key(self) -> ReplicaKey:
@@ -147,6 +148,10 @@ class ReplicaTable:
         entry.capacity = capacity
         entry.pid = pid
         entry.peer_address = peer_address
+        entry.starting = ""
+        # The session's heartbeats count their own sequence from 1 (the loading ones
+        # had another thread's numbers).
+        entry.heartbeat_seq = -1
         entry.last_seen = entry.progress_at = self._clock()
         return self._set(entry, ReplicaState.UP, Reason.READY)
 
@@ -159,6 +164,7 @@ class ReplicaTable:
         in_flight: int,
         progress: int,
         seq: int,
+        detail: str = "",
     ) -> Transition | None:
         """Record a heartbeat; stale epochs and out-of-order sequence numbers are ignored."""
         entry = self._current(key, epoch)
@@ -166,6 +172,10 @@ class ReplicaTable:
             return None
         entry.heartbeat_seq = seq
         entry.last_seen = self._clock()
+        if entry.state == ReplicaState.STARTING:
+            # The loading engine's heartbeats: only what it is doing is news.
+            entry.starting = detail
+            return None
         if progress != entry.progress or in_flight == 0:
             entry.progress_at = entry.last_seen
         entry.queue_length = queue_length

@@ -71,10 +71,12 @@ class AsrEngine(Engine):
         path = resolve_model(self.args.model)
         threads = self.args.cpu_threads or _threads_each(self.args.max_concurrent)
         started = time.perf_counter()
+        self.starting = f"loading the Whisper model {self.args.model}"
         self.model = await asyncio.to_thread(self._load, path, threads)
         self.load_time_s = time.perf_counter() - started
         self.languages = frozenset(self.model.supported_languages)
         # Warm-up: the first decode allocates CTranslate2's buffers.
+        self.starting = "warming up"
         await asyncio.to_thread(_warm_up, self.model)
         log.info(
             "asr model %s (%s, %s) loaded in %.2fs: %d thread(s) x %d worker(s), beam %d",

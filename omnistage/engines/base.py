@@ -68,6 +68,9 @@ class Engine(abc.ABC):
         # Bumped on every unit of work done (decode step, chunk); heartbeats report it
         # so the head can tell a stalled engine from a merely busy one.
         self.progress = 0
+        # What ``start`` is doing right now (shown as the replica's STARTING detail in
+        # /v1/omni/stages and on the dashboard); engines with long starts update it.
+        self.starting = ""
 
     @property
     def name(self) -> str:

@@ -78,6 +78,7 @@ class DiffusionEngine(Engine):
         if not model:
             raise EngineError(missing_model_message(self.stage))
         started = time.perf_counter()
+        self.starting = f"loading the diffusers pipeline {model}"
         pipe, self.info = await asyncio.to_thread(dp.load, self.args, model)
         self._pipe = pipe
         self._free = [pipe] + [dp.replica_of(pipe) for _ in range(self.args.max_concurrent - 1)]

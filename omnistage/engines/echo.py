@@ -24,6 +24,12 @@ class EchoEngine(Engine):
         self.args = EchoArgs.model_validate(stage.engine_args)
         self.suffix = self.args.suffix if self.args.suffix is not None else f" [{stage.name}]"
 
+    async def start(self) -> None:
+        if self.args.start_delay_s:
+            # A model's long start, for tests of what the head shows meanwhile.
+            self.starting = f"warming up for {self.args.start_delay_s:g}s"
+            await asyncio.sleep(self.args.start_delay_s)
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         modality = self.stage.output_modality
         received: list[str] = []

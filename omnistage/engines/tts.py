@@ -71,9 +71,11 @@ class TtsEngine(Engine):
             voice.sample_rate,
         )
         started = time.perf_counter()
+        self.starting = f"loading the voice {voice.id}"
         piper_voice = await self._voice(voice)
         self.load_time_s = time.perf_counter() - started
         started = time.perf_counter()
+        self.starting = "warming up"
         pcm = await self._synthesize(piper_voice, WARMUP_TEXT, self._length_scale(1.0))
         self.warmup_time_s = time.perf_counter() - started
         if not pcm:

@@ -13,6 +13,7 @@ from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head.history import History
+from omnistage.protocol.messages import ReplicaState
 
 
 def stages_status(
@@ -63,7 +64,7 @@ def _replica(e: ReplicaEntry, pool: StagePool, now: float, restarts: int) -> dic
         "replica_id": e.replica_id,
         "epoch": e.epoch,
         "state": str(e.state),
-        "reason": e.why,
+        "reason": e.starting if e.state == ReplicaState.STARTING and e.starting else e.why,
         "address": e.address,
         "local": e.local,
         "pid": e.pid,

@@ -328,6 +328,8 @@ class Heartbeat(_Tagged):
     in_flight: int
     progress: int
     seq: int
+    # While STARTING (the engine loading): what it is doing, e.g. "converting the GGUF".
+    detail: str = ""
 
 
 class HeartbeatAck(_Tagged):

@@ -50,7 +50,9 @@ class HeartbeatThread:
         lost_after_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         verifier: Verifier | None = None,
+        detail: Callable[[], str] = lambda: "",
     ) -> None:
+        self._detail = detail
         self._signer = signer
         self._verifier = verifier
         self._on_lost = on_lost
@@ -158,6 +160,7 @@ class HeartbeatThread:
             in_flight=load.in_flight,
             progress=load.progress,
             seq=self._seq,
+            detail=self._detail() if status == ReplicaState.STARTING else "",
         )
         try:
             sock.send_multipart(codec.sign(codec.encode(msg), self._signer), zmq.NOBLOCK)

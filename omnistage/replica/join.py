@@ -18,7 +18,8 @@ from omnistage.logs import tag_logs
 from omnistage.net import detect_local_address, free_ports, is_loopback
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import OmniError
-from omnistage.protocol.messages import HandshakeInit, RegisterReply
+from omnistage.protocol.messages import HandshakeInit, RegisterReply, ReplicaState
+from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.register import handshake, register
 
@@ -41,7 +42,7 @@ class Joiner:
         """Register, handshake and load the engine, all within --stage-init-timeout."""
         deadline = time.monotonic() + self._opts.stage_init_timeout_s
         init = await self._register_and_handshake(self._opts.stage_init_timeout_s)
-        return init, await self._load(self.stage_config(init), deadline)
+        return init, await self._load(self.stage_config(init), deadline, init)
 
     async def rejoin(self, engine: Engine, failed: bool) -> tuple[HandshakeInit, Engine]:
         """Register again until a head takes us; reload the engine only if the new head's
@@ -64,7 +65,7 @@ class Joiner:
             log.info("the head's %s: reloading the engine", why)
             await engine.shutdown()
             deadline = time.monotonic() + self._opts.stage_init_timeout_s
-            engine = await self._load(stage, deadline)
+            engine = await self._load(stage, deadline, init)
         log.info("rejoined the head as stage %d replica %d", self._opts.stage_id, self.replica_id)
         return init, engine
 
@@ -121,9 +122,13 @@ class Joiner:
             self._signer,
         )
 
-    async def _load(self, stage: StageConfig, deadline: float) -> Engine:
+    async def _load(self, stage: StageConfig, deadline: float, init: HandshakeInit) -> Engine:
         engine = build_engine(stage)
+        engine.starting = f"loading the {stage.engine} engine"
         log.info("loading engine %r for stage %r", stage.engine, stage.name)
+        # Heartbeats while loading carry what the engine is doing (a STARTING detail
+        # for /v1/omni/stages); the session's own heartbeats take over once it is READY.
+        beats = self._starting_heartbeat(init, engine)
         try:
             await asyncio.wait_for(engine.start(), max(0.001, deadline - time.monotonic()))
         except TimeoutError:
@@ -131,4 +136,25 @@ class Joiner:
                 f"engine did not load within --stage-init-timeout "
                 f"({self._opts.stage_init_timeout_s:g}s)"
             ) from None
+        finally:
+            if beats is not None:
+                await asyncio.to_thread(beats.stop, False)
         return engine
+
+    def _starting_heartbeat(self, init: HandshakeInit, engine: Engine) -> HeartbeatThread | None:
+        if self.reply is None:
+            return None
+        beats = HeartbeatThread(
+            self._ctx,
+            init.coordinator_address,
+            self._opts.stage_id,
+            self.reply.replica_id,
+            self.reply.epoch,
+            init.heartbeat_interval_s,
+            lambda: LoadReport(0, 0, engine.progress),
+            lambda: ReplicaState.STARTING,
+            self._signer,
+            detail=lambda: engine.starting,
+        )
+        beats.start()
+        return beats

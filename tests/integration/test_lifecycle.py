@@ -269,3 +269,29 @@ def test_a_taken_http_port_fails_before_anything_starts(
         assert echo_head.client.get("/health").status_code == 200
     finally:
         second.stop()
+
+
+def test_a_long_start_shows_what_the_engine_is_doing(tmp_path: Path) -> None:
+    # The engine's start takes 4 s; meanwhile its heartbeats say why it is STARTING.
+    overrides = json.dumps({"0": {"engine_args": {"start_delay_s": 4}}})
+    head = HeadProc(tmp_path, "echo-1stage", "--stage-overrides", overrides)
+    try:
+
+        def starting_detail() -> str | None:
+            try:
+                replicas = head.replicas(0)
+            except (httpx.HTTPError, ValueError):
+                return None
+            starting = [r["reason"] for r in replicas if r["state"] == "STARTING"]
+            return starting[0] if starting and starting[0] else None
+
+        # First "loading the echo engine", then what the engine's start says.
+        wait_for(
+            lambda: starting_detail() == "warming up for 4s", 15, 0.1, what="a STARTING detail"
+        )
+        head.wait_healthy(timeout=30)
+        (replica,) = head.up_replicas(0)
+        assert replica["reason"] != "warming up for 4s"  # UP says why it is UP
+        assert head.chat("after the long start").status_code == 200
+    finally:
+        head.stop()

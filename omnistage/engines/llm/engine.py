@@ -49,6 +49,7 @@ class LlmEngine(Engine):
 
         threads = self.args.torch_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
+        self.starting = f"loading weights of {self.args.model} (a first start converts a GGUF)"
         model, tokenizer, device = weights.load(
             self.args.model, self.args.dtype, self.args.device, self.args.cache_dir
         )
@@ -64,6 +65,7 @@ class LlmEngine(Engine):
             eos_ids.add(tokenizer.eos_token_id)
         self._eos_ids = frozenset(eos_ids)
         # Grammars and logprobs see tokens as bytes through it.
+        self.starting = "indexing the vocabulary for constrained decoding"
         self.vocabulary = TokenVocabulary(tokenizer, self._vocab)
         self._template_knows_tools = "tools" in (getattr(tokenizer, "chat_template", "") or "")
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
