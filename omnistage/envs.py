@@ -44,3 +44,23 @@ def api_server_options() -> str | None:
     """OMNISTAGE_API_SERVER_OPTIONS: an API server process's options, encoded by the head
     (see omnistage.api.server)."""
     return os.environ.get("OMNISTAGE_API_SERVER_OPTIONS") or None
+
+
+def status_url() -> str | None:
+    """OMNISTAGE_URL: the head ``omnistage status`` looks at by default."""
+    return os.environ.get("OMNISTAGE_URL") or None
+
+
+def otlp_traces_endpoint() -> str | None:
+    """OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT (the standard
+    OpenTelemetry variables): where traces go when --otlp-traces-endpoint is not given."""
+    return (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or None
+    )
+
+
+def otel_service_name() -> str | None:
+    """OTEL_SERVICE_NAME: overrides the service name of exported spans."""
+    return os.environ.get("OTEL_SERVICE_NAME") or None

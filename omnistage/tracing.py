@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 from typing import TYPE_CHECKING, Any
+
+from omnistage import envs
 
 if TYPE_CHECKING:
     from omnistage.dataplane.run import Run
@@ -47,11 +48,7 @@ def enabled() -> bool:
 
 def endpoint_from_env() -> str | None:
     """The OTLP endpoint the standard variables name (traces-specific first), if any."""
-    return (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or None
-    )
+    return envs.otlp_traces_endpoint()
 
 
 def configure(endpoint: str | None, service_name: str) -> bool:
@@ -84,7 +81,7 @@ def enable(processor: Any, service_name: str) -> None:
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    name = envs.otel_service_name() or service_name
     _provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
     _provider.add_span_processor(processor)
     _tracer = _provider.get_tracer("omnistage")

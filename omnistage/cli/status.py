@@ -47,8 +47,7 @@ class AuthError(StatusError):
 
 
 def default_url() -> str:
-    # OMNISTAGE_URL belongs with the other variables in omnistage/envs.py.
-    return os.environ.get("OMNISTAGE_URL") or DEFAULT_URL
+    return envs.status_url() or DEFAULT_URL
 
 
 def default_api_key() -> str | None:
