@@ -70,6 +70,39 @@ def output_stage_params(
     return out
 
 
+def engine_stages(omni: PipelineService, engine: str, missing: str, code: str) -> list[Any]:
+    """The pipeline's stages running ``engine``; none is a 404 saying ``missing``."""
+    stages = [s for s in omni.config.stages if s.engine == engine]
+    if not stages:
+        raise ApiError(
+            404,
+            f"pipeline {omni.config.pipeline!r} has no {missing}",
+            "invalid_request_error",
+            None,
+            code,
+        )
+    return stages
+
+
+def pick_stage(
+    omni: PipelineService, stages: list[Any], wanted: str | None, noun: str, code: str
+) -> Any:
+    """The stage a request's ``stage`` field names (id or name) among ``stages``, else
+    the first; naming none of them is a 400."""
+    if wanted is None:
+        return stages[0]
+    for s in stages:
+        if wanted in (str(s.stage_id), s.name):
+            return s
+    raise ApiError(
+        400,
+        f"pipeline {omni.config.pipeline!r} has no {noun} {wanted!r}",
+        "invalid_request_error",
+        "stage",
+        code,
+    )
+
+
 @dataclass
 class Collected:
     """A whole request's final outputs, per stage."""

@@ -25,14 +25,15 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
     ChunkShape,
     check_model,
     collect_into,
+    engine_stages,
     json_response,
     peeked,
+    pick_stage,
     resolve_stage_params,
     service,
     sse_events,
@@ -90,20 +91,12 @@ async def generations(request: Request) -> Response:
 
 
 def _image_stage(omni: PipelineService, wanted: str | None) -> StageConfig:
-    stages = [s for s in omni.config.stages if s.engine == "diffusion"]
-    if wanted is not None:
-        stages = [s for s in stages if wanted in (str(s.stage_id), s.name)]
-    if not stages:
-        what = f"image stage {wanted!r}" if wanted else "image stage (engine diffusion)"
-        raise ApiError(
-            400 if wanted else 404,
-            f"pipeline {omni.config.pipeline!r} has no {what}; /v1/images/generations "
-            "needs one (e.g. the built-in painter pipeline)",
-            "invalid_request_error",
-            "stage" if wanted else None,
-            "no_image_stage",
-        )
-    return stages[0]
+    missing = (
+        "image stage (engine diffusion); /v1/images/generations needs one (e.g. the "
+        "built-in painter pipeline)"
+    )
+    stages = engine_stages(omni, "diffusion", missing, "no_image_stage")
+    return pick_stage(omni, stages, wanted, "image stage", "no_image_stage")  # type: ignore[no-any-return]
 
 
 def _writers(omni: PipelineService, painter: StageConfig) -> list[int]:

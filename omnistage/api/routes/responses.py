@@ -27,6 +27,7 @@ from omnistage.api.errors import ApiError, as_api_error
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
     check_model,
+    collect_into,
     json_encoder,
     json_response,
     peeked,
@@ -41,7 +42,6 @@ from omnistage.api.schemas import (
     parse_body,
 )
 from omnistage.api.service import OutputStream, PipelineService
-from omnistage.api.streaming import ClientDisconnectedError, unless_disconnected
 from omnistage.protocol.errors import BadRequestError, StageFailedError
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
 
@@ -78,8 +78,9 @@ async def responses(request: Request) -> Response:
                 media_type="text/event-stream",
                 background=BackgroundTask(stream.close),
             )
-        if not await _gather(request, stream, output):
+        if await collect_into(request, stream, output) is None:
             return Response(status_code=499)
+        output.finish()
     except BadRequestError as exc:
         raise _in_our_terms(exc) from None
     return json_response(shape.final(output, stream.usage()))
@@ -322,24 +323,6 @@ class _Output:
             return []
         item.status = status
         return item.ended()
-
-
-async def _gather(request: Request, stream: OutputStream, output: _Output) -> bool:
-    """Build the whole output; False if the client went away (the request is aborted)."""
-
-    async def run() -> None:
-        try:
-            async for out in stream:
-                output.add(out)
-            output.finish()
-        finally:
-            stream.close()
-
-    try:
-        await unless_disconnected(request, run())
-    except ClientDisconnectedError:
-        return False
-    return True
 
 
 async def _events(

@@ -17,9 +17,14 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from omnistage.api.audio_out import MEDIA_TYPES, OUTPUT_RATE, AudioEncoder, require_av
-from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
-from omnistage.api.routes.common import check_model, peeked, service
+from omnistage.api.routes.common import (
+    check_model,
+    engine_stages,
+    peeked,
+    pick_stage,
+    service,
+)
 from omnistage.api.schemas import SpeechRequest, body_schema, parse_body
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.messages import OutputChunk, Prompt
@@ -47,20 +52,8 @@ async def speech(request: Request) -> Response:
 
 
 def _tts_stage(omni: PipelineService, wanted: str | None) -> int:
-    stages = [s for s in omni.config.stages if s.engine == "tts"]
-    if wanted is not None:
-        stages = [s for s in stages if wanted in (str(s.stage_id), s.name)]
-    if not stages:
-        pipeline = omni.config.pipeline
-        what = f"TTS stage {wanted!r}" if wanted else "TTS stage"
-        raise ApiError(
-            400 if wanted else 404,
-            f"pipeline {pipeline!r} has no {what}",
-            "invalid_request_error",
-            "stage" if wanted else None,
-            "no_tts_stage",
-        )
-    return stages[0].stage_id
+    stages = engine_stages(omni, "tts", "TTS stage", "no_tts_stage")
+    return int(pick_stage(omni, stages, wanted, "TTS stage", "no_tts_stage").stage_id)
 
 
 async def _audio(

@@ -14,6 +14,7 @@ dwarf FastAPI's own cost.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -24,9 +25,17 @@ from starlette.responses import Response, StreamingResponse
 
 from omnistage.api.errors import ApiError, as_api_error, error_body, invalid_body
 from omnistage.api.ids import next_id
-from omnistage.api.routes.common import check_model, json_response, peeked, service
-from omnistage.api.service import OutputStream, PipelineService
-from omnistage.api.streaming import ClientDisconnectedError, sse, unless_disconnected
+from omnistage.api.routes.common import (
+    check_model,
+    collect_into,
+    engine_stages,
+    json_response,
+    peeked,
+    pick_stage,
+    service,
+)
+from omnistage.api.service import OutputStream
+from omnistage.api.streaming import sse
 from omnistage.api.transcripts import (
     MEDIA_TYPES,
     STREAMABLE_FORMATS,
@@ -95,14 +104,14 @@ _FORM_DOC = {
 @router.post(PATH, openapi_extra=_FORM_DOC)
 async def transcriptions(request: Request) -> Response:
     omni = service(request)
-    stages = _asr_stages(omni)
+    stages = engine_stages(omni, "asr", "ASR stage: transcriptions are not served", "no_asr_stage")
     form = await request.form(max_files=1, max_fields=64)
     try:
         fields, audio, audio_format = await _read_form(form)
     finally:
         await form.close()
     check_model(omni, fields.model)
-    sid = _pick_stage(omni, stages, fields.stage)
+    sid = int(pick_stage(omni, stages, fields.stage, "ASR stage", "no_asr_stage").stage_id)
     params: dict[str, Any] = {
         k: v
         for k, v in (
@@ -124,11 +133,10 @@ async def transcriptions(request: Request) -> Response:
             media_type="text/event-stream",
             background=BackgroundTask(stream.close),
         )
-    try:
-        transcript = await unless_disconnected(request, _gather(stream))
-    except ClientDisconnectedError:
+    heard = await collect_into(request, stream, _Heard())
+    if heard is None:
         return Response(status_code=499)
-    body = render(transcript, fields.response_format)
+    body = render(heard.transcript(), fields.response_format)
     if isinstance(body, dict):
         return json_response(body)
     return Response(body, media_type=MEDIA_TYPES[fields.response_format])
@@ -179,47 +187,24 @@ def _format_hint(filename: str | None) -> str | None:
     return suffix if suffix and suffix != (filename or "").lower() and suffix.isalnum() else None
 
 
-def _asr_stages(omni: PipelineService) -> list[Any]:
-    stages = [s for s in omni.config.stages if s.engine == "asr"]
-    if not stages:
-        raise ApiError(
-            404,
-            f"pipeline {omni.config.pipeline!r} has no ASR stage: transcriptions are not served",
-            "invalid_request_error",
-            None,
-            "no_asr_stage",
-        )
-    return stages
+@dataclass
+class _Heard:
+    """A transcription's outputs as they arrive (a ``collect_into`` sink)."""
 
+    segments: list[Segment] = field(default_factory=list)
+    language: str = ""
+    duration: float = 0.0
 
-def _pick_stage(omni: PipelineService, stages: list[Any], wanted: str | None) -> int:
-    if wanted is not None:
-        stages = [s for s in stages if wanted in (str(s.stage_id), s.name)]
-        if not stages:
-            raise ApiError(
-                400,
-                f"pipeline {omni.config.pipeline!r} has no ASR stage {wanted!r}",
-                "invalid_request_error",
-                "stage",
-                "no_asr_stage",
-            )
-    return int(stages[0].stage_id)
+    def add(self, out: OutputChunk) -> None:
+        meta = out.meta or {}
+        if "segment" in meta:
+            self.segments.append(Segment.from_meta(meta["segment"]))
+        if out.finished:
+            self.language = str(meta.get("language", self.language))
+            self.duration = float(meta.get("duration", self.duration))
 
-
-async def _gather(stream: OutputStream) -> Transcript:
-    segments: list[Segment] = []
-    language, duration = "", 0.0
-    try:
-        async for out in stream:
-            meta = out.meta or {}
-            if "segment" in meta:
-                segments.append(Segment.from_meta(meta["segment"]))
-            if out.finished:
-                language = str(meta.get("language", language))
-                duration = float(meta.get("duration", duration))
-    finally:
-        stream.close()
-    return Transcript(segments, language, duration)
+    def transcript(self) -> Transcript:
+        return Transcript(self.segments, self.language, self.duration)
 
 
 async def _events(
