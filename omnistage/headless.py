@@ -2,7 +2,8 @@
 
 With --omni-dp-size-local 1 the replica runs in this process; with K > 1 this process
 supervises K replica processes, each registering with an auto-assigned id, and
-forwards SIGTERM/SIGINT to them.
+forwards SIGTERM/SIGINT to them. Each gets its own share of this host's devices
+(``replica_devices``).
 """
 
 from __future__ import annotations
@@ -10,10 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 
+import msgspec
+
 from omnistage import aio
+from omnistage.launch.devices import (
+    DEVICE_ENV_VAR,
+    NO_PLACEMENT,
+    DevicesError,
+    devices_per_replica,
+    replica_visible_devices,
+    split_devices,
+)
 from omnistage.launch.local import LocalLauncher
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.runtime import ReplicaRuntime
@@ -23,9 +35,16 @@ log = logging.getLogger(__name__)
 
 def run_headless(args: argparse.Namespace) -> int:
     opts = replica_options(args)
+    each = [
+        msgspec.structs.replace(opts, visible_devices=share)
+        for share in replica_devices(args, args.omni_dp_size_local)
+    ]
     if args.omni_dp_size_local == 1:
-        return aio.run(ReplicaRuntime(opts).run())
-    return _supervise(opts, args.omni_dp_size_local)
+        if each[0].visible_devices is not None:
+            # Before any engine library loads (they read it once, at import).
+            os.environ[DEVICE_ENV_VAR] = each[0].visible_devices
+        return aio.run(ReplicaRuntime(each[0]).run())
+    return _supervise(each)
 
 
 def replica_options(args: argparse.Namespace) -> ReplicaOptions:
@@ -56,7 +75,40 @@ def _stage_overrides(args: argparse.Namespace) -> dict:
     return headless_overrides(own, args)  # plus the diffusion flags given
 
 
-def _supervise(opts: ReplicaOptions, count: int) -> int:
+def replica_devices(args: argparse.Namespace, count: int) -> list[str | None]:
+    """Each local replica's devices (the CUDA_VISIBLE_DEVICES value; None: inherited).
+
+    The stage's config arrives from the head only after a replica registers, and its
+    ``devices`` describe the head's host anyway: this host's devices are the ``devices``
+    (and ``devices_per_replica``, ``engine_args``) of its own --stage-overrides entry,
+    split among its --omni-dp-size-local replicas by ``launch.devices``' rule. Without
+    ``devices`` there, the replicas inherit this process's visibility.
+    """
+    from omnistage.cli.args import UsageError
+
+    own = _stage_overrides(args)
+    devices = own.get("devices", NO_PLACEMENT)
+    per = own.get("devices_per_replica")
+    engine_args = own.get("engine_args")
+    label = f"stage {args.stage_id}"
+    if not isinstance(devices, str):
+        raise UsageError(f"--stage-overrides: {label}: devices must be a string such as '0,1'")
+    if per is not None and (not isinstance(per, int) or isinstance(per, bool) or per < 1):
+        raise UsageError(f"--stage-overrides: {label}: devices_per_replica must be an int >= 1")
+    each = devices_per_replica(per, engine_args if isinstance(engine_args, dict) else {})
+    try:
+        split_devices(devices, count, each, label)
+        shares = [replica_visible_devices(devices, r, each, label) for r in range(count)]
+    except DevicesError as exc:
+        raise UsageError(f"--stage-overrides: {exc}") from None
+    if shares[0] is not None:
+        log.info("%s: %d local replica(s) see %s = %s", label, count, DEVICE_ENV_VAR, shares)
+    return shares
+
+
+def _supervise(each: list[ReplicaOptions]) -> int:
+    count = len(each)
+    opts = each[0]
     codes: list[int] = []
     all_done = threading.Event()
 
@@ -74,8 +126,8 @@ def _supervise(opts: ReplicaOptions, count: int) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    for _ in range(count):
-        launcher.launch(opts)
+    for options in each:
+        launcher.launch(options)
     while not all_done.wait(0.2):
         if stop.is_set():
             # The children drain first; kill only those that outlive their drain.

@@ -36,6 +36,8 @@ class ReplicaLoad:
     capacity: int
     queue_length: int
     dispatched_total: int
+    # Where it runs when the backend placed it (a Ray node id); None: not known.
+    node: str | None = None
 
 
 class OutputStream(Protocol):

@@ -7,6 +7,7 @@ a violation is one line naming the flag, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 
 from omnistage import defaults, envs
@@ -203,9 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--worker-backend",
         default="multi_process",
-        help="how local replicas run: multi_process (default) or ray",
+        help="how the head runs its replicas: multi_process (local processes, default) or "
+        "ray (one Ray actor per replica, placed by the stage's `ray:` resources)",
     )
-    s.add_argument("--ray-address", default=None, help="Ray cluster address (ray backend)")
+    s.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to run replicas on (HOST:PORT, ray://HOST:PORT or auto); "
+        "default with --worker-backend ray: start a local Ray instance",
+    )
     s.add_argument(
         "--api-key",
         default=envs.api_key(),
@@ -429,9 +436,17 @@ def validate(args: argparse.Namespace) -> None:
             f"--worker-backend={args.worker_backend!r} is not one of: {', '.join(WORKER_BACKENDS)}"
         )
     if args.worker_backend == "ray":
-        raise UsageError("--worker-backend ray is not available yet; use multi_process")
+        if args.headless:
+            raise UsageError(
+                "--worker-backend ray is for the head; a --headless replica runs as a process"
+            )
+        if not _importable("ray"):
+            raise UsageError("--worker-backend ray needs Ray: pip install 'omnistage[ray]'")
     if args.ray_address is not None:
-        raise UsageError("--ray-address requires --worker-backend ray")
+        if args.worker_backend != "ray":
+            raise UsageError("--ray-address requires --worker-backend ray")
+        if not args.ray_address.strip():
+            raise UsageError("--ray-address must not be empty (give HOST:PORT, ray://... or auto)")
     if args.headless and args.stage_overrides:
         _check_headless_overrides(args.stage_overrides, args.stage_id)
     _validate_diffusion_flags(args)
@@ -456,3 +471,10 @@ def _check_headless_overrides(raw: str, stage_id: int) -> None:
         raise UsageError(f"--stage-overrides: unknown stage field(s) {', '.join(unknown)}")
     if "stage_id" in fields:
         raise UsageError("--stage-overrides: stage_id cannot be overridden")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install counts as missing
+        return False

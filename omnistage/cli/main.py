@@ -12,6 +12,7 @@ import zmq
 from omnistage import __version__, aio, tracing
 from omnistage.cli.args import UsageError, build_parser, validate
 from omnistage.config.load import load_config
+from omnistage.launch.devices import DevicesError
 from omnistage.logs import setup_logging
 from omnistage.protocol.errors import ConfigError, EngineError
 
@@ -101,6 +102,10 @@ def _serve_head(args) -> int:  # type: ignore[no-untyped-def]
         )
     config = apply_diffusion_flags(config, args)
     opts = HeadOptions.from_args(args, config)
+    try:
+        opts.check_devices()
+    except DevicesError as exc:
+        raise UsageError(str(exc)) from None
     source = args.deploy_config or args.model_or_config or config.pipeline
     check_diffusion_models(config, opts.local_replicas(), source)
     setup_logging(args.log_level)

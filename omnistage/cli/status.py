@@ -174,6 +174,8 @@ _COLUMNS = ("REPLICA", "ADDRESS", "PID", "STATE", "IN-FLIGHT", "QUEUE", "RESTART
 
 def _replica_cells(stage: dict[str, Any], r: dict[str, Any]) -> list[str]:
     address = str(r.get("address") or "?") + (" (local)" if r.get("local") else "")
+    if r.get("node"):  # placed by Ray: its node id, short as Ray's own CLI shows it
+        address += f" node {str(r['node'])[:8]}"
     in_flight = f"{_count(r.get('in_flight'))}/{_count(r.get('capacity'))}"
     age = r.get("last_heartbeat_age_s")
     return [

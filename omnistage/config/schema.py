@@ -14,13 +14,59 @@ from pydantic import (
 )
 
 from omnistage.config.engine_args import ENGINE_ARGS
+from omnistage.launch.devices import NO_PLACEMENT, devices_per_replica, parse_devices
 
 Modality = Literal["text", "audio", "image"]
-ENGINES = ("echo", "llm", "tts", "asr", "diffusion")
+ENGINES = ("echo", "llm", "tts", "asr", "diffusion", "vllm")
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RaySpec(_Frozen):
+    """Where a stage's replicas go under ``--worker-backend ray``: Ray's resource request
+    for each replica's actor, and how a stage's replicas spread over the nodes."""
+
+    num_cpus: float = Field(default=1.0, ge=0)
+    num_gpus: float = Field(default=0.0, ge=0)
+    memory_bytes: int | None = Field(default=None, ge=1)
+    # Custom resources a node must offer (as given to `ray start --resources`).
+    resources: dict[str, float] = Field(default_factory=dict)
+    # "spread": put the stage's replicas on different nodes where there is room;
+    # "default": Ray's own choice (packs a node until it is half used, then spreads).
+    placement: Literal["default", "spread"] = "default"
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if amount < 0:
+                raise ValueError(f"resource {name!r} must be >= 0, got {amount}")
+        return value
+
+
+class AutoscalingConfig(_Frozen):
+    """A stage's replica count follows its load (in-flight plus waiting requests) within
+    [min_replicas, max_replicas]; see ``control.autoscale`` for the policy."""
+
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(ge=1)
+    # The load one replica should carry: the stage wants ceil(load / this) replicas.
+    target_inflight_per_replica: float = Field(default=4.0, gt=0)
+    # How long the load must stay above (below) what the replicas are sized for before
+    # replicas are added (one is removed).
+    upscale_delay_s: float = Field(default=5.0, ge=0)
+    downscale_delay_s: float = Field(default=30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingConfig:
+        if self.max_replicas < self.min_replicas:
+            raise _located(
+                "max_replicas",
+                f"{self.max_replicas} is below min_replicas ({self.min_replicas})",
+            )
+        return self
 
 
 class StageConfig(_Frozen):
@@ -30,7 +76,11 @@ class StageConfig(_Frozen):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     # Replicas the head launches locally for this stage when it runs every stage.
     replicas: int = Field(default=1, ge=0)
-    devices: str = "cpu"
+    # "cpu" (no placement) or device indices "0,1,2,3" that this stage's replicas on one
+    # host share, devices_per_replica each (see omnistage.launch.devices).
+    devices: str = NO_PLACEMENT
+    # Devices one replica needs; None: the engine's tensor x pipeline parallel size, or 1.
+    devices_per_replica: int | None = Field(default=None, ge=1)
     inputs: tuple[int, ...] = ()
     # What of the client's input this stage reads itself: a request whose input it can
     # read runs without its upstream stages (a text chat skips the listener in front of
@@ -41,6 +91,21 @@ class StageConfig(_Frozen):
     default_sampling_params: dict[str, Any] = Field(default_factory=dict)
     # Requests one replica works on at once; the head balances within this budget.
     max_inflight_per_replica: int = Field(default=256, ge=1)
+    # Placement of each replica's actor under --worker-backend ray (ignored otherwise).
+    ray: RaySpec = Field(default_factory=RaySpec)
+    # Scale the head's own replicas of this stage with its load; None: a fixed count.
+    autoscaling: AutoscalingConfig | None = None
+
+    @field_validator("devices")
+    @classmethod
+    def _device_list(cls, value: str) -> str:
+        parse_devices(value)  # DevicesError is a ValueError: reported at stages[i].devices
+        return value
+
+    @property
+    def devices_each(self) -> int:
+        """Devices one replica of this stage takes from ``devices``."""
+        return devices_per_replica(self.devices_per_replica, self.engine_args)
 
     @field_validator("engine")
     @classmethod
@@ -48,6 +113,32 @@ class StageConfig(_Frozen):
         if value not in ENGINES:
             raise ValueError(f"unknown engine {value!r}; expected one of {', '.join(ENGINES)}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _start_at_min_replicas(cls, data: Any) -> Any:
+        # With autoscaling and no ``replicas`` given, a stage starts at its minimum.
+        if isinstance(data, dict) and "replicas" not in data:
+            scaling = data.get("autoscaling")
+            if isinstance(scaling, AutoscalingConfig):
+                return {**data, "replicas": scaling.min_replicas}
+            if isinstance(scaling, dict) and isinstance(scaling.get("min_replicas"), int):
+                return {**data, "replicas": scaling["min_replicas"]}
+        return data
+
+    @model_validator(mode="after")
+    def _replicas_within_autoscaling(self) -> StageConfig:
+        scaling = self.autoscaling
+        if scaling is not None and not (
+            scaling.min_replicas <= self.replicas <= scaling.max_replicas
+        ):
+            raise _located(
+                "replicas",
+                f"{self.replicas} is outside autoscaling's [min_replicas, max_replicas] = "
+                f"[{scaling.min_replicas}, {scaling.max_replicas}]; `replicas` is the count "
+                "the stage starts with",
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_engine_args(self) -> StageConfig:

@@ -120,6 +120,26 @@ class SlotTable:
         if slot is not None and slot.epoch == epoch:
             slot.filled = False
 
+    def reserve_local(self, stage_id: int, taken: set[int]) -> int:
+        """The lowest replica id of the stage for one more of the head's own replicas,
+        now head-local: one no slot has, or an unfilled slot, or a head-local slot whose
+        replica the head no longer runs (not in ``taken``, the ids it still runs)."""
+        rid = 0
+        while True:
+            slot = self._slots.get((stage_id, rid))
+            if rid not in taken and (slot is None or not slot.filled or slot.head_local):
+                break
+            rid += 1
+        self._slots.setdefault((stage_id, rid), Slot(stage_id, rid)).head_local = True
+        return rid
+
+    def unreserve(self, stage_id: int, replica_id: int) -> None:
+        """The head no longer runs a replica in this slot: auto-assignment may hand the
+        id out again once the slot is released."""
+        slot = self._slots.get((stage_id, replica_id))
+        if slot is not None:
+            slot.head_local = False
+
     def is_current(self, stage_id: int, replica_id: int, epoch: int) -> bool:
         slot = self._slots.get((stage_id, replica_id))
         return slot is not None and slot.filled and slot.epoch == epoch

@@ -1,22 +1,49 @@
 """The head's own replicas: launched into the head-local slots, restarted with backoff
-when they exit (``--omni-restart-policy``), and a failed start fails the head at once."""
+when they exit (``--omni-restart-policy``), and a failed start fails the head at once.
+
+The autoscaler (``head.scaler``) adds replicas into free ids it reserves as head-local,
+and retires them: a retiring replica is drained (the head routes nothing new to it, it
+finishes what it has and exits), its exit is neither a failure nor restarted, and its
+slot is given back so ids stay small.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from omnistage.control.coordinator import Coordinator
+from omnistage.control.slots import SlotTable
 from omnistage.head.options import HeadOptions
+from omnistage.launch import make_launcher
 from omnistage.launch.base import Launcher, ReplicaProcess
-from omnistage.launch.local import LocalLauncher
 from omnistage.launch.restart import RestartPolicy
+from omnistage.logs import Throttled
 from omnistage.protocol.messages import Reason, ReplicaState
 from omnistage.replica.options import ReplicaOptions
 
 log = logging.getLogger(__name__)
+# A replica that cannot be added (its devices, say) is asked for again on every check.
+_cannot_add = Throttled(log, burst=2, window_s=60.0)
+
+# Between marking a replica DRAINING (the head routes nothing new to it) and asking it to
+# drain: requests already sent reach it first, so its drain waits for them.
+DRAIN_SETTLE_S = 0.25
+# A retiring replica still running this long after its own drain timeout is killed.
+DRAIN_KILL_GRACE_S = 10.0
+SCALED_DOWN = "scaled down"
+
+
+@dataclass
+class _Owned:
+    options: ReplicaOptions
+    proc: ReplicaProcess | None = None
+    running: bool = False
+    retiring: bool = False
 
 
 class LocalReplicas:
@@ -29,6 +56,8 @@ class LocalReplicas:
         is_serving: Callable[[], bool],
         fail_head: Callable[[], None],
         on_restart: Callable[[int, int], None] = lambda stage_id, replica_id: None,
+        slots: SlotTable | None = None,
+        slots_lock: threading.Lock | None = None,
     ) -> None:
         self._on_restart = on_restart
         self._opts = opts
@@ -37,10 +66,16 @@ class LocalReplicas:
         self._local_key = local_key
         self._is_serving = is_serving
         self._fail_head = fail_head
+        self._slots = slots
+        self._slots_lock = slots_lock or threading.Lock()
         self.restarts = RestartPolicy(opts.restart_policy, time.monotonic)
-        self.launcher: Launcher = LocalLauncher(on_exit=self._on_exit)
+        self.launcher: Launcher = make_launcher(opts, self._on_exit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        # Every replica this head runs (or will restart), by (stage, replica) id; written
+        # from the loop and from launcher threads.
+        self._owned: dict[tuple[int, int], _Owned] = {}
+        self._owned_lock = threading.Lock()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Launch every replica this head runs itself."""
@@ -53,13 +88,104 @@ class LocalReplicas:
         self._stopping = True
         await asyncio.to_thread(self.launcher.stop_all, self._opts.shutdown_grace_s)
 
+    # -- scaling (the head's loop) ---------------------------------------------------
+
+    def owned(self, stage_id: int) -> list[int]:
+        """Replica ids of the stage this head runs and is not retiring: running,
+        starting, or waiting for a restart."""
+        with self._owned_lock:
+            return sorted(
+                rid for (sid, rid), o in self._owned.items() if sid == stage_id and not o.retiring
+            )
+
+    def retiring(self, stage_id: int) -> list[int]:
+        """Replica ids of the stage being drained away, until their process exits."""
+        with self._owned_lock:
+            return sorted(
+                rid for (sid, rid), o in self._owned.items() if sid == stage_id and o.retiring
+            )
+
+    def add(self, stage_id: int) -> int | None:
+        """Launch one more replica of the stage, in the lowest replica id free for it;
+        returns that id, or None if it could not be launched (logged)."""
+        if self._stopping or self._slots is None:
+            return None
+        with self._owned_lock:
+            taken = {rid for sid, rid in self._owned if sid == stage_id}
+        with self._slots_lock:
+            rid = self._slots.reserve_local(stage_id, taken)
+        try:
+            options = self._opts.local_replica(stage_id, rid, self._master_port, self._local_key)
+            self._launch(options)
+        except Exception as exc:
+            _cannot_add.warning("stage %d: cannot add replica %d: %s", stage_id, rid, exc)
+            self._forget((stage_id, rid))
+            return None
+        return rid
+
+    def retire(self, stage_id: int, replica_id: int, epoch: int | None) -> bool:
+        """Drain replica ``replica_id`` and let it exit for good. ``epoch``: its UP
+        registration, which the head stops routing to at once; None when it is not
+        serving yet (then it just stops). False if the head does not run it."""
+        key = (stage_id, replica_id)
+        with self._owned_lock:
+            owned = self._owned.get(key)
+            if owned is None or owned.retiring:
+                return False
+            owned.retiring = True
+            proc, running = owned.proc, owned.running
+        if not running or proc is None:
+            self._forget(key)  # waiting for a restart: it just does not come back
+            return True
+        if epoch is not None:
+            self._coordinator.mark(key, epoch, ReplicaState.DRAINING, Reason.DRAINING, SCALED_DOWN)
+        loop = self._loop
+        settle = DRAIN_SETTLE_S if epoch is not None else 0.0
+        if loop is None:
+            proc.terminate()
+            return True
+        loop.call_later(settle, proc.terminate)
+        kill_after = settle + proc.options.drain_timeout_s + DRAIN_KILL_GRACE_S
+        loop.call_later(kill_after, self._kill_if_running, key, proc)
+        return True
+
+    def _kill_if_running(self, key: tuple[int, int], proc: ReplicaProcess) -> None:
+        with self._owned_lock:
+            owned = self._owned.get(key)
+            still = owned is not None and owned.proc is proc and owned.running
+        if still:
+            log.warning("stage %d replica %d did not drain in time; killing it", *key)
+            proc.kill()
+
+    def _forget(self, key: tuple[int, int]) -> None:
+        """Drop a replica the head no longer runs, and give its slot back."""
+        with self._owned_lock:
+            self._owned.pop(key, None)
+        if self._slots is not None:
+            with self._slots_lock:
+                self._slots.unreserve(*key)
+
+    # -- launching and exits -----------------------------------------------------------
+
     def _launch(self, options: ReplicaOptions) -> None:
         if self._stopping:
             return
-        self.restarts.started((options.stage_id, options.replica_id))
-        self.launcher.launch(options)
+        key = (options.stage_id, options.replica_id)
+        with self._owned_lock:
+            owned = self._owned.setdefault(key, _Owned(options))
+            if owned.retiring:
+                return
+            owned.options = options
+        self.restarts.started(key)
+        proc = self.launcher.launch(options)
+        with self._owned_lock:
+            owned.proc, owned.running = proc, True
 
     def _relaunch(self, options: ReplicaOptions) -> None:
+        with self._owned_lock:
+            owned = self._owned.get((options.stage_id, options.replica_id))
+        if owned is None or owned.retiring:
+            return
         if not self._stopping:
             self._on_restart(options.stage_id, options.replica_id)
         self._launch(options)
@@ -68,6 +194,14 @@ class LocalReplicas:
         """Launcher thread: a local replica process ended."""
         o = proc.options
         key = (o.stage_id, o.replica_id)
+        with self._owned_lock:
+            owned = self._owned.get(key)
+            if owned is not None and owned.proc is proc:
+                owned.running = False
+            retiring = owned is not None and owned.retiring
+        if retiring:
+            self._retired(key, code)
+            return
         if code != 0 and not self._is_serving() and not self._stopping:
             # A replica that cannot even start has a configuration or install problem
             # that neither waiting out --init-timeout nor a restart fixes: fail now,
@@ -88,7 +222,11 @@ class LocalReplicas:
         if self._stopping:
             return
         delay = self.restarts.delay_after_exit(key, code)
-        if delay is not None and self._loop is not None:
+        if delay is None:
+            with self._owned_lock:
+                self._owned.pop(key, None)  # gone for good; its slot stays the head's
+            return
+        if self._loop is not None:
             log.info(
                 "restarting stage %d replica %d in %.0fs (--omni-restart-policy %s)",
                 o.stage_id,
@@ -98,3 +236,20 @@ class LocalReplicas:
             )
             loop = self._loop
             loop.call_soon_threadsafe(lambda: loop.call_later(delay, self._relaunch, o))
+
+    def _retired(self, key: tuple[int, int], code: int) -> None:
+        """A replica the head retired has exited: it is gone for good (DOWN), whatever
+        its exit code, and is not restarted under any --omni-restart-policy."""
+        level = logging.INFO if code == 0 else logging.WARNING
+        log.log(level, "stage %d replica %d retired (exit code %d)", *key, code)
+        # Its own DOWN heartbeat usually came first; this covers one that did not.
+        self._coordinator.mark(key, None, ReplicaState.DOWN, Reason.SHUT_DOWN, SCALED_DOWN)
+        self._forget(key)
+
+    def nodes(self) -> dict[tuple[int, int], str]:
+        """Where each of the head's replicas runs, when the backend places them (Ray)."""
+        return {
+            (p.options.stage_id, p.options.replica_id): p.node
+            for p in self.launcher.processes
+            if p.node is not None
+        }

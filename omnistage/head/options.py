@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from omnistage import defaults
 from omnistage.config.schema import DeployConfig
+from omnistage.launch.devices import replica_visible_devices, split_devices
+from omnistage.net import detect_local_address, is_loopback
 from omnistage.replica.options import ReplicaOptions
 
 
@@ -40,6 +42,8 @@ class HeadOptions:
     api_server_count: int = 1  # > 1: that many API server processes serve HTTP
     served_model_names: tuple[str, ...] = ()  # --served-model-name; (): the pipeline name
     otlp_traces_endpoint: str | None = None  # None: the OTEL_* variables decide (tracing)
+    worker_backend: str = "multi_process"  # or "ray": the head's replicas are Ray actors
+    ray_address: str | None = None  # --ray-address; None: start a local Ray instance
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
@@ -48,7 +52,8 @@ class HeadOptions:
             config=config,
             host=args.host,
             port=args.port,
-            master_host=args.omni_master_address or "127.0.0.1",
+            master_host=args.omni_master_address
+            or _default_master_host(args.worker_backend, args.ray_address),
             master_port=args.omni_master_port or 0,
             stage_id=args.stage_id,
             dp_size_local=args.omni_dp_size_local,
@@ -70,6 +75,8 @@ class HeadOptions:
             api_server_count=args.api_server_count,
             served_model_names=tuple(args.served_model_name or ()),
             otlp_traces_endpoint=args.otlp_traces_endpoint,
+            worker_backend=args.worker_backend,
+            ray_address=args.ray_address,
         )
 
     @property
@@ -104,4 +111,48 @@ class HeadOptions:
             curve_keys=self.curve_keys,
             local_key=local_key,
             otlp_traces_endpoint=self.otlp_traces_endpoint,
+            visible_devices=self.replica_devices(stage_id, replica_id),
         )
+
+    def replica_devices(self, stage_id: int, replica_id: int) -> str | None:
+        """The devices the head's replica ``replica_id`` of a stage sees (the value of
+        CUDA_VISIBLE_DEVICES), its share of the stage's ``devices`` by replica id; None:
+        ``devices: cpu``. A replica id past the list (one added beyond the devices the
+        stage lists) raises DevicesError naming the stage: see ``launch.devices``."""
+        if self.worker_backend == "ray":
+            return None  # Ray sets CUDA_VISIBLE_DEVICES for each actor from its num_gpus
+        stage = self.config.stage(stage_id)
+        label = f"stage {stage_id} ({stage.name})"
+        return replica_visible_devices(stage.devices, replica_id, stage.devices_each, label)
+
+    def check_devices(self) -> None:
+        """Raise DevicesError if a stage's ``devices`` cannot give each of the head's
+        replicas its share: the CLI makes it a usage error (exit 2) before anything
+        starts, not a replica that fails later. An autoscaled stage must fit its
+        max_replicas (they take the lowest free ids). Under Ray, Ray assigns devices
+        (``ray: {num_gpus}``) and ``devices`` is not used."""
+        if self.worker_backend == "ray":
+            return
+        for stage_id, count in self.local_replicas().items():
+            stage = self.config.stage(stage_id)
+            label = f"stage {stage_id} ({stage.name})"
+            scaling = getattr(stage, "autoscaling", None)
+            if count and scaling is not None and scaling.max_replicas > count:
+                count = scaling.max_replicas
+                label += f" with autoscaling.max_replicas {count}"
+            split_devices(stage.devices, count, stage.devices_each, label)
+            for replica_id in range(count):
+                self.replica_devices(stage_id, replica_id)
+
+
+def _default_master_host(worker_backend: str, ray_address: str | None) -> str:
+    """Where the master listens when -oma is not given: loopback, except on a Ray
+    cluster that may span hosts, whose replicas must reach it from their nodes: then
+    this host's address on the route toward the cluster."""
+    if worker_backend != "ray" or ray_address is None:
+        return "127.0.0.1"  # a Ray instance of our own lives on this host
+    host = ray_address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if is_loopback(host):
+        return "127.0.0.1"
+    # "auto" (the cluster this host is part of): the address of the default route.
+    return detect_local_address("8.8.8.8" if host == "auto" else host, 6379)

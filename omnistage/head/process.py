@@ -35,6 +35,7 @@ from omnistage.head.frontends import FrontendServer
 from omnistage.head.history import History
 from omnistage.head.local import LocalReplicas
 from omnistage.head.options import HeadOptions
+from omnistage.head.scaler import Scaler
 from omnistage.head.service import HeadService
 from omnistage.head.sockets import HeadSockets
 from omnistage.head.startup import StartupWatch, Verdict, stage_names
@@ -127,9 +128,25 @@ class Head:
             self._serving.is_set,
             self._fail_soon,
             history.restarted,
+            self.slots,
+            self._lock,
+        )
+        self.scaler = Scaler(
+            opts.config,
+            {sid for sid, n in local.items() if n > 0},
+            self.pools,
+            self.coordinator.snapshot,
+            self.local,
         )
         self.service = HeadService(
-            opts, self.orchestrator, self.pools, self.coordinator, self.sockets.master_url, history
+            opts,
+            self.orchestrator,
+            self.pools,
+            self.coordinator,
+            self.sockets.master_url,
+            history,
+            self.scaler.status,
+            self.local.nodes,
         )
         # --api-server-count > 1: API server processes serve HTTP in front of this head.
         self.frontends: FrontendServer | None = None
@@ -153,6 +170,7 @@ class Head:
         helpers = [
             asyncio.create_task(self._await_stages(), name="omni-init-wait"),
             asyncio.create_task(self._observe_load(), name="omni-load"),
+            asyncio.create_task(self.scaler.run(), name="omni-autoscale"),
         ]
         if self.opts.log_stats:
             stats = log_stats(self.orchestrator, self.pools, self.opts.stats_interval_s)

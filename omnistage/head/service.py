@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from omnistage.api.service import ReplicaLoad, RequestCounts
@@ -29,6 +29,8 @@ class HeadService:
         coordinator: Coordinator,
         master_url: str,
         history: History | None = None,
+        scaling: Callable[[], dict[int, dict[str, Any]]] | None = None,
+        nodes: Callable[[], dict[tuple[int, int], str]] | None = None,
     ) -> None:
         self._opts = opts
         self.config = opts.config
@@ -43,6 +45,10 @@ class HeadService:
         self._master_url = master_url
         # State changes and local restarts, for the views of the running system.
         self.history = history or History({s.stage_id: s.name for s in opts.config.stages})
+        # Per autoscaling stage, the scaler's view (``head.scaler.Scaler.status``).
+        self._scaling = scaling
+        # (stage, replica) -> the node a backend placed it on (Ray); empty for processes.
+        self._nodes = nodes or dict
 
     def open(
         self,
@@ -72,12 +78,15 @@ class HeadService:
                 "heartbeat_timeout_s": self._opts.heartbeat_timeout_s,
             },
             history=self.history,
+            scaling=self._scaling() if self._scaling is not None else None,
+            nodes=self._nodes(),
         )
 
     def replica_entries(self) -> list[ReplicaEntry]:
         return self._coordinator.snapshot()
 
     def replica_loads(self) -> list[ReplicaLoad]:
+        nodes = self._nodes()
         return [
             ReplicaLoad(
                 h.stage_id,
@@ -87,6 +96,7 @@ class HeadService:
                 h.capacity,
                 h.queue_length,
                 h.dispatched_total,
+                nodes.get((h.stage_id, h.replica_id)),
             )
             for sid, pool in sorted(self._pools.items())
             for _, h in sorted(pool.replicas.items())

@@ -23,6 +23,8 @@ def stages_status(
     head: dict[str, Any],
     now: float | None = None,
     history: History | None = None,
+    scaling: dict[int, dict[str, Any]] | None = None,
+    nodes: dict[tuple[int, int], str] | None = None,
 ) -> dict[str, Any]:
     now = time.monotonic() if now is None else now
     restarts = history.restarts if history is not None else {}
@@ -30,7 +32,7 @@ def stages_status(
     for stage in config.stages:
         pool = pools[stage.stage_id]
         replicas = [
-            _replica(e, pool, now, restarts.get(e.key, 0))
+            _replica(e, pool, now, restarts.get(e.key, 0), (nodes or {}).get(e.key))
             for e in entries
             if e.stage_id == stage.stage_id
         ]
@@ -45,6 +47,8 @@ def stages_status(
                 "status": "ready" if pool.live() else "waiting",
                 "waiting": pool.waiting,
                 "replicas": replicas,
+                # None: a fixed replica count (no ``autoscaling`` in the deploy config).
+                "autoscaling": (scaling or {}).get(stage.stage_id),
             }
         )
     changes = history.recent() if history is not None else []
@@ -56,7 +60,9 @@ def stages_status(
     }
 
 
-def _replica(e: ReplicaEntry, pool: StagePool, now: float, restarts: int) -> dict[str, Any]:
+def _replica(
+    e: ReplicaEntry, pool: StagePool, now: float, restarts: int, node: str | None = None
+) -> dict[str, Any]:
     handle = pool.replicas.get(e.replica_id)
     # The pool's counts belong to this incarnation only if the epochs match.
     live = handle if handle is not None and handle.epoch == e.epoch else None
@@ -67,6 +73,8 @@ def _replica(e: ReplicaEntry, pool: StagePool, now: float, restarts: int) -> dic
         "reason": e.starting if e.state == ReplicaState.STARTING and e.starting else e.why,
         "address": e.address,
         "local": e.local,
+        # The node a backend placed it on (--worker-backend ray); None: a process.
+        "node": node,
         "pid": e.pid,
         "capacity": e.capacity,
         "queue_length": e.queue_length,

@@ -15,6 +15,7 @@ import sys
 import threading
 
 from omnistage.launch.base import OnExit
+from omnistage.launch.devices import DEVICE_ENV_VAR
 from omnistage.replica.options import ReplicaOptions, encode_options
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,8 @@ REPLICA_ARGV = [sys.executable, "-m", "omnistage.replica"]
 
 
 class LocalReplicaProcess:
+    node: str | None = None  # this host
+
     def __init__(self, options: ReplicaOptions, proc: subprocess.Popen[bytes]) -> None:
         self.options = options
         self.proc = proc
@@ -59,9 +62,7 @@ class LocalLauncher:
             return list(self._procs)
 
     def launch(self, options: ReplicaOptions) -> LocalReplicaProcess:
-        env = dict(os.environ)
-        env["OMNISTAGE_REPLICA_OPTIONS"] = encode_options(options)
-        proc = subprocess.Popen(REPLICA_ARGV, preexec_fn=die_with_parent, env=env)
+        proc = subprocess.Popen(REPLICA_ARGV, preexec_fn=die_with_parent, env=replica_env(options))
         handle = LocalReplicaProcess(options, proc)
         with self._lock:
             self._procs.append(handle)
@@ -93,13 +94,25 @@ class LocalLauncher:
                 p.wait(5)
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this child if its parent dies (even by SIGKILL)."""
+def replica_env(options: ReplicaOptions) -> dict[str, str]:
+    """A replica child's environment: ours, its options, and its own share of devices
+    (which replaces ours: the share was already mapped through it, see launch.devices)."""
+    env = dict(os.environ)
+    env["OMNISTAGE_REPLICA_OPTIONS"] = encode_options(options)
+    if options.visible_devices is not None:
+        env[DEVICE_ENV_VAR] = options.visible_devices
+    return env
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send this child ``sig`` when its parent dies (even by SIGKILL); run
+    in the child, as a ``preexec_fn``. The signal follows the *thread* that forked it:
+    fork from a thread that lives as long as the parent needs the child."""
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+        libc.prctl(pr_set_pdeathsig, sig)
     except OSError:
         pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,8 +46,12 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["--stage-id", "-1", *M], "--stage-id must be >= 0"),
         (["--stage-id", "7", *M], "--stage-id 7 is not a stage of 'voice'"),
         (["--worker-backend", "threads"], "--worker-backend='threads' is not one of"),
-        (["--worker-backend", "ray"], "--worker-backend ray is not available yet"),
+        (
+            ["--worker-backend", "ray", "--headless", "--stage-id", "1", *M],
+            "--worker-backend ray is for the head",
+        ),
         (["--ray-address", "auto"], "--ray-address requires --worker-backend ray"),
+        (["--worker-backend", "ray", "--ray-address", " "], "--ray-address must not be empty"),
         (["--stage-init-timeout", "0"], "--stage-init-timeout must be > 0"),
         (["--omni-max-queue", "-1"], "--omni-max-queue must be >= 0"),
         (["--omni-max-retries", "-1"], "--omni-max-retries must be >= 0, got -1"),
@@ -126,3 +131,26 @@ def test_version_flag() -> None:
     )
     assert result.returncode == 0
     assert result.stdout.startswith("omnistage ")
+
+
+def test_ray_backend_without_ray_installed_says_what_to_install(tmp_path: Path) -> None:
+    # Ray is installed here: hide it with an import hook that refuses `ray`.
+    hook = tmp_path / "sitecustomize.py"
+    hook.write_text(
+        "import importlib.abc, sys\n"
+        "class _NoRay(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _NoRay())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "omnistage", "serve", "echo", "--worker-backend", "ray"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].endswith("--worker-backend ray needs Ray: pip install 'omnistage[ray]'")

@@ -24,6 +24,7 @@ def _head(open_: Any = None) -> SimpleNamespace:
         request_counts=lambda: RequestCounts(0, 0, 0),
         replica_entries=list,
         replica_loads=list,
+        stages_status=lambda: {"stages": []},
         stage_waiting=dict,
         response_counts=lambda mine: mine,
         latency=LatencySnapshot,

@@ -21,6 +21,7 @@ def _service() -> SimpleNamespace:
         request_counts=lambda: RequestCounts(0, 0, 0),
         replica_entries=list,
         replica_loads=list,
+        stages_status=lambda: {"stages": []},
         stage_waiting=dict,
         response_counts=lambda mine: mine,
         latency=LatencySnapshot,

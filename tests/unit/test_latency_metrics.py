@@ -196,6 +196,7 @@ def _metrics_text() -> str:
         request_counts=lambda: RequestCounts(1, 0, 0),
         replica_entries=list,
         replica_loads=list,
+        stages_status=lambda: {"stages": []},
         stage_waiting=dict,
         response_counts=lambda mine: mine,
         latency=rec.snapshot,

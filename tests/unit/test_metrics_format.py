@@ -37,6 +37,7 @@ def test_a_head_with_no_replicas_yet_renders_every_family() -> None:
         request_counts=lambda: RequestCounts(0, 0, 0),
         replica_entries=list,
         replica_loads=list,
+        stages_status=lambda: {"stages": []},
         stage_waiting=dict,
         response_counts=lambda mine: mine,
         latency=LatencySnapshot,

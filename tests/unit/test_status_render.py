@@ -242,3 +242,11 @@ def test_error_frame_names_the_url_and_the_error() -> None:
     assert frame.startswith("http://h:1  ")
     assert "error: cannot reach the head at http://h:1: refused" in frame
     assert not ANSI.search(frame)
+
+
+def test_a_replica_placed_by_ray_shows_its_node() -> None:
+    placed = copy.deepcopy(CAPTURED)
+    placed["stages"][0]["replicas"][0]["node"] = "c0ffee12" + "0" * 48
+    frame = render(placed, None, NOW, color=False)
+    assert "127.0.0.1 (local) node c0ffee12" in _line_of(frame, "thinker/0")
+    assert "node" not in _line_of(render(CAPTURED, None, NOW, color=False), "thinker/0")

@@ -189,6 +189,7 @@ def _head_metrics(out: Exposition, service: PipelineService) -> None:
         ],
     )
     _pool_metrics(out, service, names)
+    _autoscale_metrics(out, service, names)
     _latency_metrics(out, service.latency(), names)
 
 
@@ -221,10 +222,57 @@ def _pool_metrics(out: Exposition, service: PipelineService, names: dict[int, st
             [(labels, getattr(r, attr)) for labels, r in loads],
         )
     out.family(
+        "omnistage_replica_node_info",
+        "gauge",
+        "1 per replica a backend placed on a node (--worker-backend ray), labelled by node.",
+        [({**labels, "node": r.node}, 1) for labels, r in loads if r.node is not None],
+    )
+    out.family(
         "omnistage_stage_waiting",
         "gauge",
         "Requests waiting for a free replica slot of the stage.",
         [(_stage(sid, names), n) for sid, n in sorted(service.stage_waiting().items())],
+    )
+
+
+def _autoscale_metrics(out: Exposition, service: PipelineService, names: dict[int, str]) -> None:
+    """From the autoscaler's view in /v1/omni/stages (``head.scaler``): stages the head
+    autoscales only. Read there so API server processes see the head's."""
+    scaling = [
+        (s["stage_id"], s["autoscaling"])
+        for s in service.stages_status().get("stages", [])
+        if (s.get("autoscaling") or {}).get("active")
+    ]
+    out.family(
+        "omnistage_autoscale_decisions_total",
+        "counter",
+        "Autoscaling decisions applied, by direction (up: replicas added; down: one drained).",
+        [
+            ({**_stage(sid, names), "direction": direction}, a["decisions"][direction])
+            for sid, a in scaling
+            for direction in ("up", "down")
+        ],
+    )
+    out.family(
+        "omnistage_autoscale_desired_replicas",
+        "gauge",
+        "Replicas the stage's load asks for: ceil(load / target_inflight_per_replica), "
+        "clamped to [min_replicas, max_replicas].",
+        [(_stage(sid, names), a["desired"]) for sid, a in scaling],
+    )
+    out.family(
+        "omnistage_autoscale_replicas",
+        "gauge",
+        "Replicas the autoscaler counts for the stage: serving, starting or restarting, "
+        "not draining.",
+        [(_stage(sid, names), a["replicas"]) for sid, a in scaling],
+    )
+    out.family(
+        "omnistage_autoscale_load",
+        "gauge",
+        "The stage's load as the autoscaler last read it: requests in flight on its "
+        "replicas plus requests waiting for one.",
+        [(_stage(sid, names), a["load"]) for sid, a in scaling],
     )
 
 
