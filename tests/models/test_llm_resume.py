@@ -133,3 +133,103 @@ def test_resume_past_a_smaller_max_tokens_also_ends_at_once(
     chunks = _run(engine, _request(resume_text=full, max_tokens=N // 2))
     (last,) = chunks
     assert (last.text, last.finish_reason) == ("", "length")
+
+
+# Seeded sampling: each token's draw is a pure function of (seed, its index in the
+# completion), so a resumed request draws at token k what the uninterrupted one drew.
+SEEDED = {"temperature": 1.0, "top_p": 0.9, "seed": 7, "max_tokens": 40, "ignore_eos": True}
+OTHERS = (
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis to a child.",
+)
+
+
+@pytest.fixture(scope="module")
+def seeded(engine: LlmEngine) -> list[EngineChunk]:
+    chunks = _run(engine, _request(**SEEDED))
+    last = chunks[-1]
+    assert last.finished and last.finish_reason == "length"
+    return chunks
+
+
+def _cuts(chunks: list[EngineChunk]) -> list[int]:
+    """Chunk boundaries to resume at (what a client can have received): early, middle,
+    late, and one inside a word (the next chunk goes on without a space)."""
+    # The last chunk finishes the request: a cut there leaves nothing to resume.
+    inner = list(range(1, len(chunks) - 1))
+    mid_word = [
+        i for i in inner if chunks[i - 1].text[-1:].isalpha() and chunks[i].text[:1].isalpha()
+    ]
+    assert mid_word, [c.text for c in chunks]
+    picks = {inner[len(inner) // 5], inner[len(inner) // 2], inner[4 * len(inner) // 5]}
+    return sorted(picks | {mid_word[len(mid_word) // 2]})
+
+
+def _resumed_request(chunks: list[EngineChunk], cut: int, rid: str = "r") -> EngineRequest:
+    delivered = _text(chunks[:cut])
+    usage = chunks[cut - 1].usage
+    assert usage is not None
+    prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
+    return EngineRequest(
+        rid, prompt, dict(SEEDED), _no_inputs(), delivered, usage["completion_tokens"]
+    )
+
+
+def test_seeded_resume_continues_exactly_as_the_uninterrupted_run(
+    engine: LlmEngine, seeded: list[EngineChunk]
+) -> None:
+    full = _text(seeded)
+    for cut in _cuts(seeded):
+        resumed = _run(engine, _resumed_request(seeded, cut))
+        assert _text(seeded[:cut]) + _text(resumed) == full, cut
+        assert resumed[-1].usage == seeded[-1].usage
+
+
+def test_seeded_resume_is_exact_among_other_sequences(
+    engine: LlmEngine, seeded: list[EngineChunk]
+) -> None:
+    # Other rows in the batch (greedy and sampled, joining with the resumed one) change
+    # neither the uninterrupted nor the resumed seeded output.
+    full = _text(seeded)
+
+    def others() -> list[EngineRequest]:
+        return [
+            EngineRequest(
+                f"o{i}",
+                Prompt(messages=[ChatMessage("user", q)]),
+                {"temperature": 0.8 * (i % 2), "max_tokens": 10 + 7 * i, "ignore_eos": True},
+                _no_inputs(),
+            )
+            for i, q in enumerate(OTHERS)
+        ]
+
+    async def together(request: EngineRequest) -> str:
+        outs = await asyncio.gather(
+            *(_collect(engine, r) for r in [*others()[:2], request, *others()[2:]])
+        )
+        return _text(outs[2])
+
+    async def _collect(eng: LlmEngine, request: EngineRequest) -> list[EngineChunk]:
+        return [c async for c in eng.generate(request)]
+
+    assert asyncio.run(together(_request(**SEEDED))) == full
+    for cut in _cuts(seeded):
+        rest = asyncio.run(together(_resumed_request(seeded, cut, "resumed")))
+        assert _text(seeded[:cut]) + rest == full, cut
+
+
+def test_penalties_count_the_delivered_tokens_on_resume(engine: LlmEngine) -> None:
+    params = {**SEEDED, "frequency_penalty": 1.5, "presence_penalty": 0.5}
+    chunks = _run(engine, _request(**params))
+    full = _text(chunks)
+    cut = len(chunks) // 2
+    delivered = _text(chunks[:cut])
+    usage = chunks[cut - 1].usage
+    assert usage is not None
+    prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
+    request = EngineRequest(
+        "r", prompt, params, _no_inputs(), delivered, usage["completion_tokens"]
+    )
+    assert delivered + _text(_run(engine, request)) == full

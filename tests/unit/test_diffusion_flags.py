@@ -157,13 +157,13 @@ def test_a_headless_replica_adds_the_flags_to_its_own_overrides() -> None:
 
 def test_the_llm_system_prompt_goes_first_unless_the_client_sent_one() -> None:
     pytest.importorskip("torch")
-    from omnistage.engines.llm.engine import _with_system
+    from omnistage.engines.llm.prompts import with_system
     from omnistage.protocol.messages import ChatMessage, Prompt
 
     user = ChatMessage("user", "a cat")
-    out = _with_system(Prompt(messages=[user]), "Describe it.")
+    out = with_system(Prompt(messages=[user]), "Describe it.")
     assert out.messages == [ChatMessage("system", "Describe it."), user]
     own = Prompt(messages=[ChatMessage("system", "Mine."), user])
-    assert _with_system(own, "Describe it.") is own
+    assert with_system(own, "Describe it.") is own
     text = Prompt(text="raw completion")
-    assert _with_system(text, "Describe it.") is text
+    assert with_system(text, "Describe it.") is text

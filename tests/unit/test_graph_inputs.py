@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omnistage.config.schema import DeployConfig
 from omnistage.dataplane.graph import StageGraph
-from omnistage.engines.llm.engine import _with_heard
+from omnistage.engines.llm.prompts import with_heard
 from omnistage.protocol.messages import ChatMessage, Prompt
 
 TEXT, AUDIO = frozenset({"text"}), frozenset({"audio"})
@@ -80,7 +80,7 @@ def test_the_transcript_completes_the_last_user_turn() -> None:
             ChatMessage("user", "Answer this:"),
         ]
     )
-    merged = _with_heard(prompt, " what is the capital of France?")
+    merged = with_heard(prompt, " what is the capital of France?")
     assert merged.messages is not None
     assert merged.messages[-1] == ChatMessage(
         "user", "Answer this:\nwhat is the capital of France?"
@@ -88,6 +88,6 @@ def test_the_transcript_completes_the_last_user_turn() -> None:
     assert merged.messages[:3] == prompt.messages[:3]
     # An audio-only user turn becomes the transcript; no upstream text changes nothing.
     only_audio = Prompt(messages=[ChatMessage("user", "")])
-    assert _with_heard(only_audio, "hello").messages == [ChatMessage("user", "hello")]
-    assert _with_heard(prompt, "") is prompt
-    assert _with_heard(None, "hi").messages == [ChatMessage("user", "hi")]
+    assert with_heard(only_audio, "hello").messages == [ChatMessage("user", "hello")]
+    assert with_heard(prompt, "") is prompt
+    assert with_heard(None, "hi").messages == [ChatMessage("user", "hi")]

@@ -8,12 +8,10 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
-
 from omnistage.config.engine_args import LlmArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
-from omnistage.engines.llm import weights
+from omnistage.engines.llm import backends
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.guided import (
     Guide,
@@ -21,11 +19,12 @@ from omnistage.engines.llm.guided import (
     json_grammar,
     schema_of_response_format,
 )
+from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
 from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
 from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChatMessage, Prompt
+from omnistage.protocol.messages import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +39,7 @@ class LlmEngine(Engine):
         self.tokenizer: Any = None
         self.vocabulary: TokenVocabulary | None = None
         self.max_model_len = 0
+        self.backend = ""  # which thinker runs the model (see backends)
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -50,29 +50,24 @@ class LlmEngine(Engine):
         threads = self.args.torch_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
         self.starting = f"loading weights of {self.args.model} (a first start converts a GGUF)"
-        model, tokenizer, device = weights.load(
-            self.args.model, self.args.dtype, self.args.device, self.args.cache_dir
-        )
-        self.tokenizer = tokenizer
-        # Logits are as wide as the model's vocabulary, which may exceed the tokenizer's.
-        self._vocab = int(getattr(model.config, "vocab_size", 0) or len(tokenizer))
-        self._torch_device = device
-        window = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
-        self.max_model_len = min(self.args.max_model_len or window, window)
-        eos = model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if tokenizer.eos_token_id is not None:
-            eos_ids.add(tokenizer.eos_token_id)
-        self._eos_ids = frozenset(eos_ids)
+        thinker = backends.load(self.args)
+        self.backend = thinker.backend
+        self.tokenizer = thinker.tokenizer
+        self._vocab = thinker.vocab
+        self._torch_device = thinker.device
+        self.max_model_len = min(self.args.max_model_len or thinker.window, thinker.window)
+        self._eos_ids = thinker.eos_ids
         # Grammars and logprobs see tokens as bytes through it.
         self.starting = "indexing the vocabulary for constrained decoding"
-        self.vocabulary = TokenVocabulary(tokenizer, self._vocab)
-        self._template_knows_tools = "tools" in (getattr(tokenizer, "chat_template", "") or "")
+        self.vocabulary = TokenVocabulary(self.tokenizer, self._vocab)
+        template = getattr(self.tokenizer, "chat_template", "") or ""
+        self._template_knows_tools = "tools" in template
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
-        self._worker = LlmWorker(model, device, eos_ids, limits, self._count_step)
+        self._worker = LlmWorker(thinker.batch, set(self._eos_ids), limits, self._count_step)
         self._worker.start()
         log.info(
-            "llm ready: window %d tokens, up to %d sequences per step, %d torch threads",
+            "llm ready (%s): window %d tokens, up to %d sequences per step, %d torch threads",
+            self.backend,
             self.max_model_len,
             limits.max_num_seqs,
             threads,
@@ -91,9 +86,9 @@ class LlmEngine(Engine):
         # Upstream text (a listener's transcript, another model's answer); none for a
         # source stage, whose inputs end at once.
         heard = "".join([i.text async for i in request.inputs if i.modality == "text"])
-        prompt = _with_heard(request.prompt, heard)
+        prompt = with_heard(request.prompt, heard)
         if self.args.system_prompt:
-            prompt = _with_system(prompt, self.args.system_prompt)
+            prompt = with_system(prompt, self.args.system_prompt)
         params, plan, guide = self._request_setup(request.params)
         ids = self._prompt_ids(prompt, plan)
         prompt_tokens = len(ids)
@@ -127,15 +122,22 @@ class LlmEngine(Engine):
         def deliver(item: EngineChunk | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        sampler = Sampler(params, self._vocab, self._torch_device, guide, self._eos_ids)
+        # Penalties count the delivered tokens too; seeded draws and min_tokens go by
+        # the token's index in the whole completion (prior_tokens on).
+        sampler.replay(prior)
         seq = Sequence(
             request_id=request.request_id,
             prompt_ids=ids,
-            sampler=Sampler(params, self._vocab, self._torch_device, guide, self._eos_ids),
+            sampler=sampler,
             max_tokens=min(params.max_tokens - done, room),
             detok=Detokenizer(self.tokenizer, params.stop),
             deliver=deliver,
             prompt_tokens=prompt_tokens,
             prior_tokens=done,
+            # Seeded sampling draws by token index; the logits must match too (greedy
+            # picks survive a batched prefill's rounding but for near-ties).
+            replay=len(prior) if params.seed is not None and not params.greedy else 0,
             token_text=self._vocabulary().token if params.logprobs is not None else None,
         )
         shaper = CallShaper(plan, request.resume_text)
@@ -198,7 +200,7 @@ class LlmEngine(Engine):
                 out = tok.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=True, **extra
                 )
-                return _as_ids(out)
+                return token_ids(out)
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
             return list(tok.encode(text))
         return list(tok.encode(prompt.text or ""))
@@ -206,42 +208,3 @@ class LlmEngine(Engine):
     async def shutdown(self) -> None:
         if self._worker is not None:
             await asyncio.to_thread(self._worker.stop)
-
-
-def _with_heard(prompt: Prompt | None, heard: str) -> Prompt:
-    """The prompt with the upstream text in it: alone, it is the user turn; with the
-    client's messages (speech in: the listener transcribed the last user turn's audio),
-    it completes the last user message."""
-    if prompt is None:
-        return Prompt(messages=[ChatMessage("user", heard)])
-    if not heard.strip():
-        return prompt
-    if prompt.messages is None:
-        text = f"{prompt.text}\n{heard.strip()}" if prompt.text else heard.strip()
-        return Prompt(text=text)
-    messages = list(prompt.messages)
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].role == "user":
-            m = messages[i]
-            content = f"{m.content}\n{heard.strip()}" if m.content.strip() else heard.strip()
-            messages[i] = ChatMessage(m.role, content, m.tool_calls, m.tool_call_id)
-            return Prompt(messages=messages)
-    return Prompt(messages=[*messages, ChatMessage("user", heard.strip())])
-
-
-def _with_system(prompt: Prompt, system: str) -> Prompt:
-    """The stage's system prompt first, unless the client sent a system message (a
-    plain text prompt is a raw completion and has no turns to put it in)."""
-    messages = prompt.messages
-    if messages is None or any(m.role in ("system", "developer") for m in messages):
-        return prompt
-    return msgspec.structs.replace(prompt, messages=[ChatMessage("system", system), *messages])
-
-
-def _as_ids(out: Any) -> list[int]:
-    """apply_chat_template returns a list or a BatchEncoding depending on the version."""
-    if isinstance(out, dict) or hasattr(out, "keys"):
-        out = out["input_ids"]
-    if out and isinstance(out[0], list):
-        out = out[0]
-    return [int(i) for i in out]

@@ -5,12 +5,78 @@ sequence; the attention mask hides the padding and each row carries its own posi
 ids. A row joins after its own prefill (its cache is padded in), leaves by index
 selection (its memory is freed at once), and columns that are padding in every row
 are trimmed so the batch does not keep the shape of sequences that left.
+
+``HfBatch`` drives a transformers model over it, behind the interface the worker uses
+for either thinker (see ``slot_batch.SlotBatch`` for the fast one).
 """
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from transformers import DynamicCache
+
+
+class HfBatch:
+    """A transformers causal LM decoding the running batch (any model, CPU or GPU)."""
+
+    def __init__(self, model: Any, device: torch.device) -> None:
+        self._model = model
+        self._device = device
+        self._cache_kw = cache_keyword(model)
+        self._kv = KvBatch(self._cache_kw)
+        self._staged: tuple[DynamicCache, int] | None = None
+
+    @property
+    def rows(self) -> int:
+        return self._kv.rows
+
+    @property
+    def positions(self) -> list[int]:
+        return self._kv.positions
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """The next-token logits [vocab] of a prompt; ``admit`` makes it a row."""
+        n = len(ids)
+        cache = DynamicCache()
+        out = self._model(
+            input_ids=torch.tensor([ids], device=self._device),
+            attention_mask=torch.ones(1, n, dtype=torch.long, device=self._device),
+            position_ids=torch.arange(n, device=self._device).unsqueeze(0),
+            use_cache=True,
+            **{self._cache_kw: cache},
+        )
+        self._staged = (cache, n)
+        return out.logits[0, -1]
+
+    def admit(self, first_token: int) -> None:
+        assert self._staged is not None
+        cache, n = self._staged
+        self._staged = None
+        self._kv.add(cache, n, first_token)
+
+    def decode(self) -> torch.Tensor:
+        """Logits [rows, vocab] of the next token of every row."""
+        return self._model(**self._kv.step_inputs()).logits[:, -1, :]
+
+    def advance(self, tokens: list[int]) -> None:
+        self._kv.advance(tokens)
+
+    def keep(self, rows: list[int]) -> None:
+        self._kv.keep(rows)
+
+    def reset(self) -> None:
+        self._kv = KvBatch(self._cache_kw)
+        self._staged = None
+
+
+def cache_keyword(model: Any) -> str:
+    """transformers renamed forward(past_key_values=) to forward(cache=); use what the
+    installed version takes."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 class KvBatch:

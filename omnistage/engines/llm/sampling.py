@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -143,8 +144,34 @@ class Constraint(Protocol):
         ...
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def counter_uniform(seed: int, index: int) -> float:
+    """A uniform in [0, 1) from (seed, index) alone (SplitMix64 of both): counter-based,
+    no RNG state to carry across steps or replicas."""
+    return (_splitmix64(_splitmix64(seed & _MASK64) ^ index) >> 11) * 2.0**-53
+
+
+def _draw(probs: torch.Tensor, u: float) -> int:
+    """Inverse CDF: the token whose cumulative mass first exceeds ``u`` of the total
+    (never a token of zero mass). Float64 sums: the same probabilities always give the
+    same token."""
+    cdf = probs.double().cumsum(0)
+    target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
+    index = int(torch.searchsorted(cdf, target, right=True))
+    return min(index, probs.shape[0] - 1)
+
+
 class Sampler:
-    """Sampling state of one sequence: its RNG and the counts penalties need, an
+    """Sampling state of one sequence: the counts penalties need, an
     optional grammar constraint, and the logprobs of the last token when asked."""
 
     def __init__(
@@ -167,15 +194,29 @@ class Sampler:
                 self._bias[token] = bias
         # (chosen token's logprob, [(token, logprob), ...] best first) of the last sample.
         self.last_logprobs: tuple[float, list[tuple[int, float]]] | None = None
-        self._generator: torch.Generator | None = None
-        if params.seed is not None:
-            self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(params.seed)
         self._penalize = bool(params.presence_penalty or params.frequency_penalty)
         self._counts = torch.zeros(vocab_size, device=device) if self._penalize else None
 
+    def replay(self, tokens: list[int]) -> None:
+        """Count tokens generated before a resume (by the failed replica): penalties
+        then see the whole completion, as the uninterrupted run's did."""
+        if self._counts is not None:
+            for token in tokens:
+                if 0 <= token < self._counts.shape[0]:
+                    self._counts[token] += 1
+
+    def _uniform(self, index: int) -> float:
+        """The uniform draw of the completion's token ``index``: with a seed, a pure
+        function of (seed, index), so a request resumed at token k draws what the
+        uninterrupted run drew there whatever ran before it or beside it."""
+        if self.params.seed is None:
+            return random.random()
+        return counter_uniform(self.params.seed, index)
+
     def sample(self, logits: torch.Tensor, generated: int = 0) -> int:
-        """One token from a 1-D logits row, ``generated`` tokens into the completion."""
+        """One token from a 1-D logits row, ``generated`` tokens into the completion
+        (the failed replica's included on a resume: min_tokens and seeded draws
+        count from the start of the completion)."""
         p = self.params
         logits = logits.float()
         # Reported logprobs are the model's own, before any processing (as vLLM's).
@@ -198,14 +239,16 @@ class Sampler:
                 kth = torch.topk(logits, p.top_k).values[-1]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
+            order = None
             if p.top_p < 1.0:
-                sorted_probs, order = torch.sort(probs, descending=True)
+                # Stable: bfloat16 logits tie often, and the order must not vary.
+                probs, order = torch.sort(probs, descending=True, stable=True)
                 # Keep the smallest prefix whose mass reaches top_p (always the first).
-                drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > p.top_p
-                sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-                probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-                probs = probs / probs.sum()
-            token = int(torch.multinomial(probs, 1, generator=self._generator))
+                drop = torch.cumsum(probs, dim=-1) - probs > p.top_p
+                probs = probs.masked_fill(drop, 0.0)
+            token = _draw(probs, self._uniform(generated))
+            if order is not None:
+                token = int(order[token])
         if self._counts is not None:
             self._counts[token] += 1
         if raw is not None:

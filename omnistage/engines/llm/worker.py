@@ -1,9 +1,10 @@
 """The LLM step loop: continuous batching on a thread of its own.
 
 Every iteration: drop aborted sequences (freeing their cache rows at once), admit
-waiting ones while the batch has room (prefill each, sample its first token, pad its
-cache into the batch), then decode one token for every running sequence in a single
-forward pass. Sequences join and leave between any two steps.
+waiting ones while the batch has room (prefill each, sample its first token, add its
+cache as a row), then decode one token for every running sequence in a single forward
+pass. Sequences join and leave between any two steps. The model and its KV cache are a
+``Batch``: the fast CPU thinker's or a transformers model's, the loop is the same.
 
 Results go back to the asyncio side through each sequence's ``deliver`` callback,
 which must be thread-safe (the engine passes ``loop.call_soon_threadsafe``).
@@ -16,14 +17,12 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import torch
-from transformers import DynamicCache
 
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
-from omnistage.engines.llm.kv_batch import KvBatch
 from omnistage.engines.llm.sampling import Sampler
 from omnistage.protocol.messages import TokenLogprob, TopLogprob
 
@@ -44,6 +43,9 @@ class Sequence:
     prior_tokens: int = 0
     # Token id -> (text, bytes), for logprobs (see guided.TokenVocabulary).
     token_text: Callable[[int], tuple[str, list[int]]] | None = None
+    # Last prompt tokens (a resumed continuation) to compute as decode steps, where the
+    # batch can: a seeded draw then sees the logits the uninterrupted run saw.
+    replay: int = 0
     generated: list[int] = field(default_factory=list)
     # Logprobs of tokens whose text has not gone out yet (held back by detokenizing).
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -56,6 +58,39 @@ class Sequence:
         return len(self.prompt_ids) + self.max_tokens
 
 
+class Batch(Protocol):
+    """The model and KV cache of the running rows (``kv_batch.HfBatch`` for any
+    transformers model, ``slot_batch.SlotBatch`` for the fast CPU thinker)."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def positions(self) -> list[int]:
+        """Each row's next position id."""
+        ...
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Next-token logits [vocab] of a prompt, its cache staged for ``admit``."""
+        ...
+
+    def admit(self, first_token: int) -> None:
+        """The staged prompt joins as the last row."""
+        ...
+
+    def decode(self) -> torch.Tensor:
+        """Logits [rows, vocab] of every row's next token."""
+        ...
+
+    def advance(self, tokens: list[int]) -> None: ...
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (ascending); the others' cache is released."""
+        ...
+
+    def reset(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     max_num_seqs: int
@@ -66,22 +101,18 @@ class BatchLimits:
 class LlmWorker:
     def __init__(
         self,
-        model: Any,
-        device: torch.device,
+        batch: Batch,
         eos_ids: set[int],
         limits: BatchLimits,
         on_step: Callable[[], None],
     ) -> None:
-        self._model = model
-        self._device = device
+        self._batch = batch
         self._eos = eos_ids
         self.limits = limits
         self._on_step = on_step
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
-        self._cache_kw = cache_keyword(model)
-        self._batch = KvBatch(self._cache_kw)
         self._stop = False
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name="omni-llm", daemon=True)
@@ -164,24 +195,18 @@ class LlmWorker:
         return (len(self._running) + 1) * longest <= self.limits.max_kv_tokens
 
     def _prefill(self, seq: Sequence) -> None:
-        n = len(seq.prompt_ids)
-        cache = DynamicCache()
-        out = self._model(
-            input_ids=torch.tensor([seq.prompt_ids], device=self._device),
-            attention_mask=torch.ones(1, n, dtype=torch.long, device=self._device),
-            position_ids=torch.arange(n, device=self._device).unsqueeze(0),
-            use_cache=True,
-            **{self._cache_kw: cache},
-        )
-        token = seq.sampler.sample(out.logits[0, -1], seq.prior_tokens)
+        if seq.replay and getattr(self._batch, "replays_by_decode", False):
+            logits = self._batch.prefill(seq.prompt_ids, replay=seq.replay)  # type: ignore[call-arg]
+        else:
+            logits = self._batch.prefill(seq.prompt_ids)
+        token = seq.sampler.sample(logits, seq.prior_tokens)
         self._tick()
-        if self._accept(seq, token, position=n):
-            self._batch.add(cache, n, token)
+        if self._accept(seq, token, position=len(seq.prompt_ids)):
+            self._batch.admit(token)
             self._running.append(seq)
 
     def _decode_step(self) -> None:
-        out = self._model(**self._batch.step_inputs())
-        logits = out.logits[:, -1, :]
+        logits = self._batch.decode()
         tokens = [
             s.sampler.sample(logits[i], s.prior_tokens + len(s.generated))
             for i, s in enumerate(self._running)
@@ -241,7 +266,7 @@ class LlmWorker:
             victims = [*self._running, *self._waiting]
             self._waiting.clear()
         self._running = []
-        self._batch = KvBatch(self._cache_kw)
+        self._batch.reset()
         for seq in victims:
             if not seq.done:
                 seq.done = True
@@ -282,12 +307,3 @@ def _take_logprobs(seq: Sequence, final: bool = False) -> list[TokenLogprob] | N
         taken = kept
     seq.logprob_chars += sum(len(e.token) for e in taken)
     return taken or None
-
-
-def cache_keyword(model: Any) -> str:
-    """transformers renamed forward(past_key_values=) to forward(cache=); use what the
-    installed version takes."""
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"

@@ -1,0 +1,306 @@
+"""A lean Llama forward for CPU decoding: 4-bit weights, a slot KV cache, few ops a step.
+
+Decoding a 135M model one token at a time is bound by memory bandwidth and by per-op
+overhead, not by arithmetic. fp32 weights are ~540 MB a token; these are ~85 MB:
+every projection is int4 in groups of 32 along the input (the grid the Q4_1 GGUF
+already ships, so re-quantizing it loses nothing but the scales' rounding to bfloat16)
+run by torch's CPU int4 kernel, and the tied embedding / LM head keeps its GGUF tensor's
+Q8_0 values (see ``TiedTable``). The kernels take bfloat16 activations; the residual
+stream, norms, RoPE, attention and the logits stay float32. Per layer a step is ~20
+ops: q/k/v and gate/up are one matmul each, RoPE is one complex multiply (q/k rows are
+permuted at load so each head's rotated halves are interleaved pairs; q.k is unchanged
+under the same permutation of both).
+
+The KV cache and the running batch are ``slot_batch.SlotBatch``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+GROUP = 32  # int4 group size along the input dimension
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    max_positions: int
+
+    @classmethod
+    def of(cls, config: dict) -> LlamaShape:
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        rope = config.get("rope_parameters") or {}
+        return cls(
+            layers=int(config["num_hidden_layers"]),
+            hidden=hidden,
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate=int(config["intermediate_size"]),
+            vocab=int(config["vocab_size"]),
+            eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
+            max_positions=int(config.get("max_position_embeddings") or 2048),
+        )
+
+
+def supported(config: dict) -> str | None:
+    """Why the fast path cannot run this model (None: it can)."""
+    if config.get("model_type") != "llama":
+        return f"model_type {config.get('model_type')!r} is not llama"
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if (rope.get("rope_type") or rope.get("type") or "default") != "default":
+        return "scaled RoPE"
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        return "biases"
+    if config.get("hidden_act", "silu") != "silu":
+        return f"activation {config.get('hidden_act')!r}"
+    shape = LlamaShape.of(config)
+    if shape.hidden % GROUP or shape.intermediate % GROUP:
+        return f"dimensions not a multiple of {GROUP}"
+    return None
+
+
+_ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries of a big matrix
+
+
+class Int4Linear:
+    """y = x @ W.T with W in int4, asymmetric per group of 32 inputs (the Q4_1 grid; the
+    kernel keeps scales and zero points in bfloat16)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        packed, scales = [], []
+        for block in weight.split(_ROWS):
+            n, k = block.shape
+            groups = block.float().reshape(n, k // GROUP, GROUP)
+            lo, hi = groups.amin(-1), groups.amax(-1)
+            scale = ((hi - lo) / 15).clamp_min(1e-12)
+            q = torch.round((groups - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp_(0, 15)
+            packed.append(
+                torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                    q.to(torch.int32).reshape(n, k), 1
+                )
+            )
+            # The kernel computes (q - 8) * scale + zero.
+            scales.append(torch.stack([scale, lo + 8 * scale], -1))
+        self.packed = torch.cat(packed)
+        self.scales = torch.cat(scales).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales)
+
+
+class TiedTable:
+    """The tied embedding / LM head.
+
+    Kept exactly as the GGUF ships it (Q8_0: int8 in groups of 32 with a scale each)
+    for embedding lookups and exact logits, plus an int4 copy for a fast first pass
+    over the vocabulary. That pass's bfloat16 logits are only good to ~0.1-0.5, enough to
+    flip a greedy near-tie, so the ``REFINE`` best of every row are recomputed in float32
+    from the exact rows: they decide greedy picks, top-k/top-p sampling and reported
+    logprobs; the rest of the vocabulary keeps the first pass's values.
+    """
+
+    REFINE = 64
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        k = weight.shape[1]
+        q, scale = [], []
+        for block in weight.split(_ROWS):
+            groups = block.reshape(block.shape[0], k // GROUP, GROUP)
+            gscale = (groups.abs().amax(-1) / 127).clamp_min(1e-12).unsqueeze(-1)
+            q.append(torch.round(groups / gscale).to(torch.int8))
+            scale.append(gscale)
+        self._q = torch.cat(q)  # [rows, k/32, 32]
+        self._scale = torch.cat(scale)  # [rows, k/32, 1]
+        self._k = k
+        self._coarse = Int4Linear(weight)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Exact float32 rows."""
+        return (self._q[ids].float() * self._scale[ids]).reshape(*ids.shape, self._k)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, vocab] float32 logits of float32 hidden states [n, hidden]."""
+        logits = self._coarse(x.to(torch.bfloat16)).float()
+        best = torch.topk(logits, self.REFINE, dim=-1, sorted=False).indices  # [n, R]
+        exact = torch.bmm(self.rows(best), x.unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(1, best, exact)
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv: Int4Linear
+    o: Int4Linear
+    mlp_norm: torch.Tensor
+    gate_up: Int4Linear
+    down: Int4Linear
+
+
+class _Tensors:
+    """A model directory's safetensors by name (without "model."), each read when asked:
+    only the layer being quantized is in memory as float32, not the model. Each read maps
+    the file afresh and unmaps it after copying: the mapped pages of the whole file would
+    otherwise count in the process's memory until the end of the load."""
+
+    def __init__(self, directory: Path) -> None:
+        from safetensors import safe_open
+
+        self._open = safe_open
+        self._files: dict[str, tuple[Path, str]] = {}
+        for file in sorted(directory.glob("*.safetensors")):
+            with safe_open(file, framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    self._files[name.removeprefix("model.")] = (file, name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        file, full = self._files[name]
+        with self._open(file, framework="pt") as handle:
+            # A copy: a tensor read may share the mapping.
+            return handle.get_tensor(full).to(torch.float32, copy=True)
+
+
+def _interleave_rope_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Rows of a q/k projection reordered so RoPE's rotated halves (i, i + d/2) become
+    adjacent pairs (2i, 2i + 1) in every head."""
+    half = head_dim // 2
+    order = torch.stack([torch.arange(half), torch.arange(half) + half], 1).reshape(-1)
+    return w.reshape(heads, head_dim, -1)[:, order].reshape(heads * head_dim, -1)
+
+
+class FastLlama:
+    """Weights and forward passes; the KV cache is the caller's."""
+
+    def __init__(self, directory: Path) -> None:
+        config = json.loads((directory / "config.json").read_text())
+        self.config = config
+        self.shape = s = LlamaShape.of(config)
+        t = _Tensors(directory)
+        embed = t["embed_tokens.weight"]
+        head = t["lm_head.weight"] if "lm_head.weight" in t else embed  # noqa: SIM401
+        self.embed = TiedTable(embed)
+        self.head = self.embed if head is embed else TiedTable(head)
+        self.norm = t["norm.weight"]
+        self.layers = []
+        for i in range(s.layers):
+            p = f"layers.{i}."
+            q = _interleave_rope_rows(t[p + "self_attn.q_proj.weight"], s.heads, s.head_dim)
+            k = _interleave_rope_rows(t[p + "self_attn.k_proj.weight"], s.kv_heads, s.head_dim)
+            v = t[p + "self_attn.v_proj.weight"]
+            gate, up = t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]
+            self.layers.append(
+                _Layer(
+                    attn_norm=t[p + "input_layernorm.weight"],
+                    qkv=Int4Linear(torch.cat([q, k, v])),
+                    o=Int4Linear(t[p + "self_attn.o_proj.weight"]),
+                    mlp_norm=t[p + "post_attention_layernorm.weight"],
+                    gate_up=Int4Linear(torch.cat([gate, up])),
+                    down=Int4Linear(t[p + "mlp.down_proj.weight"]),
+                )
+            )
+        inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2).float() / s.head_dim))
+        angles = torch.outer(torch.arange(s.max_positions).float(), inv)
+        self.rope = torch.polar(torch.ones_like(angles), angles)  # [positions, head_dim/2]
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        slots: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        length: int = 0,
+        prefill_slot: int | None = None,
+    ) -> torch.Tensor:
+        """Float32 logits [rows, vocab] for the last token of each row.
+
+        ``keys``/``values``: per layer ``[slots, kv_heads, capacity, head_dim]``.
+        Decode: ``ids``/``positions`` are [rows], one new token per row (row i is slot
+        i); ``slots`` [rows * kv_heads] says where their K/V go in a cache viewed as
+        ``[-1, head_dim]`` (``cache_index``); attention reads each slot's first
+        ``length`` positions, and ``mask`` [rows, 1, 1, length] (additive; None for one
+        row) hides a row's unused ones. Prefill: ``ids`` are one sequence's [n] tokens
+        from position 0, cached in slot ``prefill_slot``; logits of the last one only.
+        """
+        s = self.shape
+        n = ids.shape[0]
+        h = self.embed.rows(ids)  # [n, hidden] float32
+        rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
+        qk_width = (s.heads + s.kv_heads) * s.head_dim
+        bf16 = torch.bfloat16
+        for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
+            x = F.rms_norm(h, (s.hidden,), layer.attn_norm, s.eps).to(bf16)
+            qkv = layer.qkv(x).float()
+            pairs = qkv[:, :qk_width].reshape(n, -1, s.head_dim // 2, 2)
+            qk = torch.view_as_real(torch.view_as_complex(pairs) * rot)
+            q = qk[:, : s.heads].reshape(n, s.heads, s.head_dim)
+            k = qk[:, s.heads :].reshape(n, s.kv_heads, s.head_dim)
+            v = qkv[:, qk_width:].view(n, s.kv_heads, s.head_dim)
+            if prefill_slot is not None:
+                attn = _prefill_attention(q, k, v, layer_k, layer_v, prefill_slot)
+            else:
+                assert slots is not None
+                layer_k.view(-1, s.head_dim).index_copy_(0, slots, k.reshape(-1, s.head_dim))
+                layer_v.view(-1, s.head_dim).index_copy_(0, slots, v.reshape(-1, s.head_dim))
+                # One new token per row: the query heads sharing a KV head act as that
+                # head's queries, so attention needs no GQA expansion.
+                q = q.view(n, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
+                attn = F.scaled_dot_product_attention(
+                    q, layer_k[:n, :, :length], layer_v[:n, :, :length], attn_mask=mask
+                ).reshape(n, -1)
+            h = h + layer.o(attn.to(bf16)).float()
+            x = F.rms_norm(h, (s.hidden,), layer.mlp_norm, s.eps).to(bf16)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h = h + layer.down(F.silu(gate) * up).float()
+        last = h if prefill_slot is None else h[-1:]
+        return self.head.logits(F.rms_norm(last, (s.hidden,), self.norm, s.eps))
+
+
+def cache_index(positions: torch.Tensor, shape: LlamaShape, capacity: int) -> torch.Tensor:
+    """Where row i's K/V at ``positions[i]`` go in a ``[slots, kv_heads, capacity,
+    head_dim]`` cache viewed as ``[-1, head_dim]`` (row i is slot i)."""
+    rows = torch.arange(positions.shape[0]).unsqueeze(1)
+    heads = torch.arange(shape.kv_heads).unsqueeze(0)
+    return ((rows * shape.kv_heads + heads) * capacity + positions.unsqueeze(1)).reshape(-1)
+
+
+def _prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer_k: torch.Tensor,
+    layer_v: torch.Tensor,
+    slot: int,
+) -> torch.Tensor:
+    """Causal attention of one sequence's [n] tokens from position 0, caching its K/V."""
+    n = q.shape[0]
+    layer_k[slot, :, :n] = k.transpose(0, 1)
+    layer_v[slot, :, :n] = v.transpose(0, 1)
+    attn = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        layer_k[slot : slot + 1, :, :n],
+        layer_v[slot : slot + 1, :, :n],
+        is_causal=True,
+        enable_gqa=True,
+    )
+    return attn[0].transpose(0, 1).reshape(n, -1)

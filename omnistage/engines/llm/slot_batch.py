@@ -1,0 +1,141 @@
+"""The running batch of the fast thinker: a KV slot per sequence, rows 0..n-1 running.
+
+Each layer's cache is one tensor ``[slots, kv_heads, capacity, head_dim]``; row i of
+the batch lives in slot i from position 0, with its own length (an additive mask hides
+what other rows have beyond it). A joining row is prefilled straight into the next free
+slot; rows leaving are closed up by moving later rows down (one copy of their used
+positions), so a step always works on a contiguous prefix and never gathers. Slots and
+capacity grow in chunks as sequences need them and are kept until the batch empties.
+
+Same interface as ``kv_batch.HfBatch``; the worker drives either.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omnistage.engines.llm.fast_llama import FastLlama, cache_index
+
+_CHUNK = 256  # capacity grows by this many positions
+
+
+class SlotBatch:
+    def __init__(self, model: FastLlama, max_rows: int) -> None:
+        self._model = model
+        self._max_rows = max_rows
+        self.positions: list[int] = []  # next position (= cached length) of each row
+        self.last_tokens: list[int] = []
+        self._staged = 0  # prompt length prefilled into slot ``rows``, not yet admitted
+        self._slots = 0
+        self._capacity = 0
+        self._keys: list[torch.Tensor] = []
+        self._values: list[torch.Tensor] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.positions)
+
+    # The last tokens of a prompt can be replayed as decode steps (see ``prefill``).
+    replays_by_decode = True
+
+    def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
+        """The next-token logits [vocab] of a prompt, its cache written to the next free
+        slot; ``admit`` makes it a row.
+
+        ``replay``: that many last tokens go through the decode path one at a time, as
+        a run that generated them computed them (a resumed seeded request: a batched
+        prefill rounds differently, ~0.05 on the logits, enough to change a draw)."""
+        n = len(ids)
+        replay = min(replay, n - 1)
+        self._reserve(self.rows + 1, n + 1)
+        slot = self.rows
+        first = n - replay
+        logits = self._model.forward(
+            torch.tensor(ids[:first]),
+            torch.arange(first),
+            self._keys,
+            self._values,
+            prefill_slot=slot,
+        )
+        # The staged slot alone, as row 0 of a one-slot cache.
+        keys = [k[slot : slot + 1] for k in self._keys]
+        values = [v[slot : slot + 1] for v in self._values]
+        for position in range(first, n):
+            at = torch.tensor([position])
+            logits = self._model.forward(
+                torch.tensor([ids[position]]),
+                at,
+                keys,
+                values,
+                slots=cache_index(at, self._model.shape, self._capacity),
+                length=position + 1,
+            )
+        self._staged = n
+        return logits[0]
+
+    def admit(self, first_token: int) -> None:
+        self.positions.append(self._staged)
+        self.last_tokens.append(first_token)
+
+    def decode(self) -> torch.Tensor:
+        """Logits [rows, vocab] of the next token of every row."""
+        length = max(self.positions) + 1
+        self._reserve(self.rows, length)
+        positions = torch.tensor(self.positions)
+        mask = None
+        if self.rows > 1:
+            mask = torch.zeros(self.rows, 1, 1, length)
+            unused = torch.arange(length).unsqueeze(0) > positions.unsqueeze(1)
+            mask.masked_fill_(unused.view(self.rows, 1, 1, length), float("-inf"))
+        return self._model.forward(
+            torch.tensor(self.last_tokens),
+            positions,
+            self._keys,
+            self._values,
+            slots=cache_index(positions, self._model.shape, self._capacity),
+            mask=mask,
+            length=length,
+        )
+
+    def advance(self, tokens: list[int]) -> None:
+        """Record the tokens just sampled (one per row)."""
+        self.last_tokens = tokens
+        self.positions = [p + 1 for p in self.positions]
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (ascending), moved down to slots 0..len(rows)-1."""
+        if not rows:
+            self.reset()
+            return
+        assert rows == sorted(rows), rows
+        for slot, row in enumerate(rows):
+            if slot != row:
+                used = self.positions[row]
+                for k, v in zip(self._keys, self._values, strict=True):
+                    k[slot, :, :used] = k[row, :, :used]
+                    v[slot, :, :used] = v[row, :, :used]
+        self.positions = [self.positions[r] for r in rows]
+        self.last_tokens = [self.last_tokens[r] for r in rows]
+
+    def reset(self) -> None:
+        """Drop every row and the cache's memory."""
+        self.positions, self.last_tokens = [], []
+        self._keys, self._values, self._slots, self._capacity = [], [], 0, 0
+
+    def _reserve(self, slots: int, positions: int) -> None:
+        if slots <= self._slots and positions <= self._capacity:
+            return
+        shape = self._model.shape
+        slots = max(self._slots, min(self._max_rows, max(slots, 2 * self._slots)))
+        capacity = max(self._capacity, -(-positions // _CHUNK) * _CHUNK)
+        size = (slots, shape.kv_heads, capacity, shape.head_dim)
+        keys, values = [], []
+        for i in range(shape.layers):
+            k, v = torch.zeros(size), torch.zeros(size)
+            if self._keys:
+                k[: self._slots, :, : self._capacity] = self._keys[i]
+                v[: self._slots, :, : self._capacity] = self._values[i]
+            keys.append(k)
+            values.append(v)
+        self._keys, self._values = keys, values
+        self._slots, self._capacity = slots, capacity

@@ -1,0 +1,164 @@
+"""The fast CPU thinker (``backend: fast``, 4-bit weights) on the real SmolLM2 weights.
+
+Quantized weights move the logits a little, so these check behaviour, not fp32 text:
+right answers, next-token choices that agree with the fp32 transformers model, a batch
+that gives every row what it gets alone (rows joining and leaving included), and the
+transformers backend still selectable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from omnistage.config.schema import StageConfig
+from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
+from omnistage.engines.llm import weights
+from omnistage.engines.llm.engine import LlmEngine
+from omnistage.engines.llm.fast_llama import FastLlama
+from omnistage.engines.llm.slot_batch import SlotBatch
+from omnistage.protocol.messages import ChatMessage, Prompt
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0}
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 2 + 2?",
+    "Write a haiku about the sea.",
+)
+
+
+async def _no_inputs() -> AsyncIterator[StageInput]:
+    return
+    yield  # pragma: no cover
+
+
+def _request(text: str, rid: str = "r", **params: Any) -> EngineRequest:
+    prompt = Prompt(messages=[ChatMessage("user", text)])
+    return EngineRequest(rid, prompt, {**GREEDY, **params}, _no_inputs())
+
+
+async def _collect(engine: LlmEngine, request: EngineRequest) -> list[EngineChunk]:
+    return [c async for c in engine.generate(request)]
+
+
+def _text(chunks: list[EngineChunk]) -> str:
+    return "".join(c.text for c in chunks)
+
+
+def _engine(**engine_args: Any) -> LlmEngine:
+    stage = StageConfig(stage_id=0, name="thinker", engine="llm", engine_args=engine_args)
+    return LlmEngine(stage)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlmEngine]:
+    eng = _engine()  # the default: fast on a CPU
+    asyncio.run(eng.start())
+    yield eng
+    asyncio.run(eng.shutdown())
+
+
+def test_the_default_thinker_on_cpu_is_the_fast_one(engine: LlmEngine) -> None:
+    assert engine.backend == "fast"
+
+
+def test_answers_the_capital_of_france(engine: LlmEngine) -> None:
+    chunks = asyncio.run(_collect(engine, _request(QUESTIONS[0], max_tokens=24)))
+    assert "Paris" in _text(chunks)
+    last = chunks[-1]
+    assert last.finished and last.finish_reason == "stop"
+
+
+def test_rows_joining_and_leaving_get_what_they_get_alone(engine: LlmEngine) -> None:
+    # Different lengths: rows leave the batch at different steps (later rows move down
+    # into the freed slots) while the others go on.
+    lengths = (5, 40, 12, 30, 3, 25, 8, 33)
+    requests = [
+        (QUESTIONS[i % len(QUESTIONS)], n, {"ignore_eos": True}) for i, n in enumerate(lengths)
+    ]
+    solo = [
+        _text(asyncio.run(_collect(engine, _request(q, max_tokens=n, **kw))))
+        for q, n, kw in requests
+    ]
+
+    async def together() -> list[list[EngineChunk]]:
+        return await asyncio.gather(
+            *(
+                _collect(engine, _request(q, f"r{i}", max_tokens=n, **kw))
+                for i, (q, n, kw) in enumerate(requests)
+            )
+        )
+
+    assert [_text(c) for c in asyncio.run(together())] == solo
+
+
+def test_seeded_sampling_repeats(engine: LlmEngine) -> None:
+    params = {"temperature": 0.9, "top_p": 0.95, "seed": 7, "max_tokens": 30}
+    runs = [_text(asyncio.run(_collect(engine, _request(QUESTIONS[3], **params)))) for _ in "ab"]
+    assert runs[0] == runs[1] and runs[0]
+
+
+def test_logprobs_come_from_float32_logits(engine: LlmEngine) -> None:
+    chunks = asyncio.run(
+        _collect(engine, _request(QUESTIONS[0], max_tokens=8, logprobs=True, top_logprobs=5))
+    )
+    entries = [e for c in chunks for e in (c.logprobs or [])]
+    assert entries
+    for entry in entries:
+        # Greedy: the chosen token is the best alternative; distinct values, no
+        # bfloat16 ties among the best ones.
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        values = [alt.logprob for alt in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert len(set(values)) == len(values)
+
+
+@pytest.fixture(scope="module")
+def fp32() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    directory = weights.local_model_dir("smollm2")
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def test_next_token_choices_agree_with_the_fp32_model(engine: LlmEngine, fp32: Any) -> None:
+    fast = FastLlama(weights.local_model_dir("smollm2"))
+    tokenizer = engine.tokenizer
+    agree = total = 0
+    for question in QUESTIONS:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+        )
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        with torch.inference_mode():
+            expected = fp32(torch.tensor([ids])).logits[0].log_softmax(-1)
+            batch = SlotBatch(fast, 1)
+            got = batch.prefill(ids).log_softmax(-1)
+        # The last position: the first answer token.
+        best = int(expected[-1].argmax())
+        assert got[best] > expected[-1, best] - 0.5
+        # Every prefix: the fp32 model's choice is (nearly always) the fast one's too.
+        with torch.inference_mode():
+            for n in range(4, len(ids) + 1):
+                batch = SlotBatch(fast, 1)
+                agree += int(batch.prefill(ids[:n]).argmax()) == int(expected[n - 1].argmax())
+                total += 1
+    assert agree / total >= 0.9, (agree, total)
+
+
+def test_the_transformers_backend_is_still_selectable() -> None:
+    eng = _engine(backend="transformers")
+    asyncio.run(eng.start())
+    try:
+        assert eng.backend == "transformers"
+        chunks = asyncio.run(_collect(eng, _request(QUESTIONS[0], max_tokens=24)))
+        assert "Paris" in _text(chunks)
+    finally:
+        asyncio.run(eng.shutdown())
