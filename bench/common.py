@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 HOST = "127.0.0.1"
@@ -101,6 +101,51 @@ class ServerProcess:
             print(f"! {self.name}: processes left after it exited, killing")
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
+
+
+def http_post(port: int, path: str, body: bytes) -> bytes:
+    """The bytes of one HTTP/1.1 keep-alive POST of a JSON ``body`` to 127.0.0.1:port."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of a process in KiB (from /proc/<pid>/status); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def loopback_ray_cluster(num_cpus: int = 2) -> Iterator[str]:
+    """A one-node Ray cluster on 127.0.0.1 (no dashboard, workers at nice 0) for a head's
+    ``--ray-address``; yields its address and shuts it down however the block ends."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={
+            "node_ip_address": HOST,
+            "num_cpus": num_cpus,
+            "include_dashboard": False,
+            "object_store_memory": 80 * 1024 * 1024,
+            "_system_config": {"worker_niceness": 0},
+        },
+    )
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
 
 
 def parent_pid(pid: int) -> int:
