@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -323,18 +325,21 @@ def run(url: str, watch: float | None, api_key: str | None) -> int:
             return 1
         sys.stdout.write(render(stages, metrics, time.time(), tty, url))
         return 0
+    # Ctrl-C sets a flag the loop waits on, instead of raising KeyboardInterrupt
+    # wherever the interpreter happens to be: one raised inside a __del__ (a closing
+    # HTTP response) is swallowed, and the watch would go on.
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda _sig, _frame: stop.set())
     try:
-        return _watch(url, watch, api_key, tty)
-    except KeyboardInterrupt:
-        return 0
+        return _watch(url, watch, api_key, tty, stop)
     except BrokenPipeError:  # piped into `head` and the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
-def _watch(url: str, interval: float, api_key: str | None, tty: bool) -> int:
+def _watch(url: str, interval: float, api_key: str | None, tty: bool, stop: threading.Event) -> int:
     first = True
-    while True:
+    while not stop.is_set():
         try:
             stages, metrics = fetch(url, api_key)
             frame = render(stages, metrics, time.time(), tty, url)
@@ -349,4 +354,5 @@ def _watch(url: str, interval: float, api_key: str | None, tty: bool) -> int:
             sys.stdout.write(frame if first else "\n" + frame)
         sys.stdout.flush()
         first = False
-        time.sleep(interval)
+        stop.wait(interval)
+    return 0

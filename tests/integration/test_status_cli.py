@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,9 +72,18 @@ def test_watch_prints_frames_separated_by_a_blank_line_until_ctrl_c(head: HeadPr
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2.5)
+    # Ctrl-C once two frames are out (not after a fixed time: a loaded machine may take
+    # seconds just to start the command).
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    wait_for(lambda: sum(ln.startswith("pipeline echo") for ln in lines) >= 2, 30, 0.05)
+    time.sleep(0.3)  # into the next frame's wait, or midway through printing it
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    proc.wait(10)
+    reader.join(5)
+    err = proc.stderr.read() if proc.stderr else ""
+    out = "".join(lines)
     assert proc.returncode == 0, err
     frames = out.split("\n\npipeline echo")
     assert len(frames) >= 2
