@@ -165,7 +165,9 @@ def test_a_crashed_local_replica_is_restarted_and_serves_again(tmp_path: Path) -
         talker_changes = [c for c in changes if c["stage"] == "talker"]
         assert talker_changes[0]["state"] == "UP"  # newest first
         crash = next(c for c in talker_changes if c["state"] == "ERROR")
-        assert "exit code -9" in crash["reason"] and crash["epoch"] == talker["epoch"]
+        # The process exit and the closed data connection race (as above).
+        assert "exit code -9" in crash["reason"] or "connection closed" in crash["reason"]
+        assert crash["epoch"] == talker["epoch"]
         r = head.chat("after the crash")
         assert r.status_code == 200
         assert r.json()["choices"][0]["message"]["content"].endswith("[vocoder]")
