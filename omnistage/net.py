@@ -9,6 +9,12 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def address_host(address: str) -> str:
+    """The host of ``[SCHEME://]HOST[:PORT]`` (a Ray address: ``ray://h:10001``, ``h:6379``)."""
+    rest = address.split("://", 1)[-1]
+    return (rest.rsplit(":", 1)[0] if ":" in rest else rest).strip("[]")
+
+
 def is_loopback_url(url: str) -> bool:
     """``tcp://HOST:PORT`` on a loopback host."""
     host = url.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")

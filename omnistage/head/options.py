@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from omnistage import defaults
 from omnistage.config.schema import DeployConfig
 from omnistage.launch.devices import replica_visible_devices, split_devices
-from omnistage.net import detect_local_address, is_loopback
+from omnistage.net import address_host, detect_local_address, is_loopback
 from omnistage.replica.options import ReplicaOptions
 
 
@@ -151,7 +151,7 @@ def _default_master_host(worker_backend: str, ray_address: str | None) -> str:
     this host's address on the route toward the cluster."""
     if worker_backend != "ray" or ray_address is None:
         return "127.0.0.1"  # a Ray instance of our own lives on this host
-    host = ray_address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    host = address_host(ray_address)
     if is_loopback(host):
         return "127.0.0.1"
     # "auto" (the cluster this host is part of): the address of the default route.

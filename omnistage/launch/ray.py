@@ -32,7 +32,7 @@ from typing import Any
 from omnistage.config.schema import DeployConfig, RaySpec
 from omnistage.launch.base import OnExit
 from omnistage.launch.local import REPLICA_ARGV, die_with_parent
-from omnistage.net import is_loopback
+from omnistage.net import address_host, is_loopback
 from omnistage.replica.options import ReplicaOptions, encode_options
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def actor_options(spec: RaySpec) -> dict[str, Any]:
 
 
 def _is_loopback(address: str) -> bool:
-    return is_loopback(address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]"))
+    return is_loopback(address_host(address))
 
 
 def _die_with_actor() -> None:
