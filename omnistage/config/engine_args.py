@@ -54,6 +54,9 @@ class LlmArgs(_Args):
     # in tokens (rows x padded length) the running batch may hold.
     max_num_seqs: int = Field(default=8, ge=1, le=1024)
     max_kv_tokens: int = Field(default=16384, ge=256)
+    # fast backend: prompt positions whose KV is kept for later prompts that start the
+    # same way (a system turn, a conversation so far); ~46 KB each for SmolLM2.
+    prefix_cache_tokens: int = Field(default=1024, ge=0)
     # Context window (prompt + completion); None: the model's own.
     max_model_len: int | None = Field(default=2048, ge=16)
     default_max_tokens: int = Field(default=256, ge=1)

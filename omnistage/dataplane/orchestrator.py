@@ -396,16 +396,22 @@ class RequestStream:
         of the finals."""
         graph = self._orchestrator.graph
         run = self._run
-        prompt = sum(
-            u.get("prompt_tokens", 0)
+        reading = [
+            u
             for sid, u in run.usage.items()
             if graph.prompt_for(sid, bool(run.active.intersection(graph.upstream(sid))))
-        )
+        ]
+        prompt = sum(u.get("prompt_tokens", 0) for u in reading)
         completion = sum(
             u.get("completion_tokens", 0) for sid, u in run.usage.items() if sid in run.finals
         )
-        return {
+        usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
+        if any("cached_tokens" in u for u in reading):
+            # Of the prompt tokens, those an engine's prefix cache had (the API shows
+            # them as prompt_tokens_details.cached_tokens).
+            usage["cached_tokens"] = sum(u.get("cached_tokens", 0) for u in reading)
+        return usage

@@ -162,3 +162,56 @@ def test_the_transformers_backend_is_still_selectable() -> None:
         assert "Paris" in _text(chunks)
     finally:
         asyncio.run(eng.shutdown())
+
+
+def _chat_ids(engine: LlmEngine, messages: list[dict[str, str]]) -> list[int]:
+    ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_a_cached_prefix_gives_the_same_bits_as_computing_it(engine: LlmEngine) -> None:
+    fast = FastLlama(weights.local_model_dir("smollm2"))
+    turn_ends = frozenset(engine._eos_ids)
+    first = [{"role": "user", "content": QUESTIONS[0]}]
+    # A conversation's next turn: the whole first exchange is its prefix.
+    second = [
+        *first,
+        {"role": "assistant", "content": "The capital of France is Paris."},
+        {"role": "user", "content": "And what is its most famous tower called?"},
+    ]
+    prompts = [_chat_ids(engine, m) for m in (first, second)]
+    prompts.append(_chat_ids(engine, [{"role": "user", "content": QUESTIONS[1]}]))
+    with torch.inference_mode():
+        alone = [SlotBatch(fast, 1, turn_ends, 0).prefill(ids) for ids in prompts]
+        shared = SlotBatch(fast, 4, turn_ends, 4096)
+        together = []
+        for ids in prompts:
+            together.append(shared.prefill(ids))
+            shared.admit(int(together[-1].argmax()))
+    # The later prompts took at least the system turn (~20 tokens) from the cache.
+    assert shared.prefixes.hit_tokens >= 2 * 16
+    for got, want in zip(together, alone, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_the_step_loop_runs_on_the_thread_that_loaded_the_model() -> None:
+    import threading
+
+    eng = _engine()
+    asyncio.run(eng.start())
+    try:
+        assert eng._torch is not None
+        batch = eng._worker._batch  # type: ignore[union-attr]
+        decode_threads: set[int] = set()
+        real_decode = batch.decode
+
+        def decode() -> torch.Tensor:
+            decode_threads.add(threading.get_ident())
+            return real_decode()
+
+        batch.decode = decode
+        assert _text(asyncio.run(_collect(eng, _request(QUESTIONS[2], max_tokens=6))))
+        # One OpenMP pool in the process (see worker.TorchThread).
+        assert decode_threads == {eng._torch.ident}
+    finally:
+        asyncio.run(eng.shutdown())

@@ -283,6 +283,38 @@ def test_min_tokens_and_ignore_eos_as_benchmark_clients_send_them(client: openai
     assert fixed.usage.completion_tokens == 30 and fixed.choices[0].finish_reason == "length"
 
 
+def test_a_repeated_system_turn_is_reported_as_cached_prompt_tokens(
+    client: openai.OpenAI,
+) -> None:
+    system = {"role": "system", "content": "You answer in one short sentence, politely."}
+    asks = ("What is the capital of Italy?", "What is the capital of Spain?")
+    outs = [
+        client.chat.completions.create(
+            model="voice",
+            messages=[system, {"role": "user", "content": ask}],
+            temperature=0,
+            max_tokens=12,
+        )
+        for ask in asks
+    ]
+    first, second = (o.usage.prompt_tokens_details.cached_tokens for o in outs)
+    # The second request found the system turn (~15 tokens) in the thinker's prefix
+    # cache; never more than its whole prompt.
+    assert second >= 10 and second > first
+    assert second < outs[1].usage.prompt_tokens
+    # Streamed usage carries the same field.
+    stream = client.chat.completions.create(
+        model="voice",
+        messages=[system, {"role": "user", "content": asks[0]}],
+        temperature=0,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [c.usage for c in stream if c.usage is not None]
+    assert usage and usage[-1].prompt_tokens_details.cached_tokens >= 10
+
+
 # -- what the pipeline cannot honour is a 400 naming the field --------------------------
 
 

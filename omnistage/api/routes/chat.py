@@ -22,6 +22,7 @@ from omnistage.api.routes.common import (
     check_model,
     collect,
     json_response,
+    openai_usage,
     output_stage_params,
     peeked,
     service,
@@ -125,7 +126,7 @@ async def chat_completions(request: Request) -> Response:
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": stream.usage(),
+            "usage": openai_usage(stream.usage()),
         }
     )
 

@@ -219,8 +219,18 @@ class ChunkShape:
             "choices": choices,
         }
         if self.include_usage:
-            body["usage"] = usage
+            body["usage"] = None if usage is None else openai_usage(usage)
         return sse(body)
+
+
+def openai_usage(usage: dict[str, int]) -> dict[str, Any]:
+    """A request's token counts as chat and completions report them: a prefix cache's
+    share of the prompt as ``prompt_tokens_details.cached_tokens``, where an engine
+    keeps one (OpenAI's field; clients and aiperf read it)."""
+    body: dict[str, Any] = {k: v for k, v in usage.items() if k != "cached_tokens"}
+    if "cached_tokens" in usage:
+        body["prompt_tokens_details"] = {"cached_tokens": usage["cached_tokens"]}
+    return body
 
 
 async def sse_events(

@@ -18,6 +18,7 @@ from omnistage.api.routes.common import (
     check_model,
     collect,
     json_response,
+    openai_usage,
     output_stage_params,
     peeked,
     service,
@@ -81,7 +82,7 @@ async def completions(request: Request) -> Response:
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": stream.usage(),
+            "usage": openai_usage(stream.usage()),
         }
     )
 

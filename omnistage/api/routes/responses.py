@@ -410,7 +410,10 @@ class _Shape:
     def final(self, output: _Output, usage: dict[str, int]) -> dict[str, Any]:
         tokens = {
             "input_tokens": usage.get("prompt_tokens", 0),
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": usage.get("cached_tokens", 0),
+                "cache_write_tokens": 0,
+            },
             "output_tokens": usage.get("completion_tokens", 0),
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.get("total_tokens", 0),

@@ -53,7 +53,7 @@ def load(args: LlmArgs) -> Thinker:
         log.info("llm backend transformers (fast cannot: %s)", why_not)
     if args.backend == "transformers" or why_not:
         return _load_transformers(args, config)
-    return _load_fast(directory, config, args.max_num_seqs)
+    return _load_fast(directory, config, args)
 
 
 def _why_not_fast(config: dict[str, Any], device: str) -> str | None:
@@ -68,7 +68,7 @@ def _why_not_fast(config: dict[str, Any], device: str) -> str | None:
     return supported(config)
 
 
-def _load_fast(directory: Path, config: dict[str, Any], max_rows: int) -> Thinker:
+def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Thinker:
     import torch
     from transformers import AutoTokenizer
 
@@ -84,14 +84,17 @@ def _load_fast(directory: Path, config: dict[str, Any], max_rows: int) -> Thinke
     generation = directory / "generation_config.json"
     if generation.exists():
         eos |= _ids(json.loads(generation.read_text()).get("eos_token_id"))
+    eos = _with_tokenizer_eos(eos, tokenizer)
+    # End-of-turn tokens cut a prompt's prefill into turns (see prefix_cache).
+    batch = SlotBatch(model, args.max_num_seqs, eos, args.prefix_cache_tokens)
     return Thinker(
         backend="fast",
-        batch=SlotBatch(model, max_rows),
+        batch=batch,
         tokenizer=tokenizer,
         device=torch.device("cpu"),
         vocab=model.shape.vocab,
         window=model.shape.max_positions,
-        eos_ids=_with_tokenizer_eos(eos, tokenizer),
+        eos_ids=eos,
     )
 
 

@@ -21,8 +21,9 @@ from omnistage.engines.llm.guided import (
 )
 from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
+from omnistage.engines.llm.threads import ThreadTuner, thread_ladder
 from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
-from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
+from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence, TorchThread
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt
 
@@ -40,15 +41,21 @@ class LlmEngine(Engine):
         self.vocabulary: TokenVocabulary | None = None
         self.max_model_len = 0
         self.backend = ""  # which thinker runs the model (see backends)
+        self._torch: TorchThread | None = None
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._load)
+        # Loading and decoding on one thread (see TorchThread).
+        self._torch = TorchThread("omni-llm")
+        await asyncio.wrap_future(self._torch.run(self._load))
 
     def _load(self) -> None:
         import torch
 
-        threads = self.args.torch_threads or os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        threads = self.args.torch_threads or cores or os.cpu_count() or 1
         torch.set_num_threads(threads)
+        # No count given: the step loop picks one by timing itself (see threads).
+        tuner = None if self.args.torch_threads else ThreadTuner(thread_ladder(threads))
         self.starting = f"loading weights of {self.args.model} (a first start converts a GGUF)"
         thinker = backends.load(self.args)
         self.backend = thinker.backend
@@ -63,14 +70,15 @@ class LlmEngine(Engine):
         template = getattr(self.tokenizer, "chat_template", "") or ""
         self._template_knows_tools = "tools" in template
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
-        self._worker = LlmWorker(thinker.batch, set(self._eos_ids), limits, self._count_step)
-        self._worker.start()
+        self._worker = LlmWorker(thinker.batch, set(self._eos_ids), limits, self._count_step, tuner)
+        assert self._torch is not None
+        self._worker.start(self._torch)
         log.info(
-            "llm ready (%s): window %d tokens, up to %d sequences per step, %d torch threads",
+            "llm ready (%s): window %d tokens, up to %d sequences per step, %s torch threads",
             self.backend,
             self.max_model_len,
             limits.max_num_seqs,
-            threads,
+            threads if tuner is None else f"1-{threads} (tuned)",
         )
 
     def _count_step(self) -> None:

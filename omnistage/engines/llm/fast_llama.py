@@ -231,8 +231,11 @@ class FastLlama:
         mask: torch.Tensor | None = None,
         length: int = 0,
         prefill_slot: int | None = None,
-    ) -> torch.Tensor:
-        """Float32 logits [rows, vocab] for the last token of each row.
+        prefill_start: int = 0,
+        head: bool = True,
+    ) -> torch.Tensor | None:
+        """Float32 logits [rows, vocab] for the last token of each row (None without
+        ``head``: a prompt's chunk that only fills the cache).
 
         ``keys``/``values``: per layer ``[slots, kv_heads, capacity, head_dim]``.
         Decode: ``ids``/``positions`` are [rows], one new token per row (row i is slot
@@ -240,10 +243,16 @@ class FastLlama:
         ``[-1, head_dim]`` (``cache_index``); attention reads each slot's first
         ``length`` positions, and ``mask`` [rows, 1, 1, length] (additive; None for one
         row) hides a row's unused ones. Prefill: ``ids`` are one sequence's [n] tokens
-        from position 0, cached in slot ``prefill_slot``; logits of the last one only.
+        from position ``prefill_start`` (the slot ``prefill_slot`` holds the ones
+        before), cached there; logits of the last one only.
         """
         s = self.shape
         n = ids.shape[0]
+        chunk_mask = None
+        if prefill_slot is not None and prefill_start:
+            # Causal within the chunk, everything before it visible.
+            end = prefill_start + n
+            chunk_mask = torch.ones(n, end, dtype=torch.bool).tril(prefill_start)
         h = self.embed.rows(ids)  # [n, hidden] float32
         rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
         qk_width = (s.heads + s.kv_heads) * s.head_dim
@@ -257,7 +266,9 @@ class FastLlama:
             k = qk[:, s.heads :].reshape(n, s.kv_heads, s.head_dim)
             v = qkv[:, qk_width:].view(n, s.kv_heads, s.head_dim)
             if prefill_slot is not None:
-                attn = _prefill_attention(q, k, v, layer_k, layer_v, prefill_slot)
+                attn = _prefill_attention(
+                    q, k, v, layer_k, layer_v, prefill_slot, prefill_start, chunk_mask
+                )
             else:
                 assert slots is not None
                 layer_k.view(-1, s.head_dim).index_copy_(0, slots, k.reshape(-1, s.head_dim))
@@ -272,6 +283,8 @@ class FastLlama:
             x = F.rms_norm(h, (s.hidden,), layer.mlp_norm, s.eps).to(bf16)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             h = h + layer.down(F.silu(gate) * up).float()
+        if not head:
+            return None
         last = h if prefill_slot is None else h[-1:]
         return self.head.logits(F.rms_norm(last, (s.hidden,), self.norm, s.eps))
 
@@ -291,16 +304,22 @@ def _prefill_attention(
     layer_k: torch.Tensor,
     layer_v: torch.Tensor,
     slot: int,
+    start: int,
+    mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Causal attention of one sequence's [n] tokens from position 0, caching its K/V."""
+    """Causal attention of one sequence's [n] tokens from position ``start`` over the
+    slot's cache, caching their K/V (``mask``: the chunk's [n, start + n] causal mask;
+    None from position 0)."""
     n = q.shape[0]
-    layer_k[slot, :, :n] = k.transpose(0, 1)
-    layer_v[slot, :, :n] = v.transpose(0, 1)
+    end = start + n
+    layer_k[slot, :, start:end] = k.transpose(0, 1)
+    layer_v[slot, :, start:end] = v.transpose(0, 1)
     attn = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
-        layer_k[slot : slot + 1, :, :n],
-        layer_v[slot : slot + 1, :, :n],
-        is_causal=True,
+        layer_k[slot : slot + 1, :, :end],
+        layer_v[slot : slot + 1, :, :end],
+        attn_mask=mask,
+        is_causal=mask is None,
         enable_gqa=True,
     )
     return attn[0].transpose(0, 1).reshape(n, -1)

@@ -184,25 +184,35 @@ class Sampler:
     ) -> None:
         self.params = params
         self.constraint = constraint
+        for token, _ in params.logit_bias:
+            if token >= vocab_size:
+                raise BadRequestError(f"logit_bias: no token {token}", "logit_bias")
+        self._vocab_size, self._device = vocab_size, device
         self._eos = torch.tensor(sorted(i for i in eos_ids if i < vocab_size), device=device)
+        # The vocabulary-wide tensors are made by the first ``sample``, on the engine's
+        # torch thread: filling one is parallel work, and parallel work started on the
+        # event loop's thread would give OpenMP a second pool (see worker.TorchThread).
         self._bias: torch.Tensor | None = None
-        if params.logit_bias:
-            self._bias = torch.zeros(vocab_size, device=device)
-            for token, bias in params.logit_bias:
-                if token >= vocab_size:
-                    raise BadRequestError(f"logit_bias: no token {token}", "logit_bias")
-                self._bias[token] = bias
+        self._counts: torch.Tensor | None = None
+        self._replayed: list[int] = []
+        self._penalize = bool(params.presence_penalty or params.frequency_penalty)
         # (chosen token's logprob, [(token, logprob), ...] best first) of the last sample.
         self.last_logprobs: tuple[float, list[tuple[int, float]]] | None = None
-        self._penalize = bool(params.presence_penalty or params.frequency_penalty)
-        self._counts = torch.zeros(vocab_size, device=device) if self._penalize else None
 
     def replay(self, tokens: list[int]) -> None:
         """Count tokens generated before a resume (by the failed replica): penalties
         then see the whole completion, as the uninterrupted run's did."""
-        if self._counts is not None:
-            for token in tokens:
-                if 0 <= token < self._counts.shape[0]:
+        self._replayed.extend(tokens)
+
+    def _vocab_tensors(self) -> None:
+        if self.params.logit_bias and self._bias is None:
+            self._bias = torch.zeros(self._vocab_size, device=self._device)
+            for token, bias in self.params.logit_bias:
+                self._bias[token] = bias
+        if self._penalize and self._counts is None:
+            self._counts = torch.zeros(self._vocab_size, device=self._device)
+            for token in self._replayed:
+                if 0 <= token < self._vocab_size:
                     self._counts[token] += 1
 
     def _uniform(self, index: int) -> float:
@@ -218,6 +228,7 @@ class Sampler:
         (the failed replica's included on a resume: min_tokens and seeded draws
         count from the start of the completion)."""
         p = self.params
+        self._vocab_tensors()
         logits = logits.float()
         # Reported logprobs are the model's own, before any processing (as vLLM's).
         raw = torch.log_softmax(logits, dim=-1) if p.logprobs is not None else None

@@ -15,14 +15,25 @@ from __future__ import annotations
 import torch
 
 from omnistage.engines.llm.fast_llama import FastLlama, cache_index
+from omnistage.engines.llm.prefix_cache import PrefixCache, cuts
 
 _CHUNK = 256  # capacity grows by this many positions
 
 
 class SlotBatch:
-    def __init__(self, model: FastLlama, max_rows: int) -> None:
+    def __init__(
+        self,
+        model: FastLlama,
+        max_rows: int,
+        turn_ends: frozenset[int] = frozenset(),
+        prefix_cache_tokens: int = 0,
+    ) -> None:
         self._model = model
         self._max_rows = max_rows
+        # Prompts are prefilled in chunks cut after these tokens (see prefix_cache).
+        self._turn_ends = turn_ends
+        self.prefixes = PrefixCache(prefix_cache_tokens)
+        self.prefill_cached = 0  # positions the last prefill took from the cache
         self.positions: list[int] = []  # next position (= cached length) of each row
         self.last_tokens: list[int] = []
         self._staged = 0  # prompt length prefilled into slot ``rows``, not yet admitted
@@ -50,13 +61,22 @@ class SlotBatch:
         self._reserve(self.rows + 1, n + 1)
         slot = self.rows
         first = n - replay
-        logits = self._model.forward(
-            torch.tensor(ids[:first]),
-            torch.arange(first),
-            self._keys,
-            self._values,
-            prefill_slot=slot,
-        )
+        chunk_ends = cuts(ids[:first], self._turn_ends)
+        start = self.prefixes.restore(ids, chunk_ends, slot, self._keys, self._values)
+        self.prefill_cached = start
+        for end in [*(c for c in chunk_ends if c > start), first]:
+            logits = self._model.forward(
+                torch.tensor(ids[start:end]),
+                torch.arange(start, end),
+                self._keys,
+                self._values,
+                prefill_slot=slot,
+                prefill_start=start,
+                head=end == first,
+            )
+            if end < first:
+                self.prefixes.store(ids[:end], slot, self._keys, self._values)
+            start = end
         # The staged slot alone, as row 0 of a one-slot cache.
         keys = [k[slot : slot + 1] for k in self._keys]
         values = [v[slot : slot + 1] for v in self._values]
@@ -71,6 +91,7 @@ class SlotBatch:
                 length=position + 1,
             )
         self._staged = n
+        assert logits is not None
         return logits[0]
 
     def admit(self, first_token: int) -> None:

@@ -1,0 +1,97 @@
+"""Prompts prefilled turn by turn, and the KV of finished turns kept for the next prompt.
+
+Chat prompts repeat their beginnings: every request of a pipeline starts with the same
+system turn (SmolLM2's template adds one: 20 of a short question's ~40 tokens), and a
+conversation's next request starts with the whole previous one. Prefill is compute bound
+on the CPU, so not computing a prefix again is the cheapest prefill there is.
+
+It has to be exact. The numbers a forward gives for a token depend on how many tokens
+were computed with it (the int4 kernel and attention block their work by row count), so
+a prefix's KV taken from another request must have been computed exactly as this request
+would have computed it. Hence the cut: a prompt is always prefilled in chunks that end
+after each end-of-turn token (``cuts``), whether or not anything is cached, so a chunk's
+numbers depend only on the tokens up to its end, and a cached prefix is the same bits as
+a computed one. A request's answer is then the same whatever ran before it (the batch
+invariance exact resume relies on).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+# The last chunk of a prompt is at least this long (unless it is the whole prompt): a
+# forward has a fixed cost (~750 small ops), and the few tokens after the last turn (the
+# assistant's header) are cheaper in the chunk before them. Dropping a cut for this
+# depends on the tokens after it, but only a cut that is kept is ever cached, and every
+# cut before a kept one is kept too, so the chunks of a cached prefix are the same in
+# every prompt that has it.
+MIN_LAST_CHUNK = 8
+
+
+def cuts(ids: Sequence[int], turn_ends: frozenset[int]) -> list[int]:
+    """Where the prefill of ``ids`` is cut: after every end-of-turn token, leaving at
+    least ``MIN_LAST_CHUNK`` tokens after the last cut."""
+    last = len(ids) - MIN_LAST_CHUNK
+    return [i + 1 for i, token in enumerate(ids[:last]) if token in turn_ends]
+
+
+class PrefixCache:
+    """KV of prompt prefixes that end at a cut, least recently used out first, at most
+    ``budget_tokens`` positions in all (0: nothing kept)."""
+
+    def __init__(self, budget_tokens: int) -> None:
+        self.budget_tokens = budget_tokens
+        self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]]
+        self._entries = OrderedDict()
+        self.tokens = 0  # positions held
+        self.hit_tokens = 0  # prefill positions not computed thanks to the cache
+
+    def restore(
+        self,
+        ids: Sequence[int],
+        at: Sequence[int],
+        slot: int,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+    ) -> int:
+        """Copy the longest cached prefix of ``ids`` that ends at one of the cuts ``at``
+        into ``slot`` of the per-layer caches; its length (0: none)."""
+        for end in reversed(at):
+            entry = self._entries.get(tuple(ids[:end]))
+            if entry is None:
+                continue
+            self._entries.move_to_end(tuple(ids[:end]))
+            for (k, v), layer_k, layer_v in zip(entry, keys, values, strict=True):
+                layer_k[slot, :, :end] = k
+                layer_v[slot, :, :end] = v
+            self.hit_tokens += end
+            return end
+        return 0
+
+    def store(
+        self,
+        prefix: Sequence[int],
+        slot: int,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+    ) -> None:
+        """Keep the KV of ``prefix``, which ``slot`` holds from position 0."""
+        end = len(prefix)
+        key = tuple(prefix)
+        if end > self.budget_tokens or key in self._entries:
+            return
+        while self._entries and self.tokens + end > self.budget_tokens:
+            old, _ = self._entries.popitem(last=False)
+            self.tokens -= len(old)
+        self._entries[key] = [
+            (k[slot, :, :end].clone(), v[slot, :, :end].clone())
+            for k, v in zip(keys, values, strict=True)
+        ]
+        self.tokens += end
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0

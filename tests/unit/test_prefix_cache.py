@@ -1,0 +1,79 @@
+"""Where prompts are cut for prefill, and the cache of finished turns' KV."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omnistage.engines.llm.prefix_cache import MIN_LAST_CHUNK, PrefixCache, cuts  # noqa: E402
+
+END = 2  # an end-of-turn token
+
+
+def test_prompts_are_cut_after_each_turn_end_leaving_a_long_enough_last_chunk() -> None:
+    system = [1, 5, 6, 7, END, 9]
+    user = [1, *range(10, 10 + MIN_LAST_CHUNK), END, 9]
+    header = [1, 8, 9]
+    ids = system + user + header
+    # After the system turn; the user turn's end leaves too short a last chunk.
+    assert cuts(ids, frozenset({END})) == [len(system) - 1]
+    # A longer tail keeps that cut too.
+    longer = ids + list(range(100, 100 + MIN_LAST_CHUNK))
+    assert cuts(longer, frozenset({END})) == [len(system) - 1, len(system + user) - 1]
+    assert cuts(ids, frozenset()) == []
+    assert cuts([END] * 3, frozenset({END})) == []  # too short to cut at all
+
+
+def _caches(slots: int = 2, capacity: int = 32) -> tuple[list, list]:
+    keys = [torch.zeros(slots, 1, capacity, 2) for _ in range(2)]
+    values = [torch.zeros(slots, 1, capacity, 2) for _ in range(2)]
+    return keys, values
+
+
+def _fill(keys: list, values: list, slot: int, n: int, base: float) -> None:
+    for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+        k[slot, :, :n] = base + layer + torch.arange(n).view(1, n, 1).float()
+        v[slot, :, :n] = -(base + layer)
+
+
+def test_a_stored_prefix_is_restored_into_another_slot_and_the_longest_wins() -> None:
+    cache = PrefixCache(budget_tokens=100)
+    keys, values = _caches()
+    ids = list(range(20))
+    _fill(keys, values, slot=0, n=12, base=1.0)
+    cache.store(ids[:5], 0, keys, values)
+    cache.store(ids[:12], 0, keys, values)
+    assert cache.tokens == 17
+    got = cache.restore(ids, [5, 12], 1, keys, values)
+    assert got == 12 and cache.hit_tokens == 12
+    for k, v in zip(keys, values, strict=True):
+        assert torch.equal(k[1, :, :12], k[0, :, :12])
+        assert torch.equal(v[1, :, :12], v[0, :, :12])
+    # Another prompt sharing only the first 5 tokens gets those.
+    other = ids[:5] + [99] * 10
+    assert cache.restore(other, [5, 12], 1, keys, values) == 5
+    assert cache.restore([7] * 20, [5, 12], 1, keys, values) == 0
+
+
+def test_the_budget_evicts_the_least_recently_used() -> None:
+    cache = PrefixCache(budget_tokens=10)
+    keys, values = _caches()
+    _fill(keys, values, 0, 8, 0.0)
+    a, b, c = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]
+    cache.store(a, 0, keys, values)
+    cache.store(b, 0, keys, values)
+    assert cache.restore([*a, 0], [4], 1, keys, values) == 4  # a is now the most recent
+    cache.store(c, 0, keys, values)  # 11 > 10: b goes
+    assert cache.tokens == 7
+    assert cache.restore([*b, 0], [4], 1, keys, values) == 0
+    assert cache.restore([*a, 0], [4], 1, keys, values) == 4
+    cache.store(list(range(11)), 0, keys, values)  # larger than the budget: not kept
+    assert cache.tokens == 7
+
+
+def test_a_zero_budget_keeps_nothing() -> None:
+    cache = PrefixCache(budget_tokens=0)
+    keys, values = _caches()
+    cache.store([1, 2, 3], 0, keys, values)
+    assert cache.tokens == 0 and cache.restore([1, 2, 3, 4], [3], 1, keys, values) == 0

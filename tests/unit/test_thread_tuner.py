@@ -1,0 +1,88 @@
+"""The step loop's torch thread count: the pure policy, fed step times."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from omnistage.engines.llm.threads import ThreadTuner, thread_ladder
+
+
+def test_the_ladder_doubles_up_to_the_cores() -> None:
+    assert thread_ladder(1) == (1,)
+    assert thread_ladder(2) == (1, 2)
+    assert thread_ladder(6) == (1, 2, 4, 6)
+    assert thread_ladder(8) == (1, 2, 4, 8)
+
+
+def feed(tuner: ThreadTuner, times: dict[int, float], steps: int, rows: int = 8) -> list[int]:
+    """Run ``steps`` decode steps whose time depends on the count they ran on."""
+    counts = []
+    count = tuner.count
+    for _ in range(steps):
+        counts.append(count)
+        count = tuner.observe(rows, times[count])
+    return counts
+
+
+def test_it_starts_on_one_thread_and_moves_up_when_two_are_faster() -> None:
+    tuner = ThreadTuner((1, 2), window=4, period=10)
+    assert tuner.count == 1
+    counts = feed(tuner, {1: 0.010, 2: 0.007}, 20)
+    # 10 steps on one thread, then a 4-step trial on two that wins.
+    assert counts[:10] == [1] * 10
+    assert counts[10:14] == [2] * 4
+    assert tuner.count == 2 and tuner.moves == 1
+    assert counts[14:] == [2] * 6
+
+
+def test_a_losing_trial_costs_one_step_and_backs_off() -> None:
+    tuner = ThreadTuner((1, 2), window=4, period=10, max_period=40)
+    # Two threads on a busy machine: far slower (abort at 3x the baseline).
+    counts = feed(tuner, {1: 0.010, 2: 0.500}, 200)
+    assert tuner.count == 1
+    trials = [i for i, c in enumerate(counts) if c == 2]
+    # Each trial ran one step; the waits between them doubled up to max_period.
+    gaps = [b - a for a, b in itertools.pairwise(trials)]
+    assert trials[0] == 10
+    assert gaps[:3] == [21, 41, 41]
+    assert tuner.period == 40
+
+
+def test_a_trial_within_the_margin_does_not_move() -> None:
+    tuner = ThreadTuner((1, 2), window=4, period=10, margin=0.05)
+    feed(tuner, {1: 0.010, 2: 0.0098}, 40)
+    assert tuner.count == 1 and tuner.moves == 0
+
+
+def test_a_trial_is_dropped_when_the_batch_changes() -> None:
+    tuner = ThreadTuner((1, 2), window=4, period=4)
+    assert [tuner.observe(8, 0.010) for _ in range(4)] == [1, 1, 1, 2]  # a trial begins
+    assert tuner.observe(3, 0.001) == 1  # another batch: not comparable, back, no verdict
+    assert tuner.count == 1 and tuner.moves == 0 and tuner.period == 4
+
+
+def test_on_more_threads_a_sudden_slow_step_drops_a_rung() -> None:
+    tuner = ThreadTuner((1, 2, 4), window=4, period=5)
+    times = {1: 0.030, 2: 0.020, 4: 0.010}
+    count = tuner.count
+    while tuner.count != 4:
+        count = tuner.observe(8, times[count])
+    for _ in range(3):  # steady on 4 threads, no trial due yet
+        assert tuner.observe(8, times[4]) == 4
+    # The machine gets busy: the next step on 4 threads takes 10x.
+    assert tuner.observe(8, 0.100) == 2
+    assert tuner.count == 2
+
+
+def test_steps_are_compared_only_at_the_same_row_count() -> None:
+    tuner = ThreadTuner((1, 2), window=4, period=6)
+    # The row count changes every 3 steps: never a full window at one size, no trial.
+    for i in range(60):
+        assert tuner.observe(1 + (i // 3) % 2, 0.010) == 1
+
+
+def test_an_empty_ladder_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        ThreadTuner(())
