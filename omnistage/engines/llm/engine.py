@@ -121,7 +121,7 @@ class LlmEngine(Engine):
             )
         if prior and done >= params.max_tokens:
             # The failed replica had generated everything but the final message.
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "cached_tokens": 0}
             yield EngineChunk("text", finished=True, finish_reason="length", usage=usage)
             return
         loop = asyncio.get_running_loop()
