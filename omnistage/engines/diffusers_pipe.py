@@ -49,7 +49,7 @@ def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
 
     # Concurrent generations split the cores: two draws each spreading over all of them
     # would fight (and OpenMP's spinning waits make that far worse than sharing).
-    torch.set_num_threads(args.torch_threads or max(1, _cores() // args.max_concurrent))
+    torch.set_num_threads(args.torch_threads or max(1, cores() // args.max_concurrent))
     path = Path(model).expanduser()
     if not path.is_dir():
         raise EngineError(
@@ -72,7 +72,8 @@ def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
     return pipe, _describe(pipe, args)
 
 
-def _cores() -> int:
+def cores() -> int:
+    """CPUs this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

@@ -26,6 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from omnistage.config.engine_args import DiffusionArgs
@@ -33,6 +34,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines import diffusers_pipe as dp
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.image_params import SEED_LIMIT, ImageJob, image_job
+from omnistage.engines.torch_threads import ThreadTuner, TorchThread, thread_ladder
 from omnistage.protocol.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -57,14 +59,25 @@ def missing_model_message(stage: StageConfig, pipeline: str | None = None) -> st
     )
 
 
+@dataclass(eq=False)
+class _Slot:
+    """One generation at a time: a pipeline handle, the thread that runs it (the first
+    slot's also loaded the weights: one OpenMP pool per thread, see torch_threads), and
+    how many torch threads it uses (None: fixed by ``torch_threads``)."""
+
+    pipe: Any
+    thread: TorchThread
+    tuner: ThreadTuner | None
+
+
 class DiffusionEngine(Engine):
     def __init__(self, stage: StageConfig) -> None:
         super().__init__(stage)
         self.args = DiffusionArgs.model_validate(stage.engine_args)
         self.info: dp.PipelineInfo | None = None
         self._pipe: Any = None
-        # One pipeline handle per slot; a generation takes one and gives it back.
-        self._free: list[Any] = []
+        # A generation takes a slot and gives it back.
+        self._free: list[_Slot] = []
         self._slots = asyncio.Semaphore(self.args.max_concurrent)
         self._waiting = 0
         self.load_time_s: float | None = None
@@ -79,9 +92,21 @@ class DiffusionEngine(Engine):
             raise EngineError(missing_model_message(self.stage))
         started = time.perf_counter()
         self.starting = f"loading the diffusers pipeline {model}"
-        pipe, self.info = await asyncio.to_thread(dp.load, self.args, model)
+        slots = self.args.max_concurrent
+        threads = [TorchThread(f"omni-diffusion-{i}") for i in range(slots)]
+        pipe, self.info = await asyncio.wrap_future(
+            threads[0].run(lambda: dp.load(self.args, model))
+        )
         self._pipe = pipe
-        self._free = [pipe] + [dp.replica_of(pipe) for _ in range(self.args.max_concurrent - 1)]
+        pipes = [pipe] + [dp.replica_of(pipe) for _ in range(slots - 1)]
+        # No torch_threads: each slot picks 1..its share of the cores by timing its
+        # denoising steps (which needs the step callback).
+        share = max(1, dp.cores() // slots)
+        tuned = self.args.torch_threads is None and self.info.takes_step_callback
+        self._free = [
+            _Slot(p, t, ThreadTuner(thread_ladder(share)) if tuned else None)
+            for p, t in zip(pipes, threads, strict=True)
+        ]
         self.load_time_s = time.perf_counter() - started
         info = self.info
         log.info(
@@ -103,9 +128,10 @@ class DiffusionEngine(Engine):
         # before READY, on the smallest image, not on a client's first request.
         started = time.perf_counter()
         job = dp.Drawing("warm-up", 64, 64, 0, WARMUP_STEPS, None, None, "png", 90)
+        slot = self._free[0]
         try:
-            await asyncio.to_thread(
-                dp.draw, self._pipe, self._info(), job, {}, threading.Event(), _no_hook
+            await asyncio.wrap_future(
+                slot.thread.run(lambda: self._draw_on(slot, job, {}, threading.Event(), _no_hook))
             )
         except Exception as exc:  # a pipeline that cannot draw 64x64 may still draw others
             log.warning("warm-up generation failed (%s); continuing without", exc)
@@ -224,33 +250,54 @@ class DiffusionEngine(Engine):
             await self._slots.acquire()
         finally:
             self._waiting -= 1
-        pipe = self._free.pop()
+        slot = self._free.pop()
+        call = self.args.diffusers_call_kwargs
         try:
-            work = asyncio.ensure_future(
-                asyncio.to_thread(
-                    dp.draw,
-                    pipe,
-                    self._info(),
-                    drawing,
-                    self.args.diffusers_call_kwargs,
-                    stop,
-                    on_step,
-                )
+            work = asyncio.wrap_future(
+                slot.thread.run(lambda: self._draw_on(slot, drawing, call, stop, on_step))
             )
         except BaseException:
-            self._release(pipe)
+            self._release(slot)
             raise
 
         def done(fut: asyncio.Future[bytes]) -> None:
-            self._release(pipe)
+            self._release(slot)
             if not fut.cancelled() and isinstance(fut.exception(), dp.Aborted):
                 log.info("generation stopped (aborted)")
 
         work.add_done_callback(done)
         return work
 
-    def _release(self, pipe: Any) -> None:
-        self._free.append(pipe)
+    def _draw_on(
+        self,
+        slot: _Slot,
+        drawing: dp.Drawing,
+        call: dict[str, Any],
+        stop: threading.Event,
+        on_step: dp.StepHook,
+    ) -> bytes:
+        """One image on the slot's thread, its thread count tuned between steps."""
+        tuner = slot.tuner
+        if tuner is None:
+            return dp.draw(slot.pipe, self._info(), drawing, call, stop, on_step)
+        import torch
+
+        torch.set_num_threads(tuner.count)
+        pixels = drawing.width * drawing.height
+        last: list[float] = []
+
+        def timed(step: int, total: int) -> None:
+            if last:  # from the end of the previous step's hook: one denoising step
+                count = tuner.observe(pixels, time.perf_counter() - last[0])
+                if count != torch.get_num_threads():
+                    torch.set_num_threads(count)
+            on_step(step, total)
+            last[:] = [time.perf_counter()]
+
+        return dp.draw(slot.pipe, self._info(), drawing, call, stop, timed)
+
+    def _release(self, slot: _Slot) -> None:
+        self._free.append(slot)
         self._slots.release()
 
     def _info(self) -> dp.PipelineInfo:

@@ -381,3 +381,42 @@ def test_a_pipeline_without_an_image_stage_answers_404(tmp_path: Path) -> None:
         assert "has no image stage" in response.json()["error"]["message"]
     finally:
         head.stop()
+
+
+async def test_each_slot_draws_on_its_own_thread_the_first_on_the_loading_one(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from omnistage.engines import diffusers_pipe as dp
+
+    threads: dict[str, int] = {}
+    real_load, real_draw = dp.load, dp.draw
+
+    def load(*args: Any) -> Any:
+        threads["load"] = threading.get_ident()
+        return real_load(*args)
+
+    def draw(*args: Any) -> Any:
+        threads.setdefault("draw", threading.get_ident())
+        return real_draw(*args)
+
+    monkeypatch.setattr(dp, "load", load)
+    monkeypatch.setattr(dp, "draw", draw)
+    engine = await _engine(tiny_model, max_concurrent=2)
+    try:
+        first = engine._free[-1]  # the slot a generation takes first
+        assert _images(await _run(engine, {"size": "64x64"}))
+        # One OpenMP pool per thread: slots on their own threads, not asyncio's pool.
+        assert threads["draw"] == first.thread.ident != threading.get_ident()
+        assert threads["load"] == engine._free[0].thread.ident
+        assert engine._free[0].thread.ident != engine._free[1].thread.ident
+        # No torch_threads: each slot tunes its own count.
+        assert all(s.tuner is not None for s in engine._free)
+    finally:
+        await engine.shutdown()
+    fixed = await _engine(tiny_model, torch_threads=1)
+    try:
+        assert all(s.tuner is None for s in fixed._free)
+    finally:
+        await fixed.shutdown()

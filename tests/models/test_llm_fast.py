@@ -211,7 +211,7 @@ def test_the_step_loop_runs_on_the_thread_that_loaded_the_model() -> None:
 
         batch.decode = decode
         assert _text(asyncio.run(_collect(eng, _request(QUESTIONS[2], max_tokens=6))))
-        # One OpenMP pool in the process (see worker.TorchThread).
+        # One OpenMP pool in the process (see torch_threads.TorchThread).
         assert decode_threads == {eng._torch.ident}
     finally:
         asyncio.run(eng.shutdown())

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from omnistage.engines.llm.threads import ThreadTuner, thread_ladder
+from omnistage.engines.torch_threads import ThreadTuner, thread_ladder
 
 
 def test_the_ladder_doubles_up_to_the_cores() -> None:
@@ -76,11 +76,28 @@ def test_on_more_threads_a_sudden_slow_step_drops_a_rung() -> None:
     assert tuner.count == 2
 
 
-def test_steps_are_compared_only_at_the_same_row_count() -> None:
+def test_each_shape_learns_its_own_count() -> None:
     tuner = ThreadTuner((1, 2), window=4, period=6)
-    # The row count changes every 3 steps: never a full window at one size, no trial.
-    for i in range(60):
-        assert tuner.observe(1 + (i // 3) % 2, 0.010) == 1
+    # One row: threads do not pay (overhead); eight rows: two threads are faster.
+    times = {(1, 1): 0.010, (1, 2): 0.012, (8, 1): 0.030, (8, 2): 0.020}
+    count = tuner.count
+    for i in range(400):
+        rows = 1 if (i // 10) % 2 == 0 else 8  # ten steps of one, then of the other
+        count = tuner.observe(rows, times[(rows, count)])
+    assert tuner.count_for(1) == 1
+    assert tuner.count_for(8) == 2
+    assert tuner.count_for(3) == 1  # not seen: one thread
+
+
+def test_a_new_shapes_first_step_on_another_count_is_not_its_sample() -> None:
+    tuner = ThreadTuner((1, 2), window=4, period=4)
+    count = tuner.count
+    while tuner.count_for(8) != 2:
+        count = tuner.observe(8, {1: 0.030, 2: 0.020}[count])
+    # A one-row step that ran on eight rows' two threads: switch to one, drop it.
+    assert tuner.observe(1, 0.5) == 1
+    # The one-row shape then needs its own full window before its first trial.
+    assert [tuner.observe(1, 0.010) for _ in range(4)] == [1, 1, 1, 2]
 
 
 def test_an_empty_ladder_is_an_error() -> None:

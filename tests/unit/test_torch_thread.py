@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from omnistage.engines.llm.worker import TorchThread
+from omnistage.engines.torch_threads import TorchThread
 
 
 def test_calls_run_in_order_on_one_thread_with_their_results() -> None:

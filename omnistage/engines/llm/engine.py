@@ -21,9 +21,9 @@ from omnistage.engines.llm.guided import (
 )
 from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
-from omnistage.engines.llm.threads import ThreadTuner, thread_ladder
 from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
-from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence, TorchThread
+from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
+from omnistage.engines.torch_threads import ThreadTuner, TorchThread, thread_ladder
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt
 

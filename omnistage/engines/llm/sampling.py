@@ -191,7 +191,7 @@ class Sampler:
         self._eos = torch.tensor(sorted(i for i in eos_ids if i < vocab_size), device=device)
         # The vocabulary-wide tensors are made by the first ``sample``, on the engine's
         # torch thread: filling one is parallel work, and parallel work started on the
-        # event loop's thread would give OpenMP a second pool (see worker.TorchThread).
+        # event loop's thread would give OpenMP a second pool (see torch_threads.TorchThread).
         self._bias: torch.Tensor | None = None
         self._counts: torch.Tensor | None = None
         self._replayed: list[int] = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -28,7 +27,7 @@ import torch
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.sampling import Sampler
-from omnistage.engines.llm.threads import ThreadTuner
+from omnistage.engines.torch_threads import ThreadTuner, TorchThread
 from omnistage.protocol.messages import TokenLogprob, TopLogprob
 
 log = logging.getLogger(__name__)
@@ -103,45 +102,6 @@ class BatchLimits:
     max_num_seqs: int
     max_kv_tokens: int
     max_model_len: int
-
-
-class TorchThread:
-    """The one thread that runs an engine's torch work: loading the model, then the step
-    loop.
-
-    OpenMP keeps a pool of helper threads per thread that starts parallel work. With a
-    second pool in the process (the model loaded on another thread than the one that
-    decodes) it manages more threads than there are cores, and libgomp then cuts its
-    spin-wait short: every op's hand-off goes through the kernel. A decode step is ~750
-    small ops; measured here, 2 threads decoded a step in ~7 ms on the loading thread and
-    ~21 ms on another one. A daemon thread: a loop still running at exit does not hold
-    the interpreter up.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    @property
-    def ident(self) -> int | None:
-        return self._thread.ident
-
-    def run(self, fn: Callable[[], object]) -> Future:
-        """``fn()`` on this thread, after what was submitted before it."""
-        done: Future = Future()
-        self._calls.put((fn, done))
-        return done
-
-    def _serve(self) -> None:
-        while True:
-            fn, done = self._calls.get()
-            if not done.set_running_or_notify_cancel():
-                continue
-            try:
-                done.set_result(fn())
-            except BaseException as exc:  # handed to whoever waits on it
-                done.set_exception(exc)
 
 
 class LlmWorker:
