@@ -10,7 +10,6 @@ import inspect
 import io
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.engines.image_params import MIN_SIDE, fit_size
+from omnistage.engines.torch_threads import cores
 from omnistage.protocol.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -70,11 +70,6 @@ def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
     pipe.set_progress_bar_config(disable=True)
     _place(pipe, args)
     return pipe, _describe(pipe, args)
-
-
-def cores() -> int:
-    """CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _quiet_progress_bars() -> None:

@@ -34,7 +34,13 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines import diffusers_pipe as dp
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.image_params import SEED_LIMIT, ImageJob, image_job
-from omnistage.engines.torch_threads import ThreadTuner, TorchThread, thread_ladder
+from omnistage.engines.torch_threads import (
+    ThreadTuner,
+    TorchThread,
+    cores,
+    thread_ladder,
+    use_threads,
+)
 from omnistage.protocol.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -101,7 +107,7 @@ class DiffusionEngine(Engine):
         pipes = [pipe] + [dp.replica_of(pipe) for _ in range(slots - 1)]
         # No torch_threads: each slot picks 1..its share of the cores by timing its
         # denoising steps (which needs the step callback).
-        share = max(1, dp.cores() // slots)
+        share = max(1, cores() // slots)
         tuned = self.args.torch_threads is None and self.info.takes_step_callback
         self._free = [
             _Slot(p, t, ThreadTuner(thread_ladder(share)) if tuned else None)
@@ -280,17 +286,13 @@ class DiffusionEngine(Engine):
         tuner = slot.tuner
         if tuner is None:
             return dp.draw(slot.pipe, self._info(), drawing, call, stop, on_step)
-        import torch
-
-        torch.set_num_threads(tuner.count)
+        use_threads(tuner.count)
         pixels = drawing.width * drawing.height
         last: list[float] = []
 
         def timed(step: int, total: int) -> None:
             if last:  # from the end of the previous step's hook: one denoising step
-                count = tuner.observe(pixels, time.perf_counter() - last[0])
-                if count != torch.get_num_threads():
-                    torch.set_num_threads(count)
+                use_threads(tuner.observe(pixels, time.perf_counter() - last[0]))
             on_step(step, total)
             last[:] = [time.perf_counter()]
 

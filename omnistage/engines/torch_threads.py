@@ -21,12 +21,26 @@ the next count out); the engine times its steps and applies the count on its thr
 
 from __future__ import annotations
 
+import os
 import queue
 import statistics
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def use_threads(count: int) -> None:
+    """Run this thread's torch ops on ``count`` threads (a no-op when they already do)."""
+    import torch
+
+    if count != torch.get_num_threads():
+        torch.set_num_threads(count)
 
 
 def thread_ladder(cores: int) -> tuple[int, ...]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
 from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
 from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
-from omnistage.engines.torch_threads import ThreadTuner, TorchThread, thread_ladder
+from omnistage.engines.torch_threads import ThreadTuner, TorchThread, cores, thread_ladder
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt
 
@@ -51,8 +50,7 @@ class LlmEngine(Engine):
     def _load(self) -> None:
         import torch
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        threads = self.args.torch_threads or cores or os.cpu_count() or 1
+        threads = self.args.torch_threads or cores()
         torch.set_num_threads(threads)
         # No count given: the step loop picks one by timing itself (see threads).
         tuner = None if self.args.torch_threads else ThreadTuner(thread_ladder(threads))

@@ -60,10 +60,11 @@ class PrefixCache:
         """Copy the longest cached prefix of ``ids`` that ends at one of the cuts ``at``
         into ``slot`` of the per-layer caches; its length (0: none)."""
         for end in reversed(at):
-            entry = self._entries.get(tuple(ids[:end]))
+            key = tuple(ids[:end])
+            entry = self._entries.get(key)
             if entry is None:
                 continue
-            self._entries.move_to_end(tuple(ids[:end]))
+            self._entries.move_to_end(key)
             for (k, v), layer_k, layer_v in zip(entry, keys, values, strict=True):
                 layer_k[slot, :, :end] = k
                 layer_v[slot, :, :end] = v

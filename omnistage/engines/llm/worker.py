@@ -27,7 +27,7 @@ import torch
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.sampling import Sampler
-from omnistage.engines.torch_threads import ThreadTuner, TorchThread
+from omnistage.engines.torch_threads import ThreadTuner, TorchThread, use_threads
 from omnistage.protocol.messages import TokenLogprob, TopLogprob
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class LlmWorker:
     def _run(self) -> None:
         torch.set_grad_enabled(False)
         if self._tuner is not None:
-            torch.set_num_threads(self._tuner.count)
+            use_threads(self._tuner.count)
         while True:
             with self._cond:
                 while not self._stop and not self._waiting and not self._running:
@@ -225,9 +225,7 @@ class LlmWorker:
         started = self._clock()
         logits = self._batch.decode()
         if self._tuner is not None:
-            count = self._tuner.observe(len(self._running), self._clock() - started)
-            if count != torch.get_num_threads():
-                torch.set_num_threads(count)
+            use_threads(self._tuner.observe(len(self._running), self._clock() - started))
         tokens = [
             s.sampler.sample(logits[i], s.prior_tokens + len(s.generated))
             for i, s in enumerate(self._running)
