@@ -1,6 +1,6 @@
 """What the pipeline cannot honour is a 400 naming the field (or a 404 for endpoints it
-does not serve), never a silent drop: the README's table of unsupported requests, over
-real HTTP to an echo pipeline."""
+does not serve), never a silent drop: the table of unsupported requests in
+docs/api/not-supported.md, over real HTTP to an echo pipeline."""
 
 from __future__ import annotations
 
