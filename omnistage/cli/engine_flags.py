@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.cli.args import UsageError
+from omnistage.cli.flags import DIFFUSION_FLAGS, DIFFUSION_JSON
 from omnistage.config.load import validate_config
 from omnistage.config.schema import DeployConfig
 from omnistage.engines.diffusion import missing_model_message
@@ -25,16 +26,7 @@ from omnistage.protocol.errors import ConfigError
 
 DIFFUSION = "diffusion"
 # engine_args key -> flag; the JSON ones merge key by key into the stage's own map.
-FLAGS = {
-    "diffusers_load_kwargs": "--diffusers-load-kwargs",
-    "diffusers_call_kwargs": "--diffusers-call-kwargs",
-    "model_class_name": "--model-class-name",
-    "max_generated_image_size": "--max-generated-image-size",
-    "vae_use_slicing": "--vae-use-slicing",
-    "vae_use_tiling": "--vae-use-tiling",
-    "enable_cpu_offload": "--enable-cpu-offload",
-}
-_JSON = ("diffusers_load_kwargs", "diffusers_call_kwargs")
+FLAGS = {each.dest: each.name for each in DIFFUSION_FLAGS}
 
 
 def diffusion_engine_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,14 +36,14 @@ def diffusion_engine_args(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key, None)
         if value is None or value is False:
             continue
-        out[key] = json.loads(value) if key in _JSON else value
+        out[key] = json.loads(value) if key in DIFFUSION_JSON else value
     return out
 
 
 def _merged(engine_args: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(engine_args)
     for key, value in extra.items():
-        if key in _JSON and isinstance(out.get(key), dict):
+        if key in DIFFUSION_JSON and isinstance(out.get(key), dict):
             out[key] = {**out[key], **value}
         else:
             out[key] = value

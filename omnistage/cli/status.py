@@ -52,10 +52,6 @@ def default_url() -> str:
     return envs.status_url() or DEFAULT_URL
 
 
-def default_api_key() -> str | None:
-    return envs.api_key()
-
-
 # --------------------------------------------------------------------------------------
 # Fetching
 # --------------------------------------------------------------------------------------

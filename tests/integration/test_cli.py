@@ -103,12 +103,12 @@ def test_valid_retry_and_stall_flags_pass_validation(args: list[str]) -> None:
 
 def test_retry_and_stall_defaults() -> None:
     args = build_parser().parse_args(["serve"])
-    validate(args)
-    assert (args.omni_max_retries, args.omni_stall_timeout) == (2, 60.0)
+    flags = validate(args)
+    assert (flags.omni_max_retries, flags.omni_stall_timeout) == (2, 60.0)
+    assert args.omni_stall_timeout is None  # validate returns a copy; args stay as parsed
     # A long heartbeat timeout alone is valid: the stall default follows it.
     args = build_parser().parse_args(["serve", "--omni-heartbeat-timeout", "90"])
-    validate(args)
-    assert args.omni_stall_timeout == 90.0
+    assert validate(args).omni_stall_timeout == 90.0
 
 
 def test_bad_deploy_config_names_the_yaml_path(tmp_path: Path) -> None:

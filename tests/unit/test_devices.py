@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from omnistage.cli.args import UsageError, build_parser
+from omnistage.cli.serve import headless_options
 from omnistage.config.load import load_config
 from omnistage.head.options import HeadOptions
-from omnistage.headless import replica_devices
+from omnistage.headless import HeadlessOptions
 from omnistage.launch.devices import (
     DEVICE_ENV_VAR,
     DevicesError,
@@ -164,23 +167,23 @@ def test_a_replica_child_sees_its_share_and_not_the_launchers_devices(
     assert inherited[DEVICE_ENV_VAR] == "0,1,2,3"
 
 
-def _headless_args(*extra: str):  # type: ignore[no-untyped-def]
+def _headless(*extra: str) -> HeadlessOptions:
     argv = ["serve", "--headless", "--stage-id", "1", "-oma", "127.0.0.1", "-omp", "1", *extra]
-    return build_parser().parse_args(argv)
+    return headless_options(build_parser().parse_args(argv))
 
 
 def test_headless_replicas_split_the_devices_of_their_own_overrides() -> None:
-    args = _headless_args(
-        "--omni-dp-size-local", "2", "--stage-overrides", '{"1": {"devices": "2,3"}}'
-    )
-    assert replica_devices(args, 2) == ["2", "3"]
-    args = _headless_args(
+    opts = _headless("--omni-dp-size-local", "2", "--stage-overrides", '{"1": {"devices": "2,3"}}')
+    assert opts.replica_devices() == ["2", "3"]
+    opts = _headless(
+        "--omni-dp-size-local",
+        "2",
         "--stage-overrides",
         '{"1": {"devices": "0,1,2,3", "engine_args": {"tensor_parallel_size": 2}}}',
     )
-    assert replica_devices(args, 2) == ["0,1", "2,3"]
+    assert opts.replica_devices() == ["0,1", "2,3"]
     # No devices of its own: every replica inherits this process's visibility.
-    assert replica_devices(_headless_args(), 2) == [None, None]
+    assert _headless("--omni-dp-size-local", "2").replica_devices() == [None, None]
 
 
 @pytest.mark.parametrize(
@@ -194,7 +197,13 @@ def test_headless_replicas_split_the_devices_of_their_own_overrides() -> None:
 )
 def test_a_headless_split_that_does_not_fit_is_a_usage_error(overrides: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        replica_devices(_headless_args("--stage-overrides", overrides), 3)
+        _headless("--omni-dp-size-local", "3", "--stage-overrides", overrides)
+    # The supervisor itself raises the devices' own error (the CLI names the flag).
+    replica = ReplicaOptions(
+        stage_id=1, master_host="h", master_port=1, stage_overrides=json.loads(overrides)["1"]
+    )
+    with pytest.raises(DevicesError, match=message.removeprefix("--stage-overrides: ")):
+        HeadlessOptions(replica, dp_size_local=3).replica_devices()
 
 
 def test_an_autoscaled_stage_must_fit_its_max_replicas_at_start() -> None:
