@@ -7,6 +7,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import zmq
 
@@ -27,7 +28,15 @@ log = logging.getLogger(__name__)
 
 
 class Joiner:
-    def __init__(self, ctx: zmq.Context, opts: ReplicaOptions, signer: Signer | None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        opts: ReplicaOptions,
+        signer: Signer | None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        """``sleep``: waits out the backoff between rejoin attempts."""
+        self._sleep = sleep
         self._ctx = ctx
         self._opts = opts
         self._signer = signer
@@ -56,7 +65,7 @@ class Joiner:
                 break
             except OmniError as exc:
                 log.info("rejoin failed (%s); trying again in %.1fs", exc, delay)
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
             delay = min(high, delay * 2)
         stage = self.stage_config(init)
         changed = stage != engine.stage
