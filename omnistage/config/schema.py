@@ -13,8 +13,8 @@ from pydantic import (
     model_validator,
 )
 
+from omnistage.config.devices import NO_PLACEMENT, devices_per_replica, parse_devices
 from omnistage.config.engine_args import ENGINE_ARGS
-from omnistage.launch.devices import NO_PLACEMENT, devices_per_replica, parse_devices
 
 Modality = Literal["text", "audio", "image"]
 ENGINES = ("echo", "llm", "tts", "asr", "diffusion", "vllm")
@@ -77,7 +77,7 @@ class StageConfig(_Frozen):
     # Replicas the head launches locally for this stage when it runs every stage.
     replicas: int = Field(default=1, ge=0)
     # "cpu" (no placement) or device indices "0,1,2,3" that this stage's replicas on one
-    # host share, devices_per_replica each (see omnistage.launch.devices).
+    # host share, devices_per_replica each (see omnistage.config.devices).
     devices: str = NO_PLACEMENT
     # Devices one replica needs; None: the engine's tensor x pipeline parallel size, or 1.
     devices_per_replica: int | None = Field(default=None, ge=1)

@@ -16,15 +16,14 @@ from collections.abc import Callable
 import zmq
 
 from omnistage.config.schema import DeployConfig
-from omnistage.control.coordinator import Coordinator
 from omnistage.control.replica_table import Transition, routing_id
-from omnistage.control.slots import Slot, SlotTable
+from omnistage.control.slots import Slot
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.orchestrator import Orchestrator
-from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
 from omnistage.head.sockets import HeadSockets
+from omnistage.head.state import ControlState
 from omnistage.net import tcp_url
 from omnistage.protocol.messages import (
     HandshakeInit,
@@ -68,24 +67,23 @@ class ReplicaEvents:
         self,
         opts: HeadOptions,
         sockets: HeadSockets,
-        slots: SlotTable,
-        lock: threading.Lock,
-        coordinator: Coordinator,
-        pools: dict[int, StagePool],
+        state: ControlState,
         orchestrator: Orchestrator,
-        on_serving: Callable[[], None],
+        *,
         history: History,
+        on_serving: Callable[[], None],
     ) -> None:
+        """``on_serving``: called on the loop each time a replica comes UP."""
         self._history = history
         self._opts = opts
         self._config: DeployConfig = opts.config
         self._addresses = sockets.addresses
         self._handshake_sock = sockets.handshake
         self._channels: DataChannels = sockets.channels
-        self._slots = slots
-        self._lock = lock
-        self._coordinator = coordinator
-        self._pools = pools
+        self._slots = state.slots
+        self._lock = state.lock
+        self._coordinator = state.coordinator
+        self._pools = orchestrator.pools
         self._orchestrator = orchestrator
         self._on_serving = on_serving
         self._dialled = DialIns()

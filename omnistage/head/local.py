@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omnistage.control.coordinator import Coordinator
-from omnistage.control.slots import SlotTable
 from omnistage.head.options import HeadOptions
+from omnistage.head.state import ControlState
 from omnistage.launch import make_launcher
 from omnistage.launch.base import Launcher, ReplicaProcess
 from omnistage.launch.restart import RestartPolicy
@@ -46,30 +45,45 @@ class _Owned:
     retiring: bool = False
 
 
+def _no_restart_note(stage_id: int, replica_id: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class LocalHooks:
+    """What the head's shell lends its local replicas."""
+
+    # Start-up is over (every stage has had a live replica).
+    is_serving: Callable[[], bool]
+    # A replica could not start during start-up: stop the head (from a launcher thread).
+    fail_head: Callable[[], None]
+    # A replica is about to be restarted (for the views of the running system).
+    on_restart: Callable[[int, int], None] = _no_restart_note
+
+
 class LocalReplicas:
     def __init__(
         self,
         opts: HeadOptions,
-        coordinator: Coordinator,
+        state: ControlState,
+        hooks: LocalHooks,
+        *,
         master_port: int,
         local_key: str,
-        is_serving: Callable[[], bool],
-        fail_head: Callable[[], None],
-        on_restart: Callable[[int, int], None] = lambda stage_id, replica_id: None,
-        slots: SlotTable | None = None,
-        slots_lock: threading.Lock | None = None,
     ) -> None:
-        self._on_restart = on_restart
+        """Replicas register at ``master_port`` with ``local_key``, which lets them fill
+        the head-local slots (and only them)."""
         self._opts = opts
-        self._coordinator = coordinator
+        self._coordinator = state.coordinator
+        self._slots = state.slots
+        self._slots_lock = state.lock
+        self._hooks = hooks
         self._master_port = master_port
         self._local_key = local_key
-        self._is_serving = is_serving
-        self._fail_head = fail_head
-        self._slots = slots
-        self._slots_lock = slots_lock or threading.Lock()
         self.restarts = RestartPolicy(opts.restart_policy, time.monotonic)
-        self.launcher: Launcher = make_launcher(opts, self._on_exit)
+        self.launcher: Launcher = make_launcher(
+            opts.worker_backend, self._on_exit, opts.config, opts.ray_address
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         # Every replica this head runs (or will restart), by (stage, replica) id; written
@@ -108,7 +122,7 @@ class LocalReplicas:
     def add(self, stage_id: int) -> int | None:
         """Launch one more replica of the stage, in the lowest replica id free for it;
         returns that id, or None if it could not be launched (logged)."""
-        if self._stopping or self._slots is None:
+        if self._stopping:
             return None
         with self._owned_lock:
             taken = {rid for sid, rid in self._owned if sid == stage_id}
@@ -161,9 +175,8 @@ class LocalReplicas:
         """Drop a replica the head no longer runs, and give its slot back."""
         with self._owned_lock:
             self._owned.pop(key, None)
-        if self._slots is not None:
-            with self._slots_lock:
-                self._slots.unreserve(*key)
+        with self._slots_lock:
+            self._slots.unreserve(*key)
 
     # -- launching and exits -----------------------------------------------------------
 
@@ -187,7 +200,7 @@ class LocalReplicas:
         if owned is None or owned.retiring:
             return
         if not self._stopping:
-            self._on_restart(options.stage_id, options.replica_id)
+            self._hooks.on_restart(options.stage_id, options.replica_id)
         self._launch(options)
 
     def _on_exit(self, proc: ReplicaProcess, code: int) -> None:
@@ -202,7 +215,7 @@ class LocalReplicas:
         if retiring:
             self._retired(key, code)
             return
-        if code != 0 and not self._is_serving() and not self._stopping:
+        if code != 0 and not self._hooks.is_serving() and not self._stopping:
             # A replica that cannot even start has a configuration or install problem
             # that neither waiting out --init-timeout nor a restart fixes: fail now,
             # pointing at the replica's own error above.
@@ -214,7 +227,7 @@ class LocalReplicas:
                 o.replica_id,
                 code,
             )
-            self._fail_head()
+            self._hooks.fail_head()
             return
         self._coordinator.mark(
             key, None, ReplicaState.ERROR, Reason.PROCESS_EXITED, f"exit code {code}"

@@ -6,9 +6,11 @@ import argparse
 from dataclasses import dataclass
 
 from omnistage import defaults
+from omnistage.config.devices import split_devices
 from omnistage.config.schema import DeployConfig
-from omnistage.launch.devices import replica_visible_devices, split_devices
+from omnistage.launch.devices import replica_visible_devices
 from omnistage.net import address_host, detect_local_address, is_loopback
+from omnistage.protocol.auth import Signer, Verifier
 from omnistage.replica.options import ReplicaOptions
 
 
@@ -84,6 +86,14 @@ class HeadOptions:
         """The names the API answers to; the first is the one it reports."""
         return self.served_model_names or (self.config.pipeline,)
 
+    def signer(self) -> Signer | None:
+        """Stamps the head's control messages (None: no --omni-auth-token)."""
+        return Signer(self.auth_token) if self.auth_token else None
+
+    def verifier(self) -> Verifier | None:
+        """Checks stamps on one socket: each socket gets its own (its replay cache)."""
+        return Verifier(self.auth_token) if self.auth_token else None
+
     def local_replicas(self) -> dict[int, int]:
         """How many replicas of each stage this head launches itself."""
         if self.stage_id is not None:
@@ -118,7 +128,7 @@ class HeadOptions:
         """The devices the head's replica ``replica_id`` of a stage sees (the value of
         CUDA_VISIBLE_DEVICES), its share of the stage's ``devices`` by replica id; None:
         ``devices: cpu``. A replica id past the list (one added beyond the devices the
-        stage lists) raises DevicesError naming the stage: see ``launch.devices``."""
+        stage lists) raises DevicesError naming the stage: see ``config.devices``."""
         if self.worker_backend == "ray":
             return None  # Ray sets CUDA_VISIBLE_DEVICES for each actor from its num_gpus
         stage = self.config.stage(stage_id)

@@ -19,29 +19,21 @@ from collections.abc import Iterator
 import uvicorn
 
 from omnistage.api.app import create_app
-from omnistage.control.balancing import make_policy
-from omnistage.control.coordinator import Coordinator
-from omnistage.control.handshake import HandshakeServer
-from omnistage.control.master import Master
-from omnistage.control.plane import ControlPlane
-from omnistage.control.replica_table import ReplicaTable, Transition
-from omnistage.control.slots import SlotTable
-from omnistage.dataplane.graph import StageGraph
-from omnistage.dataplane.orchestrator import Orchestrator
-from omnistage.dataplane.stage_pool import StagePool
+from omnistage.control.replica_table import Transition
+from omnistage.head import wiring
 from omnistage.head.api_servers import ApiServers
 from omnistage.head.events import ReplicaEvents
 from omnistage.head.frontends import FrontendServer
 from omnistage.head.history import History
-from omnistage.head.local import LocalReplicas
+from omnistage.head.local import LocalHooks, LocalReplicas
 from omnistage.head.options import HeadOptions
 from omnistage.head.scaler import Scaler
 from omnistage.head.service import HeadService
 from omnistage.head.sockets import HeadSockets
 from omnistage.head.startup import StartupWatch, Verdict, stage_names
+from omnistage.head.state import control_state
 from omnistage.head.stats import log_stats
 from omnistage.net import listen_tcp
-from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.messages import Shutdown
 
 log = logging.getLogger(__name__)
@@ -67,73 +59,31 @@ class Head:
         self._stop = asyncio.Event()
         # Set once every stage has had a live replica: start-up is over.
         self._serving = threading.Event()
-        self._lock = threading.Lock()  # the slot and replica tables, shared with control
         self.sockets = HeadSockets(opts)
-        local = opts.local_replicas()
         # Given to local replicas only (in their options): the key to head-local slots.
         local_key = secrets.token_hex(16)
-        self.slots = SlotTable(
-            opts.config.stage_ids,
-            preallocated=local,
-            head_local={sid: list(range(n)) for sid, n in local.items()},
-            instance=self.instance,
-            epoch_base=int(time.time() * 1000),
-            local_key=local_key,
-        )
-        self.pools = {
-            s.stage_id: StagePool(s.stage_id, s.name, make_policy(opts.lb_policy), opts.max_queue)
-            for s in opts.config.stages
-        }
-        self.orchestrator = Orchestrator(
-            StageGraph(opts.config),
-            self.pools,
-            self.sockets.channels,
-            opts.no_replica_wait_s,
-            opts.max_retries,
-        )
-        table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s, opts.stall_timeout_s)
-        self.coordinator = Coordinator(
-            table,
-            self._lock,
-            self._post_transition,
-            _verifier(opts),
-            Signer(opts.auth_token) if opts.auth_token else None,
-            self.instance,
-        )
+        self.state = control_state(opts, self.instance, local_key, self._post_transition)
+        self.slots, self.coordinator = self.state.slots, self.state.coordinator
+        self.orchestrator = wiring.orchestrator(opts, self.sockets)
+        self.pools = self.orchestrator.pools
         history = History({s.stage_id: s.name for s in opts.config.stages})
         self.events = ReplicaEvents(
             opts,
             self.sockets,
-            self.slots,
-            self._lock,
-            self.coordinator,
-            self.pools,
+            self.state,
             self.orchestrator,
-            self._check_serving,
-            history,
+            history=history,
+            on_serving=self._check_serving,
         )
-        self.master = Master(
-            self.slots, self.sockets.addresses, self.events.on_register, self._lock, _verifier(opts)
-        )
-        handshake = HandshakeServer(self.slots, self._lock, self.events.init_for, _verifier(opts))
-        self.control = ControlPlane(self.coordinator.tick)
-        self.control.add(self.sockets.master, self.master.handle)
-        self.control.add(self.sockets.handshake, handshake.handle)
-        self.control.add(self.sockets.coordinator, self.coordinator.handle)
+        control = wiring.control_plane(opts, self.state, self.sockets, self.events)
+        self.master, self.control = control
+        hooks = LocalHooks(self._serving.is_set, self._fail_soon, history.restarted)
         self.local = LocalReplicas(
-            opts,
-            self.coordinator,
-            self.sockets.master_port,
-            local_key,
-            self._serving.is_set,
-            self._fail_soon,
-            history.restarted,
-            self.slots,
-            self._lock,
+            opts, self.state, hooks, master_port=self.sockets.master_port, local_key=local_key
         )
         self.scaler = Scaler(
             opts.config,
-            {sid for sid, n in local.items() if n > 0},
+            wiring.local_stages(opts),
             self.pools,
             self.coordinator.snapshot,
             self.local,
@@ -141,21 +91,24 @@ class Head:
         self.service = HeadService(
             opts,
             self.orchestrator,
-            self.pools,
             self.coordinator,
-            self.sockets.master_url,
-            history,
-            self.scaler.status,
-            self.local.nodes,
+            master_url=self.sockets.master_url,
+            history=history,
+            scaling=self.scaler.status,
+            nodes=self.local.nodes,
         )
-        # --api-server-count > 1: API server processes serve HTTP in front of this head.
-        self.frontends: FrontendServer | None = None
-        self.api_servers: ApiServers | None = None
-        if opts.api_server_count > 1:
-            self.frontends = FrontendServer(self.service)
-            self.api_servers = ApiServers(
-                opts, self._http_socket, self.frontends.address, self.service.started_at
-            )
+        self.frontends, self.api_servers = self._api_servers()
+
+    def _api_servers(self) -> tuple[FrontendServer | None, ApiServers | None]:
+        """With --api-server-count > 1: API server processes serve HTTP in front of this
+        head, talking to it through the frontend server; else (None, None)."""
+        if self.opts.api_server_count <= 1:
+            return None, None
+        frontends = FrontendServer(self.service)
+        servers = ApiServers(
+            self.opts, self._http_socket, frontends.address, self.service.started_at
+        )
+        return frontends, servers
 
     async def run(self) -> int:
         loop = self._loop = asyncio.get_running_loop()
@@ -302,8 +255,3 @@ class Head:
         self.control.stop()
         self.sockets.close()
         log.info("head stopped")
-
-
-def _verifier(opts: HeadOptions) -> Verifier | None:
-    # One verifier per socket: each keeps its own replay cache.
-    return Verifier(opts.auth_token) if opts.auth_token else None

@@ -25,8 +25,8 @@ class HeadService:
         self,
         opts: HeadOptions,
         orchestrator: Orchestrator,
-        pools: dict[int, StagePool],
         coordinator: Coordinator,
+        *,
         master_url: str,
         history: History | None = None,
         scaling: Callable[[], dict[int, dict[str, Any]]] | None = None,
@@ -40,8 +40,9 @@ class HeadService:
         self.model_names = frozenset(opts.model_names)
         self.started_at = int(time.time())
         self._orchestrator = orchestrator
-        self._pools = pools
+        self._pools: dict[int, StagePool] = orchestrator.pools
         self._coordinator = coordinator
+        # Where replicas register, as /v1/omni/stages reports it.
         self._master_url = master_url
         # State changes and local restarts, for the views of the running system.
         self.history = history or History({s.stage_id: s.name for s in opts.config.stages})

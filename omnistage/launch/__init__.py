@@ -9,15 +9,19 @@ from typing import TYPE_CHECKING
 from omnistage.launch.base import Launcher, OnExit
 
 if TYPE_CHECKING:
-    from omnistage.head.options import HeadOptions
+    from omnistage.config.schema import DeployConfig
 
 
-def make_launcher(opts: HeadOptions, on_exit: OnExit) -> Launcher:
-    """The launcher for ``--worker-backend``; Ray is imported only when chosen."""
-    if opts.worker_backend == "ray":
+def make_launcher(
+    backend: str, on_exit: OnExit, config: DeployConfig, ray_address: str | None = None
+) -> Launcher:
+    """The launcher for ``--worker-backend`` (``multi_process`` or ``ray``); Ray is
+    imported only when chosen, and places replicas by the stages' ``ray:`` specs in
+    ``config`` on the cluster at ``ray_address``."""
+    if backend == "ray":
         from omnistage.launch.ray import RayLauncher
 
-        return RayLauncher(opts.config, opts.ray_address, on_exit=on_exit)
+        return RayLauncher(config, ray_address, on_exit=on_exit)
     from omnistage.launch.local import LocalLauncher
 
     return LocalLauncher(on_exit=on_exit)

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import threading
 
+from omnistage.config.devices import DEVICE_ENV_VAR
 from omnistage.launch.base import OnExit
-from omnistage.launch.devices import DEVICE_ENV_VAR
 from omnistage.replica.options import ReplicaOptions, encode_options
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class LocalLauncher:
 
 def replica_env(options: ReplicaOptions) -> dict[str, str]:
     """A replica child's environment: ours, its options, and its own share of devices
-    (which replaces ours: the share was already mapped through it, see launch.devices)."""
+    (which replaces ours: the share was already mapped through it, see config.devices)."""
     env = dict(os.environ)
     env["OMNISTAGE_REPLICA_OPTIONS"] = encode_options(options)
     if options.visible_devices is not None:

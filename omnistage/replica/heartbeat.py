@@ -6,7 +6,7 @@ CPU) still reports in: the head must not mistake busy for dead.
 The head answers every heartbeat with a HeartbeatAck. The replica decides the head is
 lost, and calls ``on_lost`` once, when the head says it does not know this incarnation
 (a restarted head, or a newer registration took the slot), says it is ERROR for a
-reason heartbeats do not cure, or has not answered for ``lost_after_s``.
+reason heartbeats do not cure, or has not answered for ``HeartbeatSpec.lost_after_s``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ import zmq
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import Heartbeat, HeartbeatAck, ReplicaState
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    Heartbeat,
+    HeartbeatAck,
+    RegisterReply,
+    ReplicaState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,38 +40,72 @@ class LoadReport:
     progress: int
 
 
+@dataclass(frozen=True)
+class HeartbeatSpec:
+    """Where one registration (incarnation) of a replica reports in, and how often."""
+
+    address: str  # the head's coordinator
+    stage_id: int
+    replica_id: int
+    epoch: int
+    interval_s: float
+    # No answer from the head for this long: it is lost.
+    lost_after_s: float = 10.0
+
+    @classmethod
+    def of(
+        cls, stage_id: int, reply: RegisterReply, init: HandshakeInit, lost_after_s: float = 10.0
+    ) -> HeartbeatSpec:
+        """For the registration ``reply`` whose handshake answered ``init``."""
+        return cls(
+            address=init.coordinator_address,
+            stage_id=stage_id,
+            replica_id=reply.replica_id,
+            epoch=reply.epoch,
+            interval_s=init.heartbeat_interval_s,
+            lost_after_s=lost_after_s,
+        )
+
+
+def _up() -> ReplicaState:
+    return ReplicaState.UP
+
+
+def _no_detail() -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Reports:
+    """What each heartbeat carries, asked for on the heartbeat thread."""
+
+    load: Callable[[], LoadReport]
+    status: Callable[[], ReplicaState] = _up
+    # Sent while STARTING only: what the engine is doing (shown by /v1/omni/stages).
+    detail: Callable[[], str] = _no_detail
+
+
 class HeartbeatThread:
     def __init__(
         self,
         ctx: zmq.Context,
-        address: str,
-        stage_id: int,
-        replica_id: int,
-        epoch: int,
-        interval_s: float,
-        report: Callable[[], LoadReport],
-        status: Callable[[], ReplicaState] = lambda: ReplicaState.UP,
+        spec: HeartbeatSpec,
+        reports: Reports,
+        *,
         signer: Signer | None = None,
-        on_lost: Callable[[str, bool], None] | None = None,
-        lost_after_s: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
         verifier: Verifier | None = None,
-        detail: Callable[[], str] = lambda: "",
+        on_lost: Callable[[str, bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._detail = detail
+        self._ctx = ctx
+        self._spec = spec
+        self._reports = reports
         self._signer = signer
         self._verifier = verifier
         self._on_lost = on_lost
-        self._lost_after_s = lost_after_s
         self._clock = clock
         self._lost = False
         self.head_instance = ""
-        self._ctx = ctx
-        self._address = address
-        self._key = (stage_id, replica_id, epoch)
-        self._interval_s = interval_s
-        self._report = report
-        self._status = status
         self._kick = threading.Event()
         self._seq = 0
         self._stop = threading.Event()
@@ -91,11 +131,11 @@ class HeartbeatThread:
         # A DOWN heartbeat queued at exit still gets a moment to leave.
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.SNDHWM, 16)
-        sock.connect(self._address)
+        sock.connect(self._spec.address)
         self._last_ack = self._clock()
         try:
             while True:
-                self._beat(sock, self._status())
+                self._beat(sock, self._reports.status())
                 self._wait_acks(sock)
                 if self._stop.is_set():
                     break
@@ -108,7 +148,7 @@ class HeartbeatThread:
 
     def _wait_acks(self, sock: zmq.Socket) -> None:
         """Until the next beat is due (or a kick): read acks, judge the head."""
-        deadline = self._clock() + self._interval_s
+        deadline = self._clock() + self._spec.interval_s
         while not self._kick.is_set():
             left = deadline - self._clock()
             if left <= 0:
@@ -117,7 +157,7 @@ class HeartbeatThread:
                 self._read_ack(sock.recv_multipart())
         self._kick.clear()
         silent = self._clock() - self._last_ack
-        if silent > self._lost_after_s:
+        if silent > self._spec.lost_after_s:
             self._lose(f"no answer from the head for {silent:.1f}s")
 
     def _read_ack(self, frames: list[bytes]) -> None:
@@ -145,22 +185,22 @@ class HeartbeatThread:
 
     def _beat(self, sock: zmq.Socket, status: ReplicaState) -> None:
         try:
-            load = self._report()
+            load = self._reports.load()
         except Exception:  # a report must never kill the heartbeat
             log.exception("load report failed")
             load = LoadReport(0, 0, 0)
         self._seq += 1
-        stage_id, replica_id, epoch = self._key
+        spec = self._spec
         msg = Heartbeat(
-            stage_id=stage_id,
-            replica_id=replica_id,
-            epoch=epoch,
+            stage_id=spec.stage_id,
+            replica_id=spec.replica_id,
+            epoch=spec.epoch,
             status=status,
             queue_length=load.queue_length,
             in_flight=load.in_flight,
             progress=load.progress,
             seq=self._seq,
-            detail=self._detail() if status == ReplicaState.STARTING else "",
+            detail=self._reports.detail() if status == ReplicaState.STARTING else "",
         )
         try:
             sock.send_multipart(codec.sign(codec.encode(msg), self._signer), zmq.NOBLOCK)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import zmq
 
@@ -19,20 +20,29 @@ from omnistage.net import detect_local_address, free_ports, is_loopback
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import OmniError
 from omnistage.protocol.messages import HandshakeInit, RegisterReply, ReplicaState
-from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
+from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
 from omnistage.replica.options import ReplicaOptions
-from omnistage.replica.register import handshake, register
+from omnistage.replica.register import MasterLink, handshake, register, registration
 
 log = logging.getLogger(__name__)
 
 
 class Joiner:
-    def __init__(self, ctx: zmq.Context, opts: ReplicaOptions, signer: Signer | None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        opts: ReplicaOptions,
+        signer: Signer | None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        """``sleep``: waits out the backoff between rejoin attempts."""
+        self._sleep = sleep
         self._ctx = ctx
         self._opts = opts
         self._signer = signer
         # Set to abandon a registration or handshake in progress (a signal).
         self.cancel = threading.Event()
+        self._link = MasterLink(ctx, opts.master_host, opts.master_port, signer, self.cancel)
         self.replica_id = opts.replica_id
         self.address: str | None = None  # advertised; kept across rejoins
         self.reply: RegisterReply | None = None
@@ -55,7 +65,7 @@ class Joiner:
                 break
             except OmniError as exc:
                 log.info("rejoin failed (%s); trying again in %.1fs", exc, delay)
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
             delay = min(high, delay * 2)
         stage = self.stage_config(init)
         changed = stage != engine.stage
@@ -87,22 +97,8 @@ class Joiner:
         self.address = address
         ports = tuple(free_ports(3, address)) if o.binds_sockets else None
         previous = (self._head_instance, self.replica_id) if self._head_instance else None
-        reply = await asyncio.to_thread(
-            register,
-            self._ctx,
-            o.master_host,
-            o.master_port,
-            o.stage_id,
-            o.replica_id,
-            address,
-            timeout_s,
-            o.stage_overrides or None,
-            self.cancel,
-            ports,
-            self._signer,
-            previous,
-            o.local_key,
-        )
+        req = registration(o, address, ports, previous)
+        reply = await asyncio.to_thread(register, self._link, req, timeout_s)
         self.replica_id, self._head_instance, self.reply = (
             reply.replica_id,
             reply.head_instance,
@@ -110,16 +106,9 @@ class Joiner:
         )
         tag_logs(o.stage_id, self.replica_id)
         log.info("registered as stage %d replica %d", o.stage_id, self.replica_id)
+        left = max(0.001, deadline - time.monotonic())
         return await asyncio.to_thread(
-            handshake,
-            self._ctx,
-            reply,
-            o.stage_id,
-            max(0.001, deadline - time.monotonic()),
-            o.master_host,
-            self.cancel,
-            o.binds_sockets,
-            self._signer,
+            handshake, self._link, reply, o.stage_id, left, o.binds_sockets
         )
 
     async def _load(self, stage: StageConfig, deadline: float, init: HandshakeInit) -> Engine:
@@ -144,17 +133,12 @@ class Joiner:
     def _starting_heartbeat(self, init: HandshakeInit, engine: Engine) -> HeartbeatThread | None:
         if self.reply is None:
             return None
-        beats = HeartbeatThread(
-            self._ctx,
-            init.coordinator_address,
-            self._opts.stage_id,
-            self.reply.replica_id,
-            self.reply.epoch,
-            init.heartbeat_interval_s,
-            lambda: LoadReport(0, 0, engine.progress),
-            lambda: ReplicaState.STARTING,
-            self._signer,
+        reports = Reports(
+            load=lambda: LoadReport(0, 0, engine.progress),
+            status=lambda: ReplicaState.STARTING,
             detail=lambda: engine.starting,
         )
+        spec = HeartbeatSpec.of(self._opts.stage_id, self.reply, init)
+        beats = HeartbeatThread(self._ctx, spec, reports, signer=self._signer)
         beats.start()
         return beats

@@ -42,7 +42,7 @@ class ReplicaOptions(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = defaults.LOG_LEVEL
     # --otlp-traces-endpoint (see ``omnistage.tracing``); None: the OTEL_* variables decide.
     otlp_traces_endpoint: str | None = None
-    # This replica's devices as the value of launch.devices.DEVICE_ENV_VAR, which its
+    # This replica's devices as the value of config.devices.DEVICE_ENV_VAR, which its
     # launcher sets in the child's environment; None: the child inherits the launcher's.
     visible_devices: str | None = None
 

@@ -6,8 +6,11 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+import msgspec
 import zmq
 
 from omnistage.net import connectable_url, tcp_url
@@ -19,55 +22,77 @@ from omnistage.protocol.messages import (
     HandshakeInit,
     Hello,
     RegisterReply,
+    RegisterRequest,
 )
+from omnistage.replica.options import ReplicaOptions
+
+_Msg = TypeVar("_Msg", bound=msgspec.Struct)
 
 
-def register(
-    ctx: zmq.Context,
-    master_host: str,
-    master_port: int,
-    stage_id: int,
-    replica_id: int,
-    advertise_address: str,
-    timeout_s: float,
-    stage_config: Any = None,
-    cancel: threading.Event | None = None,
+@dataclass(frozen=True)
+class MasterLink:
+    """How a replica reaches one head's control plane, for registration and HELLO."""
+
+    ctx: zmq.Context
+    host: str
+    port: int
+    signer: Signer | None = None
+    # Set to abandon a wait in progress (a signal): HandshakeError "cancelled".
+    cancel: threading.Event | None = None
+
+
+def registration(
+    opts: ReplicaOptions,
+    address: str,
     bind_ports: tuple[int, int, int] | None = None,
-    signer: Signer | None = None,
     previous: tuple[str, int] | None = None,
-    local_key: str | None = None,
-) -> RegisterReply:
-    """Register with the master; raises RegistrationError on refusal or timeout.
+) -> RegisterRequest:
+    """The registration a replica sends from ``address`` (its advertised host).
 
     With ``bind_ports`` (handshake, input, output) the replica will bind its own sockets
-    on ``advertise_address`` and the head dials them (the seed's replica_binds_sockets).
+    on ``address`` and the head dials them (the seed's replica_binds_sockets).
     ``previous`` (head instance, replica id) asks a head we were registered with before
     for our old id back.
     """
-    sock = ctx.socket(zmq.DEALER)
+    hs_port, in_port, out_port = bind_ports if bind_ports is not None else (None, None, None)
+    previous_head, previous_id = previous if previous is not None else (None, None)
+    return RegisterRequest(
+        stage_id=opts.stage_id,
+        replica_id=opts.replica_id,
+        stage_config=opts.stage_overrides or None,
+        replica_bind_address=address,
+        replica_handshake_port=hs_port,
+        replica_input_port=in_port,
+        replica_output_port=out_port,
+        replica_binds_sockets=bind_ports is not None,
+        protocol_version=PROTOCOL_VERSION,
+        previous_head=previous_head,
+        previous_replica_id=previous_id,
+        local_key=opts.local_key,
+    )
+
+
+def wire_map(req: RegisterRequest) -> dict[str, Any]:
+    """The registration as the seed's msgpack map: the Struct leaves out fields at their
+    defaults, but the seed's client always sends replica_id and stage_config (nil too)."""
+    return {
+        "stage_id": req.stage_id,
+        "replica_id": req.replica_id,
+        "stage_config": req.stage_config,
+        **msgspec.to_builtins(req),
+    }
+
+
+def register(link: MasterLink, req: RegisterRequest, timeout_s: float) -> RegisterReply:
+    """Register with the master; raises RegistrationError on refusal or timeout."""
+    sock = link.ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(tcp_url(master_host, master_port))
-        payload = {
-            "stage_id": stage_id,
-            "replica_id": replica_id,
-            "stage_config": stage_config,
-            "replica_bind_address": advertise_address,
-            "replica_binds_sockets": bind_ports is not None,
-            "protocol_version": PROTOCOL_VERSION,
-        }
-        if local_key is not None:
-            payload["local_key"] = local_key
-        if previous is not None:
-            payload["previous_head"], payload["previous_replica_id"] = previous
-        if bind_ports is not None:
-            payload["replica_handshake_port"] = bind_ports[0]
-            payload["replica_input_port"] = bind_ports[1]
-            payload["replica_output_port"] = bind_ports[2]
-        sock.send(codec.encode_register_request(payload, signer))
-        if not _poll(sock, timeout_s, cancel):
+        sock.connect(tcp_url(link.host, link.port))
+        sock.send(codec.encode_register_request(wire_map(req), link.signer))
+        if not _poll(sock, timeout_s, link.cancel):
             raise RegistrationError(
-                f"no answer from the master at {master_host}:{master_port} within "
+                f"no answer from the master at {link.host}:{link.port} within "
                 f"{timeout_s:g}s (raise --stage-init-timeout, or check -oma/-omp; with "
                 "--omni-curve-keys, check this host has the head's keys)"
             )
@@ -77,37 +102,18 @@ def register(
             raise RegistrationError(f"master refused the registration: {exc}") from None
     finally:
         sock.close()
-    # The head may bind on a wildcard address; dial the host we reached the master on.
-    return RegisterReply(
-        handshake_address=connectable_url(reply.handshake_address, master_host),
-        input_address=connectable_url(reply.input_address, master_host),
-        output_address=connectable_url(reply.output_address, master_host),
-        replica_id=reply.replica_id,
-        coordinator_router_address=(
-            connectable_url(reply.coordinator_router_address, master_host)
-            if reply.coordinator_router_address
-            else None
-        ),
-        stage_id=reply.stage_id,
-        epoch=reply.epoch,
-        protocol_version=reply.protocol_version,
-        head_instance=reply.head_instance,
-    )
+    addresses = ["handshake_address", "input_address", "output_address"]
+    if reply.coordinator_router_address:
+        addresses.append("coordinator_router_address")
+    return _dialable(reply, link.host, addresses)
 
 
 def handshake(
-    ctx: zmq.Context,
-    reply: RegisterReply,
-    stage_id: int,
-    timeout_s: float,
-    master_host: str,
-    cancel: threading.Event | None = None,
-    bind: bool = False,
-    signer: Signer | None = None,
+    link: MasterLink, reply: RegisterReply, stage_id: int, timeout_s: float, bind: bool = False
 ) -> HandshakeInit:
     """Send HELLO and wait for the head's init message (binding the handshake socket
     when the replica binds its own sockets: HELLO then waits for the head to dial)."""
-    sock = ctx.socket(zmq.DEALER)
+    sock = link.ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         if bind:
@@ -121,8 +127,8 @@ def handshake(
             pid=os.getpid(),
             host=socket.gethostname(),
         )
-        sock.send_multipart(codec.sign(codec.encode(hello), signer))
-        if not _poll(sock, timeout_s, cancel):
+        sock.send_multipart(codec.sign(codec.encode(hello), link.signer))
+        if not _poll(sock, timeout_s, link.cancel):
             raise HandshakeError(
                 f"no handshake answer from the head at {reply.handshake_address} within "
                 f"{timeout_s:g}s (raise --stage-init-timeout)"
@@ -137,10 +143,15 @@ def handshake(
         raise HandshakeError(f"expected the head's init message, got {type(init).__name__}")
     if init.error:
         raise HandshakeError(f"head refused the handshake: {init.error}")
-    init.input_address = connectable_url(init.input_address, master_host)
-    init.output_address = connectable_url(init.output_address, master_host)
-    init.coordinator_address = connectable_url(init.coordinator_address, master_host)
-    return init
+    return _dialable(init, link.host, ["input_address", "output_address", "coordinator_address"])
+
+
+def _dialable(msg: _Msg, host: str, fields: Iterable[str]) -> _Msg:
+    """``msg`` with its addresses in ``fields`` dialable: the head may bind on a wildcard
+    address, so dial the host we reached its master on."""
+    return msgspec.structs.replace(
+        msg, **{f: connectable_url(getattr(msg, f), host) for f in fields}
+    )
 
 
 def _poll(sock: zmq.Socket, timeout_s: float, cancel: threading.Event | None) -> bool:

@@ -96,19 +96,18 @@ class ReplicaRuntime:
 
     async def _serve(self, init: HandshakeInit) -> None:
         """Serve the head until we stop or (``_head_lost``) must rejoin."""
-        assert self._runner is not None and self._joiner.reply and self._joiner.address
+        joiner = self._joiner
+        assert self._runner is not None and joiner.reply and joiner.address
         session = self._session = HeadSession(
-            self._ctx,
-            self._runner,
-            self._joiner.reply,
-            init,
-            self._joiner.address,
-            self.opts.binds_sockets,
-            # Peers need their own CURVE server keys, which replicas do not hold: with
-            # CURVE on, every input comes through the head.
-            peers=not self.opts.curve_keys,
+            self._ctx, self.opts, self._runner, joiner.reply, init, joiner.address
         )
-        session.open(self._loop, self._status, self._signer, self._verifier, self._on_head_lost)
+        session.open(
+            self._loop,
+            self._status,
+            self._on_head_lost,
+            signer=self._signer,
+            verifier=self._verifier,
+        )
         log.info("ready (capacity %d)", self._runner.engine.capacity)
         stop = asyncio.ensure_future(self._stopping.wait())
         lost = asyncio.ensure_future(self._head_lost.wait())

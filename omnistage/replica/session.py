@@ -28,7 +28,8 @@ from omnistage.protocol.messages import (
     ReplicaState,
     routing_id,
 )
-from omnistage.replica.heartbeat import HeartbeatThread, LoadReport
+from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
+from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.requests import RequestRunner
 from omnistage.zmqio import NOBLOCK, Pump
 
@@ -46,20 +47,23 @@ class HeadSession:
     def __init__(
         self,
         ctx: zmq.Context,
+        opts: ReplicaOptions,
         runner: RequestRunner,
         reply: RegisterReply,
         init: HandshakeInit,
         address: str,
-        binds_sockets: bool,
-        peers: bool,
     ) -> None:
+        """``reply`` and ``init``: this head's registration and handshake answers;
+        ``address``: the host this replica advertised to it."""
         self._ctx = ctx
         self._runner = runner
         self._reply = reply
         self._init = init
         self._address = address
-        self._binds_sockets = binds_sockets
-        self._peers_enabled = peers
+        self._binds_sockets = opts.binds_sockets
+        # Peers need their own CURVE server keys, which replicas do not hold: with CURVE
+        # on, every input comes through the head.
+        self._peers_enabled = not opts.curve_keys
         self._peer_in: zmq.Socket | None = None
         # Downstream replicas we push to: address -> (socket, when last used).
         self._peer_out: dict[str, tuple[zmq.Socket, float]] = {}
@@ -72,9 +76,10 @@ class HeadSession:
         self,
         loop: asyncio.AbstractEventLoop,
         status: Callable[[], ReplicaState],
-        signer: Signer | None,
-        verifier: Verifier | None,
         on_lost: Callable[[str, bool], None],
+        *,
+        signer: Signer | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         """Connect (or bind), say READY, start reading and heartbeating."""
         reply, init, runner = self._reply, self._init, self._runner
@@ -96,17 +101,11 @@ class HeadSession:
         runner.bind(reply.replica_id, reply.epoch, self)
         self.heartbeat = HeartbeatThread(
             self._ctx,
-            init.coordinator_address,
-            stage_id,
-            reply.replica_id,
-            reply.epoch,
-            init.heartbeat_interval_s,
-            self._load_report,
-            status,
-            signer,
-            on_lost,
-            2 * init.heartbeat_timeout_s,
+            HeartbeatSpec.of(stage_id, reply, init, lost_after_s=2 * init.heartbeat_timeout_s),
+            Reports(load=self._load_report, status=status),
+            signer=signer,
             verifier=verifier,
+            on_lost=on_lost,
         )
         ready = Ready(
             stage_id=stage_id,

@@ -23,9 +23,10 @@ from omnistage.control.replica_table import ReplicaEntry, ReplicaTable, Transiti
 from omnistage.control.slots import SlotTable
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
-from omnistage.head.local import LocalReplicas
+from omnistage.head.local import LocalHooks, LocalReplicas
 from omnistage.head.options import HeadOptions
 from omnistage.head.scaler import Scaler
+from omnistage.head.state import ControlState
 from omnistage.launch.restart import RestartPolicy
 from omnistage.protocol.errors import ConfigError
 from omnistage.protocol.messages import RegisterRequest, ReplicaState
@@ -420,7 +421,9 @@ def test_added_replicas_take_free_ids_and_retired_ones_are_drained_not_restarted
     transitions: list[Transition] = []
     coordinator = Coordinator(ReplicaTable(Clock(), 5.0), threading.Lock(), transitions.append)
     slots = SlotTable([0, 1], preallocated={0: 1, 1: 1}, head_local={0: [0], 1: [0]})
-    local = LocalReplicas(opts, coordinator, 5555, "key", lambda: True, lambda: None, slots=slots)
+    state = ControlState(threading.Lock(), slots, coordinator)
+    hooks = LocalHooks(is_serving=lambda: True, fail_head=lambda: None)
+    local = LocalReplicas(opts, state, hooks, master_port=5555, local_key="key")
     launcher = FakeLauncher(local._on_exit)
     local.launcher = launcher
     local.restarts = RestartPolicy("always", Clock(), base_delay_s=0.01)

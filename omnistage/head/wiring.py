@@ -1,0 +1,48 @@
+"""The head's parts built from its options: the factories ``Head.__init__`` calls."""
+
+from __future__ import annotations
+
+from omnistage.control.balancing import make_policy
+from omnistage.control.handshake import HandshakeServer
+from omnistage.control.master import Master
+from omnistage.control.plane import ControlPlane
+from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.orchestrator import Orchestrator
+from omnistage.dataplane.stage_pool import StagePool
+from omnistage.head.events import ReplicaEvents
+from omnistage.head.options import HeadOptions
+from omnistage.head.sockets import HeadSockets
+from omnistage.head.state import ControlState
+
+
+def orchestrator(opts: HeadOptions, sockets: HeadSockets) -> Orchestrator:
+    """The orchestrator over one stage pool per stage, each with its balancing policy."""
+    pools = {
+        s.stage_id: StagePool(s.stage_id, s.name, make_policy(opts.lb_policy), opts.max_queue)
+        for s in opts.config.stages
+    }
+    return Orchestrator(
+        StageGraph(opts.config),
+        pools,
+        sockets.channels,
+        no_replica_wait_s=opts.no_replica_wait_s,
+        max_retries=opts.max_retries,
+    )
+
+
+def control_plane(
+    opts: HeadOptions, state: ControlState, sockets: HeadSockets, events: ReplicaEvents
+) -> tuple[Master, ControlPlane]:
+    """The master, handshake and coordinator on the control thread's sockets."""
+    master = Master(state.slots, sockets.addresses, events.on_register, state.lock, opts.verifier())
+    handshake = HandshakeServer(state.slots, state.lock, events.init_for, opts.verifier())
+    control = ControlPlane(state.coordinator.tick)
+    control.add(sockets.master, master.handle)
+    control.add(sockets.handshake, handshake.handle)
+    control.add(sockets.coordinator, state.coordinator.handle)
+    return master, control
+
+
+def local_stages(opts: HeadOptions) -> set[int]:
+    """The stages the head runs replicas of itself (which it may autoscale)."""
+    return {sid for sid, n in opts.local_replicas().items() if n > 0}

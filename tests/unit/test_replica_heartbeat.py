@@ -1,0 +1,181 @@
+"""The replica's heartbeat thread against a coordinator ROUTER in this process: what each
+beat carries, how acks decide the head is lost, and the DOWN goodbye."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import zmq
+
+from omnistage.protocol import codec
+from omnistage.protocol.auth import Signer, Verifier
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    Heartbeat,
+    HeartbeatAck,
+    RegisterReply,
+    ReplicaState,
+)
+from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
+from tests.unit.test_replica_register import FakeRouter
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)  # a failed test may leave a socket open
+
+
+class Coordinator:
+    """Answers each heartbeat with ``state`` (None: stays silent); records them."""
+
+    def __init__(self, ctx: zmq.Context, state: ReplicaState | None, token: str | None = None):
+        self.state = state
+        self.beats: list[Heartbeat] = []
+        self.got = threading.Condition()
+        self._verifier = Verifier(token) if token else None
+        self._signer = Signer(token) if token else None
+        self.router = FakeRouter(ctx, self._answer)
+        self.address = f"tcp://127.0.0.1:{self.router.port}"
+
+    def _answer(self, frames: list[bytes]) -> list[bytes] | None:
+        message, stamp = codec.split_signed(frames[1:])
+        codec.check_signed(message, stamp, self._verifier)
+        beat = codec.decode_frames(message)
+        with self.got:
+            self.beats.append(beat)
+            self.got.notify_all()
+        if self.state is None or beat.status == ReplicaState.DOWN:
+            return None
+        ack = HeartbeatAck(state=self.state, head_instance="head-a")
+        return [frames[0], *codec.sign(codec.encode(ack), self._signer)]
+
+    def wait_for(self, count: int) -> list[Heartbeat]:
+        return self.wait_until(lambda beats: len(beats) >= count)
+
+    def wait_until(self, done: Callable[[list[Heartbeat]], bool]) -> list[Heartbeat]:
+        with self.got:
+            assert self.got.wait_for(lambda: done(self.beats), timeout=5)
+            return list(self.beats)
+
+
+def _spec(address: str, lost_after_s: float = 10.0) -> HeartbeatSpec:
+    return HeartbeatSpec(address, 2, 5, 9, interval_s=0.02, lost_after_s=lost_after_s)
+
+
+def test_spec_of_a_registration_takes_the_coordinator_and_interval() -> None:
+    reply = RegisterReply("tcp://h:1", "tcp://h:2", "tcp://h:3", 4, None, stage_id=1, epoch=8)
+    init = HandshakeInit({}, "tcp://h:2", "tcp://h:3", "tcp://h:9", 0.5, 10.0)
+    spec = HeartbeatSpec.of(1, reply, init, lost_after_s=3.0)
+    assert spec == HeartbeatSpec("tcp://h:9", 1, 4, 8, 0.5, 3.0)
+
+
+def test_beats_carry_the_load_and_a_detail_only_while_starting(ctx: zmq.Context) -> None:
+    head = Coordinator(ctx, ReplicaState.STARTING, token="t")
+    status = [ReplicaState.STARTING]
+    reports = Reports(
+        load=lambda: LoadReport(queue_length=3, in_flight=2, progress=11),
+        status=lambda: status[0],
+        detail=lambda: "loading weights",
+    )
+    beats = HeartbeatThread(ctx, _spec(head.address), reports, signer=Signer("t"))
+    beats.start()
+    try:
+        first = head.wait_for(1)[0]
+        status[0] = ReplicaState.UP
+        later = head.wait_for(len(head.beats) + 2)[-1]
+    finally:
+        beats.stop()
+        head.router.close()
+    assert (first.stage_id, first.replica_id, first.epoch) == (2, 5, 9)
+    assert (first.queue_length, first.in_flight, first.progress) == (3, 2, 11)
+    assert first.status == ReplicaState.STARTING and first.detail == "loading weights"
+    assert later.status == ReplicaState.UP and later.detail == ""
+    assert later.seq > first.seq
+    assert beats.head_instance == "head-a"
+
+
+def test_stop_says_down_last(ctx: zmq.Context) -> None:
+    head = Coordinator(ctx, ReplicaState.UP)
+    beats = HeartbeatThread(ctx, _spec(head.address), Reports(load=lambda: LoadReport(0, 0, 0)))
+    beats.start()
+    try:
+        head.wait_for(1)
+        beats.stop(send_down=True)
+        got = head.wait_until(lambda b: b[-1].status == ReplicaState.DOWN)
+    finally:
+        head.router.close()
+    assert all(b.status == ReplicaState.UP for b in got[:-1])
+
+
+def test_a_failing_load_report_still_beats(ctx: zmq.Context) -> None:
+    head = Coordinator(ctx, ReplicaState.UP)
+
+    def broken() -> LoadReport:
+        raise RuntimeError("engine busy")
+
+    beats = HeartbeatThread(ctx, _spec(head.address), Reports(load=broken))
+    beats.start()
+    try:
+        beat = head.wait_for(1)[0]
+    finally:
+        beats.stop(send_down=False)
+        head.router.close()
+    assert (beat.queue_length, beat.in_flight, beat.progress) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("state", "failed", "why"),
+    [
+        (ReplicaState.UNKNOWN, False, "does not know this replica"),
+        (ReplicaState.ERROR, True, "marked this replica ERROR"),
+        (None, False, "no answer from the head"),
+    ],
+)
+def test_the_head_is_lost_once(
+    ctx: zmq.Context, state: ReplicaState | None, failed: bool, why: str
+) -> None:
+    head = Coordinator(ctx, state)
+    lost: list[tuple[str, bool]] = []
+    called = threading.Event()
+
+    def on_lost(reason: str, was_failed: bool) -> None:
+        lost.append((reason, was_failed))
+        called.set()
+
+    spec = _spec(head.address, lost_after_s=0.1)
+    beats = HeartbeatThread(ctx, spec, Reports(load=lambda: LoadReport(0, 0, 0)), on_lost=on_lost)
+    beats.start()
+    try:
+        assert called.wait(5)
+        head.wait_for(len(head.beats) + 3)  # it keeps beating, and says so only once
+    finally:
+        beats.stop(send_down=False)
+        head.router.close()
+    assert len(lost) == 1
+    assert why in lost[0][0] and lost[0][1] is failed
+
+
+def test_a_forged_ack_is_ignored(ctx: zmq.Context) -> None:
+    # The head signs with another token: its UNKNOWN must not make the replica leave.
+    head = Coordinator(ctx, ReplicaState.UNKNOWN, token="other")
+    head._verifier = None  # it accepts our beats; our verifier refuses its acks
+    lost = threading.Event()
+    beats = HeartbeatThread(
+        ctx,
+        _spec(head.address),
+        Reports(load=lambda: LoadReport(0, 0, 0)),
+        signer=Signer("t"),
+        verifier=Verifier("t"),
+        on_lost=lambda why, failed: lost.set(),
+    )
+    beats.start()
+    try:
+        head.wait_for(4)
+    finally:
+        beats.stop(send_down=False)
+        head.router.close()
+    assert not lost.is_set() and beats.head_instance == ""
