@@ -1,7 +1,9 @@
-"""A stand-in for the head, shared by the unit tests of the HTTP API."""
+"""Stand-ins shared by the unit tests: a head for the HTTP API, a fake clock, and waits
+on the event loop that end when what they wait for holds, not after a fixed sleep."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
@@ -81,3 +83,37 @@ class FakeService:
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
         return mine
+
+
+class FakeClock:
+    """A ``time.monotonic`` stand-in that moves only when the test advances it."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def ticks(n: int = 10) -> None:
+    """Let the loop run ``n`` rounds of ready callbacks (nothing timed is waited for)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def until(cond: Callable[[], object], timeout_s: float = 5.0, what: str = "") -> None:
+    """Yield to the loop until ``cond()`` holds; fail the test after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.001)
+
+
+async def others_done(timeout_s: float = 5.0) -> None:
+    """Until every other task on the loop has ended, then one more round (for the
+    callbacks they scheduled, such as an output flush)."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), timeout_s)
+    await ticks(1)
