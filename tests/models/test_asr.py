@@ -6,7 +6,6 @@ runs the listener."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import openai
 import pytest
@@ -25,24 +24,9 @@ THINKER, LISTENER = 0, 2
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    proc = HeadProc(tmp_path_factory.mktemp("asr"), "voice", name="asr-head")
-    try:
-        proc.wait_healthy(timeout=300)
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def client(head: HeadProc) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{head.url}/v1", api_key="x", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def wav(client: openai.OpenAI) -> bytes:
+def wav(voice_client: openai.OpenAI) -> bytes:
     """SENTENCE said by the pipeline's own voice, as the speech endpoint streams a WAV."""
-    speech = client.audio.speech.create(
+    speech = voice_client.audio.speech.create(
         model="voice", voice="joe", input=SENTENCE, response_format="wav"
     )
     return speech.content
@@ -57,29 +41,33 @@ def _transcribe(client: openai.OpenAI, data: bytes, name: str = "speech.wav", **
 
 
 def test_json_is_the_words_and_never_runs_the_thinker(
-    head: HeadProc, client: openai.OpenAI, wav: bytes
+    voice_head: HeadProc, voice_client: openai.OpenAI, wav: bytes
 ) -> None:
-    thinker, listener = _dispatched(head, THINKER), _dispatched(head, LISTENER)
-    out = _transcribe(client, wav)
+    thinker, listener = _dispatched(voice_head, THINKER), _dispatched(voice_head, LISTENER)
+    out = _transcribe(voice_client, wav)
     assert word_errors(out.text, SENTENCE) <= 2, out.text
     assert out.text == out.text.strip()
     assert out.usage is not None and out.usage.type == "duration"
     assert out.usage.seconds == pytest.approx(4.5, abs=2.0)
-    assert _dispatched(head, THINKER) == thinker
-    assert _dispatched(head, LISTENER) == listener + 1
+    assert _dispatched(voice_head, THINKER) == thinker
+    assert _dispatched(voice_head, LISTENER) == listener + 1
 
 
-def test_a_typed_chat_never_runs_the_listener(head: HeadProc, client: openai.OpenAI) -> None:
-    before = _dispatched(head, LISTENER)
-    out = client.chat.completions.create(
+def test_a_typed_chat_never_runs_the_listener(
+    voice_head: HeadProc, voice_client: openai.OpenAI
+) -> None:
+    before = _dispatched(voice_head, LISTENER)
+    out = voice_client.chat.completions.create(
         model="voice", messages=[{"role": "user", "content": "Say hi."}], max_tokens=5
     )
     assert out.choices[0].message.content
-    assert _dispatched(head, LISTENER) == before
+    assert _dispatched(voice_head, LISTENER) == before
 
 
-def test_verbose_json_has_segments_language_and_duration(client: openai.OpenAI, wav: bytes) -> None:
-    out = _transcribe(client, wav, response_format="verbose_json", temperature=0)
+def test_verbose_json_has_segments_language_and_duration(
+    voice_client: openai.OpenAI, wav: bytes
+) -> None:
+    out = _transcribe(voice_client, wav, response_format="verbose_json", temperature=0)
     assert out.language == "english"
     assert out.duration == pytest.approx(4.5, abs=2.0)
     assert out.segments and [s.id for s in out.segments] == list(range(len(out.segments)))
@@ -89,21 +77,23 @@ def test_verbose_json_has_segments_language_and_duration(client: openai.OpenAI, 
     assert word_errors(out.text, SENTENCE) <= 2, out.text
 
 
-def test_srt_and_vtt_are_timed_cues(client: openai.OpenAI, wav: bytes) -> None:
-    srt = _transcribe(client, wav, response_format="srt")
+def test_srt_and_vtt_are_timed_cues(voice_client: openai.OpenAI, wav: bytes) -> None:
+    srt = _transcribe(voice_client, wav, response_format="srt")
     cues = [c.split("\n") for c in srt.strip().split("\n\n")]
     assert [c[0] for c in cues] == [str(i) for i in range(1, len(cues) + 1)]
     stamp = r"\d\d:\d\d:\d\d,\d\d\d --> \d\d:\d\d:\d\d,\d\d\d"
     assert all(re.fullmatch(stamp, c[1]) for c in cues), srt
     assert word_errors(" ".join(" ".join(c[2:]) for c in cues), SENTENCE) <= 2, srt
-    vtt = _transcribe(client, wav, response_format="vtt")
+    vtt = _transcribe(voice_client, wav, response_format="vtt")
     assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> ")
-    text = _transcribe(client, wav, response_format="text", language="en")
+    text = _transcribe(voice_client, wav, response_format="text", language="en")
     assert word_errors(text, SENTENCE) <= 2, text
 
 
-def test_a_stream_sends_text_deltas_then_the_whole_text(client: openai.OpenAI, wav: bytes) -> None:
-    events = list(_transcribe(client, wav, stream=True))
+def test_a_stream_sends_text_deltas_then_the_whole_text(
+    voice_client: openai.OpenAI, wav: bytes
+) -> None:
+    events = list(_transcribe(voice_client, wav, stream=True))
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     done = [e for e in events if e.type == "transcript.text.done"]
     assert deltas and len(done) == 1 and events[-1] is done[0]
@@ -112,12 +102,12 @@ def test_a_stream_sends_text_deltas_then_the_whole_text(client: openai.OpenAI, w
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "flac"])
-def test_compressed_uploads_are_heard(client: openai.OpenAI, fmt: str) -> None:
-    pcm = client.audio.speech.create(
+def test_compressed_uploads_are_heard(voice_client: openai.OpenAI, fmt: str) -> None:
+    pcm = voice_client.audio.speech.create(
         model="voice", voice="joe", input=SENTENCE, response_format="pcm"
     ).content
     data = encode_whole(pcm, OUTPUT_RATE, fmt)  # PyAV
-    out = _transcribe(client, data, name=f"speech.{fmt}")
+    out = _transcribe(voice_client, data, name=f"speech.{fmt}")
     assert word_errors(out.text, SENTENCE) <= 2, out.text
 
 
@@ -135,32 +125,32 @@ def test_compressed_uploads_are_heard(client: openai.OpenAI, fmt: str) -> None:
     ],
 )
 def test_bad_forms_are_400s_naming_the_field(
-    head: HeadProc, wav: bytes, data: bytes | None, fields: dict[str, str], param: str
+    voice_head: HeadProc, wav: bytes, data: bytes | None, fields: dict[str, str], param: str
 ) -> None:
     files = {"file": ("a.wav", wav if data == b"x" else data)} if data is not None else None
-    r = head.client.post(PATH, data=fields, files=files)
+    r = voice_head.client.post(PATH, data=fields, files=files)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
 
 
-def test_an_unknown_language_is_a_400(client: openai.OpenAI, wav: bytes) -> None:
+def test_an_unknown_language_is_a_400(voice_client: openai.OpenAI, wav: bytes) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        _transcribe(client, wav, language="fr")  # tiny.en hears English only
+        _transcribe(voice_client, wav, language="fr")  # tiny.en hears English only
     assert info.value.body["param"] == "language"  # type: ignore[index]
 
 
-def test_uploads_past_the_general_limit_fit_but_not_past_openai_s(head: HeadProc) -> None:
+def test_uploads_past_the_general_limit_fit_but_not_past_openai_s(voice_head: HeadProc) -> None:
     # The general body limit is 16 MiB; a transcription takes OpenAI's 25 MB file.
     junk = bytes(range(256)) * (17 * 1024 * 1024 // 256)
-    r = head.client.post(PATH, files={"file": ("big.wav", junk)}, timeout=60)
+    r = voice_head.client.post(PATH, files={"file": ("big.wav", junk)}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text
-    r = head.client.post(PATH, files={"file": ("big.wav", junk * 2)}, timeout=60)
+    r = voice_head.client.post(PATH, files={"file": ("big.wav", junk * 2)}, timeout=60)
     assert r.status_code == 413, r.text
 
 
 @pytest.fixture
-def voice_schema(head: HeadProc) -> schemathesis.BaseSchema:
-    return schemathesis.openapi.from_url(f"{head.url}/openapi.json")
+def voice_schema(voice_head: HeadProc) -> schemathesis.BaseSchema:
+    return schemathesis.openapi.from_url(f"{voice_head.url}/openapi.json")
 
 
 # This route only: the others are fuzzed on the echo pipeline (test_openapi_fuzz.py).

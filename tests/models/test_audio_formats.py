@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-
-from tests.integration.harness import HeadProc
 
 av = pytest.importorskip("av")
 
@@ -28,21 +25,6 @@ SPEECH_MEDIA = {
     "pcm": "audio/pcm",
 }
 CHAT_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
-
-
-@pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    head = HeadProc(tmp_path_factory.mktemp("formats"), "voice", name="formats-head")
-    try:
-        head.wait_healthy(timeout=240)  # the first start converts the GGUF (~30 s)
-        yield head
-    finally:
-        head.stop()
-
-
-@pytest.fixture(scope="module")
-def client(head: HeadProc) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{head.url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def decode(fmt: str, data: bytes) -> tuple[int, float]:
@@ -76,17 +58,17 @@ def speak(client: openai.OpenAI, fmt: str | None) -> Any:
 
 
 @pytest.fixture(scope="module")
-def wav_seconds(client: openai.OpenAI) -> float:
-    data = speak(client, "wav").content
+def wav_seconds(voice_client: openai.OpenAI) -> float:
+    data = speak(voice_client, "wav").content
     assert data[:4] == b"RIFF"
     return (len(data) - 44) / 2 / 24000
 
 
 @pytest.mark.parametrize("fmt", [None, *SPEECH_MEDIA])
 def test_speech_in_every_format_decodes_at_24khz_to_the_wavs_length(
-    client: openai.OpenAI, wav_seconds: float, fmt: str | None
+    voice_client: openai.OpenAI, wav_seconds: float, fmt: str | None
 ) -> None:
-    out = speak(client, fmt)
+    out = speak(voice_client, fmt)
     fmt = fmt or "mp3"  # OpenAI's default
     assert out.response.headers["content-type"] == SPEECH_MEDIA[fmt]
     rate, seconds = decode(fmt, out.content)
@@ -96,10 +78,10 @@ def test_speech_in_every_format_decodes_at_24khz_to_the_wavs_length(
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus"])
 def test_speech_streams_in_pieces_that_join_into_one_file(
-    client: openai.OpenAI, wav_seconds: float, fmt: str
+    voice_client: openai.OpenAI, wav_seconds: float, fmt: str
 ) -> None:
     text = "First sentence here. A second one follows. And a third one ends it."
-    with client.audio.speech.with_streaming_response.create(
+    with voice_client.audio.speech.with_streaming_response.create(
         model="voice", voice="joe", input=text, response_format=fmt
     ) as response:
         pieces = [piece for piece in response.iter_bytes() if piece]
@@ -122,25 +104,25 @@ def ask(client: openai.OpenAI, fmt: str, **extra: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def chat_pcm_seconds(client: openai.OpenAI) -> float:
-    audio = ask(client, "pcm16").choices[0].message.audio
+def chat_pcm_seconds(voice_client: openai.OpenAI) -> float:
+    audio = ask(voice_client, "pcm16").choices[0].message.audio
     assert "Paris" in audio.transcript
     return decode("pcm16", base64.b64decode(audio.data))[1]
 
 
 @pytest.mark.parametrize("fmt", CHAT_FORMATS)
 def test_chat_audio_in_every_format_decodes_at_24khz(
-    client: openai.OpenAI, chat_pcm_seconds: float, fmt: str
+    voice_client: openai.OpenAI, chat_pcm_seconds: float, fmt: str
 ) -> None:
-    audio = ask(client, fmt).choices[0].message.audio
+    audio = ask(voice_client, fmt).choices[0].message.audio
     rate, seconds = decode(fmt, base64.b64decode(audio.data))
     assert rate == expected_rate(fmt)
     assert close_to(seconds, chat_pcm_seconds, fmt), (fmt, seconds, chat_pcm_seconds)
 
 
-def test_streamed_chat_pcm16_is_24khz(client: openai.OpenAI, chat_pcm_seconds: float) -> None:
+def test_streamed_chat_pcm16_is_24khz(voice_client: openai.OpenAI, chat_pcm_seconds: float) -> None:
     pcm = b""
-    for chunk in ask(client, "pcm16", stream=True):
+    for chunk in ask(voice_client, "pcm16", stream=True):
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
@@ -154,7 +136,7 @@ def test_streamed_chat_pcm16_is_24khz(client: openai.OpenAI, chat_pcm_seconds: f
     assert close_to(seconds, chat_pcm_seconds), (seconds, chat_pcm_seconds)
 
 
-def test_a_streamed_chat_in_mp3_is_refused(client: openai.OpenAI) -> None:
+def test_a_streamed_chat_in_mp3_is_refused(voice_client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        ask(client, "mp3", stream=True)
+        ask(voice_client, "mp3", stream=True)
     assert info.value.body["param"] == "audio.format"  # type: ignore[index]

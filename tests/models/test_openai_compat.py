@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -58,21 +57,6 @@ class City(BaseModel):
     is_capital: bool
 
 
-@pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    proc = HeadProc(tmp_path_factory.mktemp("compat"), "voice", name="compat-head")
-    try:
-        proc.wait_healthy(timeout=240)
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def client(head: HeadProc) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{head.url}/v1", api_key="x", max_retries=0, timeout=120)
-
-
 def _chat(client: openai.OpenAI, content: str, **extra: Any) -> Any:
     return client.chat.completions.create(
         model="voice",
@@ -86,9 +70,9 @@ def _chat(client: openai.OpenAI, content: str, **extra: Any) -> Any:
 # -- structured output ------------------------------------------------------------------
 
 
-def test_json_mode_answers_parse_as_an_object(client: openai.OpenAI) -> None:
+def test_json_mode_answers_parse_as_an_object(voice_client: openai.OpenAI) -> None:
     out = _chat(
-        client,
+        voice_client,
         "Return a JSON object for Paris with the keys city and country.",
         response_format={"type": "json_object"},
     )
@@ -97,8 +81,8 @@ def test_json_mode_answers_parse_as_an_object(client: openai.OpenAI) -> None:
     assert isinstance(json.loads(choice.message.content), dict)
 
 
-def test_a_strict_schema_through_the_sdks_parse_helper(client: openai.OpenAI) -> None:
-    out = client.chat.completions.parse(
+def test_a_strict_schema_through_the_sdks_parse_helper(voice_client: openai.OpenAI) -> None:
+    out = voice_client.chat.completions.parse(
         model="voice",
         messages=[{"role": "user", "content": "Which city is the capital of France?"}],
         response_format=City,
@@ -109,7 +93,7 @@ def test_a_strict_schema_through_the_sdks_parse_helper(client: openai.OpenAI) ->
     assert isinstance(city, City) and city.name
 
 
-def test_json_schema_output_streams_and_still_parses(client: openai.OpenAI) -> None:
+def test_json_schema_output_streams_and_still_parses(voice_client: openai.OpenAI) -> None:
     schema = {
         "type": "object",
         "properties": {"answer": {"type": "string"}, "sure": {"type": "boolean"}},
@@ -117,7 +101,7 @@ def test_json_schema_output_streams_and_still_parses(client: openai.OpenAI) -> N
         "additionalProperties": False,
     }
     stream = _chat(
-        client,
+        voice_client,
         "What is the capital of France?",
         response_format={
             "type": "json_schema",
@@ -130,10 +114,10 @@ def test_json_schema_output_streams_and_still_parses(client: openai.OpenAI) -> N
     assert set(value) == {"answer", "sure"} and isinstance(value["sure"], bool)
 
 
-def test_a_bad_schema_is_a_400_naming_response_format(client: openai.OpenAI) -> None:
+def test_a_bad_schema_is_a_400_naming_response_format(voice_client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         _chat(
-            client,
+            voice_client,
             "hi",
             response_format={
                 "type": "json_schema",
@@ -146,9 +130,9 @@ def test_a_bad_schema_is_a_400_naming_response_format(client: openai.OpenAI) -> 
 # -- function calling -------------------------------------------------------------------
 
 
-def test_a_required_tool_call_parses_and_matches_its_schema(client: openai.OpenAI) -> None:
+def test_a_required_tool_call_parses_and_matches_its_schema(voice_client: openai.OpenAI) -> None:
     out = _chat(
-        client, "What's the weather in Paris?", tools=[WEATHER, TIME], tool_choice="required"
+        voice_client, "What's the weather in Paris?", tools=[WEATHER, TIME], tool_choice="required"
     )
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -161,9 +145,9 @@ def test_a_required_tool_call_parses_and_matches_its_schema(client: openai.OpenA
         assert call.function.name == "get_time" and isinstance(arguments["city"], str)
 
 
-def test_a_named_tool_call_streams_as_argument_deltas(client: openai.OpenAI) -> None:
+def test_a_named_tool_call_streams_as_argument_deltas(voice_client: openai.OpenAI) -> None:
     stream = _chat(
-        client,
+        voice_client,
         "What's the weather in Paris?",
         tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -181,15 +165,15 @@ def test_a_named_tool_call_streams_as_argument_deltas(client: openai.OpenAI) -> 
     assert finish == "tool_calls"
 
 
-def test_a_tool_result_goes_back_through_the_chat_template(client: openai.OpenAI) -> None:
+def test_a_tool_result_goes_back_through_the_chat_template(voice_client: openai.OpenAI) -> None:
     first = _chat(
-        client,
+        voice_client,
         "What's the weather in Paris?",
         tools=[WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     call = first.choices[0].message.tool_calls[0]
-    out = client.chat.completions.create(
+    out = voice_client.chat.completions.create(
         model="voice",
         messages=[
             {"role": "user", "content": "What's the weather in Paris?"},
@@ -203,13 +187,13 @@ def test_a_tool_result_goes_back_through_the_chat_template(client: openai.OpenAI
     )
     answer = out.choices[0].message
     assert answer.content and not answer.tool_calls
-    plain = _chat(client, "What's the weather in Paris?", max_tokens=1)
+    plain = _chat(voice_client, "What's the weather in Paris?", max_tokens=1)
     # The call and its result are in the prompt.
     assert out.usage.prompt_tokens > plain.usage.prompt_tokens + 20
 
 
-def test_tool_choice_auto_answers_text_or_a_valid_call(client: openai.OpenAI) -> None:
-    out = _chat(client, "Say hello to me.", tools=[WEATHER], tool_choice="auto")
+def test_tool_choice_auto_answers_text_or_a_valid_call(voice_client: openai.OpenAI) -> None:
+    out = _chat(voice_client, "Say hello to me.", tools=[WEATHER], tool_choice="auto")
     message = out.choices[0].message
     # The small model decides; whichever it is, it is well formed.
     if message.tool_calls:
@@ -222,8 +206,8 @@ def test_tool_choice_auto_answers_text_or_a_valid_call(client: openai.OpenAI) ->
 # -- logprobs and benchmark fields ------------------------------------------------------
 
 
-def test_chat_logprobs_match_the_text(client: openai.OpenAI) -> None:
-    out = _chat(client, "What is the capital of France?", logprobs=True, top_logprobs=3)
+def test_chat_logprobs_match_the_text(voice_client: openai.OpenAI) -> None:
+    out = _chat(voice_client, "What is the capital of France?", logprobs=True, top_logprobs=3)
     choice = out.choices[0]
     content = choice.logprobs.content
     assert "".join(t.token for t in content) == choice.message.content
@@ -235,20 +219,20 @@ def test_chat_logprobs_match_the_text(client: openai.OpenAI) -> None:
     assert len(content) == out.usage.completion_tokens
 
 
-def test_logprobs_stop_where_a_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
-    full = _chat(client, "Name three colours.", logprobs=True, max_tokens=30)
+def test_logprobs_stop_where_a_stop_string_cuts_the_text(voice_client: openai.OpenAI) -> None:
+    full = _chat(voice_client, "Name three colours.", logprobs=True, max_tokens=30)
     text = full.choices[0].message.content
     words = text.split()
     assert len(words) > 3, text
-    cut = _chat(client, "Name three colours.", logprobs=True, max_tokens=30, stop=[words[2]])
+    cut = _chat(voice_client, "Name three colours.", logprobs=True, max_tokens=30, stop=[words[2]])
     choice = cut.choices[0]
     assert choice.message.content == text[: text.index(words[2])]
     joined = "".join(t.token for t in choice.logprobs.content)
     assert choice.message.content.startswith(joined) and len(joined) > 0
 
 
-def test_streamed_chat_logprobs_join_to_the_streamed_text(client: openai.OpenAI) -> None:
-    stream = _chat(client, "Name three colours.", logprobs=True, stream=True, max_tokens=30)
+def test_streamed_chat_logprobs_join_to_the_streamed_text(voice_client: openai.OpenAI) -> None:
+    stream = _chat(voice_client, "Name three colours.", logprobs=True, stream=True, max_tokens=30)
     text, tokens = "", []
     for chunk in stream:
         if chunk.choices:
@@ -258,8 +242,8 @@ def test_streamed_chat_logprobs_join_to_the_streamed_text(client: openai.OpenAI)
     assert text and "".join(t.token for t in tokens) == text
 
 
-def test_completions_logprobs_in_the_legacy_shape(client: openai.OpenAI) -> None:
-    out = client.completions.create(
+def test_completions_logprobs_in_the_legacy_shape(voice_client: openai.OpenAI) -> None:
+    out = voice_client.completions.create(
         model="voice", prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=2
     )
     choice = out.choices[0]
@@ -270,26 +254,34 @@ def test_completions_logprobs_in_the_legacy_shape(client: openai.OpenAI) -> None
     assert lp.text_offset[0] == 0
 
 
-def test_min_tokens_and_ignore_eos_as_benchmark_clients_send_them(client: openai.OpenAI) -> None:
-    short = _chat(client, "Reply with one word: yes or no?", max_tokens=40)
+def test_min_tokens_and_ignore_eos_as_benchmark_clients_send_them(
+    voice_client: openai.OpenAI,
+) -> None:
+    short = _chat(voice_client, "Reply with one word: yes or no?", max_tokens=40)
     assert short.usage.completion_tokens < 20, short.choices[0].message.content
     longer = _chat(
-        client, "Reply with one word: yes or no?", max_tokens=40, extra_body={"min_tokens": 20}
+        voice_client,
+        "Reply with one word: yes or no?",
+        max_tokens=40,
+        extra_body={"min_tokens": 20},
     )
     assert longer.usage.completion_tokens >= 20
     fixed = _chat(
-        client, "Reply with one word: yes or no?", max_tokens=30, extra_body={"ignore_eos": True}
+        voice_client,
+        "Reply with one word: yes or no?",
+        max_tokens=30,
+        extra_body={"ignore_eos": True},
     )
     assert fixed.usage.completion_tokens == 30 and fixed.choices[0].finish_reason == "length"
 
 
 def test_a_repeated_system_turn_is_reported_as_cached_prompt_tokens(
-    client: openai.OpenAI,
+    voice_client: openai.OpenAI,
 ) -> None:
     system = {"role": "system", "content": "You answer in one short sentence, politely."}
     asks = ("What is the capital of Italy?", "What is the capital of Spain?")
     outs = [
-        client.chat.completions.create(
+        voice_client.chat.completions.create(
             model="voice",
             messages=[system, {"role": "user", "content": ask}],
             temperature=0,
@@ -303,7 +295,7 @@ def test_a_repeated_system_turn_is_reported_as_cached_prompt_tokens(
     assert second >= 10 and second > first
     assert second < outs[1].usage.prompt_tokens
     # Streamed usage carries the same field.
-    stream = client.chat.completions.create(
+    stream = voice_client.chat.completions.create(
         model="voice",
         messages=[system, {"role": "user", "content": asks[0]}],
         temperature=0,
@@ -342,12 +334,12 @@ def test_a_repeated_system_turn_is_reported_as_cached_prompt_tokens(
     ],
 )
 def test_unsupported_requests_are_400s_naming_the_field(
-    client: openai.OpenAI, extra: dict[str, Any], param: str
+    voice_client: openai.OpenAI, extra: dict[str, Any], param: str
 ) -> None:
     body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     body.update(extra)
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="voice", **body)
+        voice_client.chat.completions.create(model="voice", **body)
     assert info.value.body["param"] == param, info.value.body  # type: ignore[index]
 
 
@@ -355,11 +347,11 @@ def test_unsupported_requests_are_400s_naming_the_field(
 
 
 @pytest.fixture(scope="module")
-def chat_model(head: HeadProc) -> Any:
+def chat_model(voice_head: HeadProc) -> Any:
     langchain_openai = pytest.importorskip("langchain_openai")
     return langchain_openai.ChatOpenAI(
         model="voice",
-        base_url=f"{head.url}/v1",
+        base_url=f"{voice_head.url}/v1",
         api_key="x",
         temperature=0,
         max_tokens=60,
@@ -392,7 +384,7 @@ def test_langchain_bind_tools(chat_model: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def litellm(head: HeadProc) -> Any:
+def litellm(voice_head: HeadProc) -> Any:
     return pytest.importorskip("litellm")
 
 
@@ -400,22 +392,24 @@ def _litellm_args(head: HeadProc) -> dict[str, Any]:
     return {"model": "openai/voice", "api_base": f"{head.url}/v1", "api_key": "x"}
 
 
-def test_litellm_completion_and_stream(litellm: Any, head: HeadProc) -> None:
+def test_litellm_completion_and_stream(litellm: Any, voice_head: HeadProc) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    out = litellm.completion(messages=messages, temperature=0, max_tokens=30, **_litellm_args(head))
+    out = litellm.completion(
+        messages=messages, temperature=0, max_tokens=30, **_litellm_args(voice_head)
+    )
     assert "Paris" in out.choices[0].message.content
     stream = litellm.completion(
-        messages=messages, temperature=0, max_tokens=30, stream=True, **_litellm_args(head)
+        messages=messages, temperature=0, max_tokens=30, stream=True, **_litellm_args(voice_head)
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == out.choices[0].message.content
 
 
-def test_litellm_sees_a_context_window_error(litellm: Any, head: HeadProc) -> None:
+def test_litellm_sees_a_context_window_error(litellm: Any, voice_head: HeadProc) -> None:
     # LiteLLM's fallbacks to a bigger model key on this exception class.
     with pytest.raises(litellm.ContextWindowExceededError):
         litellm.completion(
             messages=[{"role": "user", "content": "word " * 3000}],
             max_tokens=5,
-            **_litellm_args(head),
+            **_litellm_args(voice_head),
         )

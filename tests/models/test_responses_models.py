@@ -4,7 +4,6 @@ with the openai SDK."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import openai
 import pytest
@@ -14,16 +13,6 @@ from tests.integration.harness import HeadProc
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def voice_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    head = HeadProc(tmp_path_factory.mktemp("voice"), "voice", name="voice-head")
-    try:
-        head.wait_healthy(timeout=240)  # the first start converts the GGUF (~30 s)
-        yield head
-    finally:
-        head.stop()
 
 
 def _client(head: HeadProc) -> openai.OpenAI:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -20,25 +19,10 @@ LISTENER = 2
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    proc = HeadProc(tmp_path_factory.mktemp("speech-in"), "voice", name="speech-in-head")
-    try:
-        proc.wait_healthy(timeout=300)
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def client(head: HeadProc) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{head.url}/v1", api_key="x", max_retries=0, timeout=180)
-
-
-@pytest.fixture(scope="module")
-def spoken(client: openai.OpenAI) -> dict[str, bytes]:
+def spoken(voice_client: openai.OpenAI) -> dict[str, bytes]:
     """QUESTION said by the Piper voice, as WAV and as MP3."""
     return {
-        fmt: client.audio.speech.create(
+        fmt: voice_client.audio.speech.create(
             model="voice", voice="joe", input=QUESTION, response_format=fmt
         ).content
         for fmt in ("wav", "mp3")
@@ -58,10 +42,10 @@ def _dispatched(head: HeadProc, stage_id: int) -> int:
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3"])
 def test_a_spoken_question_is_answered(
-    head: HeadProc, client: openai.OpenAI, spoken: dict[str, bytes], fmt: str
+    voice_head: HeadProc, voice_client: openai.OpenAI, spoken: dict[str, bytes], fmt: str
 ) -> None:
-    before = _dispatched(head, LISTENER)
-    out = client.chat.completions.create(
+    before = _dispatched(voice_head, LISTENER)
+    out = voice_client.chat.completions.create(
         model="voice",
         messages=[
             {"role": "system", "content": "Answer in one short sentence."},
@@ -71,13 +55,13 @@ def test_a_spoken_question_is_answered(
         max_tokens=30,
     )
     assert "Paris" in out.choices[0].message.content, out.choices[0].message.content
-    assert _dispatched(head, LISTENER) == before + 1
+    assert _dispatched(voice_head, LISTENER) == before + 1
     # The thinker read the system turn and the transcript: those are the prompt tokens.
     assert out.usage.prompt_tokens > 15
 
 
 def test_speech_in_speech_out_streams_audio_about_the_spoken_question(
-    head: HeadProc, spoken: dict[str, bytes]
+    voice_head: HeadProc, spoken: dict[str, bytes]
 ) -> None:
     body = {
         "model": "voice",
@@ -89,7 +73,7 @@ def test_speech_in_speech_out_streams_audio_about_the_spoken_question(
         "max_tokens": 30,
     }
     transcript, pcm = "", 0
-    with head.client.stream("POST", "/v1/chat/completions", json=body, timeout=180) as r:
+    with voice_head.client.stream("POST", "/v1/chat/completions", json=body, timeout=180) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line.startswith("data: {"):
@@ -102,12 +86,14 @@ def test_speech_in_speech_out_streams_audio_about_the_spoken_question(
     assert pcm > 24000  # over half a second of 16-bit audio at 24 kHz
 
 
-def test_a_text_chat_never_touches_the_listener(head: HeadProc, client: openai.OpenAI) -> None:
-    before = _dispatched(head, LISTENER)
-    client.chat.completions.create(
+def test_a_text_chat_never_touches_the_listener(
+    voice_head: HeadProc, voice_client: openai.OpenAI
+) -> None:
+    before = _dispatched(voice_head, LISTENER)
+    voice_client.chat.completions.create(
         model="voice", messages=[{"role": "user", "content": QUESTION}], max_tokens=5
     )
-    assert _dispatched(head, LISTENER) == before
+    assert _dispatched(voice_head, LISTENER) == before
 
 
 @pytest.mark.parametrize(
@@ -143,8 +129,8 @@ def test_a_text_chat_never_touches_the_listener(head: HeadProc, client: openai.O
     ],
 )
 def test_bad_audio_is_a_400_naming_the_message(
-    client: openai.OpenAI, messages: list[dict[str, Any]], param: str
+    voice_client: openai.OpenAI, messages: list[dict[str, Any]], param: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="voice", messages=messages, max_tokens=5)
+        voice_client.chat.completions.create(model="voice", messages=messages, max_tokens=5)
     assert info.value.body["param"] == param, info.value.body  # type: ignore[index]

@@ -6,7 +6,6 @@ import base64
 import io
 import time
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +18,6 @@ from tests.integration.harness import HeadProc, Proc, headless, wait_for
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def voice_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    head = HeadProc(tmp_path_factory.mktemp("voice"), "voice", name="voice-head")
-    try:
-        head.wait_healthy(timeout=240)  # the first start converts the GGUF (~30 s)
-        yield head
-    finally:
-        head.stop()
 
 
 def _client(head: HeadProc) -> openai.OpenAI:

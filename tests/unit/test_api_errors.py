@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
-from omnistage.api.service import RequestCounts
-from omnistage.dataplane.latency import LatencySnapshot
+from tests.unit.fakes import FakeService
 
 HUGE = 2**64  # msgpack has no integer this large
-
-
-def _head(open_: Any = None) -> SimpleNamespace:
-    return SimpleNamespace(
-        model_names={"p"},
-        config=SimpleNamespace(pipeline="p", stages=[]),
-        graph=SimpleNamespace(finals_with=lambda _: [0], stages={0: None}),
-        open=open_,
-        request_counts=lambda: RequestCounts(0, 0, 0),
-        replica_entries=list,
-        replica_loads=list,
-        stages_status=lambda: {"stages": []},
-        stage_waiting=dict,
-        response_counts=lambda mine: mine,
-        latency=LatencySnapshot,
-    )
 
 
 @pytest.mark.parametrize(
@@ -42,7 +24,7 @@ def _head(open_: Any = None) -> SimpleNamespace:
     ],
 )
 def test_integers_too_big_to_send_to_a_replica_are_a_400(extra: dict, param: str) -> None:
-    with TestClient(create_app(_head())) as client:
+    with TestClient(create_app(FakeService())) as client:
         r = client.post("/v1/completions", json={"prompt": "x", **extra})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == param
@@ -52,7 +34,7 @@ def test_an_unexpected_error_is_a_500_in_openai_shape() -> None:
     async def broken(*_: Any, **__: Any) -> None:
         raise OverflowError("boom")
 
-    app = create_app(_head(broken))
+    app = create_app(FakeService(opener=broken))
     with TestClient(app, raise_server_exceptions=False) as client:
         r = client.post("/v1/completions", json={"prompt": "x"})
         metrics = client.get("/metrics").text

@@ -6,18 +6,11 @@ import pytest
 
 from omnistage.protocol.auth import FRESH_WINDOW_S, Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.fakes import FakeClock
 
 
 def test_a_good_stamp_passes_once() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     stamp = Signer("k", clock).stamp(b"payload")
     verifier = Verifier("k", clock)
     verifier.check(b"payload", stamp)
@@ -26,7 +19,7 @@ def test_a_good_stamp_passes_once() -> None:
 
 
 def test_tampering_wrong_key_missing_and_stale_are_refused() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     verifier = Verifier("k", clock)
     stamp = Signer("k", clock).stamp(b"payload")
     with pytest.raises(ProtocolError, match="authentication failed"):
@@ -41,7 +34,7 @@ def test_tampering_wrong_key_missing_and_stale_are_refused() -> None:
 
 
 def test_nonces_are_forgotten_after_the_window() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     verifier = Verifier("k", clock)
     for _ in range(100):
         verifier.check(b"x", Signer("k", clock).stamp(b"x"))

@@ -30,17 +30,10 @@ from omnistage.head.state import ControlState
 from omnistage.launch.restart import RestartPolicy
 from omnistage.protocol.errors import ConfigError
 from omnistage.protocol.messages import RegisterRequest, ReplicaState
+from tests.unit.fakes import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _policy(clock: Clock, **kw: Any) -> AutoscalePolicy:
+def _policy(clock: FakeClock, **kw: Any) -> AutoscalePolicy:
     spec = {
         "min_replicas": 1,
         "max_replicas": 4,
@@ -56,7 +49,7 @@ def _policy(clock: Clock, **kw: Any) -> AutoscalePolicy:
 
 
 def test_scales_up_straight_to_desired_only_after_the_upscale_delay() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock)
     assert policy.decide(1, 7).direction is Direction.HOLD  # wants 4, waits
     clock.now += 2.9
@@ -68,7 +61,7 @@ def test_scales_up_straight_to_desired_only_after_the_upscale_delay() -> None:
 
 
 def test_one_quiet_tick_restarts_the_upscale_clock() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock)
     policy.decide(1, 5)
     clock.now += 2
@@ -82,14 +75,14 @@ def test_one_quiet_tick_restarts_the_upscale_clock() -> None:
 
 
 def test_load_at_capacity_holds() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock, upscale_delay_s=0, downscale_delay_s=0)
     assert policy.decide(2, 4).direction is Direction.HOLD  # exactly 2 x 2
     assert policy.decide(2, 3).direction is Direction.HOLD  # ceil(3 / 2) == 2
 
 
 def test_scales_down_one_replica_per_downscale_delay() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock)
     assert policy.decide(4, 0).direction is Direction.HOLD
     clock.now += 10
@@ -109,7 +102,7 @@ def test_scales_down_one_replica_per_downscale_delay() -> None:
 
 
 def test_no_flapping_when_load_hovers_around_a_boundary() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock)
     # Load alternates between needing 2 and 3 replicas with 2 running, every second:
     # never 3 s above, so nothing changes.
@@ -120,7 +113,7 @@ def test_no_flapping_when_load_hovers_around_a_boundary() -> None:
 
 
 def test_desired_is_clamped_to_min_and_max() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock, min_replicas=2, max_replicas=3, upscale_delay_s=0)
     assert policy.desired(0) == 2
     assert policy.desired(100) == 3
@@ -130,7 +123,7 @@ def test_desired_is_clamped_to_min_and_max() -> None:
 
 
 def test_below_min_or_above_max_is_corrected_at_once() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock, min_replicas=2, max_replicas=3)
     d = policy.decide(1, 0)
     assert (d.direction, d.replicas) == (Direction.UP, 2)
@@ -140,7 +133,7 @@ def test_below_min_or_above_max_is_corrected_at_once() -> None:
 
 
 def test_starting_replicas_count_so_a_slow_start_does_not_launch_again() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = _policy(clock, upscale_delay_s=0)
     assert policy.decide(1, 8).replicas == 4
     # The scaler now counts the three new replicas (still loading): the same load holds.
@@ -150,7 +143,7 @@ def test_starting_replicas_count_so_a_slow_start_does_not_launch_again() -> None
 
 
 def test_fractional_target() -> None:
-    policy = _policy(Clock(), target_inflight_per_replica=1.5, max_replicas=10)
+    policy = _policy(FakeClock(), target_inflight_per_replica=1.5, max_replicas=10)
     assert [policy.desired(n) for n in (0, 1, 2, 3, 4)] == [1, 1, 2, 2, 3]
 
 
@@ -236,7 +229,7 @@ def _pool_with(in_flight: dict[int, int], epoch: int = 1) -> StagePool:
 
 
 def test_scaler_adds_replicas_on_load_and_drains_the_least_loaded_when_it_ends() -> None:
-    clock, wall = Clock(), Clock()
+    clock, wall = FakeClock(), FakeClock()
     config = _config(upscale_delay_s=0, downscale_delay_s=5)
     pools = {0: _pool_with({0: 5}), 1: _pool_with({})}
     entries = [_entry(0, ReplicaState.UP)]
@@ -276,7 +269,7 @@ def test_scaler_adds_replicas_on_load_and_drains_the_least_loaded_when_it_ends()
 
 
 def test_scaler_counts_headless_replicas_but_removes_only_its_own() -> None:
-    clock = Clock()
+    clock = FakeClock()
     config = _config(upscale_delay_s=0, downscale_delay_s=0)
     pools = {0: _pool_with({0: 0, 5: 0}), 1: _pool_with({})}
     entries = [_entry(0, ReplicaState.UP), _entry(5, ReplicaState.UP)]  # 5: headless
@@ -302,7 +295,7 @@ def test_scaler_ignores_stages_this_head_does_not_launch() -> None:
 
 
 def test_metrics_count_decisions_and_gauge_desired_replicas() -> None:
-    clock = Clock()
+    clock = FakeClock()
     config = _config(upscale_delay_s=0)
     pools = {0: _pool_with({0: 6}), 1: _pool_with({})}
     replicas = FakeReplicas({0})
@@ -419,14 +412,14 @@ def test_added_replicas_take_free_ids_and_retired_ones_are_drained_not_restarted
     config = _config()
     opts = HeadOptions(config=config, restart_policy="always")
     transitions: list[Transition] = []
-    coordinator = Coordinator(ReplicaTable(Clock(), 5.0), threading.Lock(), transitions.append)
+    coordinator = Coordinator(ReplicaTable(FakeClock(), 5.0), threading.Lock(), transitions.append)
     slots = SlotTable([0, 1], preallocated={0: 1, 1: 1}, head_local={0: [0], 1: [0]})
     state = ControlState(threading.Lock(), slots, coordinator)
     hooks = LocalHooks(is_serving=lambda: True, fail_head=lambda: None)
     local = LocalReplicas(opts, state, hooks, master_port=5555, local_key="key")
     launcher = FakeLauncher(local._on_exit)
     local.launcher = launcher
-    local.restarts = RestartPolicy("always", Clock(), base_delay_s=0.01)
+    local.restarts = RestartPolicy("always", FakeClock(), base_delay_s=0.01)
 
     async def scenario() -> None:
         local.start(asyncio.get_running_loop())

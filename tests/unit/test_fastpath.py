@@ -3,33 +3,15 @@ through FastAPI, with a stand-in service (no head)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
 from omnistage.api.fastpath import FastPaths
-from omnistage.api.service import RequestCounts
-from omnistage.dataplane.latency import LatencySnapshot
-
-
-def _service() -> SimpleNamespace:
-    return SimpleNamespace(
-        model_names={"p"},
-        config=SimpleNamespace(pipeline="p", stages=[]),
-        graph=SimpleNamespace(finals_with=lambda _: [0], stages={0: None}),
-        request_counts=lambda: RequestCounts(0, 0, 0),
-        replica_entries=list,
-        replica_loads=list,
-        stages_status=lambda: {"stages": []},
-        stage_waiting=dict,
-        response_counts=lambda mine: mine,
-        latency=LatencySnapshot,
-    )
+from tests.unit.fakes import FakeService
 
 
 def test_the_fast_path_keeps_the_key_check_errors_and_counts() -> None:
-    app = create_app(_service(), api_key="k")  # type: ignore[arg-type]
+    app = create_app(FakeService(), api_key="k")
     assert isinstance(app, FastPaths)
     with TestClient(app) as client:
         no_key = client.post("/v1/chat/completions", json={"messages": []})
@@ -44,7 +26,7 @@ def test_the_fast_path_keeps_the_key_check_errors_and_counts() -> None:
 
 
 def test_other_methods_and_routes_are_fastapis_and_the_docs_list_the_fast_routes() -> None:
-    with TestClient(create_app(_service())) as client:  # type: ignore[arg-type]
+    with TestClient(create_app(FakeService())) as client:
         assert client.get("/v1/chat/completions").status_code == 405
         paths = client.get("/openapi.json").json()["paths"]
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech"):

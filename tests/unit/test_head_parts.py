@@ -14,18 +14,11 @@ from omnistage.head.options import HeadOptions
 from omnistage.head.startup import StartupWatch, Verdict
 from omnistage.protocol.messages import Prompt
 from omnistage.replica.options import ReplicaOptions, decode_options, encode_options
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.fakes import FakeClock
 
 
 def test_startup_watch_notes_while_waiting_and_fails_after_the_init_timeout() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     watch = StartupWatch(clock, init_timeout_s=30, note_every_s=10)
     missing = [(1, "talker")]
     assert watch.judge(missing) is Verdict.WAITING

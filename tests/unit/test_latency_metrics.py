@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -20,15 +19,8 @@ from omnistage.api.service import RequestCounts
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot
 from omnistage.protocol.messages import FrontSnapshot, OutputChunk
+from tests.unit.fakes import FakeClock, FakeService
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def observed(h: Histogram) -> list[float]:
@@ -187,18 +179,9 @@ def _metrics_text() -> str:
     rec.requests["e2e"]["talker"] = Histogram()
     rec.requests["e2e"]["talker"].observe(0.7)
     rec.audio_seconds[1] = 2.5
-    stages = [
-        SimpleNamespace(stage_id=0, name="thinker"),
-        SimpleNamespace(stage_id=1, name="talker"),
-    ]
-    head = SimpleNamespace(
-        config=SimpleNamespace(pipeline="p", stages=stages),
-        request_counts=lambda: RequestCounts(1, 0, 0),
-        replica_entries=list,
-        replica_loads=list,
-        stages_status=lambda: {"stages": []},
-        stage_waiting=dict,
-        response_counts=lambda mine: mine,
+    head = FakeService(
+        stages=((0, "thinker"), (1, "talker")),
+        counts=RequestCounts(1, 0, 0),
         latency=rec.snapshot,
     )
     with TestClient(create_app(head)) as client:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
 from omnistage.api.routes.metrics import Exposition, format_value
-from omnistage.api.service import RequestCounts
-from omnistage.dataplane.latency import LatencySnapshot
+from tests.unit.fakes import FakeService
 
 
 def test_label_values_and_help_are_escaped() -> None:
@@ -31,17 +28,7 @@ def test_values() -> None:
 
 def test_a_head_with_no_replicas_yet_renders_every_family() -> None:
     # Before any replica registers: zero counts, the per-state series still listed.
-    stage = SimpleNamespace(stage_id=0, name="only")
-    head = SimpleNamespace(
-        config=SimpleNamespace(pipeline="p", stages=[stage]),
-        request_counts=lambda: RequestCounts(0, 0, 0),
-        replica_entries=list,
-        replica_loads=list,
-        stages_status=lambda: {"stages": []},
-        stage_waiting=dict,
-        response_counts=lambda mine: mine,
-        latency=LatencySnapshot,
-    )
+    head = FakeService(stages=((0, "only"),))
     with TestClient(create_app(head)) as client:
         r = client.get("/metrics")
     assert r.status_code == 200

@@ -28,6 +28,7 @@ from omnistage.protocol.messages import (
     Resume,
     routing_id,
 )
+from tests.unit.fakes import ticks, until
 
 PROMPT = Prompt(text="hi")
 
@@ -267,13 +268,10 @@ async def test_output_of_an_old_incarnation_is_ignored_when_its_slot_returns() -
     head.channels.take()
     head.fail(0, 0)
     assert head.channels.take() == [(ident(0, 0), Abort("r1"))]
-    await asyncio.sleep(0.05)  # the retry is waiting for a replica, not failing
+    await ticks()  # the retry is waiting for a replica, not failing
     assert head.channels.take() == []
     head.up(0, 0, epoch=2)
-    for _ in range(20):
-        if head.channels.sent:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: head.channels.sent, what="the retry dispatched")
     resume = Resume(text="ab", data_chunks=0, seq=1)
     assert head.channels.take() == [(ident(0, 0, epoch=2), add([], resume, PROMPT, attempt=1))]
     head.out(0, 0, 1, "OLD", epoch=1)
@@ -291,10 +289,7 @@ async def test_inputs_arriving_while_a_retry_waits_are_sent_once_with_the_dispat
     head.out(0, 0, 2, "c", finished=True)
     assert head.channels.take() == []
     head.up(1, 1)
-    for _ in range(20):
-        if head.channels.sent:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: head.channels.sent, what="the retry dispatched")
     replayed = [inp(0, 0, 0, "a"), inp(0, 0, 1, "b"), inp(0, 0, 2, "c", finished=True)]
     for chunk in replayed:
         chunk.attempt = 1
@@ -406,11 +401,11 @@ async def test_closing_the_stream_while_a_retry_waits_cancels_the_wait() -> None
     stream = await head.orch.open("r1", PROMPT, finals=[0])
     head.fail(0, 0)
     head.channels.take()
-    await asyncio.sleep(0.05)
+    await ticks()
     stream.close()
-    await asyncio.sleep(0.05)
+    await ticks()
     head.up(0, 1)  # a replica appearing later gets nothing for the closed request
-    await asyncio.sleep(0.05)
+    await ticks()
     assert not [m for _, m in head.channels.take() if isinstance(m, AddRequest | OutputChunk)]
     assert head.orch.in_flight == 0
     assert head.slots_in_use() == 0

@@ -4,14 +4,13 @@ routing (head or peers) are the real code."""
 
 from __future__ import annotations
 
-import asyncio
-
 from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
 from omnistage.engines.echo import EchoEngine
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, Resume
-from omnistage.replica.requests import RequestRunner
+from omnistage.replica.requests import EARLY_TTL_S, RequestRunner
+from tests.unit.fakes import FakeClock, others_done, ticks, until
 
 
 class Recorder:
@@ -26,20 +25,14 @@ class Recorder:
         self.peers.setdefault(address, []).extend(chunks)
 
 
-def _runner(stage_id: int = 0, **engine_args: object) -> tuple[RequestRunner, Recorder]:
+def _runner(
+    stage_id: int = 0, clock: FakeClock | None = None, **engine_args: object
+) -> tuple[RequestRunner, Recorder]:
     stage = StageConfig(stage_id=stage_id, name="echo", engine="echo", engine_args=engine_args)
-    runner = RequestRunner(stage_id, build_engine(stage), lambda _why: None)
+    runner = RequestRunner(stage_id, build_engine(stage), lambda _why: None, clock or FakeClock())
     out = Recorder()
     runner.bind(replica_id=3, epoch=7, outlet=out)
     return runner, out
-
-
-async def _settle(runner: RequestRunner) -> None:
-    for _ in range(200):
-        if not runner.requests:
-            break
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.02)
 
 
 def _add(rid: str, text: str, resume: Resume | None = None, **kw: object) -> AddRequest:
@@ -53,12 +46,12 @@ def _input(rid: str, source: int, text: str, finished: bool, attempt: int = 0) -
 async def test_abort_then_retry_in_one_batch_runs_the_retry_numbered_from_resume() -> None:
     runner, out = _runner(num_chunks=4, chunk_delay_s=0.02, suffix="!")
     runner.handle(_add("r", "abcdefgh"))
-    await asyncio.sleep(0.05)  # a chunk or two out
+    await until(lambda: out.head, what="a first chunk out")
     out.head.clear()
     # The head took the request back (a silent replica) and then gave it to us again.
     runner.handle(Abort("r"))
     runner.handle(_add("r", "abcdefgh", Resume("ab", 0, 7)))
-    await _settle(runner)
+    await others_done()
     mine = [c for c in out.head if c.request_id == "r"]
     assert mine, "the retry produced nothing: it was taken for a duplicate"
     assert [c.seq for c in mine] == list(range(7, 7 + len(mine)))
@@ -70,7 +63,7 @@ async def test_abort_then_retry_in_one_batch_runs_the_retry_numbered_from_resume
 async def test_a_resumed_rerun_drops_what_the_client_already_has() -> None:
     runner, out = _runner(num_chunks=3, suffix=" [s]")
     runner.handle(_add("q", "hello world", Resume("hello w", 0, 2)))
-    await _settle(runner)
+    await others_done()
     assert "".join(c.text for c in out.head) == "orld [s]"
     assert out.head[0].seq == 2 and out.head[-1].finished
 
@@ -78,9 +71,9 @@ async def test_a_resumed_rerun_drops_what_the_client_already_has() -> None:
 async def test_a_plain_abort_stops_the_request_and_frees_its_numbering() -> None:
     runner, out = _runner(num_chunks=8, chunk_delay_s=0.05)
     runner.handle(_add("z", "abcdefgh"))
-    await asyncio.sleep(0.08)
+    await until(lambda: out.head, what="a first chunk out")
     runner.handle(Abort("z"))
-    await _settle(runner)
+    await others_done()
     assert not runner.requests
     assert not any(c.finished for c in out.head)
     assert "z" not in runner._outputs._next_seq
@@ -89,7 +82,7 @@ async def test_a_plain_abort_stops_the_request_and_frees_its_numbering() -> None
 async def test_outputs_go_to_peers_and_only_the_last_chunk_to_the_head() -> None:
     runner, out = _runner(num_chunks=4, chunk_delay_s=0.01, suffix="")
     runner.handle(_add("p", "abcdefgh", peers=["tcp://a:1", "tcp://b:2"], head_all=False))
-    await _settle(runner)
+    await others_done()
     for peer in ("tcp://a:1", "tcp://b:2"):
         assert "".join(c.text for c in out.peers[peer]) == "abcdefgh"
         assert out.peers[peer][-1].finished
@@ -99,7 +92,7 @@ async def test_outputs_go_to_peers_and_only_the_last_chunk_to_the_head() -> None
 async def test_head_all_sends_every_chunk_to_the_head_as_well() -> None:
     runner, out = _runner(num_chunks=4, chunk_delay_s=0.01, suffix="")
     runner.handle(_add("p", "abcdefgh", peers=["tcp://a:1"], head_all=True))
-    await _settle(runner)
+    await others_done()
     assert "".join(c.text for c in out.head) == "abcdefgh"
     assert [c.seq for c in out.head] == [c.seq for c in out.peers["tcp://a:1"]]
 
@@ -111,7 +104,7 @@ async def test_inputs_that_arrive_before_the_add_request_are_kept_for_it() -> No
     runner.feed(_input("e", 0, "bird", True, attempt=2))
     runner.feed(_input("e", 0, "stale", True, attempt=1))  # an earlier attempt's
     runner.handle(AddRequest("e", None, [0], {}, attempt=2))
-    await _settle(runner)
+    await others_done()
     assert "".join(c.text for c in out.head) == "early bird [1]"
     assert all(c.attempt == 2 for c in out.head)
 
@@ -121,8 +114,23 @@ async def test_inputs_of_another_attempt_are_dropped() -> None:
     runner.handle(AddRequest("a", None, [0], {}, attempt=1))
     runner.feed(_input("a", 0, "old", False, attempt=0))
     runner.feed(_input("a", 0, "new", True, attempt=1))
-    await _settle(runner)
+    await others_done()
     assert "".join(c.text for c in out.head) == "new"
+
+
+async def test_early_inputs_are_dropped_once_older_than_the_ttl() -> None:
+    clock = FakeClock()
+    runner, out = _runner(stage_id=1, clock=clock, suffix="")
+    runner.feed(_input("old", 0, "stale", True))
+    clock.now += EARLY_TTL_S + 1
+    runner.feed(_input("new", 0, "fresh", True))  # a feed past the TTL sweeps the old ones
+    runner.handle(AddRequest("old", None, [0], {}))
+    runner.handle(AddRequest("new", None, [0], {}))
+    await until(lambda: out.head and out.head[-1].finished, what="new to finish")
+    await ticks()
+    assert [(c.request_id, c.text) for c in out.head] == [("new", "fresh")]
+    runner.handle(Abort("old"))  # it would wait for its input forever
+    await others_done()
 
 
 class _Picky(EchoEngine):
@@ -148,7 +156,7 @@ async def test_an_ack_request_answers_at_once_with_an_empty_chunk_then_runs() ->
     (ack,) = out.head
     assert (ack.seq, ack.text, ack.data, ack.finished, ack.error) == (0, "", b"", False, None)
     runner.feed(_input("k", 0, "hi", True))
-    await _settle(runner)
+    await others_done()
     assert "".join(c.text for c in out.head) == "hi [picky]"
     assert [c.seq for c in out.head] == list(range(len(out.head)))
 
@@ -156,7 +164,7 @@ async def test_an_ack_request_answers_at_once_with_an_empty_chunk_then_runs() ->
 async def test_an_ack_request_with_bad_params_is_refused_before_any_work() -> None:
     runner, out = _picky()
     runner.handle(AddRequest("k", None, [0], {"bad": True}, ack=True))
-    await _settle(runner)
+    await others_done()
     (refusal,) = out.head
     assert refusal.finished and refusal.error_kind == "bad_request"
     assert refusal.error_param == "bad" and not runner.requests

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from omnistage.launch.restart import RestartPolicy
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.fakes import FakeClock
 
 
 def test_on_failure_backs_off_while_crashing_and_resets_once_stable() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = RestartPolicy("on-failure", clock)
     key = (1, 0)
     delays = []
@@ -31,12 +24,12 @@ def test_on_failure_backs_off_while_crashing_and_resets_once_stable() -> None:
 
 
 def test_clean_exits_and_never_are_not_restarted() -> None:
-    policy = RestartPolicy("on-failure", Clock())
+    policy = RestartPolicy("on-failure", FakeClock())
     assert policy.delay_after_exit((0, 0), code=0) is None
-    assert RestartPolicy("never", Clock()).delay_after_exit((0, 0), code=1) is None
-    assert RestartPolicy("always", Clock()).delay_after_exit((0, 0), code=0) == 1
+    assert RestartPolicy("never", FakeClock()).delay_after_exit((0, 0), code=1) is None
+    assert RestartPolicy("always", FakeClock()).delay_after_exit((0, 0), code=0) == 1
 
 
 def test_unknown_policy_is_rejected() -> None:
     with pytest.raises(ValueError, match="on-failure"):
-        RestartPolicy("sometimes", Clock())
+        RestartPolicy("sometimes", FakeClock())

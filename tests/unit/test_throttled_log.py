@@ -5,18 +5,11 @@ from __future__ import annotations
 import logging
 
 from omnistage.logs import Throttled
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.fakes import FakeClock
 
 
 def test_burst_then_summary(caplog) -> None:  # type: ignore[no-untyped-def]
-    clock = Clock()
+    clock = FakeClock(0.0)
     throttled = Throttled(logging.getLogger("t"), burst=3, window_s=10, clock=clock)
     with caplog.at_level(logging.WARNING, logger="t"):
         for i in range(50):

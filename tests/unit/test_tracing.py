@@ -3,7 +3,6 @@ and the spans the orchestrator and a replica's runner make, caught in memory."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ from omnistage import tracing
 from omnistage.engines.echo import EchoEngine
 from omnistage.protocol.messages import AddRequest, OutputChunk
 from omnistage.replica.requests import RequestRunner
+from tests.unit.fakes import others_done, until
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
 
 
@@ -178,10 +178,7 @@ async def test_the_replica_span_continues_the_head_stage_span(
     runner.bind(3, 1, outlet)
     traceparent = tracing.encode_traceparent(0x55, 0x66)
     runner.add(AddRequest("r1", PROMPT, [], {}, trace=traceparent))
-    for _ in range(200):
-        if outlet.head and outlet.head[-1].finished:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: outlet.head and outlet.head[-1].finished, what="the last chunk")
     (span,) = by_name(spans)["omnistage.replica.generate"]
     assert span.context.trace_id == 0x55
     assert span.parent.span_id == 0x66
@@ -199,6 +196,6 @@ async def test_a_replica_span_ends_when_its_request_is_aborted_before_it_starts(
     runner.bind(0, 1, _Outlet())
     runner.add(AddRequest("r1", PROMPT, [], {}, trace=tracing.encode_traceparent(1, 2)))
     runner.abort("r1")
-    await asyncio.sleep(0.01)
+    await others_done()
     (span,) = by_name(spans)["omnistage.replica.generate"]
     assert span.attributes["omnistage.outcome"] == "aborted"

@@ -28,6 +28,7 @@ class HfBatch:
         self._cache_kw = cache_keyword(model)
         self._kv = KvBatch(self._cache_kw)
         self._staged: tuple[DynamicCache, int] | None = None
+        self.prefill_cached = 0  # no prefix cache: every prompt is computed
 
     @property
     def rows(self) -> int:
@@ -37,8 +38,10 @@ class HfBatch:
     def positions(self) -> list[int]:
         return self._kv.positions
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """The next-token logits [vocab] of a prompt; ``admit`` makes it a row."""
+    def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
+        """The next-token logits [vocab] of a prompt; ``admit`` makes it a row.
+
+        ``replay`` is ignored: the whole prompt is one forward pass."""
         n = len(ids)
         cache = DynamicCache()
         out = self._model(

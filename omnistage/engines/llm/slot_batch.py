@@ -46,9 +46,6 @@ class SlotBatch:
     def rows(self) -> int:
         return len(self.positions)
 
-    # The last tokens of a prompt can be replayed as decode steps (see ``prefill``).
-    replays_by_decode = True
-
     def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
         """The next-token logits [vocab] of a prompt, its cache written to the next free
         slot; ``admit`` makes it a row.

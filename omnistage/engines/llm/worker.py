@@ -68,6 +68,9 @@ class Batch(Protocol):
     """The model and KV cache of the running rows (``kv_batch.HfBatch`` for any
     transformers model, ``slot_batch.SlotBatch`` for the fast CPU thinker)."""
 
+    # Prompt positions the last ``prefill`` took from a prefix cache (0 without one).
+    prefill_cached: int
+
     @property
     def rows(self) -> int: ...
 
@@ -76,8 +79,12 @@ class Batch(Protocol):
         """Each row's next position id."""
         ...
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Next-token logits [vocab] of a prompt, its cache staged for ``admit``."""
+    def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
+        """Next-token logits [vocab] of a prompt, its cache staged for ``admit``.
+
+        ``replay``: compute that many last tokens as decode steps, as the run that
+        generated them did (a resumed seeded request then draws the same); a batch that
+        cannot prefills them with the rest."""
         ...
 
     def admit(self, first_token: int) -> None:
@@ -210,11 +217,8 @@ class LlmWorker:
         return (len(self._running) + 1) * longest <= self.limits.max_kv_tokens
 
     def _prefill(self, seq: Sequence) -> None:
-        if seq.replay and getattr(self._batch, "replays_by_decode", False):
-            logits = self._batch.prefill(seq.prompt_ids, replay=seq.replay)  # type: ignore[call-arg]
-        else:
-            logits = self._batch.prefill(seq.prompt_ids)
-        seq.cached_tokens = getattr(self._batch, "prefill_cached", 0)
+        logits = self._batch.prefill(seq.prompt_ids, replay=seq.replay)
+        seq.cached_tokens = self._batch.prefill_cached
         token = seq.sampler.sample(logits, seq.prior_tokens)
         self._tick()
         if self._accept(seq, token, position=len(seq.prompt_ids)):

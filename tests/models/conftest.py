@@ -1,0 +1,33 @@
+"""Fixtures shared by the model tests.
+
+Starting the default ``voice`` pipeline (thinker, talker, listener) costs tens of seconds
+of model loading, so the files that only send it requests share one head per session.
+Tests that kill replicas or need other flags start their own head, so this one stays
+healthy: the tests that share it read counters as deltas, never as absolute values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.integration.harness import HeadProc
+
+
+@pytest.fixture(scope="session")
+def voice_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
+    """``omnistage serve voice`` with its default flags, shared by the whole session."""
+    head = HeadProc(tmp_path_factory.mktemp("voice"), "voice", name="voice-head")
+    try:
+        head.wait_healthy(timeout=300)  # the first start converts the GGUF (~30 s)
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.fixture(scope="session")
+def voice_client(voice_head: HeadProc) -> openai.OpenAI:
+    """The official OpenAI client on the shared voice head."""
+    return openai.OpenAI(base_url=f"{voice_head.url}/v1", api_key="x", max_retries=0, timeout=180)
