@@ -14,7 +14,8 @@ from starlette.types import ASGIApp
 from omnistage import __version__
 from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
-from omnistage.api.fastpath import FastPaths
+from omnistage.api.body import body_schema
+from omnistage.api.fastpath import FastPaths, FastRoute
 from omnistage.api.limits import BodyLimitMiddleware
 from omnistage.api.routes import (
     chat,
@@ -27,16 +28,24 @@ from omnistage.api.routes import (
     speech,
     transcriptions,
 )
-from omnistage.api.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ImageGenerationRequest,
-    ResponsesRequest,
-    SpeechRequest,
-)
+from omnistage.api.schemas.chat import ChatCompletionRequest
+from omnistage.api.schemas.completions import CompletionRequest
+from omnistage.api.schemas.images import ImageGenerationRequest
+from omnistage.api.schemas.responses import ResponsesRequest
+from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.api.service import PipelineService
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+# The generation routes, each declared here once: their POSTs take the fast path, and
+# FastAPI documents them (and answers other methods on their paths).
+FAST_ROUTES = (
+    FastRoute("/v1/chat/completions", chat.chat_completions, ChatCompletionRequest),
+    FastRoute("/v1/completions", completions.completions, CompletionRequest),
+    FastRoute("/v1/responses", responses.responses, ResponsesRequest),
+    FastRoute("/v1/audio/speech", speech.speech, SpeechRequest),
+    FastRoute("/v1/images/generations", images.generations, ImageGenerationRequest),
+)
 
 # FastAPI >= 0.165 looks up OpenTelemetry providers on every request (~25 us here) unless
 # told not to; omnistage does its own instrumentation. Older FastAPI has no such option.
@@ -80,33 +89,14 @@ def create_app(
 
     app.state.omni = omni
     errors.install(app)
-    app.include_router(chat.router)
-    app.include_router(completions.router)
-    app.include_router(responses.router)
-    app.include_router(speech.router)
-    app.include_router(images.router)
-    app.include_router(transcriptions.router)
-    app.include_router(info.router)
-    app.include_router(metrics.router)
-    app.include_router(dashboard.router)
-    _document_bodies(
-        app,
-        [
-            ChatCompletionRequest,
-            CompletionRequest,
-            ResponsesRequest,
-            SpeechRequest,
-            ImageGenerationRequest,
-        ],
-    )
-    routes = {
-        "/v1/chat/completions": chat.chat_completions,
-        "/v1/completions": completions.completions,
-        "/v1/responses": responses.responses,
-        "/v1/audio/speech": speech.speech,
-        images.PATH: images.generations,
-    }
-    return FastPaths(app, routes, wrap)
+    for route in FAST_ROUTES:
+        app.add_api_route(
+            route.path, route.handler, methods=["POST"], openapi_extra=body_schema(route.body)
+        )
+    for module in (transcriptions, info, metrics, dashboard):
+        app.include_router(module.router)
+    _document_bodies(app, [route.body for route in FAST_ROUTES])
+    return FastPaths(app, FAST_ROUTES, wrap)
 
 
 def _document_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:

@@ -29,6 +29,9 @@ from omnistage.api.errors import ApiError
 from omnistage.engines.audio import wav_header
 
 OUTPUT_RATE = 24000
+# The rate of a TTS stage's pcm16 when its chunks do not say (they carry
+# ``meta["sample_rate"]``): a Piper voice's usual rate.
+DEFAULT_INPUT_RATE = 22050
 SPEECH_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 # Chat names raw PCM "pcm16" (OpenAI's chat audio formats); it is the same output.
 _ALIASES = {"pcm16": "pcm"}

@@ -12,9 +12,11 @@ and /openapi.json's description of these routes, is FastAPI's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -28,12 +30,22 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+@dataclass(frozen=True)
+class FastRoute:
+    """A generation route: POSTs to ``path`` go to ``handler``, which reads a ``body``
+    (what /openapi.json documents it takes)."""
+
+    path: str
+    handler: Handler
+    body: type[BaseModel]
+
+
 class _Handlers:
     """The innermost app of the fast path: call the route's handler, answer errors."""
 
-    def __init__(self, app: FastAPI, routes: dict[str, Handler]) -> None:
+    def __init__(self, app: FastAPI, routes: Sequence[FastRoute]) -> None:
         self._app = app
-        self._routes = routes
+        self._routes = {route.path: route.handler for route in routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope["app"] = self._app  # handlers find the service on request.app.state
@@ -56,11 +68,11 @@ class FastPaths:
     """ASGI entry: ``fast`` for POSTs to the generation paths, ``app`` for the rest."""
 
     def __init__(
-        self, app: FastAPI, routes: dict[str, Handler], wrap: Callable[[ASGIApp], ASGIApp]
+        self, app: FastAPI, routes: Sequence[FastRoute], wrap: Callable[[ASGIApp], ASGIApp]
     ) -> None:
         self.app = app
         self.state = app.state  # as FastAPI's, for callers that read app.state
-        self._paths = frozenset(routes)
+        self._paths = frozenset(route.path for route in routes)
         self._fast = wrap(_Handlers(app, routes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -24,7 +24,7 @@ from omnistage.api.audio_out import (  # noqa: E402
 )
 from omnistage.api.routes.chat import _events, _Plan  # noqa: E402
 from omnistage.api.routes.common import ChunkShape  # noqa: E402
-from omnistage.api.schemas import SpeechRequest  # noqa: E402
+from omnistage.api.schemas.speech import SpeechRequest  # noqa: E402
 from omnistage.protocol.messages import OutputChunk  # noqa: E402
 
 IN_RATE = 22050  # Piper's default voice

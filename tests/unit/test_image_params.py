@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from omnistage.api.schemas import ImageGenerationRequest
+from omnistage.api.schemas.images import ImageGenerationRequest
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.load import validate_config
 from omnistage.engines.image_params import (

@@ -9,31 +9,29 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
-from omnistage.api.audio_out import AudioEncoder, encode_whole, require_av
+from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_whole, require_av
 from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import chat_logprobs
 from omnistage.api.routes.common import (
     ChunkShape,
-    check_model,
+    Collected,
     collect,
     json_response,
     openai_usage,
     output_stage_params,
     peeked,
-    service,
     sse_events,
+    sse_response,
+    text_call,
 )
-from omnistage.api.schemas import ChatCompletionRequest, ChatMessageIn, body_schema, parse_body
+from omnistage.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
-
-router = APIRouter()
 
 # OpenAI's chat audio formats, all 24 kHz mono (api/audio_out.py); a stream is pcm16.
 AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
@@ -51,14 +49,10 @@ class _Plan:
     audio_format: str
 
 
-@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
-    body = await parse_body(request, ChatCompletionRequest)
-    omni = service(request)
-    check_model(omni, body.model)
-    if body.n != 1:
-        raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
-    plan = _plan(omni, body)
+    call = await text_call(request, ChatCompletionRequest)
+    body, omni = call.body, call.omni
+    plan = _plan(omni, body, call.text_stages)
     prompt, audio_param = _prompt(omni, body)
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
@@ -72,17 +66,14 @@ async def chat_completions(request: Request) -> Response:
     stream = await omni.open(
         request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params, ack=ack
     )
-    created, model = int(time.time()), omni.served_model
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    shape = ChunkShape(
+        request_id, "chat.completion.chunk", int(time.time()), omni.served_model, include_usage
+    )
     try:
         if body.stream:
             outputs = await peeked(stream, frozenset(plan.audio if ack else ()))
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            shape = ChunkShape(request_id, "chat.completion.chunk", created, model, include_usage)
-            events = _events(outputs, stream, shape, plan)
-            # The background close covers a client that leaves before the first byte.
-            return StreamingResponse(
-                events, media_type="text/event-stream", background=BackgroundTask(stream.close)
-            )
+            return sse_response(_events(outputs, stream, shape, plan), stream)
         got = await collect(request, stream)
     except BadRequestError as exc:
         # The listener names the audio "file" (as the transcription endpoint calls it).
@@ -91,44 +82,48 @@ async def chat_completions(request: Request) -> Response:
         raise
     if got is None:
         return Response(status_code=499)
-    choices = []
-    for i, sid in enumerate(plan.text):
-        text = got.text_of(sid)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        calls = got.calls_of(sid)
-        if calls:
-            message["content"] = text or None
-            message["tool_calls"] = [
-                _tool_call(request_id, j, name, arguments)
-                for j, (name, arguments) in enumerate(calls)
-            ]
-        if i < len(plan.audio):
-            audio_sid = plan.audio[i]
-            pcm = b"".join(got.audio.get(audio_sid, []))
-            rate = got.sample_rate.get(audio_sid, 22050)
-            data = await asyncio.to_thread(encode_whole, pcm, rate, plan.audio_format)
-            message["content"] = None  # as OpenAI: the words are the audio's transcript
-            message["audio"] = {
-                "id": f"audio_{request_id.removeprefix('chatcmpl-')}",
-                "data": base64.b64encode(data).decode(),
-                "transcript": text,
-                "expires_at": created + AUDIO_TTL_S,
-            }
-        finish = got.finish.get(sid, "stop")
-        logprobs = chat_logprobs(got.logprobs.get(sid, [])) if body.logprobs else None
-        choices.append(
-            {"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs}
-        )
+    choices = [await _choice(got, plan, i, shape, body.logprobs) for i in range(len(plan.text))]
     return json_response(
         {
             "id": request_id,
             "object": "chat.completion",
-            "created": created,
-            "model": model,
+            "created": shape.created,
+            "model": shape.model,
             "choices": choices,
             "usage": openai_usage(stream.usage()),
         }
     )
+
+
+async def _choice(
+    got: Collected, plan: _Plan, i: int, shape: ChunkShape, logprobs: bool
+) -> dict[str, Any]:
+    """Choice ``i`` of a whole (not streamed) answer."""
+    sid = plan.text[i]
+    text = got.text_of(sid)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    calls = got.calls_of(sid)
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [
+            _tool_call(shape.request_id, j, name, arguments)
+            for j, (name, arguments) in enumerate(calls)
+        ]
+    if i < len(plan.audio):
+        audio_sid = plan.audio[i]
+        pcm = b"".join(got.audio.get(audio_sid, []))
+        rate = got.sample_rate.get(audio_sid, DEFAULT_INPUT_RATE)
+        data = await asyncio.to_thread(encode_whole, pcm, rate, plan.audio_format)
+        message["content"] = None  # as OpenAI: the words are the audio's transcript
+        message["audio"] = {
+            "id": _audio_id(shape.request_id),
+            "data": base64.b64encode(data).decode(),
+            "transcript": text,
+            "expires_at": shape.created + AUDIO_TTL_S,
+        }
+    finish = got.finish.get(sid, "stop")
+    choice_logprobs = chat_logprobs(got.logprobs.get(sid, [])) if logprobs else None
+    return {"index": i, "message": message, "finish_reason": finish, "logprobs": choice_logprobs}
 
 
 def _prompt(omni: PipelineService, body: ChatCompletionRequest) -> tuple[Prompt, str | None]:
@@ -171,21 +166,20 @@ def _message(m: ChatMessageIn) -> ChatMessage:
 
 def _tool_call(request_id: str, index: int, name: str, arguments: str) -> dict[str, Any]:
     return {
-        "id": _call_id(request_id, index),
+        "id": f"call_{request_id.removeprefix('chatcmpl-')}_{index}",
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
 
 
-def _call_id(request_id: str, index: int) -> str:
-    return f"call_{request_id.removeprefix('chatcmpl-')}_{index}"
+def _audio_id(request_id: str) -> str:
+    return f"audio_{request_id.removeprefix('chatcmpl-')}"
 
 
-def _plan(omni: PipelineService, body: ChatCompletionRequest) -> _Plan:
+def _plan(omni: PipelineService, body: ChatCompletionRequest, text: list[int]) -> _Plan:
+    """The answer's stages: the final ``text`` stages, and with modalities audio as many
+    audio stages (checking the audio format the answer can be sent in)."""
     modalities = set(body.modalities or ["text"])
-    text = omni.graph.finals_with({"text"})
-    if not text:
-        raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
     if "audio" not in modalities:
         return _Plan(text, [], "")
     audio = omni.graph.finals_with({"audio"})
@@ -218,75 +212,102 @@ def _plan(omni: PipelineService, body: ChatCompletionRequest) -> _Plan:
 def _events(
     outputs: AsyncIterator[OutputChunk], stream: OutputStream, shape: ChunkShape, plan: _Plan
 ) -> AsyncIterator[bytes]:
-    index = {sid: i for i, sid in enumerate(plan.text)}
-    index.update({sid: i for i, sid in enumerate(plan.audio)})
-    audio_id = f"audio_{shape.request_id.removeprefix('chatcmpl-')}"
-    # A choice is finished when all of its stages are.
-    open_stages = {i: {sid for sid, j in index.items() if j == i} for i in set(index.values())}
-    finish: dict[int, str] = {}
-    # Choices with audio: their text goes out as the audio transcript.
-    spoken = {index[sid] for sid in plan.audio}
-    started_calls: set[tuple[int, int]] = set()  # (stage, call index) already announced
-    # One 24 kHz resampler per choice, kept across its chunks so they join seamlessly.
-    pcm24: dict[int, AudioEncoder] = {}
+    """The SSE body of a streamed answer: each choice's role, then its deltas."""
+    chunks = _Chunks(shape, plan)
+    return sse_events(outputs, stream, shape, chunks.render, chunks.opening())
 
-    def resampled(i: int, out: OutputChunk) -> bytes:
-        if out.modality != "audio":
-            return b""
-        encoder = pcm24.get(i)
-        if encoder is None:
-            rate = int((out.meta or {}).get("sample_rate", 22050))
-            encoder = pcm24[i] = AudioEncoder("pcm16", rate)
-        data = encoder.feed(out.data) if out.data else b""
-        if out.finished:
-            data += pcm24.pop(i).finish()
-        return data
 
-    def render(out: OutputChunk) -> list[bytes]:
-        i = index[out.stage_id]
+class _Chunks:
+    """The chunks of a streamed answer, one output at a time. A choice is finished when
+    all of its stages are; a choice with audio sends its words once, as OpenAI does: as
+    the audio's transcript."""
+
+    def __init__(self, shape: ChunkShape, plan: _Plan) -> None:
+        self._shape = shape
+        self._text = set(plan.text)
+        self._choice = {sid: i for i, sid in enumerate(plan.text)}
+        self._choice.update({sid: i for i, sid in enumerate(plan.audio)})
+        self._audio_id = _audio_id(shape.request_id)
+        # Each choice's stages that have not finished yet.
+        self._open = {
+            i: {sid for sid, j in self._choice.items() if j == i}
+            for i in set(self._choice.values())
+        }
+        self._spoken = {self._choice[sid] for sid in plan.audio}
+        self._finish: dict[int, str] = {}
+        self._started_calls: set[tuple[int, int]] = set()  # (stage, call index) announced
+        # One 24 kHz resampler per choice, kept across its chunks so they join seamlessly.
+        self._pcm24: dict[int, AudioEncoder] = {}
+
+    def opening(self) -> list[bytes]:
+        """Each choice's first chunk: its role (and, with audio, the audio's id)."""
+        return [
+            self._shape.chunk([{"index": i, "delta": self._role(i), "finish_reason": None}])
+            for i in self._open
+        ]
+
+    def render(self, out: OutputChunk) -> list[bytes]:
+        i = self._choice[out.stage_id]
         events = []
-        delta: dict[str, Any] | None = None
-        if out.modality == "audio":
-            data = resampled(i, out)
-            if data:
-                delta = {"audio": {"id": audio_id, "data": base64.b64encode(data).decode()}}
-        elif out.modality == "tool_call" and out.meta:
-            delta = {"tool_calls": [call_delta(out)]}
-        elif out.text and i in spoken:
-            # With audio, OpenAI sends the words once: as the audio's transcript.
-            delta = {"audio": {"id": audio_id, "transcript": out.text}}
-        elif out.text:
-            delta = {"content": out.text}
+        delta = self._delta(i, out)
         if delta is not None or out.logprobs:
             choice: dict[str, Any] = {"index": i, "delta": delta or {}, "finish_reason": None}
             if out.logprobs:
                 choice["logprobs"] = chat_logprobs(out.logprobs)
-            events.append(shape.chunk([choice]))
+            events.append(self._shape.chunk([choice]))
         if out.finished:
-            if out.stage_id in plan.text:
-                finish[i] = out.finish_reason or "stop"
-            open_stages[i].discard(out.stage_id)
-            if not open_stages[i]:
-                reason = finish.get(i, "stop")
-                events.append(shape.chunk([{"index": i, "delta": {}, "finish_reason": reason}]))
+            events += self._stage_finished(i, out)
         return events
 
-    def call_delta(out: OutputChunk) -> dict[str, Any]:
+    def _delta(self, i: int, out: OutputChunk) -> dict[str, Any] | None:
+        if out.modality == "audio":
+            data = self._resampled(i, out)
+            if not data:
+                return None
+            return {"audio": {"id": self._audio_id, "data": base64.b64encode(data).decode()}}
+        if out.modality == "tool_call" and out.meta:
+            return {"tool_calls": [self._call_delta(out)]}
+        if out.text and i in self._spoken:
+            return {"audio": {"id": self._audio_id, "transcript": out.text}}
+        if out.text:
+            return {"content": out.text}
+        return None
+
+    def _resampled(self, i: int, out: OutputChunk) -> bytes:
+        encoder = self._pcm24.get(i)
+        if encoder is None:
+            rate = int((out.meta or {}).get("sample_rate", DEFAULT_INPUT_RATE))
+            encoder = self._pcm24[i] = AudioEncoder("pcm16", rate)
+        data = encoder.feed(out.data) if out.data else b""
+        if out.finished:
+            data += self._pcm24.pop(i).finish()
+        return data
+
+    def _call_delta(self, out: OutputChunk) -> dict[str, Any]:
         assert out.meta is not None
         key = (out.stage_id, int(out.meta["index"]))
-        if key in started_calls:
+        if key in self._started_calls:
             return {"index": key[1], "function": {"arguments": out.text}}
-        started_calls.add(key)
-        call = _tool_call(shape.request_id, key[1], str(out.meta["name"]), out.text)
+        self._started_calls.add(key)
+        call = _tool_call(self._shape.request_id, key[1], str(out.meta["name"]), out.text)
         return {"index": key[1], **call}
 
-    def role(i: int) -> dict[str, Any]:
-        if i in spoken:
-            audio = {"id": audio_id, "transcript": "", "expires_at": shape.created + AUDIO_TTL_S}
+    def _stage_finished(self, i: int, out: OutputChunk) -> list[bytes]:
+        """The choice's last chunk, with its finish reason, once its stages are done."""
+        if out.stage_id in self._text:
+            self._finish[i] = out.finish_reason or "stop"
+        self._open[i].discard(out.stage_id)
+        if self._open[i]:
+            return []
+        reason = self._finish.get(i, "stop")
+        return [self._shape.chunk([{"index": i, "delta": {}, "finish_reason": reason}])]
+
+    def _role(self, i: int) -> dict[str, Any]:
+        if i in self._spoken:
+            audio = {
+                "id": self._audio_id,
+                "transcript": "",
+                "expires_at": self._shape.created + AUDIO_TTL_S,
+            }
             return {"role": "assistant", "content": None, "audio": audio}
         return {"role": "assistant", "content": ""}
-
-    opening = [
-        shape.chunk([{"index": i, "delta": role(i), "finish_reason": None}]) for i in open_stages
-    ]
-    return sse_events(outputs, stream, shape, render, opening)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
+from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
+from omnistage.api.body import parse_body
 from omnistage.api.errors import ApiError, as_api_error, error_body
-from omnistage.api.schemas import SamplingFields
+from omnistage.api.schemas.base import SamplingFields
+from omnistage.api.schemas.chat import ChatCompletionRequest
+from omnistage.api.schemas.completions import CompletionRequest
+from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
 from omnistage.protocol.messages import OutputChunk, TokenLogprob
@@ -40,13 +45,15 @@ def check_model(omni: PipelineService, model: str | None) -> None:
         )
 
 
-def resolve_stage_params(omni: PipelineService, body: SamplingFields) -> dict[int, dict[str, Any]]:
+def resolve_stage_params(
+    omni: PipelineService, stage_params: dict[str, dict[str, Any]] | None
+) -> dict[int, dict[str, Any]]:
     """The ``stage_params`` extension: per-stage sampling keyed by stage id or name."""
-    if not body.stage_params:
+    if not stage_params:
         return {}
     by_name = {s.name: s.stage_id for s in omni.config.stages}
     out: dict[int, dict[str, Any]] = {}
-    for key, params in body.stage_params.items():
+    for key, params in stage_params.items():
         # isascii: str.isdigit() is true of '³', which int() refuses.
         sid = int(key) if key.isascii() and key.isdigit() else by_name.get(key)
         if sid is None or sid not in omni.graph.stages:
@@ -62,12 +69,46 @@ def output_stage_params(
 ) -> dict[int, dict[str, Any]]:
     """``stage_params`` plus what only the stages writing the answer take (logprobs,
     response_format, tools; see ``output_params`` of the request bodies)."""
-    out = resolve_stage_params(omni, body)
+    out = resolve_stage_params(omni, body.stage_params)
     extra = body.output_params()
     if extra:
         for sid in answering:
             out[sid] = {**extra, **out.get(sid, {})}
     return out
+
+
+# The bodies of the routes answered by the pipeline's final text stages.
+TextBody = TypeVar("TextBody", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
+
+
+@dataclass(frozen=True)
+class TextCall(Generic[TextBody]):
+    """A request to a text route, past the checks every text route makes."""
+
+    body: TextBody
+    omni: PipelineService
+    text_stages: list[int]  # the pipeline's final text stages, in order
+
+
+async def text_call(
+    request: Request,
+    model: type[TextBody],
+    refuse: Callable[[TextBody], None] | None = None,
+) -> TextCall[TextBody]:
+    """The start of chat, completions and responses: the body parsed and its model
+    checked; then a 400 for ``n`` other than 1, for what ``refuse`` refuses, and for a
+    pipeline with no text output."""
+    body = await parse_body(request, model)
+    omni = service(request)
+    check_model(omni, body.model)
+    if isinstance(body, SamplingFields) and body.n != 1:
+        raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
+    if refuse is not None:
+        refuse(body)
+    text = omni.graph.finals_with({"text"})
+    if not text:
+        raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
+    return TextCall(body, omni, text)
 
 
 def engine_stages(omni: PipelineService, engine: str, missing: str, code: str) -> list[Any]:
@@ -231,6 +272,19 @@ def openai_usage(usage: dict[str, int]) -> dict[str, Any]:
     if "cached_tokens" in usage:
         body["prompt_tokens_details"] = {"cached_tokens": usage["cached_tokens"]}
     return body
+
+
+def sse_response(events: AsyncIterator[bytes], stream: OutputStream) -> StreamingResponse:
+    """A server-sent events answer over ``stream``. The background close covers a
+    client that leaves before the first byte."""
+    return streaming_response(events, stream, "text/event-stream")
+
+
+def streaming_response(
+    body: AsyncIterator[bytes], stream: OutputStream, media_type: str
+) -> StreamingResponse:
+    """A streamed answer over ``stream``, closed however it ends (see ``sse_response``)."""
+    return StreamingResponse(body, media_type=media_type, background=BackgroundTask(stream.close))
 
 
 async def sse_events(

@@ -6,40 +6,29 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
-from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import completion_logprobs
 from omnistage.api.routes.common import (
     ChunkShape,
-    check_model,
     collect,
     json_response,
     openai_usage,
     output_stage_params,
     peeked,
-    service,
     sse_events,
+    sse_response,
+    text_call,
 )
-from omnistage.api.schemas import CompletionRequest, body_schema, parse_body
+from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.protocol.messages import OutputChunk, Prompt
 
-router = APIRouter()
 
-
-@router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
 async def completions(request: Request) -> Response:
-    body = await parse_body(request, CompletionRequest)
-    omni = service(request)
-    check_model(omni, body.model)
-    if body.n != 1:
-        raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
-    finals = omni.graph.finals_with({"text"})
-    if not finals:
-        raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
+    call = await text_call(request, CompletionRequest)
+    body, omni, finals = call.body, call.omni, call.text_stages
     request_id = f"cmpl-{next_id()}"
     stream = await omni.open(
         request_id,
@@ -55,10 +44,7 @@ async def completions(request: Request) -> Response:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shape = ChunkShape(request_id, "text_completion", created, model, include_usage)
         render = _render(index, shape, body.logprobs is not None)
-        events = sse_events(outputs, stream, shape, render)
-        return StreamingResponse(
-            events, media_type="text/event-stream", background=BackgroundTask(stream.close)
-        )
+        return sse_response(sse_events(outputs, stream, shape, render), stream)
     got = await collect(request, stream)
     if got is None:
         return Response(status_code=499)

@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
+from omnistage.api.body import parse_body
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
     ChunkShape,
@@ -37,13 +37,9 @@ from omnistage.api.routes.common import (
     resolve_stage_params,
     service,
     sse_events,
+    sse_response,
 )
-from omnistage.api.schemas import (
-    ImageGenerationRequest,
-    SamplingFields,
-    body_schema,
-    parse_body,
-)
+from omnistage.api.schemas.images import ImageGenerationRequest
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
@@ -51,12 +47,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.image_params import SEED_LIMIT, image_job
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
 
-router = APIRouter()
 
-PATH = "/v1/images/generations"
-
-
-@router.post(PATH, openapi_extra=body_schema(ImageGenerationRequest))
 async def generations(request: Request) -> Response:
     body = await parse_body(request, ImageGenerationRequest)
     omni = service(request)
@@ -67,7 +58,7 @@ async def generations(request: Request) -> Response:
     # The stage would refuse them too, but only after the stages before it had run.
     image_job(params, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
     writers = _writers(omni, painter) if body.revise_prompt else []
-    stage_params = resolve_stage_params(omni, SamplingFields(stage_params=body.stage_params))
+    stage_params = resolve_stage_params(omni, body.stage_params)
     stage_params[painter.stage_id] = {**stage_params.get(painter.stage_id, {}), **params}
     stream = await omni.open(
         f"img-{next_id()}",
@@ -81,9 +72,7 @@ async def generations(request: Request) -> Response:
         outputs = await peeked(stream)
         shape = ChunkShape(stream.request_id, "image", int(time.time()), omni.served_model, False)
         events = sse_events(outputs, stream, shape, _Renderer(body, stream).render)
-        return StreamingResponse(
-            events, media_type="text/event-stream", background=BackgroundTask(stream.close)
-        )
+        return sse_response(events, stream)
     got = await collect_into(request, stream, _Images())
     if got is None:
         return Response(status_code=499)  # the client went away; the request is aborted

@@ -134,6 +134,41 @@ async def metrics(request: Request) -> Response:
     return Response(out.text(), media_type=CONTENT_TYPE)
 
 
+# The orchestrator's request counts: (family, type, help, field of ``RequestCounts``).
+_REQUEST_COUNTS = (
+    (
+        "omnistage_requests_started_total",
+        "counter",
+        "Requests the orchestrator has started.",
+        "started_total",
+    ),
+    (
+        "omnistage_requests_in_flight",
+        "gauge",
+        "Requests started and not yet finished.",
+        "in_flight",
+    ),
+    (
+        "omnistage_request_retries_total",
+        "counter",
+        "Stage dispatches retried on another replica after a replica failed.",
+        "retried_total",
+    ),
+    (
+        "omnistage_direct_edges_total",
+        "counter",
+        "Stage-to-stage edges of dispatched requests whose chunks went replica to replica.",
+        "direct_edges_total",
+    ),
+    (
+        "omnistage_forwarded_chunks_total",
+        "counter",
+        "Output chunks the head passed on from one stage to the next.",
+        "forwarded_chunks_total",
+    ),
+)
+
+
 def _head_metrics(out: Exposition, service: PipelineService) -> None:
     config = service.config
     out.family(
@@ -143,36 +178,8 @@ def _head_metrics(out: Exposition, service: PipelineService) -> None:
         [({"version": __version__, "pipeline": config.pipeline}, 1)],
     )
     counts = service.request_counts()
-    out.family(
-        "omnistage_requests_started_total",
-        "counter",
-        "Requests the orchestrator has started.",
-        [({}, counts.started_total)],
-    )
-    out.family(
-        "omnistage_requests_in_flight",
-        "gauge",
-        "Requests started and not yet finished.",
-        [({}, counts.in_flight)],
-    )
-    out.family(
-        "omnistage_request_retries_total",
-        "counter",
-        "Stage dispatches retried on another replica after a replica failed.",
-        [({}, counts.retried_total)],
-    )
-    out.family(
-        "omnistage_direct_edges_total",
-        "counter",
-        "Stage-to-stage edges of dispatched requests whose chunks went replica to replica.",
-        [({}, counts.direct_edges_total)],
-    )
-    out.family(
-        "omnistage_forwarded_chunks_total",
-        "counter",
-        "Output chunks the head passed on from one stage to the next.",
-        [({}, counts.forwarded_chunks_total)],
-    )
+    for name, type_, help_, attr in _REQUEST_COUNTS:
+        out.family(name, type_, help_, [({}, getattr(counts, attr))])
     names = {s.stage_id: s.name for s in config.stages}
     by_state: Counter[tuple[int, str]] = Counter(
         (e.stage_id, str(e.state)) for e in service.replica_entries()

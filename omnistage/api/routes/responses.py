@@ -19,33 +19,24 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
 from omnistage.api.errors import ApiError, as_api_error
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
-    check_model,
     collect_into,
     json_encoder,
     json_response,
     peeked,
     resolve_stage_params,
-    service,
+    sse_response,
+    text_call,
 )
-from omnistage.api.schemas import (
-    ResponsesRequest,
-    ResponseTextConfig,
-    SamplingFields,
-    body_schema,
-    parse_body,
-)
-from omnistage.api.service import OutputStream, PipelineService
+from omnistage.api.schemas.responses import ResponsesRequest
+from omnistage.api.service import OutputStream
 from omnistage.protocol.errors import BadRequestError, StageFailedError
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
-
-router = APIRouter()
 
 # The text stage checks its params under their chat names; a 400 names the field the
 # client sent.
@@ -54,17 +45,12 @@ _PARAM_NAMES = {"response_format": "text.format", "max_tokens": "max_output_toke
 _FAILURE_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
-@router.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
 async def responses(request: Request) -> Response:
-    body = await parse_body(request, ResponsesRequest)
-    omni = service(request)
-    check_model(omni, body.model)
-    _refuse_unserved(body)
-    sid = _text_stage(omni)
-    stage_params = resolve_stage_params(
-        omni, SamplingFields.model_construct(stage_params=body.stage_params)
-    )
-    if extra := _chat_params(body):
+    call = await text_call(request, ResponsesRequest, _refuse_unserved)
+    body, omni = call.body, call.omni
+    sid = call.text_stages[0]  # the first final text stage answers, as a chat's first choice
+    stage_params = resolve_stage_params(omni, body.stage_params)
+    if extra := body.chat_params():
         stage_params[sid] = {**stage_params.get(sid, {}), **extra}
     shape = _Shape.of(body, f"resp_{next_id()}", omni.served_model)
     prompt = Prompt(messages=_messages(body))
@@ -73,11 +59,7 @@ async def responses(request: Request) -> Response:
     try:
         if body.stream:
             outputs = await peeked(stream)
-            return StreamingResponse(
-                _events(outputs, stream, shape, output),
-                media_type="text/event-stream",
-                background=BackgroundTask(stream.close),
-            )
+            return sse_response(_events(outputs, stream, shape, output), stream)
         if await collect_into(request, stream, output) is None:
             return Response(status_code=499)
         output.finish()
@@ -117,38 +99,6 @@ def _refuse_unserved(body: ResponsesRequest) -> None:
         )
 
 
-def _text_stage(omni: PipelineService) -> int:
-    """The stage that answers: the first final text stage, as a chat's first choice."""
-    text = omni.graph.finals_with({"text"})
-    if not text:
-        raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
-    return text[0]
-
-
-def _chat_params(body: ResponsesRequest) -> dict[str, Any]:
-    """``text.format``, ``tools`` and ``tool_choice`` as the text stage reads them: in
-    the shape of /v1/chat/completions."""
-    out: dict[str, Any] = {}
-    fmt = (body.text or ResponseTextConfig()).format
-    if fmt.type == "json_object":
-        out["response_format"] = {"type": "json_object"}
-    elif fmt.type == "json_schema":
-        schema = {"name": fmt.name, "schema": fmt.schema_, "strict": bool(fmt.strict)}
-        out["response_format"] = {"type": "json_schema", "json_schema": schema}
-    if body.tools:
-        fields = {"name", "description", "parameters"}
-        out["tools"] = [
-            {"type": "function", "function": t.model_dump(include=fields, exclude_none=True)}
-            for t in body.tools
-        ]
-        choice = body.tool_choice
-        if choice is not None and choice.type == "function":
-            out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-        elif choice is not None:
-            out["tool_choice"] = choice.type
-    return out
-
-
 def _messages(body: ResponsesRequest) -> list[ChatMessage]:
     """The chat history ``instructions`` and ``input`` describe. The item fields read
     here are those its schema requires of its type."""
@@ -177,9 +127,34 @@ def _in_our_terms(exc: BadRequestError) -> BadRequestError:
 # -- output ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Message:
+class _Item:
+    """What the output items share: the events that add one and mark it done, around
+    those of its own kind."""
+
     index: int  # output_index
+
+    def item(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def _closing(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def started(self) -> list[dict[str, Any]]:
+        added = {"type": "response.output_item.added", "output_index": self.index}
+        return [{**added, "item": self.item()}, *self._opening()]
+
+    def ended(self) -> list[dict[str, Any]]:
+        closing = self._closing()
+        done = {"type": "response.output_item.done", "output_index": self.index}
+        return [*closing, {**done, "item": self.item()}]
+
+
+@dataclass
+class _Message(_Item):
+    index: int
     id: str = field(default_factory=lambda: f"msg_{next_id()}")
     text: list[str] = field(default_factory=list)
     status: str = "in_progress"
@@ -202,30 +177,31 @@ class _Message:
             "content": content,
         }
 
-    def started(self) -> list[dict[str, Any]]:
-        where = {"item_id": self.id, "output_index": self.index, "content_index": 0}
-        return [
-            {"type": "response.output_item.added", "output_index": self.index, "item": self.item()},
-            {"type": "response.content_part.added", **where, "part": self.part()},
-        ]
-
     def piece(self, text: str) -> dict[str, Any]:
         self.text.append(text)
-        where = {"item_id": self.id, "output_index": self.index, "content_index": 0}
-        return {"type": "response.output_text.delta", **where, "delta": text, "logprobs": []}
+        return {
+            "type": "response.output_text.delta",
+            **self._where(),
+            "delta": text,
+            "logprobs": [],
+        }
 
-    def ended(self) -> list[dict[str, Any]]:
-        where = {"item_id": self.id, "output_index": self.index, "content_index": 0}
-        text = "".join(self.text)
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.id, "output_index": self.index, "content_index": 0}
+
+    def _opening(self) -> list[dict[str, Any]]:
+        return [{"type": "response.content_part.added", **self._where(), "part": self.part()}]
+
+    def _closing(self) -> list[dict[str, Any]]:
+        where, text = self._where(), "".join(self.text)
         return [
             {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
             {"type": "response.content_part.done", **where, "part": self.part()},
-            {"type": "response.output_item.done", "output_index": self.index, "item": self.item()},
         ]
 
 
 @dataclass
-class _Call:
+class _Call(_Item):
     index: int
     name: str
     id: str = field(default_factory=lambda: f"fc_{next_id()}")
@@ -243,23 +219,15 @@ class _Call:
             "status": self.status,
         }
 
-    def started(self) -> list[dict[str, Any]]:
-        return [
-            {"type": "response.output_item.added", "output_index": self.index, "item": self.item()}
-        ]
-
     def piece(self, text: str) -> dict[str, Any]:
         self.arguments.append(text)
         where = {"item_id": self.id, "output_index": self.index}
         return {"type": "response.function_call_arguments.delta", **where, "delta": text}
 
-    def ended(self) -> list[dict[str, Any]]:
+    def _closing(self) -> list[dict[str, Any]]:
         where = {"item_id": self.id, "output_index": self.index}
         arguments = "".join(self.arguments)
-        return [
-            {"type": "response.function_call_arguments.done", **where, "arguments": arguments},
-            {"type": "response.output_item.done", "output_index": self.index, "item": self.item()},
-        ]
+        return [{"type": "response.function_call_arguments.done", **where, "arguments": arguments}]
 
 
 class _Output:
@@ -369,7 +337,7 @@ class _Shape:
 
     @classmethod
     def of(cls, body: ResponsesRequest, response_id: str, model: str) -> _Shape:
-        fmt = (body.text or ResponseTextConfig()).format
+        fmt = body.text_format()
         settings = {
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
@@ -380,7 +348,7 @@ class _Shape:
             "temperature": body.temperature,
             "top_p": body.top_p,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
-            "tool_choice": _tool_choice(body),
+            "tool_choice": body.tool_choice_setting(),
             "tools": [t.model_dump() for t in body.tools or []],
             "truncation": "disabled",
         }
@@ -427,12 +395,3 @@ class _Shape:
         e = as_api_error(exc)
         error = {"code": _FAILURE_CODES.get(e.status, "server_error"), "message": e.message}
         return self.body("failed", output, error=error)
-
-
-def _tool_choice(body: ResponsesRequest) -> str | dict[str, Any]:
-    choice = body.tool_choice
-    if choice is None:
-        return "auto"
-    if choice.type == "function":
-        return {"type": "function", "name": choice.name}
-    return choice.type

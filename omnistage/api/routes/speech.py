@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request
-from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
 from omnistage.api.audio_out import MEDIA_TYPES, OUTPUT_RATE, AudioEncoder, require_av
+from omnistage.api.body import parse_body
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
     check_model,
@@ -24,15 +24,13 @@ from omnistage.api.routes.common import (
     peeked,
     pick_stage,
     service,
+    streaming_response,
 )
-from omnistage.api.schemas import SpeechRequest, body_schema, parse_body
+from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.messages import OutputChunk, Prompt
 
-router = APIRouter()
 
-
-@router.post("/v1/audio/speech", openapi_extra=body_schema(SpeechRequest))
 async def speech(request: Request) -> Response:
     body = await parse_body(request, SpeechRequest)
     omni = service(request)
@@ -44,11 +42,8 @@ async def speech(request: Request) -> Response:
         f"speech-{next_id()}", Prompt(text=body.input), [sid], {}, {sid: params}, only=True
     )
     outputs = await peeked(stream)
-    return StreamingResponse(
-        _audio(outputs, stream, body.response_format),
-        media_type=MEDIA_TYPES[body.response_format],
-        background=BackgroundTask(stream.close),
-    )
+    audio = _audio(outputs, stream, body.response_format)
+    return streaming_response(audio, stream, MEDIA_TYPES[body.response_format])
 
 
 def _tts_stage(omni: PipelineService, wanted: str | None) -> int:

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.background import BackgroundTask
+from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from omnistage.api.errors import ApiError, as_api_error, error_body, invalid_body
 from omnistage.api.ids import next_id
@@ -33,13 +31,14 @@ from omnistage.api.routes.common import (
     peeked,
     pick_stage,
     service,
+    sse_response,
 )
+from omnistage.api.schemas.transcriptions import FORM_DOC, TranscriptionForm
 from omnistage.api.service import OutputStream
 from omnistage.api.streaming import sse
 from omnistage.api.transcripts import (
     MEDIA_TYPES,
     STREAMABLE_FORMATS,
-    TRANSCRIPT_FORMATS,
     Segment,
     Transcript,
     render,
@@ -58,50 +57,7 @@ TRANSCRIPTION_BODY_BYTES = MAX_FILE_BYTES + 1024 * 1024
 _MAX_AUDIO_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 
 
-class TranscriptionForm(BaseModel):
-    """The form's fields other than the file (unknown ones are ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    language: str | None = Field(default=None, max_length=32)
-    prompt: str | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
-    stream: bool = False
-    # omnistage extension: which ASR stage transcribes (id or name), when there are several.
-    stage: str | None = None
-
-
-# The form as /openapi.json describes it (form fields are strings, never null).
-_FORM_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["file"],
-    "properties": {
-        "file": {"type": "string", "format": "binary", "description": "the audio file"},
-        "model": {"type": "string"},
-        "language": {"type": "string", "description": "ISO-639-1 code, e.g. en"},
-        "prompt": {"type": "string", "description": "text to continue (Whisper's prompt)"},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-        "response_format": {
-            "type": "string",
-            "enum": list(TRANSCRIPT_FORMATS),
-            "default": "json",
-        },
-        "stream": {"type": "boolean", "default": False},
-        "timestamp_granularities[]": {
-            "type": "array",
-            "items": {"type": "string", "enum": ["segment"]},
-        },
-        "stage": {"type": "string", "description": "omnistage: the ASR stage, id or name"},
-    },
-}
-_FORM_DOC = {
-    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _FORM_SCHEMA}}}
-}
-
-
-@router.post(PATH, openapi_extra=_FORM_DOC)
+@router.post(PATH, openapi_extra=FORM_DOC)
 async def transcriptions(request: Request) -> Response:
     omni = service(request)
     stages = engine_stages(omni, "asr", "ASR stage: transcriptions are not served", "no_asr_stage")
@@ -112,27 +68,14 @@ async def transcriptions(request: Request) -> Response:
         await form.close()
     check_model(omni, fields.model)
     sid = int(pick_stage(omni, stages, fields.stage, "ASR stage", "no_asr_stage").stage_id)
-    params: dict[str, Any] = {
-        k: v
-        for k, v in (
-            ("language", fields.language),
-            ("prompt", fields.prompt),
-            ("temperature", fields.temperature),
-        )
-        if v is not None
-    }
     prompt = Prompt(audio=audio, audio_format=audio_format)
     stream = await omni.open(
-        f"transcription-{next_id()}", prompt, [sid], {}, {sid: params}, only=True
+        f"transcription-{next_id()}", prompt, [sid], {}, {sid: fields.asr_params()}, only=True
     )
     if fields.stream:
         # Waiting for the first segment turns an undecodable file into a 400.
         outputs = await peeked(stream)
-        return StreamingResponse(
-            _events(outputs, stream),
-            media_type="text/event-stream",
-            background=BackgroundTask(stream.close),
-        )
+        return sse_response(_events(outputs, stream), stream)
     heard = await collect_into(request, stream, _Heard())
     if heard is None:
         return Response(status_code=499)
