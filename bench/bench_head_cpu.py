@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import common
@@ -163,7 +163,7 @@ def bench_round(target: Target, rnd: int, args: argparse.Namespace) -> Run:
         wait_ready(server, target, args.health_timeout)
         measure(server, target, args, run)
         print(
-            f"  round {rnd} {target.name:<12} head {run.head_ms:.3f} ms/req, replicas "
+            f"  round {rnd} {target.name:<18} head {run.head_ms:.3f} ms/req, replicas "
             f"{run.replicas_ms:.3f} ms/req ({run.replicas} procs), {run.rps:.0f} req/s",
             flush=True,
         )
@@ -191,12 +191,12 @@ FIGURES = (  # (label, Run attribute, format)
 
 def report(targets: list[Target], runs: list[Run]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    print(f"\n{'target':<12} {'figure':<20} {'median':>9} {'min..max':>19} {'spread':>7}")
+    print(f"\n{'target':<18} {'figure':<20} {'median':>9} {'min..max':>19} {'spread':>7}")
     for t in targets:
         ok = [r for r in runs if r.target == t.name and r.error is None]
         if not ok:
             why = next(r.error for r in runs if r.target == t.name) or ""
-            print(f"{t.name:<12} FAILED: {why.splitlines()[0][:200]}")
+            print(f"{t.name:<18} FAILED: {why.splitlines()[0][:200]}")
             continue
         note = "" if len(ok) == len(runs) // len(targets) else f" ({len(ok)} rounds ok)"
         summary[t.name] = {}
@@ -207,7 +207,7 @@ def report(targets: list[Target], runs: list[Run]) -> dict[str, Any]:
             med, lo, hi = statistics.median(xs), min(xs), max(xs)
             spread = f"{(hi - lo) / med:.0%}" if med else "-"  # what a change must beat
             rng = f"{lo:{fmt}}..{hi:{fmt}}"
-            print(f"{t.name:<12} {label:<20} {med:>9{fmt}} {rng:>19} {spread:>7}{note}")
+            print(f"{t.name:<18} {label:<20} {med:>9{fmt}} {rng:>19} {spread:>7}{note}")
             summary[t.name][attr] = {"median": med, "min": lo, "max": hi, "n": len(xs)}
             note = ""
     return summary
@@ -221,12 +221,21 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="fresh servers per target")
     names = [t.name for t in TARGETS]
     p.add_argument("--targets", default=",".join(names), help="comma-separated subset")
+    p.add_argument(
+        "--baseline-tree",
+        metavar="PATH",
+        help="another checkout (e.g. a git worktree of the commit before a change): each "
+        "pipeline target runs from it too, as NAME@base, in the same rounds",
+    )
     common.add_common_args(p, health_timeout=120.0, request_timeout=10.0)
     args = p.parse_args()
     wanted = args.targets.split(",")
     if unknown := sorted(set(wanted) - set(names)):
         p.error(f"unknown targets {unknown}; known: {names}")
     targets = [t for t in TARGETS if t.name in wanted]
+    if args.baseline_tree:
+        tree = os.path.abspath(args.baseline_tree)
+        targets += [replace(t, name=f"{t.name}@base", tree=tree) for t in targets if t.stages]
     why = perf_unavailable()
     args.perf = why is None
     print(

@@ -27,6 +27,8 @@ class Target:
     name: str
     stages: int  # 0 for the floor
     expect: bytes  # text the response body must contain
+    # Another checkout to serve omnistage from (bench_head_cpu --baseline-tree); "": this one.
+    tree: str = ""
 
 
 TARGETS = (
@@ -93,8 +95,11 @@ def start_server(target: Target, port: int) -> ServerProcess:
     if target.stages == 0:
         cmd = [sys.executable, os.path.abspath(__file__), "--serve-floor", str(port)]
     else:
-        cmd = [sys.executable, "-m", "omnistage", "serve", target.name]
+        cmd = [sys.executable, "-m", "omnistage", "serve", target.name.split("@")[0]]
         cmd += ["--host", HOST, "--port", str(port), "--log-level", "WARNING"]
+        if target.tree:
+            # ``python -m`` imports from its working directory first: run it in the tree.
+            cmd = ["env", "-C", target.tree, f"PYTHONPATH={target.tree}", *cmd]
     return ServerProcess(target.name, cmd, port)
 
 

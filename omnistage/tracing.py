@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from omnistage import envs
+from omnistage.protocol.enums import Outcome
 
 if TYPE_CHECKING:
     from omnistage.dataplane.run import Run
@@ -143,9 +144,9 @@ def _traceparent(span: Any) -> str:
     return encode_traceparent(ctx.trace_id, ctx.span_id, ctx.trace_flags.sampled)
 
 
-def _end(span: Any, outcome: str) -> None:
-    span.set_attribute("omnistage.outcome", outcome)
-    if outcome == "error":
+def _end(span: Any, outcome: Outcome) -> None:
+    span.set_attribute("omnistage.outcome", str(outcome))
+    if outcome == Outcome.ERROR:
         from opentelemetry.trace import Status, StatusCode
 
         span.set_status(Status(StatusCode.ERROR))
@@ -171,11 +172,11 @@ class RequestTraces:
         """A stage's dispatch starts; returns the ``traceparent`` for its AddRequest."""
         return ""
 
-    def stage_ended(self, run: Run, stage_id: int, outcome: str) -> None:
+    def stage_ended(self, run: Run, stage_id: int, outcome: Outcome) -> None:
         pass
 
-    def ended(self, run: Run, outcome: str = "") -> None:
-        """The request ended; ``outcome`` "" derives it from the run: error (failed), ok
+    def ended(self, run: Run, outcome: Outcome = Outcome.DERIVE) -> None:
+        """The request ended; ``outcome`` DERIVE derives it from the run: error (failed), ok
         (every stage finished) or cancelled (the client left)."""
 
 
@@ -237,21 +238,21 @@ class _SpanTraces(RequestTraces):
         )
         return _traceparent(span)
 
-    def stage_ended(self, run: Run, stage_id: int, outcome: str) -> None:
+    def stage_ended(self, run: Run, stage_id: int, outcome: Outcome) -> None:
         t = self._traces.get(run.request_id)
         span = t.stages.pop(stage_id, None) if t is not None else None
         if span is not None:
             _end(span, outcome)
 
-    def ended(self, run: Run, outcome: str = "") -> None:
+    def ended(self, run: Run, outcome: Outcome = Outcome.DERIVE) -> None:
         t = self._traces.pop(run.request_id, None)
         if t is None:
             return
-        if not outcome:
+        if outcome == Outcome.DERIVE:
             done = run.active <= run.finished
-            outcome = "error" if run.failed else "ok" if done else "cancelled"
+            outcome = Outcome.ERROR if run.failed else Outcome.OK if done else Outcome.CANCELLED
         for span in t.stages.values():
-            _end(span, "error" if outcome == "error" else "aborted")
+            _end(span, Outcome.ERROR if outcome == Outcome.ERROR else Outcome.ABORTED)
         _end(t.root, outcome)
 
 
@@ -281,6 +282,6 @@ def start_replica_span(traceparent: str, attributes: dict[str, Any]) -> Any:
     )
 
 
-def end_replica_span(span: Any, chunks: int, outcome: str) -> None:
+def end_replica_span(span: Any, chunks: int, outcome: Outcome) -> None:
     span.set_attribute("omnistage.output_chunks", chunks)
     _end(span, outcome)

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -20,24 +20,22 @@ import zmq
 
 from omnistage.aio import Mailbox
 from omnistage.api.errors import ApiError
-from omnistage.api.service import ReplicaLoad, RequestCounts
+from omnistage.api.service import ReplicaStats, RequestCounts
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
-from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import (
     ErrorInfo,
     FrontClose,
     FrontDone,
-    FrontOpen,
     FrontOpened,
     FrontQuery,
     FrontSnapshot,
     OutputChunk,
-    Prompt,
+    PipelineRequest,
 )
 from omnistage.zmqio import NOBLOCK, Outbox, Pump
 
@@ -139,21 +137,7 @@ class RemoteService:
 
     # -- requests --------------------------------------------------------------------
 
-    def open(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        finals: list[int],
-        params: dict[str, Any] | None = None,
-        stage_params: dict[int, dict[str, Any]] | None = None,
-        only: bool = False,
-        ack: bool = False,
-    ) -> Coroutine[Any, Any, RemoteStream]:
-        return self._open(
-            FrontOpen(request_id, prompt, finals, params or {}, stage_params or {}, only, ack)
-        )
-
-    async def _open(self, msg: FrontOpen) -> RemoteStream:
+    async def open(self, msg: PipelineRequest) -> RemoteStream:
         stream = RemoteStream(self, msg.request_id)
         self._streams[msg.request_id] = stream
         self._outbox.put(_HEAD, msg)
@@ -186,14 +170,14 @@ class RemoteService:
     def replica_entries(self) -> list[ReplicaEntry]:
         return msgspec.json.decode(self._snap().entries_json, type=list[ReplicaEntry])
 
-    def replica_loads(self) -> list[ReplicaLoad]:
-        return msgspec.json.decode(self._snap().loads_json, type=list[ReplicaLoad])
+    def replica_loads(self) -> list[ReplicaStats]:
+        return self._snap().loads
 
     def stage_waiting(self) -> dict[int, int]:
         return dict(self._snap().waiting)
 
     def request_counts(self) -> RequestCounts:
-        return RequestCounts(*self._snap().counts)
+        return self._snap().counts
 
     def latency(self) -> LatencySnapshot:
         raw = self._snap().latency_json
@@ -224,12 +208,7 @@ class RemoteService:
             self._pump.kick()
 
     def _on_frames(self, frames: list[bytes]) -> None:
-        try:
-            messages = codec.decode_batch(frames)
-        except ProtocolError as exc:
-            _bad_input.warning("dropped a bad message from the head: %s", exc)
-            return
-        for msg in messages:
+        for msg in codec.decode_batch_or_drop(frames, _bad_input, "from the head"):
             if isinstance(msg, OutputChunk):
                 stream = self._streams.get(msg.request_id)
                 if stream is not None:

@@ -6,38 +6,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencySnapshot
-from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.protocol.messages import (
+    OutputChunk,
+    PipelineRequest,
+    ReplicaStats,
+    RequestCounts,
+)
 
-
-@dataclass(frozen=True)
-class RequestCounts:
-    started_total: int
-    in_flight: int
-    retried_total: int
-    direct_edges_total: int = 0
-    forwarded_chunks_total: int = 0
-
-
-@dataclass(frozen=True)
-class ReplicaLoad:
-    """One replica's load as the head's pool sees it."""
-
-    stage_id: int
-    replica_id: int
-    up: bool
-    in_flight: int
-    capacity: int
-    queue_length: int
-    dispatched_total: int
-    # Where it runs when the backend placed it (a Ray node id); None: not known.
-    node: str | None = None
+__all__ = ["ReplicaStats", "RequestCounts"]  # what the routes read, with the protocol
 
 
 class OutputStream(Protocol):
@@ -64,17 +46,8 @@ class PipelineService(Protocol):
     model_names: frozenset[str]
     started_at: int  # unix seconds
 
-    def open(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        finals: list[int],
-        params: dict[str, Any] | None = None,
-        stage_params: dict[int, dict[str, Any]] | None = None,
-        only: bool = False,
-        ack: bool = False,
-    ) -> Coroutine[Any, Any, OutputStream]:
-        """Start a request through the pipeline (see ``Orchestrator.open``)."""
+    def open(self, request: PipelineRequest) -> Coroutine[Any, Any, OutputStream]:
+        """Start a request through the pipeline (see ``PipelineRequest``)."""
         ...
 
     def stages_without_replicas(self) -> list[tuple[int, str]]: ...
@@ -87,7 +60,7 @@ class PipelineService(Protocol):
         """The coordinator's table, copied."""
         ...
 
-    def replica_loads(self) -> list[ReplicaLoad]:
+    def replica_loads(self) -> list[ReplicaStats]:
         """Every replica the pools know, by stage and replica id."""
         ...
 

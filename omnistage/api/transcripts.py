@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from omnistage.protocol.messages import Segment
+
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAMABLE_FORMATS = ("json", "text")
 MEDIA_TYPES = {
@@ -38,51 +42,6 @@ _WHISPER_LANGUAGES = (
     "ln:lingala ha:hausa ba:bashkir jw:javanese su:sundanese yue:cantonese"
 )
 _LANGUAGE_NAMES = dict(pair.replace("_", " ").split(":") for pair in _WHISPER_LANGUAGES.split())
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One segment of a transcript, as OpenAI's verbose_json has it."""
-
-    id: int
-    seek: int
-    start: float
-    end: float
-    text: str
-    tokens: list[int]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
-
-    @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> Segment:
-        return cls(
-            id=int(meta["id"]),
-            seek=int(meta["seek"]),
-            start=float(meta["start"]),
-            end=float(meta["end"]),
-            text=str(meta["text"]),
-            tokens=[int(t) for t in meta["tokens"]],
-            temperature=float(meta["temperature"]),
-            avg_logprob=float(meta["avg_logprob"]),
-            compression_ratio=float(meta["compression_ratio"]),
-            no_speech_prob=float(meta["no_speech_prob"]),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "seek": self.seek,
-            "start": self.start,
-            "end": self.end,
-            "text": self.text,
-            "tokens": self.tokens,
-            "temperature": self.temperature,
-            "avg_logprob": self.avg_logprob,
-            "compression_ratio": self.compression_ratio,
-            "no_speech_prob": self.no_speech_prob,
-        }
 
 
 @dataclass(frozen=True)
@@ -122,7 +81,7 @@ def verbose_json(transcript: Transcript) -> dict[str, Any]:
         "language": _LANGUAGE_NAMES.get(transcript.language, transcript.language),
         "duration": transcript.duration,
         "text": transcript.text,
-        "segments": [s.as_json() for s in transcript.segments],
+        "segments": [msgspec.structs.asdict(s) for s in transcript.segments],
         "usage": transcript.usage(),
     }
 

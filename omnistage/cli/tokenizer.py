@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omnistage.cli.args import UsageError
 from omnistage.config.schema import DeployConfig, StageConfig
+from omnistage.protocol.enums import Modality
 
 
 def llm_stage(config: DeployConfig, stage: str | None) -> StageConfig:
@@ -23,7 +24,7 @@ def llm_stage(config: DeployConfig, stage: str | None) -> StageConfig:
             raise UsageError(f"pipeline {config.pipeline!r} has no llm stage")
         # The stage whose text is the answer; a pipeline of several llm stages may have
         # inner ones (a planner) too.
-        answering = [s for s in llms if s.final_output and s.output_modality == "text"]
+        answering = [s for s in llms if s.final_output and s.output_modality == Modality.TEXT]
         return (answering or llms)[0]
     for s in config.stages:
         if s.name == stage or (stage.isascii() and stage.isdigit() and s.stage_id == int(stage)):

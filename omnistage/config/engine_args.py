@@ -19,6 +19,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from omnistage.protocol.enums import EngineName
+
 
 class _Args(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -291,10 +293,10 @@ class VllmArgs(_Args):
 
 
 ENGINE_ARGS: dict[str, type[_Args]] = {
-    "echo": EchoArgs,
-    "llm": LlmArgs,
-    "tts": TtsArgs,
-    "asr": AsrArgs,
-    "diffusion": DiffusionArgs,
-    "vllm": VllmArgs,
+    EngineName.ECHO: EchoArgs,
+    EngineName.LLM: LlmArgs,
+    EngineName.TTS: TtsArgs,
+    EngineName.ASR: AsrArgs,
+    EngineName.DIFFUSION: DiffusionArgs,
+    EngineName.VLLM: VllmArgs,
 }

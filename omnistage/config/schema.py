@@ -15,9 +15,12 @@ from pydantic import (
 
 from omnistage.config.devices import NO_PLACEMENT, devices_per_replica, parse_devices
 from omnistage.config.engine_args import ENGINE_ARGS
+from omnistage.protocol.enums import EngineName
+from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.params import decode, kind_of
 
 Modality = Literal["text", "audio", "image"]
-ENGINES = ("echo", "llm", "tts", "asr", "diffusion", "vllm")
+ENGINES = tuple(e.value for e in EngineName)
 
 
 class _Frozen(BaseModel):
@@ -150,6 +153,18 @@ class StageConfig(_Frozen):
                 err = exc.errors()[0]
                 field = ".".join(str(p) for p in err["loc"])
                 raise _located(f"engine_args.{field}", err["msg"]) from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_sampling_defaults(self) -> StageConfig:
+        # Typed as the engine reads them (protocol.params), so a typo'd value fails here.
+        try:
+            decode(kind_of(self.engine), self.default_sampling_params)
+        except BadRequestError as exc:
+            where = (
+                f"default_sampling_params.{exc.param}" if exc.param else "default_sampling_params"
+            )
+            raise _located(where, str(exc).removeprefix(f"{exc.param}: ")) from None
         return self
 
     @property

@@ -45,11 +45,7 @@ class Coordinator:
         """One ROUTER message: ``[identity, tag, body]`` carrying a Heartbeat; the reply
         is a HeartbeatAck telling the replica what state the head has it in."""
         try:
-            message, stamp = codec.split_signed(frames[1:])
-            codec.check_signed(message, stamp, self._verifier)
-            msg = codec.decode_frames(message)
-            if not isinstance(msg, Heartbeat):
-                raise ProtocolError(f"coordinator expects Heartbeat, got {type(msg).__name__}")
+            msg = codec.decode_signed(frames[1:], self._verifier, Heartbeat)
         except ProtocolError as exc:
             _bad_input.warning("coordinator dropped a message: %s", exc)
             return None

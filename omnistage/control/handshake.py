@@ -38,11 +38,7 @@ class HandshakeServer:
     def handle(self, frames: list[bytes]) -> list[bytes] | None:
         identity = frames[0]
         try:
-            message, stamp = codec.split_signed(frames[1:])
-            codec.check_signed(message, stamp, self._verifier)
-            hello = codec.decode_frames(message)
-            if not isinstance(hello, Hello):
-                raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
+            hello = codec.decode_signed(frames[1:], self._verifier, Hello)
         except ProtocolError as exc:
             _bad_input.warning("handshake dropped a message: %s", exc)
             return None

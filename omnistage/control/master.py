@@ -18,12 +18,8 @@ from omnistage.net import tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Verifier
 from omnistage.protocol.errors import ProtocolError, RegistrationError
-from omnistage.protocol.messages import (
-    PROTOCOL_VERSION,
-    ErrorReply,
-    RegisterReply,
-    RegisterRequest,
-)
+from omnistage.protocol.messages import PROTOCOL_VERSION
+from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)

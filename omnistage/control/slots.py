@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.protocol.errors import RegistrationError
-from omnistage.protocol.messages import RegisterRequest
+from omnistage.protocol.registration import RegisterRequest
 
 
 @dataclass

@@ -129,11 +129,6 @@ class DataChannels:
     def _read_inputs(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
             return
-        try:
-            messages = codec.decode_batch(frames[1:])
-        except ProtocolError as exc:
-            _bad_input.warning("dropped a bad message on the input channel: %s", exc)
-            return
-        for msg in messages:
+        for msg in codec.decode_batch_or_drop(frames[1:], _bad_input, "on the input channel"):
             if isinstance(msg, Ready):
                 self._events.on_ready(frames[0], msg)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from omnistage.config.schema import DeployConfig, StageConfig
+from omnistage.protocol.messages import PipelineRequest
+from omnistage.protocol.params import StageParams, decode, kind_of
 
 
 class StageGraph:
@@ -17,12 +19,22 @@ class StageGraph:
         # Plain copies of what the orchestrator reads per request (pydantic attribute
         # access costs more than a dict lookup on that path).
         self.inputs: dict[int, tuple[int, ...]] = {s.stage_id: s.inputs for s in config.stages}
-        self.sampling_defaults: dict[int, dict[str, object]] = {
-            s.stage_id: dict(s.default_sampling_params) for s in config.stages
+        # Each stage's ``default_sampling_params``, typed as its engine reads them.
+        self.param_defaults: dict[int, StageParams] = {
+            s.stage_id: decode(kind_of(s.engine), s.default_sampling_params) for s in config.stages
         }
         self.reads_prompt: dict[int, frozenset[str]] = {
             s.stage_id: frozenset(s.reads_prompt) for s in config.stages
         }
+
+    def params_for(self, sid: int, request: PipelineRequest) -> StageParams:
+        """The stage's defaults, under the request's params, under its params for this
+        stage alone."""
+        extra = request.stage_params.get(sid) if request.stage_params else None
+        defaults = self.param_defaults[sid]
+        if extra is None and defaults.empty:
+            return request.params
+        return defaults.merged(request.params).merged(extra)
 
     def topological(self) -> list[int]:
         """Every stage id, each after all of its inputs (the config is acyclic)."""

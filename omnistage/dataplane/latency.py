@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from omnistage.dataplane.run import Run, StageProgress
+from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import OutputChunk
 
 # Upper bounds in seconds, a 1-2.5-5 spread: from a fast stage hop to a long generation.
@@ -127,9 +128,9 @@ class LatencyRecorder:
             st.first_at = now = self.clock()
             self.stages["first_output"][sid].observe(now - st.dispatched_at)
         if sid in run.finals:
-            if chunk.data and chunk.modality == "audio":
+            if chunk.data and chunk.modality == Modality.AUDIO:
                 self._audio(run, sid, chunk)
-            elif chunk.text and chunk.modality == "text" and run.first_text_at is None:
+            elif chunk.text and chunk.modality == Modality.TEXT and run.first_text_at is None:
                 if now is None:
                     now = self.clock()
                 run.first_text_at = now
@@ -147,9 +148,9 @@ class LatencyRecorder:
         self._request("e2e", run, self.clock() - run.opened_at)
 
     def _audio(self, run: Run, sid: int, chunk: OutputChunk) -> None:
-        meta = chunk.meta or {}
-        rate = meta.get("sample_rate")
-        if rate and meta.get("format", "pcm16") == "pcm16":
+        meta = chunk.meta
+        rate = meta.sample_rate if meta is not None else None
+        if rate and meta is not None and (meta.format or "pcm16") == "pcm16":
             self.audio_seconds[sid] += len(chunk.data) / 2 / rate
         if run.first_audio_at is None:
             run.first_audio_at = now = self.clock()

@@ -22,23 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from omnistage.control.replica_table import Transition
 from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.dispatch import Dispatcher
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
-from omnistage.dataplane.run import DONE, Run, direct_edge, restart_group
+from omnistage.dataplane.run import DONE, Run, restart_group
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.protocol.enums import ErrorKind, Outcome, ReplicaState
 from omnistage.protocol.errors import (
     BadRequestError,
     StageFailedError,
     StageOverloadedError,
     StageUnavailableError,
 )
-from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, ReplicaState
+from omnistage.protocol.messages import Abort, OutputChunk, PipelineRequest
 from omnistage.tracing import RequestTraces, request_traces
 
 log = logging.getLogger(__name__)
@@ -58,68 +58,67 @@ class Orchestrator:
         self.graph = graph
         self.pools = pools
         self.channels = channels
-        self.no_replica_wait_s = no_replica_wait_s
         self.max_retries = max_retries
         self._runs: dict[str, Run] = {}
-        # Stage ids in an order where every stage comes after its inputs.
-        self._order = graph.topological()
         self.started_total = 0
         self.retried_total = 0
-        # Stage-to-stage edges of dispatched requests, by how their chunks travel.
-        self.direct_edges_total = 0
         self.forwarded_chunks_total = 0  # chunks the head passed on between stages
-        self.latency = latency or LatencyRecorder({s: st.name for s, st in graph.stages.items()})
-        # Spans of requests and stage dispatches; does nothing unless tracing is on.
-        self.traces = traces or request_traces(
-            graph.config.pipeline, {s: st.name for s, st in graph.stages.items()}
+        names = {s: st.name for s, st in graph.stages.items()}
+        self.dispatcher = Dispatcher(
+            graph,
+            pools,
+            channels,
+            latency or LatencyRecorder(names),
+            # Spans of requests and stage dispatches; does nothing unless tracing is on.
+            traces or request_traces(graph.config.pipeline, names),
+            no_replica_wait_s,
         )
 
     @property
     def in_flight(self) -> int:
         return len(self._runs)
 
-    async def open(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        finals: list[int],
-        params: dict[str, Any] | None = None,
-        stage_params: dict[int, dict[str, Any]] | None = None,
-        only: bool = False,
-        ack: bool = False,
-    ) -> RequestStream:
-        """Start a request and return its output stream.
+    # The observers are the dispatcher's: it times and traces each dispatch.
+    @property
+    def latency(self) -> LatencyRecorder:
+        return self.dispatcher.latency
 
-        ``only``: run just the ``finals`` stages, each fed the prompt directly (e.g. the
-        speech endpoint driving a TTS stage that normally listens to an LLM).
-        ``ack``: each final stage first checks its params and answers at once (an error,
-        or an empty chunk), so a caller can wait for every final's first chunk.
-        """
-        if request_id in self._runs:
-            raise ValueError(f"duplicate request id {request_id}")
-        active = set(finals) if only else self.graph.required_for(finals, prompt.modalities())
+    @property
+    def traces(self) -> RequestTraces:
+        return self.dispatcher.traces
+
+    @property
+    def direct_edges_total(self) -> int:
+        """Stage-to-stage edges of dispatched requests whose chunks went replica to
+        replica (the rest: ``forwarded_chunks_total``)."""
+        return self.dispatcher.direct_edges_total
+
+    async def open(self, request: PipelineRequest) -> RequestStream:
+        """Start a request (see ``PipelineRequest``) and return its output stream."""
+        rid, finals = request.request_id, request.finals
+        if rid in self._runs:
+            raise ValueError(f"duplicate request id {rid}")
+        if request.only:
+            active = set(finals)
+        else:
+            active = self.graph.required_for(finals, request.prompt.modalities())
         run = Run(
-            request_id=request_id,
-            prompt=prompt,
-            params={sid: self._params_for(sid, params, stage_params) for sid in active},
+            request_id=rid,
+            prompt=request.prompt,
+            params={sid: self.graph.params_for(sid, request) for sid in active},
             active=active,
             finals=set(finals),
-            ack=ack,
+            ack=request.ack,
         )
-        self._runs[request_id] = run
+        self._runs[rid] = run
         self.started_total += 1
         self.latency.opened(run)
         self.traces.opened(run)
         try:
-            # Every stage the request needs must be servable before anything starts, so
-            # a missing downstream stage is a 503 up front, not an error mid-stream.
-            deadline = time.monotonic() + self.no_replica_wait_s
-            for sid in self._order:
-                if sid in active and not self.pools[sid].has_live():
-                    await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
-            await self._dispatch(run, active)
+            await self.dispatcher.wait_live(active)
+            await self.dispatcher.dispatch(run, active)
         except BaseException:
-            self._finish(run, "rejected")
+            self._finish(run, Outcome.REJECTED)
             raise
         return RequestStream(self, run)
 
@@ -135,91 +134,6 @@ class Orchestrator:
                 yield item
         finally:
             self._finish(run)
-
-    def _params_for(
-        self,
-        sid: int,
-        params: dict[str, Any] | None,
-        stage_params: dict[int, dict[str, Any]] | None,
-    ) -> dict[str, Any]:
-        defaults = self.graph.sampling_defaults[sid]
-        extra = stage_params.get(sid) if stage_params else None
-        if not extra and not defaults:
-            return params or {}
-        return {**defaults, **(params or {}), **(extra or {})}
-
-    # -- dispatch --------------------------------------------------------------------
-
-    async def _dispatch(self, run: Run, group: set[int]) -> None:
-        """Bind a replica of every stage in ``group`` (all or none at a time, so a
-        waiting request holds no slot), then send their AddRequests."""
-        deadline = time.monotonic() + self.no_replica_wait_s
-        while (lacking := self._try_acquire(run, group)) is not None:
-            await self.pools[lacking].wait_capacity(deadline, self.no_replica_wait_s)
-        self._send_group(run, group)
-
-    def _try_acquire(self, run: Run, group: set[int]) -> int | None:
-        """Acquire for every stage of ``group``; or release all and return one that has
-        no free replica now."""
-        got: list[tuple[int, ReplicaHandle]] = []
-        for sid in group:
-            handle = self.pools[sid].try_acquire(run.request_id)
-            if handle is None:
-                for s, h in got:
-                    self.pools[s].release(h, run.request_id)
-                return sid
-            got.append((sid, handle))
-        run.assigned.update(got)
-        return None
-
-    def _send_group(self, run: Run, group: set[int]) -> None:
-        """Choose the direct edges inside ``group`` and send each stage its AddRequest
-        and the inputs the head holds for it; they leave with this tick's batches. A
-        replica found gone when a batch is sent is marked ERROR at once, which sends the
-        requests it held elsewhere."""
-        for up in group:
-            for down in self.graph.downstream[up]:
-                if down in group and direct_edge(self.graph, run, up, down):
-                    run.direct.add((up, down))
-                    self.direct_edges_total += 1
-        for sid in self._order:
-            if sid not in group:
-                continue
-            st = run.progress(sid)
-            st.waiting = False
-            st.attempt = run.attempt
-            st.dispatches += 1
-            self.latency.dispatched(run, sid, st)
-            handle = run.assigned[sid]
-            trace = self.traces.dispatched(run, sid, handle)
-            self.channels.post(handle.identity, self._add_request(run, sid, trace))
-            for chunk in st.inputs:
-                chunk.attempt = st.attempt
-                self.channels.post(handle.identity, chunk)
-
-    def _add_request(self, run: Run, sid: int, trace: str) -> AddRequest:
-        upstream = [u for u in self.graph.upstream(sid) if u in run.active]
-        peers, head_all = [], sid in run.finals
-        for down in self.graph.downstream[sid]:
-            if down not in run.active or down in run.finished:
-                continue
-            if (sid, down) in run.direct:
-                peers.append(run.assigned[down].peer_address)
-            else:
-                head_all = True
-        st = run.progress(sid)
-        return AddRequest(
-            request_id=run.request_id,
-            prompt=run.prompt if self.graph.prompt_for(sid, bool(upstream)) else None,
-            upstream=upstream,
-            params=run.params[sid],
-            resume=st.resume(),
-            attempt=st.attempt,
-            peers=peers,
-            head_all=head_all,
-            ack=run.ack and sid in run.finals and st.dispatches == 1,
-            trace=trace,
-        )
 
     # -- outputs (called synchronously from the output reader) ----------------------
 
@@ -247,7 +161,7 @@ class Orchestrator:
         if chunk.data:
             st.data_chunks += 1
         if chunk.error:
-            if chunk.error_kind == "bad_request":
+            if chunk.error_kind == ErrorKind.BAD_REQUEST:
                 run.fail(BadRequestError(chunk.error, chunk.error_param, chunk.error_code))
             else:
                 run.fail(StageFailedError(sid, self._name(sid), chunk.error))
@@ -261,7 +175,7 @@ class Orchestrator:
                 self._forward(run, down, chunk)
         if chunk.finished:
             run.finished.add(sid)
-            self.traces.stage_ended(run, sid, "ok")
+            self.traces.stage_ended(run, sid, Outcome.OK)
             if not any(up == sid for up, _ in run.direct):
                 st.inputs.clear()  # nothing can make it run again: free what it kept
             self.pools[sid].release(handle, run.request_id)
@@ -282,9 +196,9 @@ class Orchestrator:
 
     # -- the end of a request --------------------------------------------------------
 
-    def _finish(self, run: Run, outcome: str = "") -> None:
+    def _finish(self, run: Run, outcome: Outcome = Outcome.DERIVE) -> None:
         """Abort unfinished stages and release replica slots; safe to call twice.
-        ``outcome`` is for the request's trace ("": from how the run stands)."""
+        ``outcome`` is for the request's trace."""
         if self._runs.pop(run.request_id, None) is None:
             return
         self.traces.ended(run, outcome)
@@ -324,7 +238,7 @@ class Orchestrator:
         st = run.progress(failed)
         if st.retries >= self.max_retries:
             detail = f"{reason}; gave up after {st.retries} retries (--omni-max-retries)"
-            self.traces.stage_ended(run, failed, "replica lost")
+            self.traces.stage_ended(run, failed, Outcome.REPLICA_LOST)
             run.fail(StageFailedError(failed, self._name(failed), detail))
             return
         st.retries += 1
@@ -347,7 +261,7 @@ class Orchestrator:
         for sid in group:
             handle = run.assigned.pop(sid, None)
             if handle is not None and sid not in run.finished:
-                lost = "replica lost" if sid == failed else "restarted"
+                lost = Outcome.REPLICA_LOST if sid == failed else Outcome.RESTARTED
                 self.traces.stage_ended(run, sid, lost)
                 if handle.up:
                     self.channels.post(handle.identity, Abort(run.request_id))
@@ -358,8 +272,8 @@ class Orchestrator:
             self.latency.waiting(progress)
             if sid in hidden:
                 progress.restart_hidden()
-        if self._try_acquire(run, group) is None:
-            self._send_group(run, group)
+        if self.dispatcher.try_acquire(run, group) is None:
+            self.dispatcher.send_group(run, group)
             return
         retry = self._dispatch_again(run, group, failed, reason)
         task = asyncio.get_running_loop().create_task(retry)
@@ -368,7 +282,7 @@ class Orchestrator:
 
     async def _dispatch_again(self, run: Run, group: set[int], failed: int, why: str) -> None:
         try:
-            await self._dispatch(run, group)
+            await self.dispatcher.dispatch(run, group)
         except (StageUnavailableError, StageOverloadedError) as exc:
             # A retry that found no replica in time.
             run.fail(StageFailedError(failed, self._name(failed), f"{why}; retry: {exc}"))

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.stage_pool import ReplicaHandle
 from omnistage.net import is_loopback, is_loopback_url
 from omnistage.protocol.messages import OutputChunk, Prompt, Resume
+from omnistage.protocol.params import StageParams
 
 
 class Done:
@@ -67,7 +67,7 @@ class StageProgress:
 class Run:
     request_id: str
     prompt: Prompt
-    params: dict[int, dict[str, Any]]
+    params: dict[int, StageParams]
     active: set[int]
     finals: set[int]
     queue: asyncio.Queue[OutputChunk | BaseException | Done] = field(default_factory=asyncio.Queue)

@@ -6,7 +6,7 @@ the upstream's pcm16 chunks. Upstream audio is gathered until the upstream finis
 Whisper reads 30 s windows, not a live stream.
 
 Output: one text chunk per segment as Whisper decodes it (a 30 s window at a time, its
-segments together), each with ``meta = {"segment": {...}}`` (OpenAI's verbose_json
+segments together), each with ``meta.segment`` (OpenAI's verbose_json
 segment: id from 0, seek, start, end, text, tokens, temperature, avg_logprob,
 compression_ratio, no_speech_prob); then a last chunk without text whose meta holds
 ``language`` (a code, "en") and ``duration`` (seconds of audio), with usage.
@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import io
 import logging
-import math
 import os
 import threading
 import time
@@ -36,7 +35,10 @@ from omnistage.config.engine_args import AsrArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.audio import wav_header
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
+from omnistage.protocol.messages import ChunkMeta, Segment
+from omnistage.protocol.params import StageParams, TranscriptionParams
 
 if TYPE_CHECKING:
     import numpy as np
@@ -106,11 +108,11 @@ class AsrEngine(Engine):
         except Exception as exc:
             raise EngineError(f"could not load the Whisper model {path}: {exc}") from exc
 
-    def check(self, params: dict[str, Any]) -> None:
-        self._options(params)
+    def check(self, params: StageParams) -> None:
+        self._options(params.transcribing)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        options = self._options(request.params or {})
+        options = self._options(request.params.transcribing)
         source = await _source(request)
         job = await self._start_job(source, options)
         try:
@@ -121,9 +123,9 @@ class AsrEngine(Engine):
                 self.progress += 1
                 tokens += len(segment.tokens)
                 yield EngineChunk(
-                    "text",
+                    Modality.TEXT,
                     text=segment.text,
-                    meta={"segment": _segment_meta(index, segment, info.duration)},
+                    meta=ChunkMeta(segment=_segment(index, segment, info.duration)),
                 )
                 index += 1
                 # The replica merges text chunks made in one loop tick into one message,
@@ -131,22 +133,22 @@ class AsrEngine(Engine):
                 # segment's meta on its own chunk.
                 await asyncio.sleep(0)
             yield EngineChunk(
-                "text",
+                Modality.TEXT,
                 finished=True,
-                finish_reason="stop",
+                finish_reason=FinishReason.STOP,
                 usage={"prompt_tokens": 0, "completion_tokens": tokens},
-                meta={"language": info.language, "duration": round(info.duration, 3)},
+                meta=ChunkMeta(language=info.language, duration=round(info.duration, 3)),
             )
         finally:
             job.stop.set()
 
-    def _options(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _options(self, params: TranscriptionParams) -> dict[str, Any]:
         """faster-whisper's transcribe options for ``params``; a bad one is a 400."""
         if self.model is None:
             raise EngineError("the ASR engine has not been started")
-        language = params.get("language")
+        language = params.language
         if language is not None:
-            if not isinstance(language, str) or language.lower() not in self.languages:
+            if language.lower() not in self.languages:
                 shown = ", ".join(sorted(self.languages)[:8])
                 more = ", ..." if len(self.languages) > 8 else ""
                 raise BadRequestError(
@@ -155,13 +157,10 @@ class AsrEngine(Engine):
                     param="language",
                 )
             language = language.lower()
-        prompt = params.get("prompt")
-        if prompt is not None and not isinstance(prompt, str):
-            raise BadRequestError(f"prompt must be text, got {prompt!r}", param="prompt")
         return {
             "language": language,
-            "initial_prompt": prompt or None,
-            "temperature": _temperatures(params.get("temperature")),
+            "initial_prompt": params.prompt or None,
+            "temperature": _temperatures(params.temperature),
             "beam_size": self.args.beam_size,
             "vad_filter": self.args.vad_filter,
         }
@@ -248,15 +247,9 @@ def _threads_each(workers: int) -> int:
     return max(1, cores // workers)
 
 
-def _temperatures(value: Any) -> tuple[float, ...]:
-    if value is None:
-        value = 0.0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BadRequestError(
-            f"temperature must be a number from 0 to 1, got {value!r}", param="temperature"
-        )
-    if not 0.0 <= value <= 1.0:
-        raise BadRequestError(f"temperature must be from 0 to 1, got {value}", param="temperature")
+def _temperatures(value: float | None) -> tuple[float, ...]:
+    """faster-whisper's fallback ladder from ``value`` (0..1, checked where decoded)."""
+    value = value or 0.0
     steps = round((1.0 - value) / _FALLBACK_STEP)
     return tuple(round(min(1.0, value + i * _FALLBACK_STEP), 2) for i in range(steps + 1))
 
@@ -269,10 +262,10 @@ async def _source(request: EngineRequest) -> bytes:
     pcm = bytearray()
     rate = 0
     async for item in request.inputs:
-        if item.modality == "audio" and item.data and item.meta:
-            if item.meta.get("format", "pcm16") != "pcm16":
+        if item.modality == Modality.AUDIO and item.data and item.meta:
+            if (item.meta.format or "pcm16") != "pcm16":
                 raise EngineError(f"asr reads pcm16 audio from upstream, got {item.meta}")
-            rate = int(item.meta.get("sample_rate") or rate)
+            rate = item.meta.sample_rate or rate
             pcm += item.data
     if not rate:
         raise BadRequestError("no audio to transcribe", param="file")
@@ -329,18 +322,19 @@ def _warm_up(model: WhisperModel) -> None:
         pass
 
 
-def _segment_meta(index: int, segment: Any, duration: float) -> dict[str, Any]:
+def _segment(index: int, segment: Any, duration: float) -> Segment:
+    """faster-whisper's segment as the API's transcript segment."""
     # Whisper's last timestamp may run past the end of the audio: subtitles must not.
     end = min(float(segment.end), duration)
-    return {
-        "id": index,
-        "seek": int(segment.seek),
-        "start": round(min(float(segment.start), end), 3),
-        "end": round(end, 3),
-        "text": segment.text,
-        "tokens": [int(t) for t in segment.tokens],
-        "temperature": float(segment.temperature or 0.0),
-        "avg_logprob": float(segment.avg_logprob),
-        "compression_ratio": float(segment.compression_ratio),
-        "no_speech_prob": float(segment.no_speech_prob),
-    }
+    return Segment(
+        id=index,
+        seek=int(segment.seek),
+        start=round(min(float(segment.start), end), 3),
+        end=round(end, 3),
+        text=segment.text,
+        tokens=[int(t) for t in segment.tokens],
+        temperature=float(segment.temperature or 0.0),
+        avg_logprob=float(segment.avg_logprob),
+        compression_ratio=float(segment.compression_ratio),
+        no_speech_prob=float(segment.no_speech_prob),
+    )

@@ -10,10 +10,11 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from omnistage.config.schema import StageConfig
-from omnistage.protocol.messages import OutputChunk, Prompt, TokenLogprob
+from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.messages import ChunkMeta, OutputChunk, Prompt, TokenLogprob
+from omnistage.protocol.params import StageParams
 
 # An upstream stage's output, read as this stage's input: the same message the upstream
 # replica sent (``stage_id`` is the stage it came from).
@@ -23,9 +24,9 @@ StageInput = OutputChunk
 def stage_input(
     source_stage: int,
     text: str = "",
-    modality: str = "text",
+    modality: Modality = Modality.TEXT,
     data: bytes = b"",
-    meta: dict[str, Any] | None = None,
+    meta: ChunkMeta | None = None,
 ) -> StageInput:
     """An input chunk made by hand (tests, benchmarks, direct engine use)."""
     return OutputChunk("", source_stage, 0, 0, 0, modality, text, data, meta=meta)
@@ -35,7 +36,7 @@ def stage_input(
 class EngineRequest:
     request_id: str
     prompt: Prompt | None
-    params: dict[str, Any]
+    params: StageParams
     # Upstream chunks as they arrive; ends when every upstream stage has finished.
     inputs: AsyncIterator[StageInput]
     # On a retry after a replica failure, for engines with ``supports_resume``: the
@@ -47,13 +48,13 @@ class EngineRequest:
 
 @dataclass
 class EngineChunk:
-    modality: str
+    modality: Modality
     text: str = ""
     data: bytes = b""
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     usage: dict[str, int] | None = field(default=None)
-    meta: dict[str, Any] | None = None
+    meta: ChunkMeta | None = None
     logprobs: list[TokenLogprob] | None = None
 
 
@@ -86,7 +87,7 @@ class Engine(abc.ABC):
         """Requests accepted but not yet being worked on."""
         return 0
 
-    def check(self, params: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def check(self, params: StageParams) -> None:  # noqa: B027 - optional hook
         """Raise BadRequestError for request params this engine cannot serve, before
         any work (a stream's status line waits for it; see ``AddRequest.ack``)."""
 

@@ -33,7 +33,7 @@ from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines import diffusers_pipe as dp
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
-from omnistage.engines.image_params import SEED_LIMIT, ImageJob, image_job
+from omnistage.engines.image_params import ImageJob, image_job
 from omnistage.engines.torch_threads import (
     ThreadTuner,
     TorchThread,
@@ -41,7 +41,10 @@ from omnistage.engines.torch_threads import (
     thread_ladder,
     use_threads,
 )
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import EngineError
+from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.params import SEED_LIMIT, StageParams
 
 log = logging.getLogger(__name__)
 
@@ -144,16 +147,16 @@ class DiffusionEngine(Engine):
             return
         log.info("warm-up generation took %.2fs", time.perf_counter() - started)
 
-    def check(self, params: dict[str, Any]) -> None:
-        image_job(params, self.args.max_generated_image_size)
+    def check(self, params: StageParams) -> None:
+        image_job(params.imaging, self.args.max_generated_image_size)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         info = self._info()
-        job = image_job(request.params or {}, self.args.max_generated_image_size)
+        job = image_job(request.params.imaging, self.args.max_generated_image_size)
         if request.prompt is not None:
             prompt = prompt_text(request.prompt)
         else:  # a painter draws what its upstream stage wrote, all of it
-            prompt = "".join([i.text async for i in request.inputs if i.modality == "text"])
+            prompt = "".join([i.text async for i in request.inputs if i.modality == Modality.TEXT])
         prompt = prompt.strip()
         base_seed = job.seed if job.seed is not None else secrets.randbelow(SEED_LIMIT)
         width, height = job.size or info.default_size
@@ -163,7 +166,8 @@ class DiffusionEngine(Engine):
             drawing = self._drawing(job, prompt, width, height, (base_seed + index) % SEED_LIMIT)
             async for chunk in self._draw_one(request.request_id, drawing, job, index):
                 if chunk.data and index == job.n - 1:
-                    chunk.finished, chunk.finish_reason, chunk.usage = True, "stop", usage
+                    chunk.finished, chunk.usage = True, usage
+                    chunk.finish_reason = FinishReason.STOP
                 chunk.modality = modality
                 yield chunk
 
@@ -218,8 +222,8 @@ class DiffusionEngine(Engine):
         work.add_done_callback(lambda _: steps_done.put_nowait(0))  # steps count from 1
         try:
             while (step := await steps_done.get()) != 0:
-                meta = {"step": step, "steps": drawing.steps, "index": index}
-                yield EngineChunk("image", meta=meta)
+                meta = ChunkMeta(step=step, steps=drawing.steps, index=index)
+                yield EngineChunk(Modality.IMAGE, meta=meta)
             data = work.result()
         except asyncio.CancelledError:
             stop.set()
@@ -236,14 +240,14 @@ class DiffusionEngine(Engine):
             time.perf_counter() - started,
             drawing.seed,
         )
-        meta = {
-            "format": drawing.output_format,
-            "width": drawing.width,
-            "height": drawing.height,
-            "seed": drawing.seed,
-            "index": index,
-        }
-        yield EngineChunk("image", data=data, meta=meta)
+        meta = ChunkMeta(
+            format=drawing.output_format,
+            width=drawing.width,
+            height=drawing.height,
+            seed=drawing.seed,
+            index=index,
+        )
+        yield EngineChunk(Modality.IMAGE, data=data, meta=meta)
 
     async def _start(
         self, drawing: dp.Drawing, stop: threading.Event, on_step: dp.StepHook

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from omnistage.config.engine_args import EchoArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
+from omnistage.protocol.enums import FinishReason
 from omnistage.protocol.errors import EngineError
 
 
@@ -57,7 +58,7 @@ class EchoEngine(Engine):
             modality,
             text=pieces[-1],
             finished=True,
-            finish_reason="stop",
+            finish_reason=FinishReason.STOP,
             usage={
                 "prompt_tokens": words_in,
                 "completion_tokens": words_in + len(self.suffix.split()),

@@ -62,7 +62,7 @@ class _Trial:
 
 
 @dataclass
-class _Shape:
+class _ShapeState:
     """What the tuner knows of one step shape: the best count found, and when to try
     another."""
 
@@ -110,7 +110,7 @@ class ThreadTuner:
         self._margin = margin
         self._abort = abort
         self._max_shapes = max_shapes
-        self._shapes: dict[int, _Shape] = {}
+        self._shapes: dict[int, _ShapeState] = {}
         self._rows = -1
         self._trial: _Trial | None = None
         self.moves = 0
@@ -154,13 +154,13 @@ class ThreadTuner:
             return neighbour
         return self.count
 
-    def _shape(self, rows: int) -> _Shape:
+    def _shape(self, rows: int) -> _ShapeState:
         self._rows = rows
         shape = self._shapes.get(rows)
         if shape is None:
             if len(self._shapes) >= self._max_shapes:
                 del self._shapes[next(iter(self._shapes))]
-            shape = self._shapes[rows] = _Shape(self.ladder[0], self._min_period)
+            shape = self._shapes[rows] = _ShapeState(self.ladder[0], self._min_period)
         return shape
 
     def _observe_trial(self, rows: int, seconds: float) -> int:
@@ -178,14 +178,14 @@ class ThreadTuner:
             self._end_trial(won=won)
         return self.count
 
-    def _neighbour(self, shape: _Shape) -> int | None:
+    def _neighbour(self, shape: _ShapeState) -> int | None:
         i = self.ladder.index(shape.count)
         below = self.ladder[i - 1] if i > 0 else None
         above = self.ladder[i + 1] if i + 1 < len(self.ladder) else None
         first, second = (above, below) if shape.upward else (below, above)
         return first if first is not None else second
 
-    def _move(self, shape: _Shape, count: int) -> None:
+    def _move(self, shape: _ShapeState, count: int) -> None:
         shape.upward = count > shape.count  # keep going the way that paid
         shape.count = self.count = count
         shape.period = self._min_period

@@ -3,7 +3,7 @@
 A source stage speaks its prompt; a downstream stage speaks its upstream text as it
 streams in, one sentence at a time, so the first sentence is audible while the rest is
 still being written. Each output chunk holds one sentence's raw PCM (little-endian
-int16, mono) with ``meta = {"sample_rate", "format": "pcm16", "voice"}``; packing it
+int16, mono) with ``meta`` giving ``sample_rate``, ``format`` "pcm16" and ``voice``; packing it
 into a container (WAV, ...) is the API layer's business.
 
 Synthesis runs in worker threads, at most ``max_concurrent`` at once, so the replica's
@@ -19,14 +19,17 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.audio import split_first_clause, split_sentences
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.voices import VoiceCatalog, VoiceInfo
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
+from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.params import StageParams
 
 if TYPE_CHECKING:
     from piper import PiperVoice
@@ -92,26 +95,26 @@ class TtsEngine(Engine):
             load.cancel()
         self._loads.clear()
 
-    def check(self, params: dict[str, Any]) -> None:
-        self._catalog().resolve(params.get("voice"))
-        self._length_scale(params.get("speed"))
+    def check(self, params: StageParams) -> None:
+        self._catalog().resolve(params.speaking.voice)
+        self._length_scale(params.speaking.speed)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        params = request.params or {}
-        voice = self._catalog().resolve(params.get("voice"))
-        length_scale = self._length_scale(params.get("speed"))
+        params = request.params.speaking
+        voice = self._catalog().resolve(params.voice)
+        length_scale = self._length_scale(params.speed)
         piper_voice = await self._voice(voice)
-        meta = {"sample_rate": voice.sample_rate, "format": "pcm16", "voice": voice.id}
+        meta = ChunkMeta(sample_rate=voice.sample_rate, format="pcm16", voice=voice.id)
         modality = self.stage.output_modality
         words_in = 0
 
         async def speak(text: str, finished: bool = False) -> EngineChunk:
             pcm = await self._synthesize(piper_voice, text, length_scale) if text else b""
             self.progress += 1
-            chunk = EngineChunk(modality, text=text, data=pcm, meta=dict(meta))
+            chunk = EngineChunk(modality, text=text, data=pcm, meta=meta)
             if finished:
                 chunk.finished = True
-                chunk.finish_reason = "stop"
+                chunk.finish_reason = FinishReason.STOP
                 chunk.usage = {"prompt_tokens": words_in, "completion_tokens": 0}
             return chunk
 
@@ -134,7 +137,7 @@ class TtsEngine(Engine):
         buffer = ""
         spoken_any = False
         async for item in request.inputs:
-            if not item.text or item.modality != "text":
+            if not item.text or item.modality != Modality.TEXT:
                 continue  # a function call's arguments are not for speaking
             words_in += len(item.text.split())
             buffer += item.text
@@ -157,7 +160,7 @@ class TtsEngine(Engine):
             raise EngineError("the TTS engine has not been started")
         return self.catalog
 
-    def _length_scale(self, speed: Any) -> float:
+    def _length_scale(self, speed: float | None) -> float:
         """Piper's length scale for a requested speed (None: the configured default)."""
         if speed is None:
             speed = self.args.speed

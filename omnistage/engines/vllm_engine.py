@@ -38,16 +38,16 @@ from omnistage.engines.llm import weights
 from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import chat_messages, plan_tools
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt, TokenLogprob, TopLogprob
+from omnistage.protocol.params import GenerationParams, StageParams
 
 log = logging.getLogger(__name__)
 
+
 # Request params this engine does not serve (the llm engine's grammar-constrained
 # decoding); refused with a 400 rather than silently ignored.
-_UNSUPPORTED = ("tools", "response_format")
-
-
 class _Diverged(Exception):
     """A seeded replay did not regenerate the text the client already has."""
 
@@ -104,13 +104,16 @@ class VllmEngine(Engine):
         # vLLM schedules up to max_num_seqs at once; the rest wait in its scheduler.
         return max(0, self._active - self._max_num_seqs)
 
-    def check(self, params: dict[str, Any]) -> None:
-        self._sampling(params)
+    def check(self, params: StageParams) -> None:
+        self._sampling(params.generation)
 
-    def _sampling(self, params: dict[str, Any]) -> SamplingParams:
-        for name in _UNSUPPORTED:
-            if params.get(name) and not (name == "response_format" and _plain(params[name])):
-                raise BadRequestError(f"{name} is not supported by the vllm engine", name)
+    def _sampling(self, params: GenerationParams) -> SamplingParams:
+        if params.tools:
+            raise BadRequestError("tools is not supported by the vllm engine", "tools")
+        if params.response_format and not _plain(params.response_format):
+            raise BadRequestError(
+                "response_format is not supported by the vllm engine", "response_format"
+            )
         sampling = SamplingParams.from_params(params, self.args.default_max_tokens)
         for token, _ in sampling.logit_bias:
             if self._vocab and token >= self._vocab:
@@ -122,11 +125,11 @@ class VllmEngine(Engine):
             raise EngineError("engine not started")
         if self._llm.errored:
             await self._engine_died(EngineError("engine core exited"))
-        heard = "".join([i.text async for i in request.inputs if i.modality == "text"])
+        heard = "".join([i.text async for i in request.inputs if i.modality == Modality.TEXT])
         prompt = with_heard(request.prompt, heard)
         if self.args.system_prompt:
             prompt = with_system(prompt, self.args.system_prompt)
-        params = self._sampling(request.params)
+        params = self._sampling(request.params.generation)
         ids = self._prompt_ids(prompt)
         prompt_tokens = len(ids)
         prior = self._encode(request.resume_text)
@@ -136,7 +139,9 @@ class VllmEngine(Engine):
         if prior and done >= params.max_tokens:
             # The failed replica had generated everything but the final message.
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
-            yield EngineChunk("text", finished=True, finish_reason="length", usage=usage)
+            yield EngineChunk(
+                Modality.TEXT, finished=True, finish_reason=FinishReason.LENGTH, usage=usage
+            )
             return
         rid = request.request_id
         if prior and params.seed is not None and not params.greedy:
@@ -188,9 +193,13 @@ class VllmEngine(Engine):
                 logprobs = None if skip else _logprobs(piece, params.logprobs)
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}
                 if out.finished:
-                    reason = "length" if piece.finish_reason == "length" else "stop"
+                    reason = (
+                        FinishReason.LENGTH
+                        if piece.finish_reason == "length"
+                        else FinishReason.STOP
+                    )
                     yield EngineChunk(
-                        "text",
+                        Modality.TEXT,
                         text,
                         finished=True,
                         finish_reason=reason,
@@ -201,7 +210,7 @@ class VllmEngine(Engine):
                 if text:
                     # Usage rides along: a retry then knows how many tokens the
                     # delivered text took (see Resume).
-                    yield EngineChunk("text", text, usage=usage, logprobs=logprobs)
+                    yield EngineChunk(Modality.TEXT, text, usage=usage, logprobs=logprobs)
         except EngineDeadError as exc:
             await self._engine_died(exc)
         except ValueError as exc:
@@ -246,7 +255,7 @@ class VllmEngine(Engine):
         tok = self.tokenizer
         if prompt.messages is None:
             return [int(i) for i in tok.encode(prompt.text or "")]
-        messages = chat_messages(prompt.messages, plan_tools({}), False)
+        messages = chat_messages(prompt.messages, plan_tools(GenerationParams()), False)
         if getattr(tok, "chat_template", None):
             out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return token_ids(out)
@@ -309,9 +318,9 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _plain(response_format: Any) -> bool:
+def _plain(response_format: dict[str, Any]) -> bool:
     """``response_format: {"type": "text"}`` asks for nothing special."""
-    return isinstance(response_format, dict) and response_format.get("type") == "text"
+    return response_format.get("type") == "text"
 
 
 def _prepare_environment(args: VllmArgs) -> None:

@@ -31,10 +31,10 @@ from omnistage.protocol.messages import (
     Ping,
     Ready,
     Reason,
-    RegisterRequest,
     ReplicaState,
     Shutdown,
 )
+from omnistage.protocol.registration import RegisterRequest
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,14 @@ from omnistage.api.errors import as_api_error
 from omnistage.head.service import HeadService
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
-from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import (
     ErrorInfo,
     FrontClose,
     FrontDone,
-    FrontOpen,
     FrontOpened,
     FrontQuery,
     FrontSnapshot,
+    PipelineRequest,
 )
 from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
 
@@ -103,13 +102,8 @@ class FrontendServer:
 
     def _on_frames(self, frames: list[bytes]) -> None:
         identity = frames[0]
-        try:
-            messages = codec.decode_batch(frames[1:])
-        except ProtocolError as exc:
-            _bad_input.warning("dropped a bad message from an API server: %s", exc)
-            return
-        for msg in messages:
-            if isinstance(msg, FrontOpen):
+        for msg in codec.decode_batch_or_drop(frames[1:], _bad_input, "from an API server"):
+            if isinstance(msg, PipelineRequest):
                 key = (identity, msg.request_id)
                 task = self._loop.create_task(self._serve(identity, msg))
                 self._tasks[key] = task
@@ -138,12 +132,10 @@ class FrontendServer:
                     log.warning("request %s: its API server went silent; aborting it", rid)
                     task.cancel()
 
-    async def _serve(self, identity: bytes, msg: FrontOpen) -> None:
+    async def _serve(self, identity: bytes, msg: PipelineRequest) -> None:
         rid = msg.request_id
         try:
-            stream = await self._service.open(
-                rid, msg.prompt, msg.finals, msg.params, msg.stage_params, msg.only, msg.ack
-            )
+            stream = await self._service.open(msg)
         except asyncio.CancelledError:
             return
         except Exception as exc:
@@ -163,19 +155,12 @@ class FrontendServer:
 
     def _snapshot(self) -> FrontSnapshot:
         s = self._service
-        c = s.request_counts()
         return FrontSnapshot(
             missing=s.stages_without_replicas(),
             status_json=msgspec.json.encode(s.stages_status()),
-            counts=[
-                c.started_total,
-                c.in_flight,
-                c.retried_total,
-                c.direct_edges_total,
-                c.forwarded_chunks_total,
-            ],
+            counts=s.request_counts(),
             entries_json=msgspec.json.encode(s.replica_entries()),
-            loads_json=msgspec.json.encode(s.replica_loads()),
+            loads=s.replica_loads(),
             waiting=s.stage_waiting(),
             responses=dict(self._responses),
             latency_json=msgspec.json.encode(s.latency()),

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from omnistage.api.service import ReplicaLoad, RequestCounts
+from omnistage.api.service import ReplicaStats, RequestCounts
 from omnistage.control.coordinator import Coordinator
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.latency import LatencySnapshot
@@ -17,7 +17,7 @@ from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head import status
 from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import PipelineRequest
 
 
 class HeadService:
@@ -51,19 +51,10 @@ class HeadService:
         # (stage, replica) -> the node a backend placed it on (Ray); empty for processes.
         self._nodes = nodes or dict
 
-    def open(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        finals: list[int],
-        params: dict[str, Any] | None = None,
-        stage_params: dict[int, dict[str, Any]] | None = None,
-        only: bool = False,
-        ack: bool = False,
-    ) -> Coroutine[Any, Any, RequestStream]:
+    def open(self, request: PipelineRequest) -> Coroutine[Any, Any, RequestStream]:
         # Not async itself: the orchestrator's coroutine is returned as is, one frame
         # fewer per request.
-        return self._orchestrator.open(request_id, prompt, finals, params, stage_params, only, ack)
+        return self._orchestrator.open(request)
 
     def stages_without_replicas(self) -> list[tuple[int, str]]:
         return [(sid, p.name) for sid, p in self._pools.items() if not p.live()]
@@ -86,10 +77,10 @@ class HeadService:
     def replica_entries(self) -> list[ReplicaEntry]:
         return self._coordinator.snapshot()
 
-    def replica_loads(self) -> list[ReplicaLoad]:
+    def replica_loads(self) -> list[ReplicaStats]:
         nodes = self._nodes()
         return [
-            ReplicaLoad(
+            ReplicaStats(
                 h.stage_id,
                 h.replica_id,
                 h.up,

@@ -4,8 +4,10 @@ backend that starts replicas: local subprocesses (``launch.local``) or Ray actor
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from omnistage.replica.options import ReplicaOptions
 
@@ -33,6 +35,40 @@ class ReplicaProcess(Protocol):
 
 # Called (from a launcher thread) when a replica ends, with its exit code.
 OnExit = Callable[[ReplicaProcess, int], None]
+
+
+log = logging.getLogger(__name__)
+P = TypeVar("P", bound=ReplicaProcess)
+
+
+class TrackingLauncher(Generic[P]):
+    """What both launchers share: the replicas they run, each watched by a thread of
+    its own that calls ``on_exit`` when it ends."""
+
+    def __init__(self, on_exit: OnExit | None) -> None:
+        self._on_exit = on_exit
+        self._procs: list[P] = []
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    @property
+    def processes(self) -> list[P]:
+        with self._lock:
+            return list(self._procs)
+
+    def _track(self, handle: P, watch: Callable[[P], None], name: str) -> P:
+        with self._lock:
+            self._procs.append(handle)
+        threading.Thread(target=watch, args=(handle,), name=name, daemon=True).start()
+        return handle
+
+    def _ended(self, handle: P, code: int, what: str) -> None:
+        """``handle`` (``what`` names it; "": already said how) ended with ``code``."""
+        if what and not self._stopping:
+            level = logging.INFO if code == 0 else logging.WARNING
+            log.log(level, "%s exited with code %d", what, code)
+        if self._on_exit is not None:
+            self._on_exit(handle, code)
 
 
 class Launcher(Protocol):

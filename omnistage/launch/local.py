@@ -12,10 +12,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 from omnistage.config.devices import DEVICE_ENV_VAR
-from omnistage.launch.base import OnExit
+from omnistage.launch.base import OnExit, TrackingLauncher
 from omnistage.replica.options import ReplicaOptions, encode_options
 
 log = logging.getLogger(__name__)
@@ -49,37 +48,20 @@ class LocalReplicaProcess:
             return None
 
 
-class LocalLauncher:
+class LocalLauncher(TrackingLauncher[LocalReplicaProcess]):
     def __init__(self, on_exit: OnExit | None = None) -> None:
-        self._on_exit = on_exit
-        self._procs: list[LocalReplicaProcess] = []
-        self._lock = threading.Lock()
-        self._stopping = False
-
-    @property
-    def processes(self) -> list[LocalReplicaProcess]:
-        with self._lock:
-            return list(self._procs)
+        super().__init__(on_exit)
 
     def launch(self, options: ReplicaOptions) -> LocalReplicaProcess:
         proc = subprocess.Popen(REPLICA_ARGV, preexec_fn=die_with_parent, env=replica_env(options))
         handle = LocalReplicaProcess(options, proc)
-        with self._lock:
-            self._procs.append(handle)
-        threading.Thread(
-            target=self._watch, args=(handle,), name=f"omni-watch-{proc.pid}", daemon=True
-        ).start()
+        self._track(handle, self._watch, f"omni-watch-{proc.pid}")
         log.info("started stage %d replica process pid %d", options.stage_id, proc.pid)
         return handle
 
     def _watch(self, handle: LocalReplicaProcess) -> None:
         # wait() returns the moment the child exits: no polling delay for local replicas.
-        code = handle.proc.wait()
-        if not self._stopping:
-            level = logging.INFO if code == 0 else logging.WARNING
-            log.log(level, "replica process pid %d exited with code %d", handle.pid, code)
-        if self._on_exit is not None:
-            self._on_exit(handle, code)
+        self._ended(handle, handle.proc.wait(), f"replica process pid {handle.pid}")
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         """SIGTERM every child, then SIGKILL whoever is still there after ``grace_s``."""

@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from omnistage.config.schema import DeployConfig, RaySpec
-from omnistage.launch.base import OnExit
+from omnistage.launch.base import OnExit, TrackingLauncher
 from omnistage.launch.local import REPLICA_ARGV, die_with_parent
 from omnistage.net import address_host, is_loopback
 from omnistage.replica.options import ReplicaOptions, encode_options
@@ -126,7 +126,7 @@ class RayReplicaProcess:
             pass
 
 
-class RayLauncher:
+class RayLauncher(TrackingLauncher[RayReplicaProcess]):
     """Launches each replica as an actor on the Ray cluster at ``address``.
 
     ``address`` None starts a local Ray instance for this head (stopped with it); an
@@ -149,10 +149,7 @@ class RayLauncher:
             raise RuntimeError(INSTALL_HINT) from None
         self._ray = ray
         self._config = config
-        self._on_exit = on_exit
-        self._procs: list[RayReplicaProcess] = []
-        self._lock = threading.Lock()
-        self._stopping = False
+        super().__init__(on_exit)
         # Ray would report usage statistics to its makers; a serving system should not.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
@@ -175,11 +172,6 @@ class RayLauncher:
         self._actor_class = ray.remote(ReplicaHost)
         log.info("ray backend: connected to the cluster (%s)", address or "a new local instance")
 
-    @property
-    def processes(self) -> list[RayReplicaProcess]:
-        with self._lock:
-            return list(self._procs)
-
     def launch(self, options: ReplicaOptions) -> RayReplicaProcess:
         """Create the replica's actor; returns at once (Ray places it in the background)."""
         stage = self._config.stage(options.stage_id)
@@ -187,15 +179,7 @@ class RayLauncher:
             encode_options(options)
         )
         handle = RayReplicaProcess(options, actor)
-        with self._lock:
-            self._procs.append(handle)
-        threading.Thread(
-            target=self._watch,
-            args=(handle,),
-            name=f"omni-ray-{options.stage_id}-{options.replica_id}",
-            daemon=True,
-        ).start()
-        return handle
+        return self._track(handle, self._watch, f"omni-ray-{options.stage_id}-{options.replica_id}")
 
     def _watch(self, handle: RayReplicaProcess) -> None:
         ray = self._ray
@@ -227,6 +211,7 @@ class RayLauncher:
             )
             code = ray.get(handle.actor.wait.remote())
         except Exception as exc:  # RayActorError and kin: the actor (or its node) is gone
+            what = ""  # said here
             if not self._stopping:
                 log.warning(
                     "stage %d replica %d: its ray actor died (%s)",
@@ -235,16 +220,13 @@ class RayLauncher:
                     type(exc).__name__,
                 )
         else:
-            if not self._stopping:
-                level = logging.INFO if code == 0 else logging.WARNING
-                log.log(level, "stage %d replica %d exited: %d", o.stage_id, o.replica_id, code)
+            what = f"stage {o.stage_id} replica {o.replica_id}"
         # The replica has ended: free its actor's resources for the replacement.
         handle.kill()
         with self._lock:
             if handle in self._procs:
                 self._procs.remove(handle)
-        if self._on_exit is not None:
-            self._on_exit(handle, code)
+        self._ended(handle, code, what)
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         """Drain every replica, kill what outlives ``grace_s``, remove every actor."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
 from omnistage.protocol.auth import AuthStamp, Signer, Verifier, decode_stamp, encode_stamp
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import TAGS, ErrorReply, RegisterReply, RegisterRequest
+from omnistage.protocol.messages import TAGS
+from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -107,6 +108,20 @@ def decode_batch(frames: list[bytes]) -> list[Any]:
     return [decode(tag, body) for tag, body in unpack(frames[0])]
 
 
+class _Warns(Protocol):
+    def warning(self, msg: str, *args: object) -> None: ...
+
+
+def decode_batch_or_drop(frames: list[bytes], log: _Warns, source: str) -> list[Any]:
+    """``decode_batch``, or nothing (and a warning naming ``source``) for a bad batch: a
+    receiving loop drops what it cannot read and goes on."""
+    try:
+        return decode_batch(frames)
+    except ProtocolError as exc:
+        log.warning("dropped a bad message %s: %s", source, exc)
+        return []
+
+
 def decode_records(blob: bytes, tag: bytes, decoder: msgspec.msgpack.Decoder[T]) -> list[T]:
     """The hot path for a batch of one message type: every record must carry ``tag``,
     each body is decoded by ``decoder``."""
@@ -181,6 +196,17 @@ def check_signed(frames: list[bytes], stamp_frame: bytes | None, verifier: Verif
         return
     stamp = decode_stamp(stamp_frame) if stamp_frame is not None else None
     verifier.check(b"".join(frames), stamp)
+
+
+def decode_signed(frames: list[bytes], verifier: Verifier | None, kind: type[T]) -> T:
+    """A control message ``[tag, body(, stamp)]``: its stamp checked when auth is on,
+    decoded, and of type ``kind``; else a ProtocolError."""
+    message, stamp = split_signed(frames)
+    check_signed(message, stamp, verifier)
+    msg = decode_frames(message)
+    if not isinstance(msg, kind):
+        raise ProtocolError(f"expected {kind.__name__}, got {type(msg).__name__}")
+    return msg
 
 
 def sign(frames: list[bytes], signer: Signer | None) -> list[bytes]:

@@ -1,9 +1,8 @@
 """Every message that crosses a process boundary, as typed msgspec Structs.
 
 Two families:
-- Registration (replica DEALER -> master ROUTER) is one msgpack *map* each way with the
-  seed's keys, so a client written against vLLM-Omni's ``register_stage_with_omni_master``
-  registers unchanged. Unknown keys are ignored for forward compatibility.
+- Registration (replica DEALER -> master ROUTER, ``protocol.registration``) is one
+  msgpack *map* each way with the seed's keys.
 - Everything else travels as two frames ``[tag, body]``: a one-byte type tag and the
   msgpack body of the Struct bound to that tag (see ``codec``). Bodies are array-like
   structs: compact, and fast to encode on the hot path.
@@ -11,105 +10,27 @@ Two families:
 
 from __future__ import annotations
 
-import enum
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
+from omnistage.protocol.enums import (
+    ErrorKind,
+    FinishReason,
+    Modality,
+    Reason,
+    ReplicaState,
+)
+from omnistage.protocol.params import StageParams
+
+__all__ = ["Reason", "ReplicaState"]  # re-exported: they were declared here first
+
 PROTOCOL_VERSION = 1
-
-# Registration sentinel: any negative replica id asks the master to pick one.
-AUTO_ASSIGN_REPLICA_ID = -1
-
-StageId = Annotated[int, msgspec.Meta(ge=0)]
 
 
 def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
     """A replica incarnation's routing id on the head's input socket."""
     return f"{stage_id}.{replica_id}.{epoch}".encode()
-
-
-class ReplicaState(enum.StrEnum):
-    """A replica's state in the head's table, as heartbeats, acks and the API show it.
-
-    STARTING (registered, engine loading) -> UP (READY received, taking traffic) ->
-    DRAINING (finishing its requests, taking no new ones) -> DOWN (said goodbye); or
-    ERROR (silent, stalled, failed or exited). UNKNOWN appears only in a HeartbeatAck:
-    the head has no such incarnation.
-    """
-
-    STARTING = "STARTING"
-    UP = "UP"
-    DRAINING = "DRAINING"
-    DOWN = "DOWN"
-    ERROR = "ERROR"
-    UNKNOWN = "UNKNOWN"
-
-
-class Reason(enum.StrEnum):
-    """Why a replica changed state. The values are what operators read (logs, the API);
-    code compares the members, never the text."""
-
-    NONE = ""
-    READY = "ready"
-    REPLACED = "replaced by a new registration"
-    SHUT_DOWN = "replica shut down"
-    DRAINING = "draining before shutdown"
-    HEARTBEATS_RESUMED = "heartbeats resumed"
-    # Failures (-> ERROR). Only HEARTBEAT_TIMEOUT is forgiven when heartbeats return.
-    HEARTBEAT_TIMEOUT = "no heartbeat within --omni-heartbeat-timeout"
-    STALLED = "engine made no progress with work in hand within --omni-stall-timeout"
-    START_TIMEOUT = "no READY within --stage-init-timeout"
-    PROCESS_EXITED = "local process exited"
-    UNREACHABLE = "its connection closed (unreachable on input)"
-    ACTOR_DIED = "replica actor died"
-
-
-# --------------------------------------------------------------------------------------
-# Registration (seed wire format, msgpack maps)
-# --------------------------------------------------------------------------------------
-
-
-class RegisterRequest(msgspec.Struct, omit_defaults=True):
-    stage_id: StageId
-    # The seed defaults a missing replica_id to 0 (a pre-allocated slot).
-    replica_id: int = 0
-    stage_config: Any = None
-    coordinator_input: str | None = None
-    coordinator_output: str | None = None
-    frontend_stats_publish_address: str | None = None
-    replica_bind_address: str | None = None
-    replica_handshake_port: int | None = None
-    replica_input_port: int | None = None
-    replica_output_port: int | None = None
-    replica_binds_sockets: bool | None = None
-    # Absent in seed clients, which speak version 1 of this format.
-    protocol_version: int | None = None
-    # A replica rejoining after losing its head: the head instance and replica id it
-    # had. A head that is that same instance gives the replica its old id back.
-    previous_head: str | None = None
-    previous_replica_id: int | None = None
-    # The head's secret for its own local replicas (from their environment): only a
-    # registration carrying it may fill a head-local slot.
-    local_key: str | None = None
-
-
-class RegisterReply(msgspec.Struct):
-    handshake_address: str
-    input_address: str
-    output_address: str
-    replica_id: int
-    coordinator_router_address: str | None
-    # Extensions; seed clients ignore unknown keys.
-    stage_id: int = 0
-    epoch: int = 0
-    protocol_version: int = PROTOCOL_VERSION
-    # Changes every time a head starts: lets a rejoining replica ask for its old id.
-    head_instance: str = ""
-
-
-class ErrorReply(msgspec.Struct):
-    error: str
 
 
 # --------------------------------------------------------------------------------------
@@ -214,7 +135,7 @@ class Prompt(_Tagged):
         return _TEXT_AUDIO if has_text else _AUDIO
 
 
-_TEXT, _AUDIO = frozenset({"text"}), frozenset({"audio"})
+_TEXT, _AUDIO = frozenset({Modality.TEXT}), frozenset({Modality.AUDIO})
 _TEXT_AUDIO = _TEXT | _AUDIO
 
 
@@ -256,7 +177,7 @@ class AddRequest(_Tagged):
     request_id: str
     prompt: Prompt | None
     upstream: list[int]
-    params: dict[str, Any]
+    params: StageParams
     resume: Resume | None = None
     attempt: int = 0
     peers: list[str] = []
@@ -282,6 +203,47 @@ class Ping(_Tagged):
     proves the replica's connection is gone."""
 
 
+class Segment(msgspec.Struct, frozen=True):
+    """One segment of a transcript, as OpenAI's verbose_json has it (times in seconds)."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+class ChunkMeta(msgspec.Struct, omit_defaults=True, frozen=True):
+    """What a chunk's bytes or text are, by modality; unset fields are left out.
+
+    - audio: ``sample_rate``, ``format`` ("pcm16"), ``voice``;
+    - tool_call: ``index`` and ``name`` of the call the arguments belong to;
+    - image: ``index`` of the image in the request, then either ``step`` of ``steps``
+      (progress, no data) or ``format``, ``width``, ``height`` and ``seed`` (the file);
+    - text of a transcription: ``segment`` (one per chunk), and on the last chunk the
+      detected ``language`` and the audio's ``duration``.
+    """
+
+    sample_rate: int | None = None
+    format: str | None = None
+    voice: str | None = None
+    index: int | None = None
+    name: str | None = None
+    step: int | None = None
+    steps: int | None = None
+    width: int | None = None
+    height: int | None = None
+    seed: int | None = None
+    segment: Segment | None = None
+    language: str | None = None
+    duration: float | None = None
+
+
 class OutputChunk(_Tagged):
     """One piece of a stage's output for a request: the one chunk type end to end.
 
@@ -289,8 +251,8 @@ class OutputChunk(_Tagged):
     the head (which hands it to the API as is), and to the replicas of downstream
     stages, straight or through the head, whose engines read it as their input.
 
-    ``modality`` is "text", "audio", ... or "tool_call": then ``text`` is the next piece
-    of a function call's JSON arguments and ``meta`` says which call ({"index", "name"}).
+    ``modality`` TOOL_CALL: ``text`` is the next piece of a function call's JSON
+    arguments and ``meta`` says which call (``index``, ``name``).
     """
 
     request_id: str
@@ -298,21 +260,20 @@ class OutputChunk(_Tagged):
     replica_id: int
     epoch: int
     seq: int
-    modality: str
+    modality: Modality
     text: str = ""
     data: bytes = b""
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     usage: dict[str, int] | None = None
-    # Modality details, e.g. {"sample_rate": 22050, "format": "pcm16"} for audio.
-    meta: dict[str, Any] | None = None
-    # With ``error``: "bad_request" when the input cannot be served (a 4xx for the
+    meta: ChunkMeta | None = None
+    # With ``error``: BAD_REQUEST when the input cannot be served (a 4xx for the
     # client, e.g. a prompt longer than the context window), else a server fault.
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None
     error_param: str | None = None
     attempt: int = 0
-    error_code: str | None = None  # with error_kind "bad_request": OpenAI's error code
+    error_code: str | None = None  # with BAD_REQUEST: OpenAI's error code
     # The tokens behind ``text``, when the request asked for logprobs.
     logprobs: list[TokenLogprob] | None = None
 
@@ -360,14 +321,23 @@ class ErrorInfo(msgspec.Struct, array_like=True):
     code: str | None = None
 
 
-class FrontOpen(_Tagged):
-    """API server -> head: start a request through the pipeline (``Orchestrator.open``)."""
+class PipelineRequest(_Tagged):
+    """One request through the pipeline, as the API asks the head to start it
+    (``PipelineService.open``; the same message from an API server process).
+
+    ``finals`` are the stages whose outputs answer the client. ``params`` go to every
+    stage the request runs, ``stage_params`` to one stage each, over the stage's own
+    defaults. ``only``: run just the ``finals`` stages, each fed the prompt directly (e.g.
+    the speech endpoint driving a TTS stage that normally listens to an LLM). ``ack``:
+    each final stage first checks its params and answers at once (an error, or an empty
+    chunk), so a caller can wait for every final's first chunk.
+    """
 
     request_id: str
     prompt: Prompt
     finals: list[int]
-    params: dict[str, Any]
-    stage_params: dict[int, dict[str, Any]]
+    params: StageParams = StageParams()
+    stage_params: dict[int, StageParams] = {}
     only: bool = False
     ack: bool = False
 
@@ -400,15 +370,44 @@ class FrontQuery(_Tagged):
     responses: dict[int, int]
 
 
+class RequestCounts(msgspec.Struct, array_like=True, frozen=True):
+    """The orchestrator's request counters."""
+
+    started_total: int
+    in_flight: int
+    retried_total: int
+    direct_edges_total: int = 0
+    forwarded_chunks_total: int = 0
+
+
+class ReplicaStats(msgspec.Struct, array_like=True, frozen=True):
+    """One replica's load as the head's pool sees it (``/metrics``)."""
+
+    stage_id: int
+    replica_id: int
+    up: bool
+    in_flight: int
+    capacity: int
+    queue_length: int
+    dispatched_total: int
+    # Where it runs when the backend placed it (a Ray node id); None: not known.
+    node: str | None = None
+
+
 class FrontSnapshot(_Tagged):
     """Head -> API server: what the non-generation routes show (health, status,
-    metrics), as of now. ``responses`` are every API server's last reported counts."""
+    metrics), as of now. ``responses`` are every API server's last reported counts.
+
+    The coordinator's table rows (``control.replica_table.ReplicaEntry``) and the latency
+    histograms (``dataplane.latency.LatencySnapshot``) travel JSON-encoded: their types
+    belong to the roles that keep them, which this module does not import. ``status_json``
+    is the ``GET /v1/omni/stages`` body itself."""
 
     missing: list[tuple[int, str]]
     status_json: bytes
-    counts: list[int]  # started, in flight, retried, direct edges, forwarded chunks
+    counts: RequestCounts
     entries_json: bytes
-    loads_json: bytes
+    loads: list[ReplicaStats]
     waiting: dict[int, int]
     responses: dict[int, dict[int, int]]
     # ``dataplane.latency.LatencySnapshot`` as JSON; empty from a head without it.
@@ -428,7 +427,7 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     OutputChunk: b"O",
     Heartbeat: b"B",
     HeartbeatAck: b"K",
-    FrontOpen: b"a",
+    PipelineRequest: b"a",
     FrontOpened: b"o",
     FrontDone: b"d",
     FrontClose: b"x",

@@ -22,13 +22,8 @@ import zmq
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import (
-    HandshakeInit,
-    Heartbeat,
-    HeartbeatAck,
-    RegisterReply,
-    ReplicaState,
-)
+from omnistage.protocol.messages import HandshakeInit, Heartbeat, HeartbeatAck, ReplicaState
+from omnistage.protocol.registration import RegisterReply
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +157,9 @@ class HeartbeatThread:
 
     def _read_ack(self, frames: list[bytes]) -> None:
         try:
-            message, stamp = codec.split_signed(frames)
-            codec.check_signed(message, stamp, self._verifier)
-            ack = codec.decode_frames(message)
+            ack = codec.decode_signed(frames, self._verifier, HeartbeatAck)
         except ProtocolError as exc:
             log.warning("ignored a bad heartbeat answer: %s", exc)
-            return
-        if not isinstance(ack, HeartbeatAck):
             return
         self._last_ack = self._clock()
         self.head_instance = ack.head_instance

@@ -19,7 +19,8 @@ from omnistage.logs import tag_logs
 from omnistage.net import detect_local_address, free_ports, is_loopback
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import OmniError
-from omnistage.protocol.messages import HandshakeInit, RegisterReply, ReplicaState
+from omnistage.protocol.messages import HandshakeInit, ReplicaState
+from omnistage.protocol.registration import RegisterReply
 from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.register import MasterLink, handshake, register, registration

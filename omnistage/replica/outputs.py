@@ -8,6 +8,7 @@ text merges: audio or image pieces may be self-contained files.
 
 from __future__ import annotations
 
+from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import OutputChunk
 
 
@@ -58,7 +59,7 @@ def _mergeable(a: OutputChunk, b: OutputChunk) -> bool:
     return (
         not a.finished
         and a.error is None
-        and a.modality == b.modality == "text"
+        and a.modality == b.modality == Modality.TEXT
         and not a.data
         and not b.data
     )

@@ -17,13 +17,8 @@ from omnistage.net import connectable_url, tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import HandshakeError, ProtocolError, RegistrationError
-from omnistage.protocol.messages import (
-    PROTOCOL_VERSION,
-    HandshakeInit,
-    Hello,
-    RegisterReply,
-    RegisterRequest,
-)
+from omnistage.protocol.messages import PROTOCOL_VERSION, HandshakeInit, Hello
+from omnistage.protocol.registration import RegisterReply, RegisterRequest
 from omnistage.replica.options import ReplicaOptions
 
 _Msg = TypeVar("_Msg", bound=msgspec.Struct)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from omnistage import tracing
 from omnistage.aio import Mailbox
 from omnistage.engines.base import Engine, EngineRequest, StageInput
+from omnistage.protocol.enums import ErrorKind, FinishReason, Modality, Outcome
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Ping, Shutdown
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
@@ -136,7 +137,7 @@ class RequestRunner:
                 self.engine.check(msg.params)
             except BadRequestError as exc:
                 self._send(self._refusal(rid, running, seq, exc))
-                _end_span(running, 1, "bad_request")
+                _end_span(running, 1, Outcome.BAD_REQUEST)
                 return
             self._send(self._chunk(rid, running, seq, self.engine.stage.output_modality, False))
             seq += 1
@@ -144,7 +145,7 @@ class RequestRunner:
         running.task = asyncio.create_task(self._run(request, seq, replay, running))
         if running.span is not None:
             # A task cancelled before its first step never runs its ``finally``.
-            running.task.add_done_callback(lambda _: _end_span(running, 0, "aborted"))
+            running.task.add_done_callback(lambda _: _end_span(running, 0, Outcome.ABORTED))
 
     def abort(self, request_id: str) -> None:
         # Forget it now, not when the task ends: a retry of the same request may follow
@@ -165,7 +166,7 @@ class RequestRunner:
         self, request: EngineRequest, seq: int, replay: ReplayFilter | None, running: _Running
     ) -> None:
         rid, modality = request.request_id, self.engine.stage.output_modality
-        finished, first_seq, outcome = False, seq, "ok"
+        finished, first_seq, outcome = False, seq, Outcome.OK
         try:
             async for chunk in self.engine.generate(request):
                 if replay is not None:
@@ -183,7 +184,7 @@ class RequestRunner:
                     break
             if not finished:
                 final = self._chunk(rid, running, seq, modality, True)
-                final.finish_reason = "stop"
+                final.finish_reason = FinishReason.STOP
                 self._send(final)
                 seq += 1
         except asyncio.CancelledError:
@@ -192,11 +193,11 @@ class RequestRunner:
             current = self.requests.get(rid)
             if current is None or current is running:
                 self._outputs.forget(rid)
-            outcome = "aborted"
+            outcome = Outcome.ABORTED
         except Exception as exc:
             log.warning("request %s failed: %s", rid, exc)
             self._send(self._refusal(rid, running, seq, exc))
-            seq, outcome = seq + 1, "error"
+            seq, outcome = seq + 1, Outcome.ERROR
         finally:
             if self.requests.get(rid) is running:
                 self.requests.pop(rid, None)
@@ -213,14 +214,14 @@ class RequestRunner:
     def _refusal(self, rid: str, running: _Running, seq: int, exc: Exception) -> OutputChunk:
         """The last chunk of a request that failed: the error, and its kind."""
         final = self._chunk(rid, running, seq, self.engine.stage.output_modality, True)
-        final.finish_reason, final.error = "error", str(exc) or repr(exc)
+        final.finish_reason, final.error = FinishReason.ERROR, str(exc) or repr(exc)
         if isinstance(exc, BadRequestError):
-            final.error_kind, final.error_param = "bad_request", exc.param
+            final.error_kind, final.error_param = ErrorKind.BAD_REQUEST, exc.param
             final.error_code = exc.code
         return final
 
     def _chunk(
-        self, rid: str, running: _Running, seq: int, modality: str, finished: bool
+        self, rid: str, running: _Running, seq: int, modality: Modality, finished: bool
     ) -> OutputChunk:
         return OutputChunk(
             request_id=rid,
@@ -287,7 +288,7 @@ class RequestRunner:
             del self._early[next(iter(self._early))]
 
 
-def _end_span(running: _Running, chunks: int, outcome: str) -> None:
+def _end_span(running: _Running, chunks: int, outcome: Outcome) -> None:
     if running.span is not None:
         tracing.end_replica_span(running.span, chunks, outcome)
         running.span = None

@@ -20,14 +20,8 @@ from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import (
-    HandshakeInit,
-    OutputChunk,
-    Ready,
-    RegisterReply,
-    ReplicaState,
-    routing_id,
-)
+from omnistage.protocol.messages import HandshakeInit, OutputChunk, Ready, ReplicaState, routing_id
+from omnistage.protocol.registration import RegisterReply
 from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.requests import RequestRunner
@@ -198,12 +192,7 @@ class HeadSession:
     # -- inbound ---------------------------------------------------------------------
 
     def _on_frames(self, frames: list[bytes]) -> None:
-        try:
-            messages = codec.decode_batch(frames)
-        except ProtocolError as exc:
-            _bad_input.warning("dropped a bad message from the head: %s", exc)
-            return
-        for msg in messages:
+        for msg in codec.decode_batch_or_drop(frames, _bad_input, "from the head"):
             self._runner.handle(msg)
 
     def _on_peer_frames(self, frames: list[bytes]) -> None:

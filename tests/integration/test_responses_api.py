@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 import httpx
+import msgspec
 import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
@@ -20,7 +21,14 @@ from omnistage.api.app import create_app
 from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
 from omnistage.protocol.errors import BadRequestError, StageFailedError
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
+from omnistage.protocol.messages import (
+    ChatMessage,
+    ChunkMeta,
+    OutputChunk,
+    PipelineRequest,
+    ToolCall,
+)
+from omnistage.protocol.params import GenerationParams
 from tests.integration.harness import HeadProc
 
 # Every stream event type the SDK knows, to validate each event strictly (the SDK
@@ -253,14 +261,6 @@ class _Stream:
 
 
 @dataclass
-class _Opened:
-    prompt: Prompt
-    finals: list[int]
-    params: dict[str, Any]
-    stage_params: dict[int, dict[str, Any]]
-
-
-@dataclass
 class _ScriptedHead:
     """What the API needs of a head (``api.service.PipelineService``) for a one-stage
     text pipeline whose stage answers every request with ``chunks`` (then raises
@@ -268,7 +268,7 @@ class _ScriptedHead:
 
     chunks: list[OutputChunk] = field(default_factory=list)
     error: Exception | None = None
-    opened: list[_Opened] = field(default_factory=list)
+    opened: list[PipelineRequest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.config = load_config("echo-1stage")
@@ -276,18 +276,9 @@ class _ScriptedHead:
         self.served_model = self.config.pipeline
         self.model_names = frozenset({self.served_model})
 
-    async def open(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        finals: list[int],
-        params: dict[str, Any] | None = None,
-        stage_params: dict[int, dict[str, Any]] | None = None,
-        only: bool = False,
-        ack: bool = False,
-    ) -> _Stream:
-        self.opened.append(_Opened(prompt, finals, params or {}, stage_params or {}))
-        return _Stream(request_id, self.chunks, self.error)
+    async def open(self, request: PipelineRequest) -> _Stream:
+        self.opened.append(request)
+        return _Stream(request.request_id, self.chunks, self.error)
 
 
 def _chunk(modality: str, text: str = "", **kw: Any) -> OutputChunk:
@@ -295,7 +286,7 @@ def _chunk(modality: str, text: str = "", **kw: Any) -> OutputChunk:
 
 
 def _call(index: int, name: str, text: str, **kw: Any) -> OutputChunk:
-    return _chunk("tool_call", text, meta={"index": index, "name": name}, **kw)
+    return _chunk("tool_call", text, meta=ChunkMeta(index=index, name=name), **kw)
 
 
 TEXT_THEN_TWO_CALLS = [
@@ -418,9 +409,11 @@ def test_history_instructions_and_settings_reach_the_text_stage_in_the_chat_shap
         ChatMessage("tool", "sunny", tool_call_id="c1"),
         ChatMessage("tool", "noon", tool_call_id="c2"),
     ]
-    assert opened.params == {"max_tokens": 20, "temperature": 0.5, "top_p": 0.9}
-    assert opened.stage_params == {
-        0: {
+    assert opened.params.generation == GenerationParams(max_tokens=20, temperature=0.5, top_p=0.9)
+    (answering,) = opened.stage_params.values()
+    assert msgspec.structs.asdict(answering.generation) == {
+        **msgspec.structs.asdict(GenerationParams()),
+        **{
             "response_format": {
                 "type": "json_schema",
                 "json_schema": {"name": "a", "schema": schema, "strict": True},
@@ -436,8 +429,9 @@ def test_history_instructions_and_settings_reach_the_text_stage_in_the_chat_shap
                 }
             ],
             "tool_choice": {"type": "function", "function": {"name": "weather"}},
-        }
+        },
     }
+    assert list(opened.stage_params) == [0]
 
 
 def test_a_responses_output_sent_back_as_input_continues_the_conversation(
@@ -483,9 +477,9 @@ def test_json_object_and_mode_tool_choices_map_to_their_chat_names(
         "stage_params": {"echo": {"seed": 1}},
     }
     assert client.post("/v1/responses", json=body).status_code == 200
-    params = head.opened[-1].stage_params[0]
-    assert params["response_format"] == {"type": "json_object"}
-    assert params["tool_choice"] == "required" and params["seed"] == 1
+    params = head.opened[-1].stage_params[0].generation
+    assert params.response_format == {"type": "json_object"}
+    assert params.tool_choice == "required" and params.seed == 1
 
 
 def test_an_answer_cut_off_by_max_output_tokens_is_incomplete(

@@ -18,7 +18,8 @@ from omnistage.engines.audio import wav_bytes
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.tts import TtsEngine
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import ChunkMeta, Prompt
+from tests import params as P
 
 pytestmark = pytest.mark.slow
 module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -68,9 +69,9 @@ async def tts() -> TtsEngine:
 
 async def say(tts: TtsEngine, text: str) -> tuple[bytes, int]:
     """``text`` as the Piper voice says it: (pcm16, sample rate)."""
-    request = EngineRequest("say", Prompt(text=text), {}, no_inputs())
+    request = EngineRequest("say", Prompt(text=text), P.speech(), no_inputs())
     chunks = [c async for c in tts.generate(request)]
-    rate = int(chunks[0].meta["sample_rate"])  # type: ignore[index]
+    rate = chunks[0].meta.sample_rate  # type: ignore[index]
     return b"".join(c.data for c in chunks), rate
 
 
@@ -85,7 +86,7 @@ async def no_inputs() -> AsyncIterator[StageInput]:
 
 
 def listen(audio: bytes, **params: Any) -> EngineRequest:
-    return EngineRequest("listen", Prompt(audio=audio), params, no_inputs())
+    return EngineRequest("listen", Prompt(audio=audio), P.transcription(params), no_inputs())
 
 
 async def run(engine: AsrEngine, request: EngineRequest) -> list[EngineChunk]:
@@ -101,12 +102,12 @@ async def test_a_wav_file_becomes_its_words_segment_by_segment(
     *segments, last = chunks
     heard = "".join(c.text for c in segments)
     assert word_errors(heard, SENTENCE) <= 2, heard
-    assert all(c.meta and c.meta["segment"]["text"] == c.text for c in segments)
-    assert [c.meta["segment"]["id"] for c in segments] == list(range(len(segments)))  # type: ignore[index]
+    assert all(c.meta and c.meta.segment.text == c.text for c in segments)
+    assert [c.meta.segment.id for c in segments] == list(range(len(segments)))  # type: ignore[index]
     assert last.finished and last.text == ""
-    assert last.meta is not None and last.meta["language"] == "en"
-    assert last.meta["duration"] == pytest.approx(len(pcm) / 2 / rate, abs=0.01)
-    assert all(c.meta["segment"]["end"] <= last.meta["duration"] for c in segments)  # type: ignore[index]
+    assert last.meta is not None and last.meta.language == "en"
+    assert last.meta.duration == pytest.approx(len(pcm) / 2 / rate, abs=0.01)
+    assert all(c.meta.segment.end <= last.meta.duration for c in segments)  # type: ignore[index]
     assert last.usage is not None and last.usage["completion_tokens"] > len(words(SENTENCE))
 
 
@@ -116,20 +117,20 @@ async def test_upstream_pcm16_chunks_are_heard_once_the_upstream_ends(
 ) -> None:
     pcm, rate = spoken
     half = len(pcm) // 4 * 2
-    meta = {"sample_rate": rate, "format": "pcm16"}
+    meta = ChunkMeta(sample_rate=rate, format="pcm16")
 
     async def talker() -> AsyncIterator[StageInput]:
         for piece in (pcm[:half], pcm[half:]):
             yield stage_input(1, modality="audio", data=piece, meta=meta)
 
-    chunks = await run(engine, EngineRequest("fed", None, {}, talker()))
+    chunks = await run(engine, EngineRequest("fed", None, P.transcription(), talker()))
     assert word_errors("".join(c.text for c in chunks), SENTENCE) <= 2
 
 
 @module_loop
 async def test_nothing_to_hear_is_a_400_naming_file(engine: AsrEngine) -> None:
     with pytest.raises(BadRequestError) as info:
-        await run(engine, EngineRequest("none", Prompt(text="hi"), {}, no_inputs()))
+        await run(engine, EngineRequest("none", Prompt(text="hi"), P.transcription(), no_inputs()))
     assert info.value.param == "file"
 
 
@@ -161,12 +162,12 @@ def test_bad_params_are_refused_up_front(
     engine: AsrEngine, params: dict[str, Any], param: str
 ) -> None:
     with pytest.raises(BadRequestError) as info:
-        engine.check(params)
+        engine.check(P.transcription(params))
     assert info.value.param == param
 
 
 def test_good_params_pass(engine: AsrEngine) -> None:
-    engine.check({"language": "EN", "temperature": 0.4, "prompt": "Omnistage, Piper."})
+    engine.check(P.transcription(language="EN", temperature=0.4, prompt="Omnistage, Piper."))
 
 
 @module_loop

@@ -22,7 +22,8 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, stage_input
 from omnistage.engines.diffusion import DiffusionEngine
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import ChunkMeta, Prompt
+from tests import params as P
 from tests.diffusion_tiny import build_tiny_pipeline
 from tests.integration.harness import HeadProc, free_port
 
@@ -65,7 +66,7 @@ async def _nothing() -> AsyncIterator[Any]:
 async def _run(
     engine: DiffusionEngine, params: dict[str, Any], prompt: str = "a red cat"
 ) -> list[EngineChunk]:
-    request = EngineRequest("req-1", Prompt(text=prompt), params, _nothing())
+    request = EngineRequest("req-1", Prompt(text=prompt), P.image(params), _nothing())
     return [chunk async for chunk in engine.generate(request)]
 
 
@@ -90,7 +91,7 @@ async def test_n_images_of_the_asked_size_one_chunk_each_the_last_finished(
     assert [c.modality for c in chunks] == ["image"] * 3
     assert [c.finished for c in chunks] == [False, False, True]
     assert [c.meta for c in chunks] == [
-        {"format": "png", "width": 128, "height": 64, "seed": 40 + i, "index": i} for i in range(3)
+        ChunkMeta(format="png", width=128, height=64, seed=40 + i, index=i) for i in range(3)
     ]
     for chunk in chunks:
         image = _decoded(chunk.data)
@@ -122,7 +123,7 @@ async def test_jpeg_and_webp_decode(tiny_model: Path) -> None:
         chunks = await _run(engine, {"seed": 3, "output_format": fmt, "size": "64x128"})
         image = _decoded(chunks[-1].data)
         assert (image.format, image.size) == (pil_name, (64, 128))
-        assert chunks[-1].meta is not None and chunks[-1].meta["format"] == fmt
+        assert chunks[-1].meta is not None and chunks[-1].meta.format == fmt
 
 
 async def test_a_painter_draws_all_of_its_upstream_text(tiny_model: Path) -> None:
@@ -132,7 +133,7 @@ async def test_a_painter_draws_all_of_its_upstream_text(tiny_model: Path) -> Non
         for piece in ("a red", " cat"):
             yield stage_input(0, piece)
 
-    request = EngineRequest("req-2", None, {"seed": 8}, upstream())
+    request = EngineRequest("req-2", None, P.image(seed=8), upstream())
     drawn = _images([c async for c in engine.generate(request)])
     assert drawn == _images(await _run(engine, {"seed": 8}, prompt="a red cat"))
     assert drawn != _images(await _run(engine, {"seed": 8}, prompt="a red"))
@@ -143,7 +144,7 @@ async def test_progress_is_counted_per_step_and_streamed_when_asked(tiny_model: 
     before = engine.progress
     chunks = await _run(engine, {"seed": 5, "n": 2, "progress": True})
     steps = [c.meta for c in chunks if not c.data]
-    assert steps == [{"step": s, "steps": STEPS, "index": i} for i in range(2) for s in range(1, 5)]
+    assert steps == [ChunkMeta(step=s, steps=STEPS, index=i) for i in range(2) for s in range(1, 5)]
     assert engine.progress - before == 2 * (STEPS + 1)  # each step, and each finished image
     quiet = await _run(engine, {"seed": 5})
     assert all(c.data for c in quiet)
@@ -152,7 +153,7 @@ async def test_progress_is_counted_per_step_and_streamed_when_asked(tiny_model: 
 async def test_abort_mid_generation_stops_it_and_frees_the_slot(tiny_model: Path) -> None:
     engine = await _engine(tiny_model)
     params = {"seed": 1, "num_inference_steps": 400, "progress": True, "size": "128x128"}
-    request = EngineRequest("long", Prompt(text="a cat"), params, _nothing())
+    request = EngineRequest("long", Prompt(text="a cat"), P.image(params), _nothing())
     first_step = asyncio.Event()
 
     async def consume() -> None:
@@ -198,7 +199,7 @@ async def test_bad_params_are_refused_naming_the_field(
 ) -> None:
     engine = await _engine(tiny_model, max_generated_image_size=256 * 256)
     with pytest.raises(BadRequestError) as err:
-        engine.check(params)
+        engine.check(P.image(params))
     assert err.value.param == param
     with pytest.raises(BadRequestError) as err:
         await _run(engine, params)

@@ -12,6 +12,7 @@ from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, Prompt
+from tests import params as P
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ async def _no_inputs() -> AsyncIterator[StageInput]:
 
 def _request(text: str, rid: str = "r", **params: object) -> EngineRequest:
     prompt = Prompt(messages=[ChatMessage("user", text)])
-    return EngineRequest(rid, prompt, dict(params), _no_inputs())
+    return EngineRequest(rid, prompt, P.text(params), _no_inputs())
 
 
 async def _started(**engine_args: object) -> LlmEngine:

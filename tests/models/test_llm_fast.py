@@ -22,6 +22,7 @@ from omnistage.engines.llm.engine import LlmEngine
 from omnistage.engines.llm.fast_llama import FastLlama
 from omnistage.engines.llm.slot_batch import SlotBatch
 from omnistage.protocol.messages import ChatMessage, Prompt
+from tests import params as P
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +42,7 @@ async def _no_inputs() -> AsyncIterator[StageInput]:
 
 def _request(text: str, rid: str = "r", **params: Any) -> EngineRequest:
     prompt = Prompt(messages=[ChatMessage("user", text)])
-    return EngineRequest(rid, prompt, {**GREEDY, **params}, _no_inputs())
+    return EngineRequest(rid, prompt, P.text({**GREEDY, **params}), _no_inputs())
 
 
 async def _collect(engine: LlmEngine, request: EngineRequest) -> list[EngineChunk]:

@@ -16,6 +16,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.protocol.messages import ChatMessage, Prompt
+from tests import params as P
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ async def _no_inputs() -> AsyncIterator[StageInput]:
 
 def _request(resume_text: str = "", **params: object) -> EngineRequest:
     prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
-    return EngineRequest("r", prompt, {**GREEDY, **params}, _no_inputs(), resume_text)
+    return EngineRequest("r", prompt, P.text({**GREEDY, **params}), _no_inputs(), resume_text)
 
 
 def _run(engine: LlmEngine, request: EngineRequest) -> list[EngineChunk]:
@@ -180,7 +181,7 @@ def _resumed_request(chunks: list[EngineChunk], cut: int, rid: str = "r") -> Eng
     assert usage is not None
     prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
     return EngineRequest(
-        rid, prompt, dict(SEEDED), _no_inputs(), delivered, usage["completion_tokens"]
+        rid, prompt, P.text(SEEDED), _no_inputs(), delivered, usage["completion_tokens"]
     )
 
 
@@ -206,7 +207,7 @@ def test_seeded_resume_is_exact_among_other_sequences(
             EngineRequest(
                 f"o{i}",
                 Prompt(messages=[ChatMessage("user", q)]),
-                {"temperature": 0.8 * (i % 2), "max_tokens": 10 + 7 * i, "ignore_eos": True},
+                P.text(temperature=0.8 * (i % 2), max_tokens=10 + 7 * i, ignore_eos=True),
                 _no_inputs(),
             )
             for i, q in enumerate(OTHERS)
@@ -237,6 +238,6 @@ def test_penalties_count_the_delivered_tokens_on_resume(engine: LlmEngine) -> No
     assert usage is not None
     prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
     request = EngineRequest(
-        "r", prompt, params, _no_inputs(), delivered, usage["completion_tokens"]
+        "r", prompt, P.text(params), _no_inputs(), delivered, usage["completion_tokens"]
     )
     assert delivered + _text(_run(engine, request)) == full

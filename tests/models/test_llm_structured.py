@@ -15,7 +15,8 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, Prompt
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, Prompt
+from tests import params as P
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ def _request(
     text: str, rid: str = "r", resume_text: str = "", resume_tokens: int = 0, **params: object
 ) -> EngineRequest:
     prompt = Prompt(messages=[ChatMessage("user", text)])
-    return EngineRequest(rid, prompt, dict(params), _no_inputs(), resume_text, resume_tokens)
+    return EngineRequest(rid, prompt, P.text(params), _no_inputs(), resume_text, resume_tokens)
 
 
 async def _started(**engine_args: object) -> LlmEngine:
@@ -234,7 +235,7 @@ def test_named_tool_choice_streams_arguments_matching_the_parameters(
     chunks = outputs["named"]
     assert len(chunks) > 1  # streamed as written
     assert all(c.modality == "tool_call" for c in chunks)
-    assert all(c.meta == {"index": 0, "name": "get_weather"} for c in chunks)
+    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in chunks)
     last = chunks[-1]
     assert last.finished and last.finish_reason == "tool_calls" and last.usage is not None
     arguments = json.loads(_text(chunks))
@@ -246,10 +247,10 @@ def test_required_tool_choice_makes_exactly_one_call(
 ) -> None:
     (call,) = outputs["required"]  # held back and emitted whole at the end
     assert call.modality == "tool_call" and call.meta is not None
-    assert call.meta["index"] == 0 and call.meta["name"] in SCHEMAS
+    assert call.meta.index == 0 and call.meta.name in SCHEMAS
     assert call.finished and call.finish_reason == "tool_calls"
     arguments = json.loads(call.text)
-    assert _matches(arguments, SCHEMAS[call.meta["name"]]), arguments
+    assert _matches(arguments, SCHEMAS[call.meta.name]), arguments
 
 
 def _chunk_cut(chunks: list[EngineChunk], at_least: int) -> tuple[str, int]:
@@ -286,7 +287,7 @@ def test_a_resumed_named_call_continues_to_the_same_arguments(
     delivered, _, chunks = resumed
     assert delivered + _text(chunks) == _text(outputs["named"])
     assert all(c.modality == "tool_call" for c in chunks)
-    assert all(c.meta == {"index": 0, "name": "get_weather"} for c in chunks)
+    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in chunks)
     assert chunks[-1].finish_reason == "tool_calls"
 
 
@@ -390,19 +391,19 @@ def test_check_rejects_bad_requests_up_front(
     engine: LlmEngine, params: dict[str, Any], param: str
 ) -> None:
     with pytest.raises(BadRequestError) as info:
-        engine.check(params)
+        engine.check(P.text(params))
     assert info.value.param == param
 
 
 def test_check_accepts_good_structured_requests(engine: LlmEngine) -> None:
-    engine.check({"response_format": CITY_FORMAT, "logprobs": True, "top_logprobs": 5})
-    engine.check(NAMED)
-    engine.check({"tools": TOOLS, "tool_choice": "required", "logit_bias": {"0": -100}})
+    engine.check(P.text({"response_format": CITY_FORMAT, "logprobs": True, "top_logprobs": 5}))
+    engine.check(P.text(NAMED))
+    engine.check(P.text({"tools": TOOLS, "tool_choice": "required", "logit_bias": {"0": -100}}))
 
 
 def test_check_rejects_a_logit_bias_token_outside_the_vocabulary(engine: LlmEngine) -> None:
     with pytest.raises(BadRequestError) as info:
-        engine.check({"logit_bias": {"1000000": 1}})
+        engine.check(P.text({"logit_bias": {"1000000": 1}}))
     assert info.value.param == "logit_bias"
 
 

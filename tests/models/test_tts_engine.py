@@ -20,6 +20,7 @@ from omnistage.engines.tts import TtsArgs, TtsEngine
 from omnistage.engines.voices import VoiceCatalog, discover_voices
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt
+from tests import params as P
 
 # Async tests share one event loop, so the started engine can serve them all.
 module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -58,7 +59,7 @@ async def inputs_of(*texts: str) -> AsyncIterator[StageInput]:
 
 
 def speak(text: str, **params: Any) -> EngineRequest:
-    return EngineRequest("req-tts", Prompt(text=text), params, no_inputs())
+    return EngineRequest("req-tts", Prompt(text=text), P.speech(params), no_inputs())
 
 
 async def collect(engine: TtsEngine, request: EngineRequest) -> list[EngineChunk]:
@@ -178,7 +179,7 @@ async def test_streamed_input_is_spoken_sentence_by_sentence(engine: TtsEngine):
     progress_before = engine.progress
 
     async def consume() -> None:
-        async for chunk in engine.generate(EngineRequest("req-s", None, {}, upstream())):
+        async for chunk in engine.generate(EngineRequest("req-s", None, P.speech(), upstream())):
             if chunk.data and not first_audio.is_set():
                 assert not input_done
                 first_audio.set()
@@ -223,8 +224,8 @@ async def test_empty_input_gives_one_finished_chunk_without_audio(engine: TtsEng
     for request in (
         speak(""),
         speak("   "),
-        EngineRequest("req-e", None, {}, no_inputs()),
-        EngineRequest("req-e", None, {}, inputs_of("", "  ")),
+        EngineRequest("req-e", None, P.speech(), no_inputs()),
+        EngineRequest("req-e", None, P.speech(), inputs_of("", "  ")),
     ):
         chunks = await collect(engine, request)
         assert len(chunks) == 1
@@ -255,7 +256,7 @@ async def test_cancelling_mid_stream_does_not_hang(engine: TtsEngine):
         yield stage_input(1, "Half a sent")
         await asyncio.Event().wait()
 
-    task = asyncio.create_task(consume(EngineRequest("req-c", None, {}, stuck())))
+    task = asyncio.create_task(consume(EngineRequest("req-c", None, P.speech(), stuck())))
     await asyncio.sleep(0.2)
     task.cancel()
     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), timeout=5)

@@ -33,6 +33,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChatMessage, Prompt
+from tests import params as P
 from tests.integration.harness import HeadProc, wait_for
 
 needs_vllm = pytest.mark.skipif(
@@ -116,7 +117,7 @@ async def _no_inputs() -> AsyncIterator[StageInput]:
 def _request(resume_text: str = "", resume_tokens: int = 0, **params: Any) -> EngineRequest:
     prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
     params = {"temperature": 0, "max_tokens": N, **params}
-    return EngineRequest("r", prompt, params, _no_inputs(), resume_text, resume_tokens)
+    return EngineRequest("r", prompt, P.text(params), _no_inputs(), resume_text, resume_tokens)
 
 
 async def _run(engine: Any, request: EngineRequest) -> list[EngineChunk]:
@@ -206,11 +207,11 @@ class TestEngine:
 
     async def test_bad_params_are_refused_before_any_work(self, engine: Any) -> None:
         with pytest.raises(BadRequestError):
-            engine.check({"logit_bias": {"99999999": 5}})
+            engine.check(P.text({"logit_bias": {"99999999": 5}}))
         with pytest.raises(BadRequestError):
-            engine.check({"tools": [{"type": "function", "function": {"name": "f"}}]})
+            engine.check(P.text({"tools": [{"type": "function", "function": {"name": "f"}}]}))
         with pytest.raises(BadRequestError, match="maximum context length"):
-            await _run(engine, EngineRequest("x", Prompt(text="a " * 2000), {}, _no_inputs()))
+            await _run(engine, EngineRequest("x", Prompt(text="a " * 2000), P.text(), _no_inputs()))
 
     async def test_a_dead_engine_core_fails_requests_with_an_engine_error(
         self, engine: Any

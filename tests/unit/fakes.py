@@ -9,12 +9,12 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
-from omnistage.api.service import OutputStream, ReplicaLoad, RequestCounts
+from omnistage.api.service import OutputStream, ReplicaStats, RequestCounts
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.latency import LatencySnapshot
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import PipelineRequest
 
-Opener = Callable[..., Awaitable[OutputStream]]
+Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
 NO_REQUESTS = RequestCounts(0, 0, 0)
 
 
@@ -44,21 +44,11 @@ class FakeService:
         self._counts = counts
         self._latency = latency
 
-    async def open(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        finals: list[int],
-        params: dict[str, Any] | None = None,
-        stage_params: dict[int, dict[str, Any]] | None = None,
-        only: bool = False,
-        ack: bool = False,
-    ) -> OutputStream:
+    async def open(self, request: PipelineRequest) -> OutputStream:
         if self._opener is None:
-            raise AssertionError(f"request {request_id} was not expected to reach the pipeline")
-        return await self._opener(
-            request_id, prompt, finals, params, stage_params, only=only, ack=ack
-        )
+            rid = request.request_id
+            raise AssertionError(f"request {rid} was not expected to reach the pipeline")
+        return await self._opener(request)
 
     def stages_without_replicas(self) -> list[tuple[int, str]]:
         return []
@@ -69,7 +59,7 @@ class FakeService:
     def replica_entries(self) -> list[ReplicaEntry]:
         return []
 
-    def replica_loads(self) -> list[ReplicaLoad]:
+    def replica_loads(self) -> list[ReplicaStats]:
         return []
 
     def stage_waiting(self) -> dict[int, int]:

@@ -29,7 +29,8 @@ from omnistage.head.scaler import Scaler
 from omnistage.head.state import ControlState
 from omnistage.launch.restart import RestartPolicy
 from omnistage.protocol.errors import ConfigError
-from omnistage.protocol.messages import RegisterRequest, ReplicaState
+from omnistage.protocol.messages import ReplicaState
+from omnistage.protocol.registration import RegisterRequest
 from tests.unit.fakes import FakeClock
 
 

@@ -16,10 +16,8 @@ from omnistage.protocol.messages import (
     AddRequest,
     ChatMessage,
     ErrorInfo,
-    ErrorReply,
     FrontClose,
     FrontDone,
-    FrontOpen,
     FrontOpened,
     FrontQuery,
     FrontSnapshot,
@@ -29,12 +27,16 @@ from omnistage.protocol.messages import (
     Hello,
     OutputChunk,
     Ping,
+    PipelineRequest,
     Prompt,
     Ready,
-    RegisterReply,
+    ReplicaStats,
+    RequestCounts,
     Resume,
     Shutdown,
 )
+from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
+from omnistage.protocol.registration import ErrorReply, RegisterReply
 
 SAMPLES: dict[type, msgspec.Struct] = {
     Hello: Hello(stage_id=1, replica_id=2, epoch=3, pid=4321, host="node-a"),
@@ -60,7 +62,7 @@ SAMPLES: dict[type, msgspec.Struct] = {
         request_id="req-1",
         prompt=Prompt(messages=[ChatMessage("system", "be brief"), ChatMessage("user", "hi")]),
         upstream=[0, 2],
-        params={"temperature": 0.7, "max_tokens": 16, "stop": ["\n"]},
+        params=StageParams(text=GenerationParams(temperature=0.7, max_tokens=16, stop=["\n"])),
         resume=Resume(text="Hello, wor", data_chunks=0, seq=3),
         attempt=2,
         peers=["tcp://10.0.0.9:7001"],
@@ -94,12 +96,12 @@ SAMPLES: dict[type, msgspec.Struct] = {
         progress=100,
         seq=42,
     ),
-    FrontOpen: FrontOpen(
+    PipelineRequest: PipelineRequest(
         request_id="chatcmpl-1",
         prompt=Prompt(messages=[ChatMessage("user", "hi")]),
         finals=[0, 2],
-        params={"temperature": 0.5},
-        stage_params={1: {"voice": "joe"}},
+        params=StageParams(text=GenerationParams(temperature=0.5)),
+        stage_params={1: StageParams(speech=SpeechParams(voice="joe"))},
         only=False,
     ),
     FrontOpened: FrontOpened(
@@ -112,9 +114,9 @@ SAMPLES: dict[type, msgspec.Struct] = {
     FrontSnapshot: FrontSnapshot(
         missing=[(1, "talker")],
         status_json=b"{}",
-        counts=[5, 1, 0, 2, 0],
+        counts=RequestCounts(5, 1, 0, 2, 0),
         entries_json=b"[]",
-        loads_json=b"[]",
+        loads=[ReplicaStats(1, 0, True, 2, 8, 0, 41, "node-a")],
         waiting={0: 0},
         responses={0: {200: 10}},
     ),
@@ -143,14 +145,14 @@ def test_tagged_message_round_trips(cls):
 
 
 def test_prompt_with_text_round_trips_inside_add_request():
-    msg = AddRequest(request_id="r", prompt=Prompt(text="plain"), upstream=[], params={})
+    msg = AddRequest(request_id="r", prompt=Prompt(text="plain"), upstream=[], params=StageParams())
     decoded = codec.decode(*codec.encode(msg))
     assert decoded.prompt.text == "plain"
     assert decoded.prompt.messages is None
 
 
 def test_add_request_without_prompt_round_trips():
-    msg = AddRequest(request_id="r", prompt=None, upstream=[0], params={})
+    msg = AddRequest(request_id="r", prompt=None, upstream=[0], params=StageParams())
     assert codec.decode(*codec.encode(msg)) == msg
 
 

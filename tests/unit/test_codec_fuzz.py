@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import TAGS, Abort, OutputChunk, RegisterRequest
+from omnistage.protocol.messages import TAGS, Abort, OutputChunk
+from omnistage.protocol.registration import RegisterRequest
 
 TAG_BYTES = st.sampled_from([*TAGS.values(), b"", b"?", b"OO"])
 # msgpack-shaped noise: valid containers of wrong types, plus raw bytes.

@@ -14,6 +14,7 @@ from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage
 from omnistage.engines.echo import EchoEngine, split_even
 from omnistage.protocol.errors import EngineError
 from omnistage.protocol.messages import ChatMessage, Prompt
+from tests import params as P
 
 
 def stage(name: str = "talker", **engine_args: Any) -> StageConfig:
@@ -31,11 +32,11 @@ async def inputs_of(*texts: str) -> AsyncIterator[StageInput]:
 
 
 def source_request(text: str) -> EngineRequest:
-    return EngineRequest("req-1", Prompt(text=text), {}, no_inputs())
+    return EngineRequest("req-1", Prompt(text=text), P.text(), no_inputs())
 
 
 def downstream_request(*texts: str) -> EngineRequest:
-    return EngineRequest("req-2", None, {}, inputs_of(*texts))
+    return EngineRequest("req-2", None, P.text(), inputs_of(*texts))
 
 
 async def collect(engine: EchoEngine, request: EngineRequest) -> list[EngineChunk]:
@@ -64,7 +65,7 @@ async def test_source_request_reads_last_user_message_from_chat():
             ChatMessage("user", "second"),
         ]
     )
-    chunks = await collect(engine, EngineRequest("r", prompt, {}, no_inputs()))
+    chunks = await collect(engine, EngineRequest("r", prompt, P.text(), no_inputs()))
     assert "".join(c.text for c in chunks) == "second [thinker]"
 
 
@@ -101,7 +102,7 @@ async def test_downstream_request_skips_empty_input_chunks():
 
 async def test_downstream_request_with_no_inputs_yields_only_suffix():
     engine = EchoEngine(stage("vocoder"))
-    chunks = await collect(engine, EngineRequest("r", None, {}, no_inputs()))
+    chunks = await collect(engine, EngineRequest("r", None, P.text(), no_inputs()))
     assert [c.text for c in chunks] == [" [vocoder]"]
     assert chunks[0].finished
     assert chunks[-1].usage == {"prompt_tokens": 0, "completion_tokens": 1}

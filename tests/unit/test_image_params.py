@@ -13,12 +13,13 @@ from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.load import validate_config
 from omnistage.engines.image_params import (
     DEFAULT_MAX_PIXELS,
-    MAX_IMAGES,
+    ImageJob,
     fit_size,
     image_job,
     parse_size,
 )
 from omnistage.protocol.errors import BadRequestError, ConfigError
+from omnistage.protocol.params import MAX_IMAGES, ImageParams, ParamKind, decode
 
 MAX = 256 * 256
 
@@ -67,8 +68,13 @@ def test_fit_size_keeps_the_shape_within_the_max() -> None:
     assert width > height
 
 
+def _job(raw: dict, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageJob:
+    """Params as the API decodes them, then as the engine reads them."""
+    return image_job(decode(ParamKind.IMAGE, raw).imaging, max_pixels)
+
+
 def test_an_empty_request_takes_every_default() -> None:
-    job = image_job({})
+    job = _job({})
     assert (job.n, job.size, job.seed, job.output_format, job.progress) == (
         1,
         None,
@@ -80,7 +86,7 @@ def test_an_empty_request_takes_every_default() -> None:
 
 
 def test_a_full_request_is_read_as_given() -> None:
-    job = image_job(
+    job = _job(
         {
             "n": 3,
             "size": "128x64",
@@ -126,7 +132,7 @@ def test_a_full_request_is_read_as_given() -> None:
 )
 def test_bad_params_are_refused_naming_the_field(params: dict, param: str) -> None:
     with pytest.raises(BadRequestError) as err:
-        image_job(params, MAX)
+        _job(params, MAX)
     assert err.value.param == param
 
 
@@ -147,14 +153,9 @@ def test_request_body_takes_openai_fields_and_ignores_the_cosmetic_ones() -> Non
         }
     )
     params = body.image_params(body.seed or 0)
-    assert params == {
-        "n": 2,
-        "size": "1024x1024",
-        "seed": 5,
-        "output_format": "png",
-        "progress": False,
-        "negative_prompt": "dogs",
-    }
+    assert params == ImageParams(
+        n=2, size="1024x1024", seed=5, output_format="png", progress=False, negative_prompt="dogs"
+    )
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from omnistage.api.routes.metrics import Exposition
 from omnistage.api.service import RequestCounts
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot
-from omnistage.protocol.messages import FrontSnapshot, OutputChunk
+from omnistage.protocol.messages import ChunkMeta, FrontSnapshot, OutputChunk, PipelineRequest
 from tests.unit.fakes import FakeClock, FakeService
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
 
@@ -58,13 +58,13 @@ def _head(pipeline: str, replicas: dict[int, int]) -> tuple[Head, FakeClock, Lat
     head = Head(pipeline, replicas)
     clock = FakeClock()
     names = {sid: s.name for sid, s in head.orch.graph.stages.items()}
-    recorder = head.orch.latency = LatencyRecorder(names, clock=clock)
+    recorder = head.orch.dispatcher.latency = LatencyRecorder(names, clock=clock)
     return head, clock, recorder
 
 
 async def test_open_dispatch_first_chunk_and_finish_are_timed() -> None:
     head, clock, rec = _head("echo", {0: 1, 1: 1, 2: 1})
-    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
     # Replicas were free: every stage dispatched at its open.
     for sid in (0, 1, 2):
         assert rec.stages["queue_wait"][sid].count == 1
@@ -97,7 +97,7 @@ async def test_open_dispatch_first_chunk_and_finish_are_timed() -> None:
 
 async def test_a_retried_stage_is_timed_again_from_its_redispatch() -> None:
     head, clock, rec = _head("echo-1stage", {0: 2})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     failing = head.replica_of(0)
     clock.now += 1.0
     head.out(0, failing, 0, "ab")
@@ -120,9 +120,9 @@ async def test_a_retried_stage_is_timed_again_from_its_redispatch() -> None:
 
 async def test_audio_chunks_count_seconds_and_the_first_one_with_data() -> None:
     head, clock, rec = _head("echo-1stage", {0: 1})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     rid = head.replica_of(0)
-    meta = {"sample_rate": 24000, "format": "pcm16"}
+    meta = ChunkMeta(sample_rate=24000, format="pcm16")
 
     def audio(seq: int, data: bytes, **kw: object) -> None:
         chunk = OutputChunk("r1", 0, rid, 1, seq, "audio", data=data, meta=meta, **kw)  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ async def test_audio_chunks_count_seconds_and_the_first_one_with_data() -> None:
 
 async def test_a_request_that_fails_has_no_end_to_end_time() -> None:
     head, _, rec = _head("echo-1stage", {0: 1})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     head.out(0, head.replica_of(0), 0, "", error="boom", finished=True)
     with pytest.raises(Exception, match="boom"):
         await collect(stream)

@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 from omnistage.engines.base import EngineChunk  # noqa: E402
 from omnistage.engines.llm.guided import schema_of_response_format  # noqa: E402
 from omnistage.engines.llm.sampling import (  # noqa: E402
-    MAX_TOP_LOGPROBS,
     Sampler,
     SamplingParams,
 )
@@ -26,13 +25,23 @@ from omnistage.engines.llm.tools import (  # noqa: E402
     plan_tools,
 )
 from omnistage.protocol.errors import BadRequestError  # noqa: E402
-from omnistage.protocol.messages import ChatMessage, TokenLogprob, ToolCall  # noqa: E402
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, TokenLogprob, ToolCall  # noqa: E402
+from omnistage.protocol.params import (  # noqa: E402
+    MAX_TOP_LOGPROBS,
+    GenerationParams,
+    ParamKind,
+    decode,
+)
 
 CPU = torch.device("cpu")
 
 
+def _plan(params: dict[str, Any]) -> ToolPlan:
+    return plan_tools(GenerationParams(**params))
+
+
 def _params(**params: Any) -> SamplingParams:
-    return SamplingParams.from_params(params, 16)
+    return SamplingParams.from_params(decode(ParamKind.TEXT, params).generation, 16)
 
 
 # -- SamplingParams ---------------------------------------------------------------------
@@ -64,7 +73,7 @@ def test_logprobs_are_parsed_in_chat_and_completions_shape(
 
 
 def test_min_tokens_ignore_eos_and_logit_bias_are_parsed() -> None:
-    p = _params(min_tokens=5, ignore_eos=True, logit_bias={"7": -100, "12": 2.5, 3: 100})
+    p = _params(min_tokens=5, ignore_eos=True, logit_bias={"7": -100, "12": 2.5, "3": 100})
     assert p.min_tokens == 5 and p.ignore_eos is True
     assert p.logit_bias == ((7, -100.0), (12, 2.5), (3, 100.0))
     assert all(isinstance(t, int) and isinstance(b, float) for t, b in p.logit_bias)
@@ -103,7 +112,7 @@ def test_min_tokens_ignore_eos_and_logit_bias_are_parsed() -> None:
 )
 def test_bad_new_params_are_bad_requests_naming_the_field(params: dict, param: str) -> None:
     with pytest.raises(BadRequestError) as info:
-        SamplingParams.from_params(params, 16)
+        _params(**params)
     assert info.value.param == param
 
 
@@ -337,28 +346,28 @@ def _named(name: str) -> dict:
 )
 def test_bad_tools_and_tool_choice_are_bad_requests(params: dict, param: str) -> None:
     with pytest.raises(BadRequestError) as info:
-        plan_tools(params)
+        _plan(params)
     assert info.value.param == param
 
 
 def test_tool_modes() -> None:
-    assert plan_tools({}).mode == "none"
-    assert plan_tools({"tool_choice": "none"}) == ToolPlan()
-    assert plan_tools({"tool_choice": "auto"}).mode == "none"  # no tools: nothing to call
-    auto = plan_tools({"tools": TOOLS})
+    assert _plan({}).mode == "none"
+    assert _plan({"tool_choice": "none"}) == ToolPlan()
+    assert _plan({"tool_choice": "auto"}).mode == "none"  # no tools: nothing to call
+    auto = _plan({"tools": TOOLS})
     assert auto.mode == "auto" and auto.offered and auto.named is None
     assert [t.name for t in auto.tools] == ["get_weather", "get_time"]
-    assert plan_tools({"tools": TOOLS, "tool_choice": "auto"}).mode == "auto"
-    none = plan_tools({"tools": TOOLS, "tool_choice": "none"})
+    assert _plan({"tools": TOOLS, "tool_choice": "auto"}).mode == "auto"
+    none = _plan({"tools": TOOLS, "tool_choice": "none"})
     assert none.mode == "none" and not none.offered and none.schema() is None
-    assert plan_tools({"tools": TOOLS, "tool_choice": "required"}).mode == "required"
-    named = plan_tools({"tools": TOOLS, "tool_choice": _named("get_time")})
+    assert _plan({"tools": TOOLS, "tool_choice": "required"}).mode == "required"
+    named = _plan({"tools": TOOLS, "tool_choice": _named("get_time")})
     assert named.mode == "named" and named.named is not None
     assert named.named.name == "get_time"
 
 
 def test_tool_fields_and_defaults() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     weather, time = plan.tools
     assert weather.description == "Weather in a city" and weather.parameters == WEATHER_PARAMS
     # A function without parameters takes an empty object.
@@ -373,18 +382,18 @@ def test_tool_fields_and_defaults() -> None:
         },
     }
     # "type" may be left out.
-    bare = plan_tools({"tools": [{"function": {"name": "f.x-1"}}]})
+    bare = _plan({"tools": [{"function": {"name": "f.x-1"}}]})
     assert bare.tools[0].name == "f.x-1"
 
 
 def test_schema_of_a_named_plan_is_its_parameters() -> None:
-    plan = plan_tools({"tools": TOOLS, "tool_choice": _named("get_weather")})
+    plan = _plan({"tools": TOOLS, "tool_choice": _named("get_weather")})
     assert plan.schema() == WEATHER_PARAMS
-    assert plan_tools({"tools": TOOLS}).schema() is None
+    assert _plan({"tools": TOOLS}).schema() is None
 
 
 def test_schema_of_a_required_plan_is_any_one_call() -> None:
-    schema = plan_tools({"tools": TOOLS, "tool_choice": "required"}).schema()
+    schema = _plan({"tools": TOOLS, "tool_choice": "required"}).schema()
     assert schema is not None
     options = schema["anyOf"]
     assert len(options) == 2
@@ -413,7 +422,7 @@ HISTORY = [
 
 
 def test_hermes_prompt_puts_tools_in_a_new_system_turn() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     out = chat_messages([ChatMessage("user", "hi")], plan, template_knows_tools=False)
     assert [m["role"] for m in out] == ["system", "user"]
     system = out[0]["content"]
@@ -427,7 +436,7 @@ def test_hermes_prompt_puts_tools_in_a_new_system_turn() -> None:
 
 @pytest.mark.parametrize("role", ["system", "developer"])
 def test_hermes_prompt_merges_the_tools_into_an_existing_system_turn(role: str) -> None:
-    plan = plan_tools({"tools": TOOLS, "tool_choice": "required"})
+    plan = _plan({"tools": TOOLS, "tool_choice": "required"})
     messages = [ChatMessage(role, "Be terse."), ChatMessage("user", "hi")]
     out = chat_messages(messages, plan, template_knows_tools=False)
     assert [m["role"] for m in out] == ["system", "user"]
@@ -437,7 +446,7 @@ def test_hermes_prompt_merges_the_tools_into_an_existing_system_turn(role: str) 
 
 
 def test_hermes_prompt_renders_calls_and_tool_answers() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     out = chat_messages(HISTORY, plan, template_knows_tools=False)
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
     assert out[1] == {"role": "user", "content": "Weather in Paris?"}
@@ -472,13 +481,13 @@ def test_hermes_prompt_keeps_assistant_text_before_its_calls() -> None:
 
 
 def test_no_tools_block_when_tools_are_not_offered() -> None:
-    plan = plan_tools({"tools": TOOLS, "tool_choice": "none"})
+    plan = _plan({"tools": TOOLS, "tool_choice": "none"})
     out = chat_messages([ChatMessage("user", "hi")], plan, template_knows_tools=False)
     assert out == [{"role": "user", "content": "hi"}]
 
 
 def test_a_template_that_knows_tools_gets_native_messages() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     out = chat_messages(HISTORY, plan, template_knows_tools=True)
     assert out[0] == {"role": "user", "content": "Weather in Paris?"}
     assert out[1] == {
@@ -525,13 +534,13 @@ def _logprob_tokens(chunks: list[EngineChunk]) -> list[str]:
 
 
 def test_named_mode_streams_every_chunk_as_a_call_piece() -> None:
-    plan = plan_tools({"tools": TOOLS, "tool_choice": _named("get_weather")})
+    plan = _plan({"tools": TOOLS, "tool_choice": _named("get_weather")})
     pieces = ['{"city"', ':"Par', 'is"}', ""]
     steps = _shape(CallShaper(plan), _chunks(pieces, logprobs=True))
     assert all(len(step) == 1 for step in steps)  # nothing held back
     out = _flat(steps)
     assert all(c.modality == "tool_call" for c in out)
-    assert all(c.meta == {"index": 0, "name": "get_weather"} for c in out)
+    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in out)
     assert json.loads("".join(c.text for c in out)) == {"city": "Paris"}
     assert [c.finished for c in out] == [False, False, False, True]
     assert out[-1].finish_reason == "tool_calls"
@@ -540,18 +549,18 @@ def test_named_mode_streams_every_chunk_as_a_call_piece() -> None:
 
 
 def test_named_mode_keeps_a_length_finish() -> None:
-    plan = plan_tools({"tools": TOOLS, "tool_choice": _named("get_weather")})
+    plan = _plan({"tools": TOOLS, "tool_choice": _named("get_weather")})
     out = _flat(_shape(CallShaper(plan), _chunks(['{"ci', "ty"], finish="length")))
     assert out[-1].finish_reason == "length" and out[-1].modality == "tool_call"
 
 
 def test_required_mode_emits_one_compact_call_at_the_end() -> None:
-    plan = plan_tools({"tools": TOOLS, "tool_choice": "required"})
+    plan = _plan({"tools": TOOLS, "tool_choice": "required"})
     pieces = ['{"name":"get_we', 'ather","arguments":', '{"city": "Paris",  "unit":"c"}}']
     steps = _shape(CallShaper(plan), _chunks(pieces, logprobs=True))
     assert steps[:-1] == [[], []]
     (call,) = steps[-1]
-    assert call.modality == "tool_call" and call.meta == {"index": 0, "name": "get_weather"}
+    assert call.modality == "tool_call" and call.meta == ChunkMeta(index=0, name="get_weather")
     assert call.text == '{"city":"Paris","unit":"c"}'
     assert call.finished and call.finish_reason == "tool_calls"
     assert call.usage == {"prompt_tokens": 3, "completion_tokens": 3}
@@ -559,7 +568,7 @@ def test_required_mode_emits_one_compact_call_at_the_end() -> None:
 
 
 def test_auto_mode_passes_plain_text_through() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     steps = _shape(CallShaper(plan), _chunks(["Hello", " there", ""], logprobs=True))
     assert [[c.text for c in step] for step in steps] == [["Hello"], [" there"], [""]]
     out = _flat(steps)
@@ -569,7 +578,7 @@ def test_auto_mode_passes_plain_text_through() -> None:
 
 
 def test_auto_mode_holds_what_may_still_be_a_tool_call_tag() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     shaper = CallShaper(plan)
     steps = _shape(shaper, _chunks(["  ", "<t", "ool", "s are", " fun"], logprobs=True))
     # "  <tool" could still become "<tool_call>"; "  <tools are" cannot.
@@ -581,14 +590,14 @@ def test_auto_mode_holds_what_may_still_be_a_tool_call_tag() -> None:
 
 
 def test_auto_mode_parses_a_call_whose_tag_arrives_split() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     pieces = ["<to", "ol_call>", '\n{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}\n']
     pieces.append("</tool_call>")
     steps = _shape(CallShaper(plan), _chunks(pieces, logprobs=True))
     assert steps[:-1] == [[], [], [], []]
     (call,) = steps[-1]
     assert call.modality == "tool_call"
-    assert call.meta == {"index": 0, "name": "get_weather"}
+    assert call.meta == ChunkMeta(index=0, name="get_weather")
     assert call.text == '{"city":"Oslo"}'
     assert call.finished and call.finish_reason == "tool_calls"
     assert call.usage == {"prompt_tokens": 3, "completion_tokens": 5}
@@ -596,7 +605,7 @@ def test_auto_mode_parses_a_call_whose_tag_arrives_split() -> None:
 
 
 def test_auto_mode_parses_two_calls() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     text = (
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_time", "arguments": "{}"}\n</tool_call>'
@@ -605,8 +614,8 @@ def test_auto_mode_parses_two_calls() -> None:
     assert steps[0] == []
     first, second = steps[1]
     assert [c.modality for c in (first, second)] == ["tool_call", "tool_call"]
-    assert first.meta == {"index": 0, "name": "get_weather"}
-    assert second.meta == {"index": 1, "name": "get_time"}
+    assert first.meta == ChunkMeta(index=0, name="get_weather")
+    assert second.meta == ChunkMeta(index=1, name="get_time")
     assert first.text == '{"city":"Rome"}'
     assert second.text == "{}"  # arguments written as a JSON string are parsed
     assert not first.finished and first.finish_reason is None
@@ -616,10 +625,10 @@ def test_auto_mode_parses_two_calls() -> None:
 
 
 def test_auto_mode_parses_a_call_cut_off_before_its_closing_tag() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     text = '<tool_call>\n{"name": "get_time", "arguments": {}}'
     (call,) = _flat(_shape(CallShaper(plan), _chunks([text], finish="length")))
-    assert call.modality == "tool_call" and call.meta == {"index": 0, "name": "get_time"}
+    assert call.modality == "tool_call" and call.meta == ChunkMeta(index=0, name="get_time")
     assert call.finish_reason == "length"
 
 
@@ -633,7 +642,7 @@ def test_auto_mode_parses_a_call_cut_off_before_its_closing_tag() -> None:
     ],
 )
 def test_auto_mode_falls_back_to_text_when_no_call_parses(text: str) -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     pieces = [text[:5], text[5:]] if len(text) > 5 else [text]
     out = _flat(_shape(CallShaper(plan), _chunks(pieces, logprobs=True)))
     (last,) = out
@@ -644,7 +653,7 @@ def test_auto_mode_falls_back_to_text_when_no_call_parses(text: str) -> None:
 
 
 def test_auto_mode_with_resumed_text_passes_through_from_the_start() -> None:
-    plan = plan_tools({"tools": TOOLS})
+    plan = _plan({"tools": TOOLS})
     shaper = CallShaper(plan, resumed="The weather is")
     steps = _shape(shaper, _chunks(["<t", "ool_call>", " fine"]))
     assert [[c.text for c in step] for step in steps] == [["<t"], ["ool_call>"], [" fine"]]

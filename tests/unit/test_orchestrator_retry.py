@@ -22,12 +22,14 @@ from omnistage.protocol.messages import (
     Abort,
     AddRequest,
     OutputChunk,
+    PipelineRequest,
     Prompt,
     Reason,
     ReplicaState,
     Resume,
     routing_id,
 )
+from omnistage.protocol.params import StageParams
 from tests.unit.fakes import ticks, until
 
 PROMPT = Prompt(text="hi")
@@ -136,7 +138,7 @@ async def _collect(stream: RequestStream) -> list[OutputChunk]:
 def add(
     sid_upstream: list[int], resume: Resume | None, prompt: Prompt | None = None, **kw: Any
 ) -> AddRequest:
-    return AddRequest("r1", prompt, sid_upstream, {}, resume, **kw)
+    return AddRequest("r1", prompt, sid_upstream, StageParams(), resume, **kw)
 
 
 def inp(source: int, rid: int, seq: int, text: str, finished: bool = False) -> OutputChunk:
@@ -146,7 +148,7 @@ def inp(source: int, rid: int, seq: int, text: str, finished: bool = False) -> O
 
 async def test_downstream_retry_sends_resume_and_replays_the_stage_inputs() -> None:
     head = Head("echo", {0: 1, 1: 2, 2: 1})
-    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
     failing = head.replica_of(1)
     other = 1 - failing
     # Every stage is bound at once; with no peer listeners, all edges go via the head.
@@ -194,7 +196,7 @@ async def test_downstream_retry_sends_resume_and_replays_the_stage_inputs() -> N
 
 async def test_a_chunk_below_the_next_expected_seq_is_not_delivered_twice() -> None:
     head = Head("echo-1stage", {0: 2})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     failing = head.replica_of(0)
     other = 1 - failing
     head.out(0, failing, 0, "ab")
@@ -217,7 +219,7 @@ async def test_a_chunk_below_the_next_expected_seq_is_not_delivered_twice() -> N
 
 async def test_a_source_stage_retry_does_not_forward_duplicates_downstream() -> None:
     head = Head("echo", {0: 2, 1: 1, 2: 1})
-    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
     failing = head.replica_of(0)
     other = 1 - failing
     head.out(0, failing, 0, "a")
@@ -236,7 +238,7 @@ async def test_a_source_stage_retry_does_not_forward_duplicates_downstream() -> 
 
 async def test_chunks_from_the_failed_replica_after_the_retry_are_ignored() -> None:
     head = Head("echo-1stage", {0: 3})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     first = head.replica_of(0)
     head.out(0, first, 0, "ab")
     head.fail(0, first)
@@ -263,7 +265,7 @@ async def test_output_of_an_old_incarnation_is_ignored_when_its_slot_returns() -
     # waits for it. Late output from the dead incarnation must not be taken as the new
     # one's.
     head = Head("echo-1stage", {0: 1}, no_replica_wait_s=5.0)
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     head.out(0, 0, 0, "ab")
     head.channels.take()
     head.fail(0, 0)
@@ -281,7 +283,7 @@ async def test_output_of_an_old_incarnation_is_ignored_when_its_slot_returns() -
 
 async def test_inputs_arriving_while_a_retry_waits_are_sent_once_with_the_dispatch() -> None:
     head = Head("echo", {0: 1, 1: 1, 2: 1}, no_replica_wait_s=5.0)
-    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
     head.out(0, 0, 0, "a")
     head.fail(1, 0)
     head.channels.take()
@@ -304,7 +306,7 @@ async def test_inputs_arriving_while_a_retry_waits_are_sent_once_with_the_dispat
 
 async def test_a_drain_cut_short_moves_the_requests_without_an_abort() -> None:
     head = Head("echo-1stage", {0: 2})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     leaving = head.replica_of(0)
     other = 1 - leaving
     head.out(0, leaving, 0, "ab")
@@ -325,7 +327,7 @@ async def test_a_drain_cut_short_moves_the_requests_without_an_abort() -> None:
 
 async def test_data_chunks_delivered_so_far_are_counted_in_the_resume() -> None:
     head = Head("echo-1stage", {0: 2})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     failing = head.replica_of(0)
     head.orch.on_outputs(
         [
@@ -344,7 +346,7 @@ async def test_the_tokens_behind_the_delivered_text_go_with_the_resume() -> None
     # A grammar may make an LLM write text in more tokens than re-encoding it gives:
     # the retry must know the count the failed replica reported.
     head = Head("echo-1stage", {0: 2})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     failing = head.replica_of(0)
     usage = {"prompt_tokens": 9, "completion_tokens": 3}
     head.orch.on_outputs([OutputChunk("r1", 0, failing, 1, 0, "text", '{"a":', usage=usage)])
@@ -360,7 +362,7 @@ async def test_after_max_retries_failures_the_request_fails_naming_the_flag(
     max_retries: int,
 ) -> None:
     head = Head("echo-1stage", {0: 4}, max_retries=max_retries)
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     used = []
     for _ in range(max_retries):
         used.append(head.replica_of(0))
@@ -382,7 +384,7 @@ async def test_after_max_retries_failures_the_request_fails_naming_the_flag(
 
 async def test_a_retry_with_no_live_replica_fails_clearly_after_the_wait() -> None:
     head = Head("echo-1stage", {0: 1}, no_replica_wait_s=0.3)
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     head.out(0, 0, 0, "ab")
     start = time.monotonic()
     head.fail(0, 0)
@@ -398,7 +400,7 @@ async def test_a_retry_with_no_live_replica_fails_clearly_after_the_wait() -> No
 
 async def test_closing_the_stream_while_a_retry_waits_cancels_the_wait() -> None:
     head = Head("echo-1stage", {0: 1}, no_replica_wait_s=30.0)
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     head.fail(0, 0)
     head.channels.take()
     await ticks()
@@ -416,7 +418,7 @@ async def test_closing_the_stream_while_a_retry_waits_cancels_the_wait() -> None
 
 async def test_hidden_stages_send_straight_to_the_next_replica() -> None:
     head = Head("echo", {0: 1, 1: 1, 2: 1}, peers=True)
-    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
     # thinker -> talker -> vocoder: only the vocoder's output is the client's.
     assert head.channels.take() == [
         (ident(0, 0), add([], None, PROMPT, peers=["tcp://127.0.0.1:7010"], head_all=False)),
@@ -435,7 +437,7 @@ async def test_hidden_stages_send_straight_to_the_next_replica() -> None:
 
 async def test_a_lost_replica_on_a_direct_path_reruns_the_whole_path_as_a_new_attempt() -> None:
     head = Head("echo", {0: 1, 1: 2, 2: 1}, peers=True)
-    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
     failing = head.replica_of(1)
     other = 1 - failing
     head.out(0, 0, 3, "hello", finished=True)  # the thinker is done, its slot freed
@@ -466,7 +468,7 @@ async def test_a_lost_replica_on_a_direct_path_reruns_the_whole_path_as_a_new_at
 async def test_edges_out_of_a_final_stage_stay_with_the_head() -> None:
     # voice-like: the thinker's text is the client's, so the head forwards it.
     head = Head("echo", {0: 1, 1: 1, 2: 1}, peers=True)
-    stream = await head.orch.open("r1", PROMPT, finals=[0, 2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
     adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
     assert [(a.peers, a.head_all) for a in adds] == [
         ([], True),

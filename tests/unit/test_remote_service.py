@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-import msgspec
-
 from omnistage.api.remote import RemoteService
-from omnistage.api.service import ReplicaLoad, RequestCounts
+from omnistage.api.service import ReplicaStats, RequestCounts
 from omnistage.config.load import load_config
 from omnistage.protocol.messages import FrontSnapshot
 
@@ -20,13 +18,13 @@ def _service(server: int) -> RemoteService:
 
 def test_the_snapshot_answers_every_state_query() -> None:
     svc = _service(1)
-    load = ReplicaLoad(2, 0, True, 3, 8, 1, 40)
+    load = ReplicaStats(2, 0, True, 3, 8, 1, 40)
     svc._snapshot = FrontSnapshot(
         missing=[(1, "talker")],
         status_json=b'{"pipeline": "echo", "stages": []}',
-        counts=[10, 2, 1, 6, 0],
+        counts=RequestCounts(10, 2, 1, 6, 0),
         entries_json=b"[]",
-        loads_json=msgspec.json.encode([load]),
+        loads=[load],
         waiting={0: 4},
         responses={},
     )
@@ -43,9 +41,9 @@ def test_response_counts_are_ours_now_plus_the_others_as_last_reported() -> None
     svc._snapshot = FrontSnapshot(
         missing=[],
         status_json=b"{}",
-        counts=[0, 0, 0, 0, 0],
+        counts=RequestCounts(0, 0, 0),
         entries_json=b"[]",
-        loads_json=b"[]",
+        loads=[],
         waiting={},
         # The head's copy of our own counts is stale: ours are taken live instead.
         responses={0: {200: 5, 429: 1}, 1: {200: 2}},

@@ -11,13 +11,8 @@ import zmq
 
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
-from omnistage.protocol.messages import (
-    HandshakeInit,
-    Heartbeat,
-    HeartbeatAck,
-    RegisterReply,
-    ReplicaState,
-)
+from omnistage.protocol.messages import HandshakeInit, Heartbeat, HeartbeatAck, ReplicaState
+from omnistage.protocol.registration import RegisterReply
 from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
 from tests.unit.test_replica_register import FakeRouter
 

@@ -16,7 +16,8 @@ from omnistage.config.load import load_config
 from omnistage.engines import build_engine
 from omnistage.engines.base import Engine
 from omnistage.protocol import codec
-from omnistage.protocol.messages import ErrorReply, HandshakeInit, RegisterReply
+from omnistage.protocol.messages import HandshakeInit
+from omnistage.protocol.registration import ErrorReply, RegisterReply
 from omnistage.replica.join import Joiner
 from omnistage.replica.options import ReplicaOptions
 from tests.unit.test_replica_register import FakeRouter

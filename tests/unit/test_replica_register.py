@@ -15,13 +15,8 @@ from omnistage.control.slots import SlotTable
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import HandshakeError, RegistrationError
-from omnistage.protocol.messages import (
-    PROTOCOL_VERSION,
-    HandshakeInit,
-    Hello,
-    RegisterReply,
-    RegisterRequest,
-)
+from omnistage.protocol.messages import PROTOCOL_VERSION, HandshakeInit, Hello
+from omnistage.protocol.registration import RegisterReply, RegisterRequest
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.register import MasterLink, handshake, register, registration, wire_map
 

@@ -8,10 +8,16 @@ torch = pytest.importorskip("torch")
 
 from omnistage.engines.llm.sampling import Sampler, SamplingParams  # noqa: E402
 from omnistage.protocol.errors import BadRequestError  # noqa: E402
+from omnistage.protocol.params import ParamKind, decode  # noqa: E402
+
+
+def _params(raw: dict, default_max_tokens: int) -> SamplingParams:
+    """Request params as the API decodes them, then as the engine reads them."""
+    return SamplingParams.from_params(decode(ParamKind.TEXT, raw).generation, default_max_tokens)
 
 
 def test_params_take_defaults_and_normalize_stop() -> None:
-    p = SamplingParams.from_params({"stop": "x", "temperature": 0}, default_max_tokens=50)
+    p = _params({"stop": "x", "temperature": 0}, default_max_tokens=50)
     assert p.stop == ("x",) and p.greedy and p.max_tokens == 50
 
 
@@ -29,7 +35,7 @@ def test_params_take_defaults_and_normalize_stop() -> None:
 )
 def test_bad_params_are_bad_requests_naming_the_field(params: dict, param: str) -> None:
     with pytest.raises(BadRequestError) as info:
-        SamplingParams.from_params(params, 16)
+        _params(params, 16)
     assert info.value.param == param
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from omnistage.control.slots import SlotTable
 from omnistage.protocol.errors import RegistrationError
-from omnistage.protocol.messages import AUTO_ASSIGN_REPLICA_ID, RegisterRequest
+from omnistage.protocol.registration import AUTO_ASSIGN_REPLICA_ID, RegisterRequest
 
 
 def auto(stage_id: int = 0) -> RegisterRequest:

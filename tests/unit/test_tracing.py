@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from omnistage import tracing
 from omnistage.engines.echo import EchoEngine
-from omnistage.protocol.messages import AddRequest, OutputChunk
+from omnistage.protocol.messages import AddRequest, OutputChunk, PipelineRequest
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import others_done, until
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
@@ -87,7 +87,7 @@ async def test_a_request_has_a_root_and_a_stage_span_per_stage(
     spans: InMemorySpanExporter,
 ) -> None:
     head = Head("echo", {0: 1, 1: 1, 2: 1})
-    stream = await head.orch.open("r1", PROMPT, finals=[2])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
     adds = [msg for _, msg in head.channels.take() if isinstance(msg, AddRequest)]
     for sid in (0, 1, 2):
         head.out(sid, 0, 0, "x", finished=True)
@@ -115,7 +115,7 @@ async def test_a_request_has_a_root_and_a_stage_span_per_stage(
 
 async def test_a_retried_stage_shows_as_two_spans(spans: InMemorySpanExporter) -> None:
     head = Head("echo-1stage", {0: 2})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     failing = head.replica_of(0)
     head.out(0, failing, 0, "ab")
     head.fail(0, failing)
@@ -138,7 +138,7 @@ async def test_a_retried_stage_shows_as_two_spans(spans: InMemorySpanExporter) -
 
 async def test_a_request_the_client_leaves_ends_its_spans(spans: InMemorySpanExporter) -> None:
     head = Head("echo-1stage", {0: 1})
-    stream = await head.orch.open("r1", PROMPT, finals=[0])
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     stream.close()
     found = by_name(spans)
     assert found["omnistage.request"][0].attributes["omnistage.outcome"] == "cancelled"
@@ -149,7 +149,7 @@ async def test_an_incoming_traceparent_parents_the_root(spans: InMemorySpanExpor
     head = Head("echo-1stage", {0: 1})
     token = tracing.incoming_parent.set(tracing.encode_traceparent(0x77, 0x88))
     try:
-        stream = await head.orch.open("r1", PROMPT, finals=[0])
+        stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     finally:
         tracing.incoming_parent.reset(token)
     stream.close()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from omnistage.api.transcripts import Segment, Transcript, render, srt, timestamp, vtt
+from omnistage.protocol.messages import ChunkMeta
 
 
 def _segment(i: int, start: float, end: float, text: str) -> Segment:
@@ -121,8 +123,9 @@ def test_an_unknown_language_code_is_reported_as_given() -> None:
     assert isinstance(body, dict) and body["language"] == "xx"
 
 
-def test_a_segment_round_trips_through_the_engine_s_meta() -> None:
-    assert Segment.from_meta(SEGMENTS[1].as_json()) == SEGMENTS[1]
+def test_a_segment_round_trips_in_a_chunk_s_meta() -> None:
+    wire = msgspec.msgpack.encode(ChunkMeta(segment=SEGMENTS[1]))
+    assert msgspec.msgpack.decode(wire, type=ChunkMeta).segment == SEGMENTS[1]
 
 
 def test_an_unknown_format_is_refused() -> None:

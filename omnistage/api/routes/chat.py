@@ -30,8 +30,10 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
 from omnistage.api.service import OutputStream, PipelineService
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
+from omnistage.protocol.messages import ChatMessage, OutputChunk, PipelineRequest, Prompt, ToolCall
+from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
 
 # OpenAI's chat audio formats, all 24 kHz mono (api/audio_out.py); a stream is pcm16.
 AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
@@ -56,15 +58,17 @@ async def chat_completions(request: Request) -> Response:
     prompt, audio_param = _prompt(omni, body)
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
-        voice = body.audio.voice if body.audio else "default"
+        voice = StageParams(speech=SpeechParams(body.audio.voice if body.audio else "default"))
         for sid in plan.audio:
-            stage_params.setdefault(sid, {}).update(voice=voice)
+            stage_params[sid] = stage_params.get(sid, NO_PARAMS).merged(voice)
     request_id = f"chatcmpl-{next_id()}"
     # A stream's status line waits until the audio stages have checked their params
     # (voice, speed): a bad one is then a 400, not an error event after a 200.
     ack = bool(body.stream and plan.audio)
+    finals = plan.text + plan.audio
+    params = body.sampling_params()
     stream = await omni.open(
-        request_id, prompt, plan.text + plan.audio, body.sampling_params(), stage_params, ack=ack
+        PipelineRequest(request_id, prompt, finals, params, stage_params, ack=ack)
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     shape = ChunkShape(
@@ -121,7 +125,7 @@ async def _choice(
             "transcript": text,
             "expires_at": shape.created + AUDIO_TTL_S,
         }
-    finish = got.finish.get(sid, "stop")
+    finish = got.finish.get(sid, FinishReason.STOP)
     choice_logprobs = chat_logprobs(got.logprobs.get(sid, [])) if logprobs else None
     return {"index": i, "message": message, "finish_reason": finish, "logprobs": choice_logprobs}
 
@@ -234,7 +238,7 @@ class _Chunks:
             for i in set(self._choice.values())
         }
         self._spoken = {self._choice[sid] for sid in plan.audio}
-        self._finish: dict[int, str] = {}
+        self._finish: dict[int, FinishReason] = {}
         self._started_calls: set[tuple[int, int]] = set()  # (stage, call index) announced
         # One 24 kHz resampler per choice, kept across its chunks so they join seamlessly.
         self._pcm24: dict[int, AudioEncoder] = {}
@@ -260,12 +264,12 @@ class _Chunks:
         return events
 
     def _delta(self, i: int, out: OutputChunk) -> dict[str, Any] | None:
-        if out.modality == "audio":
+        if out.modality == Modality.AUDIO:
             data = self._resampled(i, out)
             if not data:
                 return None
             return {"audio": {"id": self._audio_id, "data": base64.b64encode(data).decode()}}
-        if out.modality == "tool_call" and out.meta:
+        if out.modality == Modality.TOOL_CALL and out.meta:
             return {"tool_calls": [self._call_delta(out)]}
         if out.text and i in self._spoken:
             return {"audio": {"id": self._audio_id, "transcript": out.text}}
@@ -276,7 +280,7 @@ class _Chunks:
     def _resampled(self, i: int, out: OutputChunk) -> bytes:
         encoder = self._pcm24.get(i)
         if encoder is None:
-            rate = int((out.meta or {}).get("sample_rate", DEFAULT_INPUT_RATE))
+            rate = (out.meta and out.meta.sample_rate) or DEFAULT_INPUT_RATE
             encoder = self._pcm24[i] = AudioEncoder("pcm16", rate)
         data = encoder.feed(out.data) if out.data else b""
         if out.finished:
@@ -285,21 +289,21 @@ class _Chunks:
 
     def _call_delta(self, out: OutputChunk) -> dict[str, Any]:
         assert out.meta is not None
-        key = (out.stage_id, int(out.meta["index"]))
+        key = (out.stage_id, out.meta.index or 0)
         if key in self._started_calls:
             return {"index": key[1], "function": {"arguments": out.text}}
         self._started_calls.add(key)
-        call = _tool_call(self._shape.request_id, key[1], str(out.meta["name"]), out.text)
+        call = _tool_call(self._shape.request_id, key[1], out.meta.name or "", out.text)
         return {"index": key[1], **call}
 
     def _stage_finished(self, i: int, out: OutputChunk) -> list[bytes]:
         """The choice's last chunk, with its finish reason, once its stages are done."""
         if out.stage_id in self._text:
-            self._finish[i] = out.finish_reason or "stop"
+            self._finish[i] = out.finish_reason or FinishReason.STOP
         self._open[i].discard(out.stage_id)
         if self._open[i]:
             return []
-        reason = self._finish.get(i, "stop")
+        reason = self._finish.get(i, FinishReason.STOP)
         return [self._shape.chunk([{"index": i, "delta": {}, "finish_reason": reason}])]
 
     def _role(self, i: int) -> dict[str, Any]:

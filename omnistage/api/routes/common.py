@@ -19,7 +19,9 @@ from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.messages import OutputChunk, TokenLogprob
+from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
 
 json_encoder = msgspec.json.Encoder()
 
@@ -47,12 +49,13 @@ def check_model(omni: PipelineService, model: str | None) -> None:
 
 def resolve_stage_params(
     omni: PipelineService, stage_params: dict[str, dict[str, Any]] | None
-) -> dict[int, dict[str, Any]]:
-    """The ``stage_params`` extension: per-stage sampling keyed by stage id or name."""
+) -> dict[int, StageParams]:
+    """The ``stage_params`` extension: per-stage params keyed by stage id or name, each
+    decoded as that stage's engine reads them (a bad value: a 400 naming the field)."""
     if not stage_params:
         return {}
     by_name = {s.name: s.stage_id for s in omni.config.stages}
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, StageParams] = {}
     for key, params in stage_params.items():
         # isascii: str.isdigit() is true of '³', which int() refuses.
         sid = int(key) if key.isascii() and key.isdigit() else by_name.get(key)
@@ -60,20 +63,20 @@ def resolve_stage_params(
             raise ApiError(
                 400, f"stage_params: no stage {key!r}", "invalid_request_error", "stage_params"
             )
-        out[sid] = params
+        out[sid] = decode(kind_of(omni.graph.stages[sid].engine), params)
     return out
 
 
 def output_stage_params(
     omni: PipelineService, body: SamplingFields, answering: list[int]
-) -> dict[int, dict[str, Any]]:
-    """``stage_params`` plus what only the stages writing the answer take (logprobs,
+) -> dict[int, StageParams]:
+    """``stage_params`` over what only the stages writing the answer take (logprobs,
     response_format, tools; see ``output_params`` of the request bodies)."""
     out = resolve_stage_params(omni, body.stage_params)
-    extra = body.output_params()
-    if extra:
+    if extra := body.output_params():
+        answer = decode(ParamKind.TEXT, extra)
         for sid in answering:
-            out[sid] = {**extra, **out.get(sid, {})}
+            out[sid] = answer.merged(out.get(sid))
     return out
 
 
@@ -151,26 +154,26 @@ class Collected:
     text: dict[int, list[str]] = field(default_factory=dict)
     audio: dict[int, list[bytes]] = field(default_factory=dict)
     sample_rate: dict[int, int] = field(default_factory=dict)
-    finish: dict[int, str] = field(default_factory=dict)
+    finish: dict[int, FinishReason] = field(default_factory=dict)
     logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     # stage -> call index -> (function name, argument pieces)
     calls: dict[int, dict[int, tuple[str, list[str]]]] = field(default_factory=dict)
 
     def add(self, out: OutputChunk) -> None:
-        if out.text and out.modality == "text":
+        if out.text and out.modality == Modality.TEXT:
             self.text.setdefault(out.stage_id, []).append(out.text)
-        if out.modality == "tool_call" and out.meta:
+        if out.modality == Modality.TOOL_CALL and out.meta:
             calls = self.calls.setdefault(out.stage_id, {})
-            _, pieces = calls.setdefault(int(out.meta["index"]), (str(out.meta["name"]), []))
+            _, pieces = calls.setdefault(out.meta.index or 0, (out.meta.name or "", []))
             pieces.append(out.text)
         if out.logprobs:
             self.logprobs.setdefault(out.stage_id, []).extend(out.logprobs)
-        if out.data and out.modality == "audio":
+        if out.data and out.modality == Modality.AUDIO:
             self.audio.setdefault(out.stage_id, []).append(out.data)
-        if out.meta and "sample_rate" in out.meta:
-            self.sample_rate[out.stage_id] = int(out.meta["sample_rate"])
+        if out.meta and out.meta.sample_rate:
+            self.sample_rate[out.stage_id] = out.meta.sample_rate
         if out.finished:
-            self.finish[out.stage_id] = out.finish_reason or "stop"
+            self.finish[out.stage_id] = out.finish_reason or FinishReason.STOP
 
     def text_of(self, sid: int) -> str:
         return "".join(self.text.get(sid, []))

@@ -23,19 +23,18 @@ from omnistage.api.routes.common import (
     text_call,
 )
 from omnistage.api.schemas.completions import CompletionRequest
-from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.protocol.enums import FinishReason
+from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
 
 
 async def completions(request: Request) -> Response:
     call = await text_call(request, CompletionRequest)
     body, omni, finals = call.body, call.omni, call.text_stages
     request_id = f"cmpl-{next_id()}"
+    stage_params = output_stage_params(omni, body, finals)
+    prompt = Prompt(text=body.prompt)
     stream = await omni.open(
-        request_id,
-        Prompt(text=body.prompt),
-        finals,
-        body.sampling_params(),
-        output_stage_params(omni, body, finals),
+        PipelineRequest(request_id, prompt, finals, body.sampling_params(), stage_params)
     )
     created, model = int(time.time()), omni.served_model
     index = {sid: i for i, sid in enumerate(finals)}
@@ -52,7 +51,7 @@ async def completions(request: Request) -> Response:
         {
             "index": i,
             "text": got.text_of(sid),
-            "finish_reason": got.finish.get(sid, "stop"),
+            "finish_reason": got.finish.get(sid, FinishReason.STOP),
             "logprobs": (
                 completion_logprobs(got.logprobs.get(sid, []))
                 if body.logprobs is not None
@@ -79,7 +78,7 @@ def _render(
     offsets = dict.fromkeys(index, 0)  # where each choice's next piece starts
 
     def render(out: OutputChunk) -> list[bytes]:
-        reason = (out.finish_reason or "stop") if out.finished else None
+        reason = (out.finish_reason or FinishReason.STOP) if out.finished else None
         if not (out.text or reason):
             return []
         choice: dict[str, Any] = {

@@ -44,8 +44,10 @@ from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines.image_params import SEED_LIMIT, image_job
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
+from omnistage.engines.image_params import image_job
+from omnistage.protocol.enums import Modality
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.params import NO_PARAMS, SEED_LIMIT, GenerationParams, StageParams
 
 
 async def generations(request: Request) -> Response:
@@ -54,20 +56,23 @@ async def generations(request: Request) -> Response:
     check_model(omni, body.model)
     painter = _image_stage(omni, body.stage)
     seed = body.seed if body.seed is not None else secrets.randbelow(SEED_LIMIT)
-    params = body.image_params(seed)
+    image = body.image_params(seed)
     # The stage would refuse them too, but only after the stages before it had run.
-    image_job(params, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
+    image_job(image, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
     writers = _writers(omni, painter) if body.revise_prompt else []
     stage_params = resolve_stage_params(omni, body.stage_params)
-    stage_params[painter.stage_id] = {**stage_params.get(painter.stage_id, {}), **params}
-    stream = await omni.open(
+    painting = stage_params.get(painter.stage_id, NO_PARAMS)
+    stage_params[painter.stage_id] = painting.merged(StageParams(image=image))
+    request = PipelineRequest(
         f"img-{next_id()}",
         Prompt(messages=[ChatMessage("user", body.prompt)]),
         [*writers, painter.stage_id],
-        {"seed": seed},  # the thinker's sampling too: one seed repeats the whole answer
+        # The thinker's sampling too: one seed repeats the whole answer.
+        StageParams(text=GenerationParams(seed=seed)),
         stage_params,
         only=not body.revise_prompt,
     )
+    stream = await omni.open(request)
     if body.stream:
         outputs = await peeked(stream)
         shape = ChunkShape(stream.request_id, "image", int(time.time()), omni.served_model, False)
@@ -90,7 +95,9 @@ def _image_stage(omni: PipelineService, wanted: str | None) -> StageConfig:
 
 def _writers(omni: PipelineService, painter: StageConfig) -> list[int]:
     """The text stages feeding the image stage: what they write is the revised prompt."""
-    return [sid for sid in painter.inputs if omni.graph.stages[sid].output_modality == "text"]
+    return [
+        sid for sid in painter.inputs if omni.graph.stages[sid].output_modality == Modality.TEXT
+    ]
 
 
 def usage_body(usage: dict[str, int]) -> dict[str, Any]:
@@ -110,15 +117,16 @@ class _Images:
     """A whole request's outputs: the revised prompt and the images, in order."""
 
     revised: list[str] = field(default_factory=list)
-    images: dict[int, tuple[bytes, dict[str, Any]]] = field(default_factory=dict)
+    images: dict[int, tuple[bytes, ChunkMeta]] = field(default_factory=dict)
     wrote: bool = False  # some stage before the image stage ran
 
     def add(self, out: OutputChunk) -> None:
-        if out.modality == "text":
+        if out.modality == Modality.TEXT:
             self.wrote = True
             self.revised.append(out.text)
         elif out.data and out.meta:
-            self.images[int(out.meta.get("index", len(self.images)))] = (out.data, out.meta)
+            index = out.meta.index if out.meta.index is not None else len(self.images)
+            self.images[index] = (out.data, out.meta)
 
     def revised_prompt(self) -> str | None:
         return "".join(self.revised).strip() if self.wrote else None
@@ -132,9 +140,9 @@ class _Images:
             item: dict[str, Any] = {"b64_json": base64.b64encode(image).decode()}
             if revised is not None:
                 item["revised_prompt"] = revised
-            item["seed"] = meta.get("seed")
+            item["seed"] = meta.seed
             data.append(item)
-            size = f"{meta.get('width')}x{meta.get('height')}"
+            size = f"{meta.width}x{meta.height}"
         return {
             "created": int(time.time()),
             "data": data,
@@ -154,8 +162,8 @@ class _Renderer:
 
     def render(self, out: OutputChunk) -> list[bytes]:
         self._got.add(out)
-        meta = out.meta or {}
-        if out.modality == "text" or not meta:
+        meta = out.meta
+        if out.modality == Modality.TEXT or meta is None:
             return []
         if not out.data:
             return [sse({"type": "image_generation.progress", **_progress(meta)})]
@@ -163,13 +171,13 @@ class _Renderer:
             "type": "image_generation.completed",
             "b64_json": base64.b64encode(out.data).decode(),
             "created_at": int(time.time()),
-            "size": f"{meta.get('width')}x{meta.get('height')}",
+            "size": f"{meta.width}x{meta.height}",
             "quality": "auto",
             "background": "opaque",
             "output_format": self._body.output_format,
             "usage": usage_body(self._stream.usage()),
-            "image_index": meta.get("index", 0),
-            "seed": meta.get("seed"),
+            "image_index": meta.index or 0,
+            "seed": meta.seed,
         }
         revised = self._got.revised_prompt()
         if revised is not None:
@@ -177,9 +185,5 @@ class _Renderer:
         return [sse(event)]
 
 
-def _progress(meta: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "image_index": meta.get("index", 0),
-        "step": meta.get("step"),
-        "steps": meta.get("steps"),
-    }
+def _progress(meta: ChunkMeta) -> dict[str, Any]:
+    return {"image_index": meta.index or 0, "step": meta.step, "steps": meta.steps}

@@ -6,7 +6,7 @@ assistant turn's ``tool_calls`` and tool messages. Structured output and functio
 reach the text stage in the chat shape, in its stage params (``response_format``,
 ``tools``, ``tool_choice``). What the stage writes becomes one ``message`` output item;
 each call it makes (chunks of modality "tool_call": a piece of the call's JSON
-arguments, ``meta`` {"index", "name"}) a ``function_call`` item.
+arguments, ``meta.index`` and ``.name``) a ``function_call`` item.
 
 Nothing is stored: ``previous_response_id`` is refused, and ``store`` changes nothing.
 """
@@ -35,8 +35,17 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.service import OutputStream
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, StageFailedError
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
+from omnistage.protocol.messages import (
+    ChatMessage,
+    ChunkMeta,
+    OutputChunk,
+    PipelineRequest,
+    Prompt,
+    ToolCall,
+)
+from omnistage.protocol.params import NO_PARAMS, ParamKind, decode
 
 # The text stage checks its params under their chat names; a 400 names the field the
 # client sent.
@@ -49,14 +58,16 @@ async def responses(request: Request) -> Response:
     call = await text_call(request, ResponsesRequest, _refuse_unserved)
     body, omni = call.body, call.omni
     sid = call.text_stages[0]  # the first final text stage answers, as a chat's first choice
-    stage_params = resolve_stage_params(omni, body.stage_params)
-    if extra := body.chat_params():
-        stage_params[sid] = {**stage_params.get(sid, {}), **extra}
-    shape = _Shape.of(body, f"resp_{next_id()}", omni.served_model)
-    prompt = Prompt(messages=_messages(body))
-    stream = await omni.open(shape.id, prompt, [sid], body.sampling_params(), stage_params)
+    shape = _ResponseShape.of(body, f"resp_{next_id()}", omni.served_model)
     output = _Output(omni.graph.stages[sid].name)
     try:
+        stage_params = resolve_stage_params(omni, body.stage_params)
+        if extra := body.chat_params():
+            answer = decode(ParamKind.TEXT, extra)
+            stage_params[sid] = stage_params.get(sid, NO_PARAMS).merged(answer)
+        prompt = Prompt(messages=_messages(body))
+        params = body.sampling_params()
+        stream = await omni.open(PipelineRequest(shape.id, prompt, [sid], params, stage_params))
         if body.stream:
             outputs = await peeked(stream)
             return sse_response(_events(outputs, stream, shape, output), stream)
@@ -234,28 +245,28 @@ class _Output:
     """The output items as the text stage's chunks build them, and the stream events
     that tell of each step. As OpenAI streams them, one item is open at a time: it is
     added, filled and done before the next is added. The engine writes each call's
-    arguments in one run (``meta["index"]`` never goes back to an ended call)."""
+    arguments in one run (``meta.index`` never goes back to an ended call)."""
 
     def __init__(self, stage_name: str) -> None:
         self.stage_name = stage_name
         self.items: list[_Message | _Call] = []
-        self.finish_reason = "stop"
+        self.finish_reason = FinishReason.STOP
         self._open: _Message | _Call | None = None
         self._calls: dict[int, _Call] = {}  # by the engine's call index
 
     def add(self, out: OutputChunk) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        if out.modality == "text" and out.text:
+        if out.modality == Modality.TEXT and out.text:
             if not isinstance(self._open, _Message):
                 events += self._start(_Message(len(self.items)))
             assert self._open is not None
             events.append(self._open.piece(out.text))
-        elif out.modality == "tool_call":
-            meta = out.meta or {}
-            index = int(meta.get("index", 0))
+        elif out.modality == Modality.TOOL_CALL:
+            meta = out.meta or ChunkMeta()
+            index = meta.index or 0
             call = self._calls.get(index)
             if call is None:
-                call = self._calls[index] = _Call(len(self.items), str(meta.get("name", "")))
+                call = self._calls[index] = _Call(len(self.items), meta.name or "")
                 events += self._start(call)
             elif call is not self._open:
                 raise StageFailedError(
@@ -264,13 +275,13 @@ class _Output:
             if out.text:
                 events.append(call.piece(out.text))
         if out.finished:
-            self.finish_reason = out.finish_reason or "stop"
+            self.finish_reason = out.finish_reason or FinishReason.STOP
         return events
 
     def finish(self) -> list[dict[str, Any]]:
         """Events that end the output; an answer with no item gets an empty message."""
         events = [] if self.items else self._start(_Message(0))
-        status = "incomplete" if self.finish_reason == "length" else "completed"
+        status = "incomplete" if self.finish_reason == FinishReason.LENGTH else "completed"
         return events + self._end(status)
 
     def abandon(self) -> None:
@@ -294,7 +305,10 @@ class _Output:
 
 
 async def _events(
-    outputs: AsyncIterator[OutputChunk], stream: OutputStream, shape: _Shape, output: _Output
+    outputs: AsyncIterator[OutputChunk],
+    stream: OutputStream,
+    shape: _ResponseShape,
+    output: _Output,
 ) -> AsyncIterator[bytes]:
     """The SSE body: response.created, .in_progress, the output's events, then
     response.completed (or .incomplete), or response.failed if the request fails."""
@@ -326,7 +340,7 @@ async def _events(
 
 
 @dataclass(frozen=True)
-class _Shape:
+class _ResponseShape:
     """The fields of one response that never change: its id, and the request's
     settings a response repeats."""
 
@@ -336,7 +350,7 @@ class _Shape:
     settings: dict[str, Any]
 
     @classmethod
-    def of(cls, body: ResponsesRequest, response_id: str, model: str) -> _Shape:
+    def of(cls, body: ResponsesRequest, response_id: str, model: str) -> _ResponseShape:
         fmt = body.text_format()
         settings = {
             "instructions": body.instructions,
@@ -386,7 +400,7 @@ class _Shape:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.get("total_tokens", 0),
         }
-        if output.finish_reason == "length":
+        if output.finish_reason == FinishReason.LENGTH:
             reason = {"reason": "max_output_tokens"}
             return self.body("incomplete", output, tokens, incomplete_details=reason)
         return self.body("completed", output, tokens, completed_at=int(time.time()))

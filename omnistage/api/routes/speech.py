@@ -28,7 +28,8 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.api.service import OutputStream, PipelineService
-from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.params import SpeechParams, StageParams
 
 
 async def speech(request: Request) -> Response:
@@ -37,10 +38,9 @@ async def speech(request: Request) -> Response:
     check_model(omni, body.model)
     sid = _tts_stage(omni, body.stage)
     require_av()  # a missing encoder is a 500 now, not a broken stream after a 200
-    params = {"voice": body.voice, "speed": body.speed}
-    stream = await omni.open(
-        f"speech-{next_id()}", Prompt(text=body.input), [sid], {}, {sid: params}, only=True
-    )
+    params = {sid: StageParams(speech=SpeechParams(voice=body.voice, speed=body.speed))}
+    rid, prompt = f"speech-{next_id()}", Prompt(text=body.input)
+    stream = await omni.open(PipelineRequest(rid, prompt, [sid], stage_params=params, only=True))
     outputs = await peeked(stream)
     audio = _audio(outputs, stream, body.response_format)
     return streaming_response(audio, stream, MEDIA_TYPES[body.response_format])
@@ -58,8 +58,8 @@ async def _audio(
     encoder: AudioEncoder | None = None
     try:
         async for out in outputs:
-            if encoder is None and out.meta and "sample_rate" in out.meta:
-                encoder = AudioEncoder(fmt, int(out.meta["sample_rate"]))
+            if encoder is None and out.meta and out.meta.sample_rate:
+                encoder = AudioEncoder(fmt, out.meta.sample_rate)
                 if fmt == "wav":
                     yield encoder.feed(b"")  # the header, as soon as the rate is known
             if encoder is not None and out.data:

@@ -44,7 +44,7 @@ from omnistage.api.transcripts import (
     render,
 )
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
-from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
 
 router = APIRouter()
 
@@ -69,9 +69,8 @@ async def transcriptions(request: Request) -> Response:
     check_model(omni, fields.model)
     sid = int(pick_stage(omni, stages, fields.stage, "ASR stage", "no_asr_stage").stage_id)
     prompt = Prompt(audio=audio, audio_format=audio_format)
-    stream = await omni.open(
-        f"transcription-{next_id()}", prompt, [sid], {}, {sid: fields.asr_params()}, only=True
-    )
+    rid, params = f"transcription-{next_id()}", {sid: fields.asr_params()}
+    stream = await omni.open(PipelineRequest(rid, prompt, [sid], stage_params=params, only=True))
     if fields.stream:
         # Waiting for the first segment turns an undecodable file into a 400.
         outputs = await peeked(stream)
@@ -139,12 +138,14 @@ class _Heard:
     duration: float = 0.0
 
     def add(self, out: OutputChunk) -> None:
-        meta = out.meta or {}
-        if "segment" in meta:
-            self.segments.append(Segment.from_meta(meta["segment"]))
+        meta = out.meta
+        if meta is None:
+            return
+        if meta.segment is not None:
+            self.segments.append(meta.segment)
         if out.finished:
-            self.language = str(meta.get("language", self.language))
-            self.duration = float(meta.get("duration", self.duration))
+            self.language = meta.language or self.language
+            self.duration = meta.duration if meta.duration is not None else self.duration
 
     def transcript(self) -> Transcript:
         return Transcript(self.segments, self.language, self.duration)

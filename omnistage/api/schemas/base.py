@@ -10,9 +10,11 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-# Integers travel to the replicas in msgpack, which has no bigger ones: a larger value
-# must be a 400 here, not an encoding failure (500) after the request has started.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from omnistage.protocol.params import INT64_MAX, INT64_MIN, ParamKind, StageParams, decode
+
+# Integers travel to the replicas in msgpack, which has no bigger ones (INT64_MIN ..
+# INT64_MAX): a larger value must be a 400 here, not an encoding failure (500) after the
+# request has started.
 
 
 def ints_fit(value: Any) -> bool:
@@ -35,7 +37,7 @@ def checked_ints(value: Any) -> Any:
 # A free-form JSON object that travels to a stage: its integers must fit in int64.
 JsonObject = Annotated[dict[str, Any] | None, AfterValidator(checked_ints)]
 # omnistage extension: per-stage sampling overrides, keyed by stage id or name.
-StageParams = Annotated[dict[str, dict[str, Any]] | None, AfterValidator(checked_ints)]
+StageParamsField = Annotated[dict[str, dict[str, Any]] | None, AfterValidator(checked_ints)]
 
 
 class Body(BaseModel):
@@ -63,13 +65,16 @@ class SamplingFields(Body):
     min_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
-    stage_params: StageParams = None
+    stage_params: StageParamsField = None
 
     def output_params(self) -> dict[str, Any]:
         """Params for the stages that write the answer only (see subclasses)."""
         return {}
 
-    def sampling_params(self) -> dict[str, Any]:
+    def sampling_params(self) -> StageParams:
+        """The sampling fields given, for every stage the request runs. Decoded, not
+        just built: the struct checks what the body's schema does not (stop sequences,
+        logit_bias keys)."""
         keys = (
             "temperature",
             "top_p",
@@ -86,4 +91,4 @@ class SamplingFields(Body):
         max_tokens = self.max_completion_tokens or self.max_tokens
         if max_tokens is not None:
             out["max_tokens"] = max_tokens
-        return out
+        return decode(ParamKind.TEXT, out)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
-from omnistage.api.schemas.base import INT64_MAX, Body, StageParams
-from omnistage.engines import image_params
+from omnistage.api.schemas.base import INT64_MAX, Body, StageParamsField
+from omnistage.protocol import params as limits
+from omnistage.protocol.params import ImageParams
 
 
 class ImageGenerationRequest(Body):
@@ -16,7 +17,7 @@ class ImageGenerationRequest(Body):
 
     prompt: str = Field(min_length=1, max_length=32000)
     model: str | None = None
-    n: int = Field(default=1, ge=1, le=image_params.MAX_IMAGES)
+    n: int = Field(default=1, ge=1, le=limits.MAX_IMAGES)
     size: str | None = Field(default="auto", max_length=16)  # "WIDTHxHEIGHT" or "auto"
     response_format: Literal["b64_json", "url"] | None = None
     output_format: Literal["png", "jpeg", "webp"] = "png"
@@ -34,12 +35,12 @@ class ImageGenerationRequest(Body):
     # revise_prompt false draws the prompt as given, without the stages before the
     # image stage; stage: which image stage (id or name); stage_params as on chat.
     seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
-    num_inference_steps: int | None = Field(default=None, ge=1, le=image_params.MAX_STEPS)
-    guidance_scale: float | None = Field(default=None, ge=0.0, le=image_params.MAX_GUIDANCE)
-    negative_prompt: str | None = Field(default=None, max_length=image_params.MAX_NEGATIVE_PROMPT)
+    num_inference_steps: int | None = Field(default=None, ge=1, le=limits.MAX_STEPS)
+    guidance_scale: float | None = Field(default=None, ge=0.0, le=limits.MAX_GUIDANCE)
+    negative_prompt: str | None = Field(default=None, max_length=limits.MAX_NEGATIVE_PROMPT)
     revise_prompt: bool = True
     stage: str | None = None
-    stage_params: StageParams = None
+    stage_params: StageParamsField = None
 
     @field_validator("prompt")
     @classmethod
@@ -58,22 +59,16 @@ class ImageGenerationRequest(Body):
             )
         return value
 
-    def image_params(self, seed: int) -> dict[str, Any]:
-        """The image stage's params (see engines/image_params.py)."""
-        out: dict[str, Any] = {
-            "n": self.n,
-            "size": self.size,
-            "seed": seed,
-            "output_format": self.output_format,
-            "progress": self.stream,
-        }
-        for key in (
-            "num_inference_steps",
-            "guidance_scale",
-            "negative_prompt",
-            "output_compression",
-        ):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        return out
+    def image_params(self, seed: int) -> ImageParams:
+        """The image stage's params (checked here against the same limits)."""
+        return ImageParams(
+            n=self.n,
+            size=self.size,
+            seed=seed,
+            num_inference_steps=self.num_inference_steps,
+            guidance_scale=self.guidance_scale,
+            negative_prompt=self.negative_prompt,
+            output_format=self.output_format,
+            output_compression=self.output_compression,
+            progress=self.stream,
+        )

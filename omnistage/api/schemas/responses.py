@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from omnistage.api.schemas.base import INT64_MAX, Body, JsonObject, StageParams
+from omnistage.api.schemas.base import INT64_MAX, Body, JsonObject, StageParamsField
+from omnistage.protocol.params import GenerationParams, StageParams
 
 
 def _string_or(*fields: str) -> Any:
@@ -167,7 +168,7 @@ class ResponsesRequest(Body):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     # omnistage extensions, as on /v1/chat/completions.
-    stage_params: StageParams = None
+    stage_params: StageParamsField = None
     modalities: list[Literal["text", "audio"]] | None = None
 
     @field_validator("input", mode="before")
@@ -192,15 +193,11 @@ class ResponsesRequest(Body):
     def text_format(self) -> ResponseTextFormat:
         return (self.text or ResponseTextConfig()).format
 
-    def sampling_params(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.max_output_tokens is not None:
-            out["max_tokens"] = self.max_output_tokens
-        if self.temperature is not None:
-            out["temperature"] = self.temperature
-        if self.top_p is not None:
-            out["top_p"] = self.top_p
-        return out
+    def sampling_params(self) -> StageParams:
+        text = GenerationParams(
+            max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p
+        )
+        return StageParams(text=text)
 
     def chat_params(self) -> dict[str, Any]:
         """``text.format``, ``tools`` and ``tool_choice`` as the text stage reads them:

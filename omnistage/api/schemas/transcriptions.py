@@ -8,6 +8,7 @@ from pydantic import Field
 
 from omnistage.api.schemas.base import Body
 from omnistage.api.transcripts import TRANSCRIPT_FORMATS
+from omnistage.protocol.params import StageParams, TranscriptionParams
 
 
 class TranscriptionForm(Body):
@@ -22,14 +23,10 @@ class TranscriptionForm(Body):
     # omnistage extension: which ASR stage transcribes (id or name), when there are several.
     stage: str | None = None
 
-    def asr_params(self) -> dict[str, Any]:
+    def asr_params(self) -> StageParams:
         """The ASR stage's params: the fields given of language, prompt, temperature."""
-        given = (
-            ("language", self.language),
-            ("prompt", self.prompt),
-            ("temperature", self.temperature),
-        )
-        return {k: v for k, v in given if v is not None}
+        asr = TranscriptionParams(self.language, self.prompt, self.temperature)
+        return StageParams(transcription=asr)
 
 
 # The form as /openapi.json describes it (form fields are strings, never null).

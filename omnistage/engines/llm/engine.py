@@ -23,8 +23,10 @@ from omnistage.engines.llm.sampling import Sampler, SamplingParams
 from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
 from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, cores, thread_ladder
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt
+from omnistage.protocol.params import GenerationParams, StageParams
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +93,11 @@ class LlmEngine(Engine):
             raise EngineError("engine not started")
         # Upstream text (a listener's transcript, another model's answer); none for a
         # source stage, whose inputs end at once.
-        heard = "".join([i.text async for i in request.inputs if i.modality == "text"])
+        heard = "".join([i.text async for i in request.inputs if i.modality == Modality.TEXT])
         prompt = with_heard(request.prompt, heard)
         if self.args.system_prompt:
             prompt = with_system(prompt, self.args.system_prompt)
-        params, plan, guide = self._request_setup(request.params)
+        params, plan, guide = self._request_setup(request.params.generation)
         ids = self._prompt_ids(prompt, plan)
         prompt_tokens = len(ids)
         # A retry continues from the prompt plus what the client already has, re-encoded
@@ -120,7 +122,9 @@ class LlmEngine(Engine):
         if prior and done >= params.max_tokens:
             # The failed replica had generated everything but the final message.
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "cached_tokens": 0}
-            yield EngineChunk("text", finished=True, finish_reason="length", usage=usage)
+            yield EngineChunk(
+                Modality.TEXT, finished=True, finish_reason=FinishReason.LENGTH, usage=usage
+            )
             return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[EngineChunk | BaseException] = asyncio.Queue()
@@ -161,11 +165,11 @@ class LlmEngine(Engine):
             if not seq.done:
                 self._worker.abort(seq)  # frees its batch row before the next step
 
-    def check(self, params: dict[str, Any]) -> None:
-        self._request_setup(params)
+    def check(self, params: StageParams) -> None:
+        self._request_setup(params.generation)
 
     def _request_setup(
-        self, params: dict[str, Any]
+        self, params: GenerationParams
     ) -> tuple[SamplingParams, ToolPlan, Guide | None]:
         """A request's sampling params, tool plan and grammar; BadRequestError if any
         of them is wrong."""
@@ -176,10 +180,7 @@ class LlmEngine(Engine):
         plan = plan_tools(params)
         schema, param = plan.schema(), "tools"
         if schema is None:
-            schema, param = (
-                schema_of_response_format(params.get("response_format")),
-                ("response_format"),
-            )
+            schema, param = schema_of_response_format(params.response_format), "response_format"
         guide = None
         if schema is not None:
             guide = Guide(self._vocabulary(), json_grammar(schema, param), param)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
 from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.params import GenerationParams
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -29,49 +32,25 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], default_max_tokens: int) -> SamplingParams:
-        """Validate request params (already type-checked by the API, but a stage can be
-        reached by other clients too)."""
-
-        def num(name: str, default: float, lo: float, hi: float) -> float:
-            value = params.get(name, default)
-            if value is None:
-                return default
-            if not isinstance(value, int | float) or not lo <= value <= hi:
-                raise BadRequestError(f"{name} must be a number in [{lo}, {hi}]", name)
-            return float(value)
-
-        stop = params.get("stop") or ()
-        if isinstance(stop, str):
-            stop = (stop,)
-        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
-            raise BadRequestError("stop must be a non-empty string or a list of them", "stop")
-        if len(stop) > 4:
-            raise BadRequestError("at most 4 stop sequences", "stop")
-        max_tokens = params.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = default_max_tokens
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise BadRequestError("max_tokens must be a positive integer", "max_tokens")
-        top_k = params.get("top_k") or 0
-        if not isinstance(top_k, int) or top_k < -1:
-            raise BadRequestError("top_k must be an integer >= -1", "top_k")
-        seed = params.get("seed")
-        if seed is not None and not isinstance(seed, int):
-            raise BadRequestError("seed must be an integer", "seed")
+    def from_params(cls, params: GenerationParams, default_max_tokens: int) -> SamplingParams:
+        """The engine's view of a request's params: defaults filled in, OpenAI's
+        spellings resolved. Ranges were checked where the params were decoded
+        (``protocol.params``); what is left to check needs more than one field."""
+        stop = params.stop or ()
+        top_k = params.top_k or 0
         return cls(
             logprobs=_logprobs(params),
-            min_tokens=_count(params, "min_tokens"),
-            ignore_eos=_flag(params, "ignore_eos"),
-            logit_bias=_logit_bias(params.get("logit_bias")),
-            temperature=num("temperature", 1.0, 0.0, 2.0),
-            top_p=num("top_p", 1.0, 1e-6, 1.0),
+            min_tokens=params.min_tokens or 0,
+            ignore_eos=bool(params.ignore_eos),
+            logit_bias=_logit_bias(params.logit_bias),
+            temperature=_or(params.temperature, 1.0),
+            top_p=_or(params.top_p, 1.0),
             top_k=max(0, top_k),
-            max_tokens=max_tokens,
-            stop=tuple(stop),
-            seed=seed,
-            presence_penalty=num("presence_penalty", 0.0, -2.0, 2.0),
-            frequency_penalty=num("frequency_penalty", 0.0, -2.0, 2.0),
+            max_tokens=_or(params.max_tokens, default_max_tokens),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            seed=params.seed,
+            presence_penalty=_or(params.presence_penalty, 0.0),
+            frequency_penalty=_or(params.frequency_penalty, 0.0),
         )
 
     @property
@@ -79,54 +58,24 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-# OpenAI's limit on top_logprobs.
-MAX_TOP_LOGPROBS = 20
+def _or(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
 
 
-def _flag(params: dict[str, Any], name: str) -> bool:
-    value = params.get(name) or False
-    if not isinstance(value, bool):
-        raise BadRequestError(f"{name} must be true or false", name)
-    return value
-
-
-def _count(params: dict[str, Any], name: str) -> int:
-    value = params.get(name) or 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadRequestError(f"{name} must be a non-negative integer", name)
-    return value
-
-
-def _logprobs(params: dict[str, Any]) -> int | None:
+def _logprobs(params: GenerationParams) -> int | None:
     """Chat's ``logprobs: true`` + ``top_logprobs: k``, or completions' ``logprobs: k``."""
-    wanted = params.get("logprobs")
+    wanted = params.logprobs
     if wanted is None or wanted is False:
-        if params.get("top_logprobs"):
+        if params.top_logprobs:
             raise BadRequestError("top_logprobs needs logprobs: true", "top_logprobs")
         return None
     if wanted is True:
-        top, name = _count(params, "top_logprobs"), "top_logprobs"
-    else:
-        top, name = wanted, "logprobs"
-    if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise BadRequestError(f"{name} must be an integer from 0 to {MAX_TOP_LOGPROBS}", name)
-    return top
+        return params.top_logprobs or 0
+    return wanted
 
 
-def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
-    if not value:
-        return ()
-    if not isinstance(value, dict):
-        raise BadRequestError("logit_bias must map token ids to numbers", "logit_bias")
-    out = []
-    for key, bias in value.items():
-        token = str(key)
-        if not (token.isascii() and token.isdigit()):
-            raise BadRequestError(f"logit_bias: {key!r} is not a token id", "logit_bias")
-        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
-            raise BadRequestError("logit_bias values must be from -100 to 100", "logit_bias")
-        out.append((int(token), float(bias)))
-    return tuple(out)
+def _logit_bias(value: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    return tuple((int(token), float(bias)) for token, bias in (value or {}).items())
 
 
 class Constraint(Protocol):

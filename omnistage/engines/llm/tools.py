@@ -27,8 +27,10 @@ from typing import Any
 
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.guided import dumps
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, TokenLogprob
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, TokenLogprob
+from omnistage.protocol.params import GenerationParams
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN_TAG) + r"(.*?)(?:" + re.escape(CLOSE_TAG) + r"|$)", re.S)
@@ -82,16 +84,13 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
-def plan_tools(params: dict[str, Any]) -> ToolPlan:
+def plan_tools(params: GenerationParams) -> ToolPlan:
     """Validate OpenAI's ``tools`` and ``tool_choice`` params (chat shape)."""
-    raw = params.get("tools")
-    choice = params.get("tool_choice")
+    raw, choice = params.tools, params.tool_choice
     if not raw:
         if choice not in (None, "none", "auto"):
             raise BadRequestError("tool_choice needs tools", "tool_choice")
         return ToolPlan()
-    if not isinstance(raw, list):
-        raise BadRequestError("tools must be a list of functions", "tools")
     tools: list[Tool] = []
     for i, entry in enumerate(raw):
         fn = entry.get("function") if isinstance(entry, dict) else None
@@ -230,10 +229,10 @@ class CallShaper:
 
     def _call_piece(self, chunk: EngineChunk) -> EngineChunk:
         assert self.plan.named is not None
-        chunk.modality = "tool_call"
-        chunk.meta = {"index": 0, "name": self.plan.named.name}
-        if chunk.finished and chunk.finish_reason == "stop":
-            chunk.finish_reason = "tool_calls"
+        chunk.modality = Modality.TOOL_CALL
+        chunk.meta = ChunkMeta(index=0, name=self.plan.named.name)
+        if chunk.finished and chunk.finish_reason == FinishReason.STOP:
+            chunk.finish_reason = FinishReason.TOOL_CALLS
         return chunk
 
     @staticmethod
@@ -250,10 +249,15 @@ class CallShaper:
             return [last]
         out = []
         for i, (name, arguments) in enumerate(found):
-            chunk = EngineChunk("tool_call", text=arguments, meta={"index": i, "name": name})
+            chunk = EngineChunk(
+                Modality.TOOL_CALL, text=arguments, meta=ChunkMeta(index=i, name=name)
+            )
             out.append(chunk)
         out[-1].finished = True
-        out[-1].finish_reason = "tool_calls" if last.finish_reason == "stop" else last.finish_reason
+        if last.finish_reason == FinishReason.STOP:
+            out[-1].finish_reason = FinishReason.TOOL_CALLS
+        else:
+            out[-1].finish_reason = last.finish_reason
         out[-1].usage, out[-1].logprobs = last.usage, logprobs
         return out
 

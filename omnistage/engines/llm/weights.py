@@ -8,6 +8,7 @@ temporary directory renamed into place, so an interrupted conversion is never us
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import logging
@@ -99,8 +100,12 @@ def _convert_gguf(path: Path, target: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tmp.rename(target)
-    except FileExistsError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another process converted it first
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # Renaming onto a directory another process filled first fails with EEXIST or
+        # ENOTEMPTY: its conversion is as good as ours.
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not target.is_dir():
+            raise EngineError(f"converting {path} failed: {exc}") from exc
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise EngineError(f"converting {path} failed: {exc}") from exc

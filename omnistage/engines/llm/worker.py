@@ -28,6 +28,7 @@ from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.sampling import Sampler
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, use_threads
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.messages import TokenLogprob, TopLogprob
 
 log = logging.getLogger(__name__)
@@ -249,10 +250,10 @@ class LlmWorker:
         if seq.aborted:
             seq.done = True
             return False
-        finish: str | None = None
+        finish: FinishReason | None = None
         delta = ""
         if token in self._eos:
-            finish = "stop"
+            finish = FinishReason.STOP
         else:
             seq.generated.append(token)
             if seq.token_text is not None:
@@ -260,21 +261,21 @@ class LlmWorker:
             delta = seq.detok.add(token)
             constraint = seq.sampler.constraint
             if seq.detok.stopped or (constraint is not None and constraint.complete):
-                finish = "stop"  # a complete grammar allows nothing but the end
+                finish = FinishReason.STOP  # a complete grammar allows nothing but the end
             elif len(seq.generated) >= seq.max_tokens or position + 1 >= self.limits.max_model_len:
-                finish = "length"
+                finish = FinishReason.LENGTH
         if finish is None:
             if delta:
                 # Usage so far rides along: a retry then knows how many tokens the
                 # delivered text took, which re-encoding it may not tell (see Resume).
-                chunk = EngineChunk("text", text=delta, usage=_usage(seq))
+                chunk = EngineChunk(Modality.TEXT, text=delta, usage=_usage(seq))
                 chunk.logprobs = _take_logprobs(seq)
                 seq.deliver(chunk)
             return True
         seq.done = True
         seq.deliver(
             EngineChunk(
-                "text",
+                Modality.TEXT,
                 text=delta + seq.detok.finish(),
                 finished=True,
                 finish_reason=finish,

@@ -1,0 +1,118 @@
+"""Binding a request's stages to replicas and sending them their work.
+
+A group of stages is bound all or none at a time (a request waiting for capacity holds
+no slot), then each stage gets its AddRequest and the inputs the head holds for it, in
+one tick. Direct edges (replica to replica, the connector seam) are chosen per dispatch.
+"""
+
+from __future__ import annotations
+
+import time
+
+from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.graph import StageGraph
+from omnistage.dataplane.latency import LatencyRecorder
+from omnistage.dataplane.run import Run, direct_edge
+from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.protocol.messages import AddRequest
+from omnistage.tracing import RequestTraces
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        graph: StageGraph,
+        pools: dict[int, StagePool],
+        channels: DataChannels,
+        latency: LatencyRecorder,
+        traces: RequestTraces,
+        no_replica_wait_s: float,
+    ) -> None:
+        self.graph = graph
+        self.pools = pools
+        self.channels = channels
+        self.latency = latency
+        self.traces = traces
+        self.no_replica_wait_s = no_replica_wait_s
+        # Stage ids in an order where every stage comes after its inputs.
+        self.order = graph.topological()
+        # Stage-to-stage edges of dispatched requests whose chunks went replica to replica.
+        self.direct_edges_total = 0
+
+    async def wait_live(self, active: set[int]) -> None:
+        """Wait (boundedly) until every stage in ``active`` has a live replica: a
+        missing downstream stage is a 503 up front, not an error mid-stream."""
+        deadline = time.monotonic() + self.no_replica_wait_s
+        for sid in self.order:
+            if sid in active and not self.pools[sid].has_live():
+                await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
+
+    async def dispatch(self, run: Run, group: set[int]) -> None:
+        """Bind a replica of every stage in ``group``, then send their AddRequests."""
+        deadline = time.monotonic() + self.no_replica_wait_s
+        while (lacking := self.try_acquire(run, group)) is not None:
+            await self.pools[lacking].wait_capacity(deadline, self.no_replica_wait_s)
+        self.send_group(run, group)
+
+    def try_acquire(self, run: Run, group: set[int]) -> int | None:
+        """Acquire for every stage of ``group``; or release all and return one that has
+        no free replica now."""
+        got: list[tuple[int, ReplicaHandle]] = []
+        for sid in group:
+            handle = self.pools[sid].try_acquire(run.request_id)
+            if handle is None:
+                for s, h in got:
+                    self.pools[s].release(h, run.request_id)
+                return sid
+            got.append((sid, handle))
+        run.assigned.update(got)
+        return None
+
+    def send_group(self, run: Run, group: set[int]) -> None:
+        """Choose the direct edges inside ``group`` and send each stage its AddRequest
+        and the inputs the head holds for it; they leave with this tick's batches. A
+        replica found gone when a batch is sent is marked ERROR at once, which sends the
+        requests it held elsewhere."""
+        for up in group:
+            for down in self.graph.downstream[up]:
+                if down in group and direct_edge(self.graph, run, up, down):
+                    run.direct.add((up, down))
+                    self.direct_edges_total += 1
+        for sid in self.order:
+            if sid not in group:
+                continue
+            st = run.progress(sid)
+            st.waiting = False
+            st.attempt = run.attempt
+            st.dispatches += 1
+            self.latency.dispatched(run, sid, st)
+            handle = run.assigned[sid]
+            trace = self.traces.dispatched(run, sid, handle)
+            self.channels.post(handle.identity, self._add_request(run, sid, trace))
+            for chunk in st.inputs:
+                chunk.attempt = st.attempt
+                self.channels.post(handle.identity, chunk)
+
+    def _add_request(self, run: Run, sid: int, trace: str) -> AddRequest:
+        upstream = [u for u in self.graph.upstream(sid) if u in run.active]
+        peers, head_all = [], sid in run.finals
+        for down in self.graph.downstream[sid]:
+            if down not in run.active or down in run.finished:
+                continue
+            if (sid, down) in run.direct:
+                peers.append(run.assigned[down].peer_address)
+            else:
+                head_all = True
+        st = run.progress(sid)
+        return AddRequest(
+            request_id=run.request_id,
+            prompt=run.prompt if self.graph.prompt_for(sid, bool(upstream)) else None,
+            upstream=upstream,
+            params=run.params[sid],
+            resume=st.resume(),
+            attempt=st.attempt,
+            peers=peers,
+            head_all=head_all,
+            ack=run.ack and sid in run.finals and st.dispatches == 1,
+            trace=trace,
+        )

@@ -1,0 +1,98 @@
+"""The closed sets of names that cross roles: replica states and why they change,
+modalities, finish reasons, error kinds, engine names, trace outcomes.
+
+All are ``StrEnum``: a member *is* its string, so they encode on the wire and in JSON as
+the text they always had, and code compares members, never the text.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ReplicaState(enum.StrEnum):
+    """A replica's state in the head's table, as heartbeats, acks and the API show it.
+
+    STARTING (registered, engine loading) -> UP (READY received, taking traffic) ->
+    DRAINING (finishing its requests, taking no new ones) -> DOWN (said goodbye); or
+    ERROR (silent, stalled, failed or exited). UNKNOWN appears only in a HeartbeatAck:
+    the head has no such incarnation.
+    """
+
+    STARTING = "STARTING"
+    UP = "UP"
+    DRAINING = "DRAINING"
+    DOWN = "DOWN"
+    ERROR = "ERROR"
+    UNKNOWN = "UNKNOWN"
+
+
+class Reason(enum.StrEnum):
+    """Why a replica changed state. The values are what operators read (logs, the API);
+    code compares the members, never the text."""
+
+    NONE = ""
+    READY = "ready"
+    REPLACED = "replaced by a new registration"
+    SHUT_DOWN = "replica shut down"
+    DRAINING = "draining before shutdown"
+    HEARTBEATS_RESUMED = "heartbeats resumed"
+    # Failures (-> ERROR). Only HEARTBEAT_TIMEOUT is forgiven when heartbeats return.
+    HEARTBEAT_TIMEOUT = "no heartbeat within --omni-heartbeat-timeout"
+    STALLED = "engine made no progress with work in hand within --omni-stall-timeout"
+    START_TIMEOUT = "no READY within --stage-init-timeout"
+    PROCESS_EXITED = "local process exited"
+    UNREACHABLE = "its connection closed (unreachable on input)"
+    ACTOR_DIED = "replica actor died"
+
+
+class Modality(enum.StrEnum):
+    """What one output chunk carries. TOOL_CALL: ``text`` is the next piece of a function
+    call's JSON arguments (``ChunkMeta.index`` / ``name`` say which call)."""
+
+    TEXT = "text"
+    AUDIO = "audio"
+    IMAGE = "image"
+    TOOL_CALL = "tool_call"
+
+
+class FinishReason(enum.StrEnum):
+    """Why a stage's output ended, with OpenAI's names."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    ERROR = "error"  # the stage failed (the chunk carries the error)
+
+
+class ErrorKind(enum.StrEnum):
+    """Whose fault an error chunk is: BAD_REQUEST is the client's (a 4xx, e.g. a prompt
+    longer than the context window); SERVER is ours."""
+
+    BAD_REQUEST = "bad_request"
+    SERVER = "server"
+
+
+class EngineName(enum.StrEnum):
+    """The engines a stage can run (``engine:`` in a deploy config)."""
+
+    ECHO = "echo"
+    LLM = "llm"
+    TTS = "tts"
+    ASR = "asr"
+    DIFFUSION = "diffusion"
+    VLLM = "vllm"
+
+
+class Outcome(enum.StrEnum):
+    """How a traced request, stage dispatch or replica generation ended."""
+
+    DERIVE = ""  # "from how the run stands": ok, error or cancelled
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    ABORTED = "aborted"
+    BAD_REQUEST = "bad_request"  # a replica refused the request's params
+    REJECTED = "rejected"
+    REPLICA_LOST = "replica lost"
+    RESTARTED = "restarted"
