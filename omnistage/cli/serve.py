@@ -23,6 +23,8 @@ from omnistage.protocol.errors import ConfigError
 from omnistage.replica.options import ReplicaOptions
 
 if TYPE_CHECKING:
+    from omnistage.config.schema import DeployConfig
+    from omnistage.head.options import HeadOptions
     from omnistage.headless import HeadlessOptions
 
 log = logging.getLogger("omnistage.head")
@@ -38,7 +40,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def serve_head(args: argparse.Namespace) -> int:
     from omnistage.cli.engine_flags import apply_diffusion_flags, check_diffusion_models
-    from omnistage.head import Head, HeadOptions
+    from omnistage.head import Head
 
     try:
         config = load_config(args.deploy_config or args.model_or_config, args.stage_overrides)
@@ -50,7 +52,7 @@ def serve_head(args: argparse.Namespace) -> int:
             f"(stages: {', '.join(str(s) for s in config.stage_ids)})"
         )
     config = apply_diffusion_flags(config, args)
-    opts = HeadOptions.from_args(args, config)
+    opts = head_options(args, config)
     try:
         opts.check_devices()
     except DevicesError as exc:
@@ -125,3 +127,39 @@ def _own_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
     raw = json.loads(args.stage_overrides) if args.stage_overrides else {}
     return headless_overrides(dict(raw.get(str(args.stage_id)) or {}), args)
+
+
+def head_options(args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
+    """The head's options from the validated flags and the loaded config."""
+    from omnistage.head.options import HeadOptions, default_master_host
+
+    return HeadOptions(
+        config=config,
+        host=args.host,
+        port=args.port,
+        master_host=args.omni_master_address
+        or default_master_host(args.worker_backend, args.ray_address),
+        master_port=args.omni_master_port or 0,
+        stage_id=args.stage_id,
+        dp_size_local=args.omni_dp_size_local,
+        lb_policy=args.omni_lb_policy,
+        heartbeat_timeout_s=args.omni_heartbeat_timeout,
+        stage_init_timeout_s=args.stage_init_timeout,
+        init_timeout_s=args.init_timeout,
+        no_replica_wait_s=args.omni_stage_wait_timeout,
+        max_retries=args.omni_max_retries,
+        stall_timeout_s=args.omni_stall_timeout,
+        log_level=args.log_level,
+        api_key=args.api_key,
+        max_queue=args.omni_max_queue,
+        restart_policy=args.omni_restart_policy,
+        auth_token=args.omni_auth_token,
+        curve_keys=args.omni_curve_keys,
+        max_request_bytes=args.max_request_bytes,
+        log_stats=args.log_stats,
+        api_server_count=args.api_server_count,
+        served_model_names=tuple(args.served_model_name or ()),
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
+        worker_backend=args.worker_backend,
+        ray_address=args.ray_address,
+    )

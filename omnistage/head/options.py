@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from omnistage import defaults
@@ -46,40 +45,6 @@ class HeadOptions:
     otlp_traces_endpoint: str | None = None  # None: the OTEL_* variables decide (tracing)
     worker_backend: str = "multi_process"  # or "ray": the head's replicas are Ray actors
     ray_address: str | None = None  # --ray-address; None: start a local Ray instance
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
-        """The options of ``omnistage serve`` (validated flags, loaded config)."""
-        return cls(
-            config=config,
-            host=args.host,
-            port=args.port,
-            master_host=args.omni_master_address
-            or _default_master_host(args.worker_backend, args.ray_address),
-            master_port=args.omni_master_port or 0,
-            stage_id=args.stage_id,
-            dp_size_local=args.omni_dp_size_local,
-            lb_policy=args.omni_lb_policy,
-            heartbeat_timeout_s=args.omni_heartbeat_timeout,
-            stage_init_timeout_s=args.stage_init_timeout,
-            init_timeout_s=args.init_timeout,
-            no_replica_wait_s=args.omni_stage_wait_timeout,
-            max_retries=args.omni_max_retries,
-            stall_timeout_s=args.omni_stall_timeout,
-            log_level=args.log_level,
-            api_key=args.api_key,
-            max_queue=args.omni_max_queue,
-            restart_policy=args.omni_restart_policy,
-            auth_token=args.omni_auth_token,
-            curve_keys=args.omni_curve_keys,
-            max_request_bytes=args.max_request_bytes,
-            log_stats=args.log_stats,
-            api_server_count=args.api_server_count,
-            served_model_names=tuple(args.served_model_name or ()),
-            otlp_traces_endpoint=args.otlp_traces_endpoint,
-            worker_backend=args.worker_backend,
-            ray_address=args.ray_address,
-        )
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -155,7 +120,7 @@ class HeadOptions:
                 self.replica_devices(stage_id, replica_id)
 
 
-def _default_master_host(worker_backend: str, ray_address: str | None) -> str:
+def default_master_host(worker_backend: str, ray_address: str | None) -> str:
     """Where the master listens when -oma is not given: loopback, except on a Ray
     cluster that may span hosts, whose replicas must reach it from their nodes: then
     this host's address on the route toward the cluster."""

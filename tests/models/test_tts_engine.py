@@ -19,7 +19,7 @@ from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage
 from omnistage.engines.tts import TtsArgs, TtsEngine
 from omnistage.engines.voices import VoiceCatalog, discover_voices
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import ChunkMeta, Prompt
 from tests import params as P
 
 # Async tests share one event loop, so the started engine can serve them all.
@@ -131,7 +131,7 @@ async def test_longer_text_gives_longer_valid_wav(engine: TtsEngine):
         assert not any(c.finished for c in chunks[:-1])
         for chunk in chunks:
             assert chunk.modality == "audio"
-            assert chunk.meta == {"sample_rate": rate, "format": "pcm16", "voice": JOE}
+            assert chunk.meta == ChunkMeta(sample_rate=rate, format="pcm16", voice=JOE)
         with wave.open(io.BytesIO(wav_bytes(pcm_of(chunks), rate))) as w:
             assert w.getnchannels() == 1
             assert w.getsampwidth() == 2
@@ -215,7 +215,7 @@ async def test_unknown_voice_or_bad_speed_is_a_bad_request(engine: TtsEngine):
 async def test_voice_by_alias_and_response_format_ignored(engine: TtsEngine):
     chunks = await collect(engine, speak("Hi.", voice="Joe", response_format="mp3"))
     assert len(chunks) == 1 and chunks[0].finished and chunks[0].data
-    assert chunks[0].meta["voice"] == JOE
+    assert chunks[0].meta.voice == JOE
 
 
 @pytest.mark.slow
@@ -231,7 +231,7 @@ async def test_empty_input_gives_one_finished_chunk_without_audio(engine: TtsEng
         assert len(chunks) == 1
         assert chunks[0].finished and chunks[0].finish_reason == "stop"
         assert chunks[0].data == b""
-        assert chunks[0].meta["sample_rate"] == joe_sample_rate()
+        assert chunks[0].meta.sample_rate == joe_sample_rate()
 
 
 @pytest.mark.slow
@@ -287,7 +287,7 @@ async def test_other_voices_load_lazily_and_once(tmp_path: Path):
     for chunks in results:
         # sentence_streaming=False: the whole text in one chunk.
         assert len(chunks) == 1 and chunks[0].finished and chunks[0].text == LONG
-        assert chunks[0].meta["voice"] == "en_GB-copy-low"
+        assert chunks[0].meta.voice == "en_GB-copy-low"
     await engine.shutdown()
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from omnistage.config.load import load_config
 from omnistage.config.schema import RaySpec
-from omnistage.head.options import _default_master_host
+from omnistage.head.options import default_master_host
 from omnistage.net import detect_local_address
 from omnistage.protocol.errors import ConfigError
 
@@ -53,13 +53,11 @@ def test_loopback_addresses_are_recognised() -> None:
 
 
 def test_the_master_listens_where_ray_replicas_can_reach_it() -> None:
-    assert _default_master_host("multi_process", None) == "127.0.0.1"
-    assert _default_master_host("ray", None) == "127.0.0.1"  # our own Ray, on this host
-    assert _default_master_host("ray", "127.0.0.1:6379") == "127.0.0.1"
+    assert default_master_host("multi_process", None) == "127.0.0.1"
+    assert default_master_host("ray", None) == "127.0.0.1"  # our own Ray, on this host
+    assert default_master_host("ray", "127.0.0.1:6379") == "127.0.0.1"
     # A cluster elsewhere: this host's address on the route to it (never a wildcard).
-    assert _default_master_host("ray", "192.0.2.77:6379") == detect_local_address(
-        "192.0.2.77", 6379
-    )
-    assert _default_master_host("ray", "ray://192.0.2.77:10001") == detect_local_address(
+    assert default_master_host("ray", "192.0.2.77:6379") == detect_local_address("192.0.2.77", 6379)
+    assert default_master_host("ray", "ray://192.0.2.77:10001") == detect_local_address(
         "192.0.2.77", 6379
     )
