@@ -30,6 +30,11 @@ class Target:
     # Another checkout to serve omnistage from (bench_head_cpu --baseline-tree); "": this one.
     tree: str = ""
 
+    @property
+    def pipeline(self) -> str:
+        """The pipeline served (a baseline target is named ``PIPELINE@base``)."""
+        return self.name.split("@")[0]
+
 
 TARGETS = (
     Target("floor", 0, b"[floor]"),
@@ -95,7 +100,7 @@ def start_server(target: Target, port: int) -> ServerProcess:
     if target.stages == 0:
         cmd = [sys.executable, os.path.abspath(__file__), "--serve-floor", str(port)]
     else:
-        cmd = [sys.executable, "-m", "omnistage", "serve", target.name.split("@")[0]]
+        cmd = [sys.executable, "-m", "omnistage", "serve", target.pipeline]
         cmd += ["--host", HOST, "--port", str(port), "--log-level", "WARNING"]
         if target.tree:
             # ``python -m`` imports from its working directory first: run it in the tree.
@@ -116,7 +121,7 @@ def wait_ready(server: ServerProcess, target: Target, timeout: float) -> None:
 
 def request_body(target: Target) -> bytes:
     msg = {"role": "user", "content": "hello"}
-    return json.dumps({"model": target.name, "messages": [msg]}).encode()
+    return json.dumps({"model": target.pipeline, "messages": [msg]}).encode()
 
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -39,6 +39,14 @@ class Dispatcher:
         # Stage-to-stage edges of dispatched requests whose chunks went replica to replica.
         self.direct_edges_total = 0
 
+    def lacking_live(self, active: set[int]) -> bool:
+        """Some stage in ``active`` has no live replica now."""
+        # A loop, not any(): no generator object on every request.
+        for sid in active:  # noqa: SIM110
+            if not self.pools[sid].has_live():
+                return True
+        return False
+
     async def wait_live(self, active: set[int]) -> None:
         """Wait (boundedly) until every stage in ``active`` has a live replica: a
         missing downstream stage is a 503 up front, not an error mid-stream."""

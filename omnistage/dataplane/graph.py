@@ -19,9 +19,14 @@ class StageGraph:
         # Plain copies of what the orchestrator reads per request (pydantic attribute
         # access costs more than a dict lookup on that path).
         self.inputs: dict[int, tuple[int, ...]] = {s.stage_id: s.inputs for s in config.stages}
-        # Each stage's ``default_sampling_params``, typed as its engine reads them.
+        # The stages' ``default_sampling_params``, typed as their engines read them;
+        # stages without any are left out (the common case costs one lookup).
+        typed = (
+            (s.stage_id, decode(kind_of(s.engine), s.default_sampling_params))
+            for s in config.stages
+        )
         self.param_defaults: dict[int, StageParams] = {
-            s.stage_id: decode(kind_of(s.engine), s.default_sampling_params) for s in config.stages
+            sid: params for sid, params in typed if not params.empty
         }
         self.reads_prompt: dict[int, frozenset[str]] = {
             s.stage_id: frozenset(s.reads_prompt) for s in config.stages
@@ -31,9 +36,9 @@ class StageGraph:
         """The stage's defaults, under the request's params, under its params for this
         stage alone."""
         extra = request.stage_params.get(sid) if request.stage_params else None
-        defaults = self.param_defaults[sid]
-        if extra is None and defaults.empty:
-            return request.params
+        defaults = self.param_defaults.get(sid)
+        if defaults is None:
+            return request.params if extra is None else request.params.merged(extra)
         return defaults.merged(request.params).merged(extra)
 
     def topological(self) -> list[int]:

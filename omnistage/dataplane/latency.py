@@ -21,6 +21,11 @@ from omnistage.dataplane.run import Run, StageProgress
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import OutputChunk
 
+# Members this hot path compares against, bound once (see protocol/enums.py).
+_AUDIO = Modality.AUDIO
+_TEXT = Modality.TEXT
+
+
 # Upper bounds in seconds, a 1-2.5-5 spread: from a fast stage hop to a long generation.
 BUCKETS_S: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
@@ -128,9 +133,9 @@ class LatencyRecorder:
             st.first_at = now = self.clock()
             self.stages["first_output"][sid].observe(now - st.dispatched_at)
         if sid in run.finals:
-            if chunk.data and chunk.modality == Modality.AUDIO:
+            if chunk.data and chunk.modality == _AUDIO:
                 self._audio(run, sid, chunk)
-            elif chunk.text and chunk.modality == Modality.TEXT and run.first_text_at is None:
+            elif chunk.text and chunk.modality == _TEXT and run.first_text_at is None:
                 if now is None:
                     now = self.clock()
                 run.first_text_at = now

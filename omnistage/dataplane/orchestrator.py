@@ -43,6 +43,9 @@ from omnistage.tracing import RequestTraces, request_traces
 
 log = logging.getLogger(__name__)
 
+# Members this hot path compares against, bound once (see protocol/enums.py).
+_OK = Outcome.OK
+
 
 class Orchestrator:
     def __init__(
@@ -64,28 +67,17 @@ class Orchestrator:
         self.retried_total = 0
         self.forwarded_chunks_total = 0  # chunks the head passed on between stages
         names = {s: st.name for s, st in graph.stages.items()}
+        # The observers, shared with the dispatcher (it times and traces dispatches).
+        self.latency = latency or LatencyRecorder(names)
+        # Spans of requests and stage dispatches; does nothing unless tracing is on.
+        self.traces = traces or request_traces(graph.config.pipeline, names)
         self.dispatcher = Dispatcher(
-            graph,
-            pools,
-            channels,
-            latency or LatencyRecorder(names),
-            # Spans of requests and stage dispatches; does nothing unless tracing is on.
-            traces or request_traces(graph.config.pipeline, names),
-            no_replica_wait_s,
+            graph, pools, channels, self.latency, self.traces, no_replica_wait_s
         )
 
     @property
     def in_flight(self) -> int:
         return len(self._runs)
-
-    # The observers are the dispatcher's: it times and traces each dispatch.
-    @property
-    def latency(self) -> LatencyRecorder:
-        return self.dispatcher.latency
-
-    @property
-    def traces(self) -> RequestTraces:
-        return self.dispatcher.traces
 
     @property
     def direct_edges_total(self) -> int:
@@ -115,7 +107,8 @@ class Orchestrator:
         self.latency.opened(run)
         self.traces.opened(run)
         try:
-            await self.dispatcher.wait_live(active)
+            if self.dispatcher.lacking_live(active):
+                await self.dispatcher.wait_live(active)
             await self.dispatcher.dispatch(run, active)
         except BaseException:
             self._finish(run, Outcome.REJECTED)
@@ -175,7 +168,7 @@ class Orchestrator:
                 self._forward(run, down, chunk)
         if chunk.finished:
             run.finished.add(sid)
-            self.traces.stage_ended(run, sid, Outcome.OK)
+            self.traces.stage_ended(run, sid, _OK)
             if not any(up == sid for up, _ in run.direct):
                 st.inputs.clear()  # nothing can make it run again: free what it kept
             self.pools[sid].release(handle, run.request_id)

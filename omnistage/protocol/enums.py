@@ -3,6 +3,11 @@ modalities, finish reasons, error kinds, engine names, trace outcomes.
 
 All are ``StrEnum``: a member *is* its string, so they encode on the wire and in JSON as
 the text they always had, and code compares members, never the text.
+
+On Python 3.11 a member lookup (``Modality.TEXT``) costs ~70 ns, ten times a module
+global's (``EnumType`` defines ``__getattr__``, which slows every class attribute), so
+code that runs for every output chunk binds the members it compares against to module
+globals once.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ from __future__ import annotations
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import OutputChunk
 
+# Members this hot path compares against, bound once (see protocol/enums.py).
+_TEXT = Modality.TEXT
+
 
 class OutputCoalescer:
     def __init__(self) -> None:
@@ -59,7 +62,7 @@ def _mergeable(a: OutputChunk, b: OutputChunk) -> bool:
     return (
         not a.finished
         and a.error is None
-        and a.modality == b.modality == Modality.TEXT
+        and a.modality == b.modality == _TEXT
         and not a.data
         and not b.data
     )

@@ -26,6 +26,10 @@ from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
 
 log = logging.getLogger(__name__)
 
+# Members this hot path compares against, bound once (see protocol/enums.py).
+_OK = Outcome.OK
+_STOP = FinishReason.STOP
+
 # Inputs pushed by an upstream replica can arrive before the head's AddRequest (they
 # travel on another connection). They wait this long, at most this many requests' worth.
 EARLY_TTL_S = 60.0
@@ -166,7 +170,7 @@ class RequestRunner:
         self, request: EngineRequest, seq: int, replay: ReplayFilter | None, running: _Running
     ) -> None:
         rid, modality = request.request_id, self.engine.stage.output_modality
-        finished, first_seq, outcome = False, seq, Outcome.OK
+        finished, first_seq, outcome = False, seq, _OK
         try:
             async for chunk in self.engine.generate(request):
                 if replay is not None:
@@ -184,7 +188,7 @@ class RequestRunner:
                     break
             if not finished:
                 final = self._chunk(rid, running, seq, modality, True)
-                final.finish_reason = FinishReason.STOP
+                final.finish_reason = _STOP
                 self._send(final)
                 seq += 1
         except asyncio.CancelledError:

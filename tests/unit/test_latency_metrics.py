@@ -58,7 +58,8 @@ def _head(pipeline: str, replicas: dict[int, int]) -> tuple[Head, FakeClock, Lat
     head = Head(pipeline, replicas)
     clock = FakeClock()
     names = {sid: s.name for sid, s in head.orch.graph.stages.items()}
-    recorder = head.orch.dispatcher.latency = LatencyRecorder(names, clock=clock)
+    recorder = LatencyRecorder(names, clock=clock)
+    head.orch.latency = head.orch.dispatcher.latency = recorder
     return head, clock, recorder
 
 

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_whole, require_av
+from omnistage.api.body import parse_body
 from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import chat_logprobs
@@ -35,6 +36,12 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, OutputChunk, PipelineRequest, Prompt, ToolCall
 from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
 
+# Members this hot path compares against, bound once (see protocol/enums.py).
+_AUDIO = Modality.AUDIO
+_TOOL_CALL = Modality.TOOL_CALL
+_STOP = FinishReason.STOP
+
+
 # OpenAI's chat audio formats, all 24 kHz mono (api/audio_out.py); a stream is pcm16.
 AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
 # How long the audio id stays meaningful to clients (OpenAI's expires_at); nothing is
@@ -52,9 +59,9 @@ class _Plan:
 
 
 async def chat_completions(request: Request) -> Response:
-    call = await text_call(request, ChatCompletionRequest)
-    body, omni = call.body, call.omni
-    plan = _plan(omni, body, call.text_stages)
+    body = await parse_body(request, ChatCompletionRequest)
+    omni, text_stages = text_call(request, body)
+    plan = _plan(omni, body, text_stages)
     prompt, audio_param = _prompt(omni, body)
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
@@ -70,12 +77,12 @@ async def chat_completions(request: Request) -> Response:
     stream = await omni.open(
         PipelineRequest(request_id, prompt, finals, params, stage_params, ack=ack)
     )
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    shape = ChunkShape(
-        request_id, "chat.completion.chunk", int(time.time()), omni.served_model, include_usage
-    )
+    created = int(time.time())
     try:
         if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            model = omni.served_model
+            shape = ChunkShape(request_id, "chat.completion.chunk", created, model, include_usage)
             outputs = await peeked(stream, frozenset(plan.audio if ack else ()))
             return sse_response(_events(outputs, stream, shape, plan), stream)
         got = await collect(request, stream)
@@ -86,23 +93,48 @@ async def chat_completions(request: Request) -> Response:
         raise
     if got is None:
         return Response(status_code=499)
-    choices = [await _choice(got, plan, i, shape, body.logprobs) for i in range(len(plan.text))]
+    audio = []  # audio stage i speaks choice i
+    for i in range(min(len(plan.audio), len(plan.text))):
+        audio.append(await _audio(got, plan, i, request_id, created))
+    logprobs = body.logprobs
+    choices = [_choice(got, plan, i, request_id, audio, logprobs) for i in range(len(plan.text))]
     return json_response(
         {
             "id": request_id,
             "object": "chat.completion",
-            "created": shape.created,
-            "model": shape.model,
+            "created": created,
+            "model": omni.served_model,
             "choices": choices,
             "usage": openai_usage(stream.usage()),
         }
     )
 
 
-async def _choice(
-    got: Collected, plan: _Plan, i: int, shape: ChunkShape, logprobs: bool
+async def _audio(
+    got: Collected, plan: _Plan, i: int, request_id: str, created: int
 ) -> dict[str, Any]:
-    """Choice ``i`` of a whole (not streamed) answer."""
+    """The audio of choice ``i`` of a whole answer, encoded (off the event loop)."""
+    sid = plan.audio[i]
+    pcm = b"".join(got.audio.get(sid, []))
+    rate = got.sample_rate.get(sid, DEFAULT_INPUT_RATE)
+    data = await asyncio.to_thread(encode_whole, pcm, rate, plan.audio_format)
+    return {
+        "id": _audio_id(request_id),
+        "data": base64.b64encode(data).decode(),
+        "transcript": got.text_of(plan.text[i]),
+        "expires_at": created + AUDIO_TTL_S,
+    }
+
+
+def _choice(
+    got: Collected,
+    plan: _Plan,
+    i: int,
+    request_id: str,
+    audio: list[dict[str, Any]],
+    logprobs: bool,
+) -> dict[str, Any]:
+    """Choice ``i`` of a whole (not streamed) answer, with its encoded ``audio[i]``."""
     sid = plan.text[i]
     text = got.text_of(sid)
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -110,22 +142,12 @@ async def _choice(
     if calls:
         message["content"] = text or None
         message["tool_calls"] = [
-            _tool_call(shape.request_id, j, name, arguments)
-            for j, (name, arguments) in enumerate(calls)
+            _tool_call(request_id, j, name, arguments) for j, (name, arguments) in enumerate(calls)
         ]
-    if i < len(plan.audio):
-        audio_sid = plan.audio[i]
-        pcm = b"".join(got.audio.get(audio_sid, []))
-        rate = got.sample_rate.get(audio_sid, DEFAULT_INPUT_RATE)
-        data = await asyncio.to_thread(encode_whole, pcm, rate, plan.audio_format)
+    if i < len(audio):
         message["content"] = None  # as OpenAI: the words are the audio's transcript
-        message["audio"] = {
-            "id": _audio_id(shape.request_id),
-            "data": base64.b64encode(data).decode(),
-            "transcript": text,
-            "expires_at": shape.created + AUDIO_TTL_S,
-        }
-    finish = got.finish.get(sid, FinishReason.STOP)
+        message["audio"] = audio[i]
+    finish = got.finish.get(sid, _STOP)
     choice_logprobs = chat_logprobs(got.logprobs.get(sid, [])) if logprobs else None
     return {"index": i, "message": message, "finish_reason": finish, "logprobs": choice_logprobs}
 
@@ -264,12 +286,12 @@ class _Chunks:
         return events
 
     def _delta(self, i: int, out: OutputChunk) -> dict[str, Any] | None:
-        if out.modality == Modality.AUDIO:
+        if out.modality == _AUDIO:
             data = self._resampled(i, out)
             if not data:
                 return None
             return {"audio": {"id": self._audio_id, "data": base64.b64encode(data).decode()}}
-        if out.modality == Modality.TOOL_CALL and out.meta:
+        if out.modality == _TOOL_CALL and out.meta:
             return {"tool_calls": [self._call_delta(out)]}
         if out.text and i in self._spoken:
             return {"audio": {"id": self._audio_id, "transcript": out.text}}
@@ -299,11 +321,11 @@ class _Chunks:
     def _stage_finished(self, i: int, out: OutputChunk) -> list[bytes]:
         """The choice's last chunk, with its finish reason, once its stages are done."""
         if out.stage_id in self._text:
-            self._finish[i] = out.finish_reason or FinishReason.STOP
+            self._finish[i] = out.finish_reason or _STOP
         self._open[i].discard(out.stage_id)
         if self._open[i]:
             return []
-        reason = self._finish.get(i, FinishReason.STOP)
+        reason = self._finish.get(i, _STOP)
         return [self._shape.chunk([{"index": i, "delta": {}, "finish_reason": reason}])]
 
     def _role(self, i: int) -> dict[str, Any]:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from omnistage.api.body import parse_body
 from omnistage.api.errors import ApiError, as_api_error, error_body
 from omnistage.api.schemas.base import SamplingFields
 from omnistage.api.schemas.chat import ChatCompletionRequest
@@ -22,6 +21,13 @@ from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unle
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.messages import OutputChunk, TokenLogprob
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
+
+# Members this hot path compares against, bound once (see protocol/enums.py).
+_TEXT = Modality.TEXT
+_TOOL_CALL = Modality.TOOL_CALL
+_AUDIO = Modality.AUDIO
+_STOP = FinishReason.STOP
+
 
 json_encoder = msgspec.json.Encoder()
 
@@ -84,24 +90,13 @@ def output_stage_params(
 TextBody = TypeVar("TextBody", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
 
 
-@dataclass(frozen=True)
-class TextCall(Generic[TextBody]):
-    """A request to a text route, past the checks every text route makes."""
-
-    body: TextBody
-    omni: PipelineService
-    text_stages: list[int]  # the pipeline's final text stages, in order
-
-
-async def text_call(
-    request: Request,
-    model: type[TextBody],
-    refuse: Callable[[TextBody], None] | None = None,
-) -> TextCall[TextBody]:
-    """The start of chat, completions and responses: the body parsed and its model
-    checked; then a 400 for ``n`` other than 1, for what ``refuse`` refuses, and for a
-    pipeline with no text output."""
-    body = await parse_body(request, model)
+def text_call(
+    request: Request, body: TextBody, refuse: Callable[[TextBody], None] | None = None
+) -> tuple[PipelineService, list[int]]:
+    """The checks every text route (chat, completions, responses) makes of its parsed
+    body: its model; then a 400 for ``n`` other than 1, for what ``refuse`` refuses, and
+    for a pipeline with no text output. Returns the head and its final text stages.
+    Not async: it runs on every request, where a coroutine costs a microsecond."""
     omni = service(request)
     check_model(omni, body.model)
     if isinstance(body, SamplingFields) and body.n != 1:
@@ -111,7 +106,7 @@ async def text_call(
     text = omni.graph.finals_with({"text"})
     if not text:
         raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
-    return TextCall(body, omni, text)
+    return omni, text
 
 
 def engine_stages(omni: PipelineService, engine: str, missing: str, code: str) -> list[Any]:
@@ -160,20 +155,20 @@ class Collected:
     calls: dict[int, dict[int, tuple[str, list[str]]]] = field(default_factory=dict)
 
     def add(self, out: OutputChunk) -> None:
-        if out.text and out.modality == Modality.TEXT:
+        if out.text and out.modality == _TEXT:
             self.text.setdefault(out.stage_id, []).append(out.text)
-        if out.modality == Modality.TOOL_CALL and out.meta:
+        if out.modality == _TOOL_CALL and out.meta:
             calls = self.calls.setdefault(out.stage_id, {})
             _, pieces = calls.setdefault(out.meta.index or 0, (out.meta.name or "", []))
             pieces.append(out.text)
         if out.logprobs:
             self.logprobs.setdefault(out.stage_id, []).extend(out.logprobs)
-        if out.data and out.modality == Modality.AUDIO:
+        if out.data and out.modality == _AUDIO:
             self.audio.setdefault(out.stage_id, []).append(out.data)
         if out.meta and out.meta.sample_rate:
             self.sample_rate[out.stage_id] = out.meta.sample_rate
         if out.finished:
-            self.finish[out.stage_id] = out.finish_reason or FinishReason.STOP
+            self.finish[out.stage_id] = out.finish_reason or _STOP
 
     def text_of(self, sid: int) -> str:
         return "".join(self.text.get(sid, []))

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from omnistage.api.body import parse_body
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import completion_logprobs
 from omnistage.api.routes.common import (
@@ -26,10 +27,13 @@ from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.protocol.enums import FinishReason
 from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
 
+# Members this hot path compares against, bound once (see protocol/enums.py).
+_STOP = FinishReason.STOP
+
 
 async def completions(request: Request) -> Response:
-    call = await text_call(request, CompletionRequest)
-    body, omni, finals = call.body, call.omni, call.text_stages
+    body = await parse_body(request, CompletionRequest)
+    omni, finals = text_call(request, body)
     request_id = f"cmpl-{next_id()}"
     stage_params = output_stage_params(omni, body, finals)
     prompt = Prompt(text=body.prompt)
@@ -51,7 +55,7 @@ async def completions(request: Request) -> Response:
         {
             "index": i,
             "text": got.text_of(sid),
-            "finish_reason": got.finish.get(sid, FinishReason.STOP),
+            "finish_reason": got.finish.get(sid, _STOP),
             "logprobs": (
                 completion_logprobs(got.logprobs.get(sid, []))
                 if body.logprobs is not None
@@ -78,7 +82,7 @@ def _render(
     offsets = dict.fromkeys(index, 0)  # where each choice's next piece starts
 
     def render(out: OutputChunk) -> list[bytes]:
-        reason = (out.finish_reason or FinishReason.STOP) if out.finished else None
+        reason = (out.finish_reason or _STOP) if out.finished else None
         if not (out.text or reason):
             return []
         choice: dict[str, Any] = {

@@ -22,6 +22,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from omnistage.api.body import parse_body
 from omnistage.api.errors import ApiError, as_api_error
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
@@ -55,9 +56,9 @@ _FAILURE_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
 async def responses(request: Request) -> Response:
-    call = await text_call(request, ResponsesRequest, _refuse_unserved)
-    body, omni = call.body, call.omni
-    sid = call.text_stages[0]  # the first final text stage answers, as a chat's first choice
+    body = await parse_body(request, ResponsesRequest)
+    omni, text_stages = text_call(request, body, _refuse_unserved)
+    sid = text_stages[0]  # the first final text stage answers, as a chat's first choice
     shape = _ResponseShape.of(body, f"resp_{next_id()}", omni.served_model)
     output = _Output(omni.graph.stages[sid].name)
     try:
