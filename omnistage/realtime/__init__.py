@@ -1,0 +1,1 @@
+"""Building blocks of the Realtime API (GET /v1/realtime)."""
