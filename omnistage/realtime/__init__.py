@@ -1,1 +1,11 @@
-"""Building blocks of the Realtime API (GET /v1/realtime)."""
+"""Building blocks of the OpenAI-compatible Realtime API (``GET /v1/realtime``).
+
+The pieces a realtime voice session is assembled from, each usable and tested on its own:
+``audio_formats`` (the session's audio formats: 24 kHz PCM, G.711 mu-law and A-law, with
+streaming conversion to and from the rates the models want; ``g711`` and ``resample``
+beneath it), ``turns`` (the pure server-VAD turn detector: speech probabilities in,
+``SpeechStarted``/``SpeechStopped`` out, with Realtime's ``turn_detection`` parameters)
+and ``vad`` (Silero VAD, as faster-whisper ships it, scoring streamed audio for the
+detector). Nothing outside this package imports it yet: the WebSocket endpoint and its
+session state (issue 19) are still to be built on top of it.
+"""

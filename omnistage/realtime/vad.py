@@ -1,0 +1,196 @@
+"""Server VAD on streamed audio: the Silero model faster-whisper ships, fed chunk by chunk.
+
+``SileroVad`` wraps ``faster_whisper/assets/silero_vad_v6.onnx`` for streaming. The model
+scores 512-sample windows of 16 kHz audio (32 ms), each preceded by the last 64 samples of
+the window before it (its "context"), and carries an LSTM state ``h``/``c`` from window to
+window. faster-whisper scores a whole file in one call with that state starting at zero; a
+live session arrives in arbitrary chunks, so here the state, the context and any samples
+short of a full window are kept between calls, and feeding a session's audio in any split
+gives the same probabilities as feeding it at once.
+
+``VadStream`` is one session's front: it takes Realtime's ``audio/pcm`` (PCM16 little-endian
+mono, 24 kHz, or 16 kHz), resamples to 16 kHz, scores it and runs the windows through a
+``turns.TurnDetector``, returning the events each chunk completes with times counted from
+the first byte fed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from omnistage.realtime.turns import ServerVadParams, TurnDetector, VadEvent
+
+MODEL_RATE = 16_000
+WINDOW = 512  # samples per scored window at 16 kHz: 32 ms
+CONTEXT = 64  # samples of the previous window prepended to each one
+WINDOW_MS = WINDOW * 1000 // MODEL_RATE
+STATE_SHAPE = (1, 1, 128)
+INPUT_RATES = (16_000, 24_000)
+
+
+def silero_model_path() -> Path:
+    """The Silero VAD ONNX file inside the installed faster-whisper package."""
+    import faster_whisper
+
+    return Path(faster_whisper.__file__).parent / "assets" / "silero_vad_v6.onnx"
+
+
+class _Session:
+    """The ONNX session, loaded once per process and shared (it holds no per-stream state)."""
+
+    _lock = threading.Lock()
+    _session = None
+
+    @classmethod
+    def get(cls) -> Any:  # onnxruntime.InferenceSession, imported lazily
+        with cls._lock:
+            if cls._session is None:
+                import onnxruntime
+
+                opts = onnxruntime.SessionOptions()
+                # One thread, as faster-whisper: a window is ~0.1 ms of work, and sessions of
+                # many clients run side by side rather than fighting over cores.
+                opts.inter_op_num_threads = 1
+                opts.intra_op_num_threads = 1
+                opts.enable_cpu_mem_arena = False
+                opts.log_severity_level = 4
+                cls._session = onnxruntime.InferenceSession(
+                    str(silero_model_path()), providers=["CPUExecutionProvider"], sess_options=opts
+                )
+            return cls._session
+
+
+class WindowScorer(Protocol):
+    """Speech probability per ``WINDOW`` samples of 16 kHz audio, fed in any split."""
+
+    def reset(self) -> None: ...
+
+    def score(self, audio: np.ndarray) -> np.ndarray: ...
+
+
+class SileroVad:
+    """Speech probability per 32 ms window of one audio stream, fed in chunks of any size."""
+
+    def __init__(self) -> None:
+        self._session = _Session.get()
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new stream: zero recurrent state and context, drop pending samples."""
+        self._h = np.zeros(STATE_SHAPE, dtype=np.float32)
+        self._c = np.zeros(STATE_SHAPE, dtype=np.float32)
+        self._context = np.zeros(CONTEXT, dtype=np.float32)
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    def score(self, audio: np.ndarray) -> np.ndarray:
+        """Probabilities for each window this 16 kHz float audio (in [-1, 1]) completes.
+
+        Samples short of a full window wait for the next call.
+        """
+        audio = np.concatenate([self._pending, np.asarray(audio, dtype=np.float32).ravel()])
+        count = len(audio) // WINDOW
+        self._pending = audio[count * WINDOW :]
+        if count == 0:
+            return np.zeros(0, dtype=np.float32)
+        windows = audio[: count * WINDOW].reshape(count, WINDOW)
+        # Each window's context is the tail of the one before; the first takes the tail kept
+        # from the previous call (zeros at the start, as faster-whisper's first window).
+        contexts = np.concatenate([self._context[None, :], windows[:-1, -CONTEXT:]])
+        self._context = windows[-1, -CONTEXT:].copy()
+        # The model's first input axis is time: one call runs the LSTM through all windows
+        # in order, carrying h/c between them, and returns the state after the last.
+        probs, self._h, self._c = self._session.run(
+            None,
+            {"input": np.concatenate([contexts, windows], axis=1), "h": self._h, "c": self._c},
+        )
+        return np.asarray(probs, dtype=np.float32).reshape(count)
+
+
+class Resampler24kTo16k:
+    """Streaming 3:2 decimation: output sample k sits at input position 1.5 k.
+
+    Even outputs are input samples, odd ones the mean of the two they fall between (linear
+    interpolation). Speech energy above 8 kHz, the band this folds back, is small, and the
+    VAD only needs the speech band; tests check the probabilities match native 16 kHz
+    audio. Samples short of a group of three wait for the next call.
+    """
+
+    def __init__(self) -> None:
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    def __call__(self, audio: np.ndarray) -> np.ndarray:
+        audio = np.concatenate([self._pending, audio])
+        groups = len(audio) // 3
+        self._pending = audio[groups * 3 :]
+        triples = audio[: groups * 3].reshape(groups, 3)
+        out = np.empty((groups, 2), dtype=np.float32)
+        out[:, 0] = triples[:, 0]
+        out[:, 1] = (triples[:, 1] + triples[:, 2]) * 0.5
+        return out.ravel()
+
+
+class VadStream:
+    """One session's server VAD: PCM16 mono chunks in, turn events out.
+
+    Times in events count from the first byte fed, in the session's audio (as Realtime's
+    ``audio_start_ms``/``audio_end_ms``). ``reset`` (a cleared input buffer) forgets the
+    model state and any turn under way but keeps counting time.
+    """
+
+    def __init__(
+        self,
+        params: ServerVadParams | None = None,
+        sample_rate: int = 24_000,
+        vad: WindowScorer | None = None,
+    ) -> None:
+        if sample_rate not in INPUT_RATES:
+            raise ValueError(f"sample_rate must be one of {INPUT_RATES}, got {sample_rate}")
+        self.sample_rate = sample_rate
+        self.detector = TurnDetector(params)
+        self.vad: WindowScorer = vad if vad is not None else SileroVad()
+        self._resample = Resampler24kTo16k() if sample_rate == 24_000 else None
+        self._odd_byte = b""
+        self._samples_in = 0  # whole input samples fed, at sample_rate
+        self._windows = 0  # windows scored since the stream (re)started
+        self._window_base_ms = 0  # audio time of the first window since the last reset
+
+    @property
+    def audio_ms(self) -> float:
+        """Audio fed so far, in ms (whole samples only)."""
+        return self._samples_in * 1000 / self.sample_rate
+
+    @property
+    def speaking(self) -> bool:
+        return self.detector.speaking
+
+    def reset(self) -> None:
+        """Drop model state, pending audio and any turn; later events keep the session clock."""
+        self.vad.reset()
+        self.detector.reset()
+        if self._resample is not None:
+            self._resample = Resampler24kTo16k()
+        self._odd_byte = b""
+        self._windows = 0
+        self._window_base_ms = round(self.audio_ms)
+
+    def feed(self, pcm: bytes) -> list[VadEvent]:
+        """Account a chunk of PCM16 little-endian mono audio; the events it completes."""
+        data = self._odd_byte + pcm
+        whole = len(data) & ~1
+        self._odd_byte = data[whole:]
+        samples = np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+        self._samples_in += len(samples)
+        if self._resample is not None:
+            samples = self._resample(samples)
+        events: list[VadEvent] = []
+        for probability in self.vad.score(samples):
+            start = self._window_base_ms + self._windows * WINDOW_MS
+            self._windows += 1
+            event = self.detector.push(float(probability), start, start + WINDOW_MS)
+            if event is not None:
+                events.append(event)
+        return events

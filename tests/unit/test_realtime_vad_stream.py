@@ -1,0 +1,111 @@
+"""VadStream's bytes, clock and resampling, with a loudness scorer in place of Silero."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnistage.realtime.turns import ServerVadParams, SpeechStarted, SpeechStopped
+from omnistage.realtime.vad import WINDOW, Resampler24kTo16k, VadStream
+
+
+class LoudScorer:
+    """1.0 for each full 512-sample window whose mean magnitude exceeds 0.1, else 0.0."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.pending = np.zeros(0, dtype=np.float32)
+        self.resets = getattr(self, "resets", -1) + 1
+
+    def score(self, audio: np.ndarray) -> np.ndarray:
+        audio = np.concatenate([self.pending, audio])
+        count = len(audio) // WINDOW
+        self.pending = audio[count * WINDOW :]
+        windows = audio[: count * WINDOW].reshape(count, WINDOW)
+        return (np.abs(windows).mean(axis=1) > 0.1).astype(np.float32)
+
+
+def pcm(rate: int, *parts: tuple[float, float]) -> bytes:
+    """PCM16 of (seconds, amplitude) parts: amplitude 0 is silence, else a 440 Hz tone."""
+    out = []
+    for seconds, amplitude in parts:
+        t = np.arange(round(seconds * rate)) / rate
+        out.append(amplitude * np.sin(2 * np.pi * 440 * t))
+    return (np.concatenate(out) * 32767).astype("<i2").tobytes()
+
+
+def feed_in(stream: VadStream, data: bytes, sizes: list[int]) -> list:
+    events, i, k = [], 0, 0
+    while i < len(data):
+        size = sizes[k % len(sizes)]
+        events += stream.feed(data[i : i + size])
+        i, k = i + size, k + 1
+    return events
+
+
+# One second of silence, one of tone, one of silence: the tone's first 16 kHz sample is
+# 16000, inside window 31 (992..1024 ms, mostly tone); its last window is 62 (1984..2016 ms).
+TURN = [SpeechStarted(992 - 300), SpeechStopped(2016)]
+
+
+@pytest.mark.parametrize("rate", [16_000, 24_000])
+def test_a_tone_between_silences_is_one_turn_at_exact_times(rate: int) -> None:
+    stream = VadStream(sample_rate=rate, vad=LoudScorer())
+    assert stream.feed(pcm(rate, (1, 0), (1, 0.5), (1, 0))) == TURN
+    assert stream.audio_ms == 3000
+
+
+@pytest.mark.parametrize("sizes", [[1, 1001], [7, 960, 3], [961], [4801, 2]])
+def test_any_split_of_the_bytes_gives_the_same_events(sizes: list[int]) -> None:
+    data = pcm(24_000, (1, 0), (1, 0.5), (1, 0))
+    stream = VadStream(vad=LoudScorer())
+    assert feed_in(stream, data[: 24_000 * 2 * 2], sizes) == TURN[:1]
+    assert feed_in(stream, data[24_000 * 2 * 2 :], sizes) == TURN[1:]
+
+
+def test_odd_bytes_wait_for_their_pair_and_the_clock_counts_whole_samples() -> None:
+    stream = VadStream(vad=LoudScorer())
+    assert stream.feed(b"\x01\x00\x02") == []
+    assert stream.audio_ms == pytest.approx(1000 / 24_000)
+    stream.feed(b"\x00")
+    assert stream.audio_ms == pytest.approx(2000 / 24_000)
+
+
+def test_reset_forgets_the_turn_but_keeps_the_session_clock() -> None:
+    scorer = LoudScorer()
+    stream = VadStream(ServerVadParams(prefix_padding_ms=0), vad=scorer)
+    assert stream.feed(pcm(24_000, (0.512, 0), (0.488, 0.5))) == [SpeechStarted(512)]
+    assert stream.speaking
+    stream.reset()
+    assert not stream.speaking and scorer.resets == 1
+    # Windows restart at the reset point (1000 ms): the next turn is timed from there.
+    events = stream.feed(pcm(24_000, (0.256, 0), (0.5, 0.5), (1, 0)))
+    assert events == [SpeechStarted(1256), SpeechStopped(1768)]
+
+
+def test_unsupported_rates_are_refused() -> None:
+    with pytest.raises(ValueError, match="sample_rate"):
+        VadStream(sample_rate=44_100, vad=LoudScorer())
+
+
+def test_resampling_in_pieces_equals_resampling_at_once() -> None:
+    rng = np.random.default_rng(1)
+    audio = rng.standard_normal(24_001).astype(np.float32)
+    whole = Resampler24kTo16k()(audio)
+    resample = Resampler24kTo16k()
+    pieces, i = [], 0
+    for size in [1, 2, 5, 480, 7, 9000] * 10:
+        pieces.append(resample(audio[i : i + size]))
+        i += size
+    assert len(whole) == 16_000
+    np.testing.assert_array_equal(np.concatenate(pieces)[:16_000], whole)
+
+
+def test_resampled_speech_band_tones_match_the_same_tone_at_16k() -> None:
+    for hz in (200, 1000, 3000):
+        tone24 = np.sin(2 * np.pi * hz * np.arange(24_000) / 24_000).astype(np.float32)
+        tone16 = np.sin(2 * np.pi * hz * np.arange(16_000) / 16_000)
+        # Linear interpolation loses a little amplitude at the odd samples as pitch rises.
+        assert np.abs(Resampler24kTo16k()(tone24) - tone16).max() < 0.1
