@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from omnistage.realtime.resample import StreamResampler
 from omnistage.realtime.turns import ServerVadParams, TurnDetector, VadEvent
 
 MODEL_RATE = 16_000
@@ -110,29 +111,6 @@ class SileroVad:
         return np.asarray(probs, dtype=np.float32).reshape(count)
 
 
-class Resampler24kTo16k:
-    """Streaming 3:2 decimation: output sample k sits at input position 1.5 k.
-
-    Even outputs are input samples, odd ones the mean of the two they fall between (linear
-    interpolation). Speech energy above 8 kHz, the band this folds back, is small, and the
-    VAD only needs the speech band; tests check the probabilities match native 16 kHz
-    audio. Samples short of a group of three wait for the next call.
-    """
-
-    def __init__(self) -> None:
-        self._pending = np.zeros(0, dtype=np.float32)
-
-    def __call__(self, audio: np.ndarray) -> np.ndarray:
-        audio = np.concatenate([self._pending, audio])
-        groups = len(audio) // 3
-        self._pending = audio[groups * 3 :]
-        triples = audio[: groups * 3].reshape(groups, 3)
-        out = np.empty((groups, 2), dtype=np.float32)
-        out[:, 0] = triples[:, 0]
-        out[:, 1] = (triples[:, 1] + triples[:, 2]) * 0.5
-        return out.ravel()
-
-
 class VadStream:
     """One session's server VAD: PCM16 mono chunks in, turn events out.
 
@@ -152,7 +130,8 @@ class VadStream:
         self.sample_rate = sample_rate
         self.detector = TurnDetector(params)
         self.vad: WindowScorer = vad if vad is not None else SileroVad()
-        self._resample = Resampler24kTo16k() if sample_rate == 24_000 else None
+        # Realtime's 24 kHz pcm, to the model's 16 kHz (the project's polyphase resampler).
+        self._resample = StreamResampler(sample_rate, 16_000) if sample_rate != 16_000 else None
         self._odd_byte = b""
         self._samples_in = 0  # whole input samples fed, at sample_rate
         self._windows = 0  # windows scored since the stream (re)started
@@ -172,7 +151,7 @@ class VadStream:
         self.vad.reset()
         self.detector.reset()
         if self._resample is not None:
-            self._resample = Resampler24kTo16k()
+            self._resample = StreamResampler(self.sample_rate, 16_000)
         self._odd_byte = b""
         self._windows = 0
         self._window_base_ms = round(self.audio_ms)
@@ -182,10 +161,11 @@ class VadStream:
         data = self._odd_byte + pcm
         whole = len(data) & ~1
         self._odd_byte = data[whole:]
-        samples = np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
-        self._samples_in += len(samples)
+        pcm16 = np.frombuffer(data[:whole], dtype="<i2")
+        self._samples_in += len(pcm16)
         if self._resample is not None:
-            samples = self._resample(samples)
+            pcm16 = self._resample.push(pcm16)
+        samples = pcm16.astype(np.float32) / 32768.0
         events: list[VadEvent] = []
         for probability in self.vad.score(samples):
             start = self._window_base_ms + self._windows * WINDOW_MS

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from omnistage.realtime.turns import ServerVadParams, SpeechStarted, SpeechStopped
-from omnistage.realtime.vad import WINDOW, Resampler24kTo16k, VadStream
+from omnistage.realtime.vad import WINDOW, VadStream
 
 
 class LoudScorer:
@@ -88,24 +88,3 @@ def test_reset_forgets_the_turn_but_keeps_the_session_clock() -> None:
 def test_unsupported_rates_are_refused() -> None:
     with pytest.raises(ValueError, match="sample_rate"):
         VadStream(sample_rate=44_100, vad=LoudScorer())
-
-
-def test_resampling_in_pieces_equals_resampling_at_once() -> None:
-    rng = np.random.default_rng(1)
-    audio = rng.standard_normal(24_001).astype(np.float32)
-    whole = Resampler24kTo16k()(audio)
-    resample = Resampler24kTo16k()
-    pieces, i = [], 0
-    for size in [1, 2, 5, 480, 7, 9000] * 10:
-        pieces.append(resample(audio[i : i + size]))
-        i += size
-    assert len(whole) == 16_000
-    np.testing.assert_array_equal(np.concatenate(pieces)[:16_000], whole)
-
-
-def test_resampled_speech_band_tones_match_the_same_tone_at_16k() -> None:
-    for hz in (200, 1000, 3000):
-        tone24 = np.sin(2 * np.pi * hz * np.arange(24_000) / 24_000).astype(np.float32)
-        tone16 = np.sin(2 * np.pi * hz * np.arange(16_000) / 16_000)
-        # Linear interpolation loses a little amplitude at the odd samples as pitch rises.
-        assert np.abs(Resampler24kTo16k()(tone24) - tone16).max() < 0.1
