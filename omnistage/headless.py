@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import msgspec
 
 from omnistage import aio
-from omnistage.launch.devices import (
+from omnistage.config.devices import (
     DEVICE_ENV_VAR,
     NO_PLACEMENT,
     DevicesError,
     devices_per_replica,
-    replica_visible_devices,
     split_devices,
 )
+from omnistage.launch.devices import replica_visible_devices
 from omnistage.launch.local import LocalLauncher
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.runtime import ReplicaRuntime

@@ -16,8 +16,8 @@ import zmq
 
 from omnistage import aio, tracing
 from omnistage.cli.args import UsageError, validate
+from omnistage.config.devices import DevicesError
 from omnistage.config.load import load_config
-from omnistage.launch.devices import DevicesError
 from omnistage.logs import setup_logging
 from omnistage.protocol.errors import ConfigError
 from omnistage.replica.options import ReplicaOptions

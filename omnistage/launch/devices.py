@@ -5,30 +5,7 @@ from __future__ import annotations
 
 import os
 
-# Re-exported: the launch side (the CLI, --headless) takes the rule's names from here.
-from omnistage.config.devices import (
-    DEVICE_ENV_VAR,
-    NO_PLACEMENT,
-    DevicesError,
-    device_share,
-    devices_per_replica,
-    parse_devices,
-    split_devices,
-    visible_devices,
-)
-
-__all__ = [
-    "DEVICE_ENV_VAR",
-    "NO_PLACEMENT",
-    "DevicesError",
-    "device_share",
-    "devices_per_replica",
-    "inherited_visible_devices",
-    "parse_devices",
-    "replica_visible_devices",
-    "split_devices",
-    "visible_devices",
-]
+from omnistage.config.devices import DEVICE_ENV_VAR, device_share, visible_devices
 
 
 def inherited_visible_devices() -> str | None:

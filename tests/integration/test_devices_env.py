@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from omnistage.launch.devices import DEVICE_ENV_VAR
+from omnistage.config.devices import DEVICE_ENV_VAR
 from omnistage.replica.options import decode_options
 from tests.integration.harness import HeadProc, Proc, wait_for
 

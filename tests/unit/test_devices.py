@@ -8,10 +8,7 @@ import pytest
 
 from omnistage.cli.args import UsageError, build_parser
 from omnistage.cli.serve import headless_options
-from omnistage.config.load import load_config
-from omnistage.head.options import HeadOptions
-from omnistage.headless import HeadlessOptions
-from omnistage.launch.devices import (
+from omnistage.config.devices import (
     DEVICE_ENV_VAR,
     DevicesError,
     device_share,
@@ -20,6 +17,9 @@ from omnistage.launch.devices import (
     split_devices,
     visible_devices,
 )
+from omnistage.config.load import load_config
+from omnistage.head.options import HeadOptions
+from omnistage.headless import HeadlessOptions
 from omnistage.launch.local import replica_env
 from omnistage.protocol.errors import ConfigError
 from omnistage.replica.options import ReplicaOptions, decode_options
