@@ -27,6 +27,7 @@ from omnistage.api.routes import (
     realtime,
     responses,
     speech,
+    talk,
     transcriptions,
 )
 from omnistage.api.schemas.chat import ChatCompletionRequest
@@ -94,7 +95,7 @@ def create_app(
         app.add_api_route(
             route.path, route.handler, methods=["POST"], openapi_extra=body_schema(route.body)
         )
-    for module in (transcriptions, info, metrics, dashboard, realtime):
+    for module in (transcriptions, info, metrics, dashboard, realtime, talk):
         app.include_router(module.router)
     _document_bodies(app, [route.body for route in FAST_ROUTES])
     return FastPaths(app, FAST_ROUTES, wrap)
