@@ -24,6 +24,7 @@ from omnistage.api.routes import (
     images,
     info,
     metrics,
+    realtime,
     realtime_secrets,
     responses,
     speech,
@@ -100,7 +101,7 @@ def create_app(
         app.add_api_route(
             route.path, route.handler, methods=["POST"], openapi_extra=body_schema(route.body)
         )
-    for module in (transcriptions, info, metrics, dashboard, realtime_secrets):
+    for module in (transcriptions, info, metrics, dashboard, realtime, realtime_secrets):
         app.include_router(module.router)
     _document_bodies(
         app, [route.body for route in FAST_ROUTES] + [realtime_secrets.ClientSecretRequest]

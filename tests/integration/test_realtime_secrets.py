@@ -6,7 +6,6 @@ Minted with the openai SDK and plain HTTP, used over real WebSocket handshakes (
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +23,6 @@ from tests.integration.test_api_servers import _api_servers
 
 KEY = "K3y"
 SECRETS = "/v1/realtime/client_secrets"
-# Until the Realtime route exists, a handshake that passes the key check meets
-# Starlette's refusal of an unknown WebSocket path (a 403), never a 401.
-ROUTE = importlib.util.find_spec("omnistage.api.routes.realtime") is not None
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +55,14 @@ def _handshake(
         return exc.response.status_code, None, None
 
 
-def _assert_let_in(url: str, **credentials: str) -> None:
-    """The handshake passed the key check: the session opens (once the route exists)."""
+def _assert_let_in(url: str, **credentials: str) -> dict:
+    """The handshake passed the key check and the session opened; its session.created."""
     status, first, subprotocol = _handshake(url, **credentials)
-    if not ROUTE:
-        assert status != 401, "the key check refused a good credential"
-        return
     assert status == 101, status
     assert first is not None and first["type"] == "session.created", first
     if "secret" in credentials:
         assert subprotocol == "realtime"  # a browser drops a socket that picks none
+    return first
 
 
 def _mint(head: HeadProc, body: dict, key: str = KEY) -> httpx.Response:
@@ -102,7 +96,9 @@ def test_the_sdk_mints_a_secret_in_openais_shape(keyed: HeadProc) -> None:
         ({"expires_after": {"anchor": "now"}}, "expires_after.anchor"),
         ({"expires_after": 60}, "expires_after"),
         ({"session": "realtime"}, "session"),
-        ({"session": {"type": "transcription"}}, "session.type"),
+        ({"session": {"type": "translation"}}, "session.type"),
+        ({"session": {"instructions": 7}}, "session.instructions"),
+        ({"session": {"no_such_field": 1}}, "session.no_such_field"),
         ({"session": {"instructions": "x" * MAX_SESSION_BYTES}}, "session"),
     ],
 )
@@ -127,15 +123,18 @@ def test_minting_takes_the_api_key_and_a_secret_opens_nothing_over_http(
 def test_the_realtime_socket_takes_a_secret_or_the_key(keyed: HeadProc) -> None:
     url = _ws_url(keyed)
     secret = _mint(keyed, {"session": {"instructions": "Be brief."}}).json()["value"]
-    _assert_let_in(url, secret=secret)  # as a browser: in the subprotocol list
-    _assert_let_in(url, bearer=secret)
-    _assert_let_in(url, bearer=KEY)
+    # As a browser would: in the subprotocol list. The session starts with the config.
+    created = _assert_let_in(url, secret=secret)
+    assert created["session"]["instructions"] == "Be brief."
+    assert _assert_let_in(url, bearer=secret)["session"]["instructions"] == "Be brief."
+    assert _assert_let_in(url, bearer=KEY)["session"]["instructions"] != "Be brief."
     _assert_let_in(url, secret=KEY)
     # The largest session config a secret may carry still fits a handshake header.
     big = {"instructions": "x" * (MAX_SESSION_BYTES - len('{"type":"realtime","instructions":""}'))}
     large = _mint(keyed, {"session": big})
     assert large.status_code == 200, large.text
-    _assert_let_in(url, secret=large.json()["value"])
+    created = _assert_let_in(url, secret=large.json()["value"])
+    assert created["session"]["instructions"] == big["instructions"]
 
 
 def test_the_realtime_socket_refuses_wrong_expired_and_missing_credentials(
@@ -185,5 +184,6 @@ def test_without_an_api_key_the_route_still_answers_and_the_socket_is_open(
     r = httpx.post(f"{echo_head.url}{SECRETS}", json={"session": {"instructions": "hi"}})
     assert r.status_code == 200, r.text
     assert r.json()["value"].startswith("ek_")
-    _assert_let_in(_ws_url(echo_head), secret=r.json()["value"])
+    created = _assert_let_in(_ws_url(echo_head), secret=r.json()["value"])
+    assert created["session"]["instructions"] == "hi"
     _assert_let_in(_ws_url(echo_head))

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from omnistage.api.body import body_schema, read_body
 from omnistage.api.errors import ApiError, invalid_body
 from omnistage.api.routes.common import json_response
+from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.secrets import (
     DEFAULT_TTL_S,
     MAX_SESSION_BYTES,
@@ -50,8 +51,7 @@ class ClientSecretRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     expires_after: ExpiresAfter = Field(default_factory=ExpiresAfter)
-    # The realtime session config the secret's sessions start with; the WebSocket route
-    # validates it as it would a session.update.
+    # The session config the secret's sessions start with, as a session.update's.
     session: dict[str, Any] | None = None
 
 
@@ -69,22 +69,20 @@ async def create_client_secret(request: Request) -> Response:
         raise invalid_body(exc.errors()) from None
     session = _session(body.session)
     value, expires_at = client_secrets(request).mint(session, body.expires_after.seconds)
-    echoed = {"id": f"sess_{secrets.token_hex(12)}", "object": "realtime.session", **session}
+    echoed = {
+        "id": f"sess_{secrets.token_hex(12)}",
+        "object": f"{session['type']}.session",
+        **session,
+    }
     return json_response({"value": value, "expires_at": expires_at, "session": echoed})
 
 
 def _session(given: dict[str, Any] | None) -> dict[str, Any]:
-    """The session config a secret carries: ``type`` is ``realtime`` (the only kind of
-    session served), and the whole must fit in a header (see ``realtime.secrets``)."""
-    session = dict(given or {})
-    kind = session.setdefault("type", "realtime")
-    if kind != "realtime":
-        raise ApiError(
-            400,
-            f"session.type {kind!r} is not supported: only 'realtime' sessions are served",
-            "invalid_request_error",
-            "session.type",
-        )
+    """The session config a secret carries, checked now as the WebSocket route will apply
+    it (a bad field is a 400 naming it here, not a refused handshake later); ``type`` is
+    ``realtime`` unless given, and the whole must fit in a header (``realtime.secrets``)."""
+    session = {"type": "realtime", **(given or {})}
+    SessionConfig().update(session)  # raises BadRequestError, a 400 naming the field
     if session_size(session) > MAX_SESSION_BYTES:
         raise ApiError(
             400,
