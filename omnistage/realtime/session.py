@@ -390,6 +390,9 @@ class RealtimeSession:
             )
         inputs = params.get("input")
         items = self._input_items(inputs) if inputs is not None else None
+        if settings.in_conversation:
+            # The client's answer replaces one held at a pause: two would both be adopted.
+            self._drop_early()
         self._start(settings, items, params.get("instructions"), None)
 
     def _input_items(self, inputs: Any) -> list[Item]:
