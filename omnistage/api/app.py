@@ -64,10 +64,14 @@ def create_app(
     omni: PipelineService,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    realtime_limits: realtime.RealtimeLimits | None = None,
 ) -> FastPaths:
     """The app over ``omni``, what the head offers the API (see ``api.service``): the
-    FastAPI app, with the generation routes' POSTs taken past it (see ``fastpath``)."""
+    FastAPI app, with the generation routes' POSTs taken past it (see ``fastpath``).
+    ``realtime_limits``: --realtime-max-sessions and --realtime-idle-timeout, for this
+    process (None: the defaults)."""
     app = FastAPI(title="omnistage", version=__version__, **_NO_NATIVE_TELEMETRY)
+    app.state.realtime_limits = realtime_limits or realtime.RealtimeLimits()
     counts: Counter[int] = Counter()
     app.state.response_counts = counts
     # An audio upload may be as large as OpenAI takes, even under a lower general limit.
