@@ -96,10 +96,17 @@ class Dispatcher:
             self.latency.dispatched(run, sid, st)
             handle = run.assigned[sid]
             trace = self.traces.dispatched(run, sid, handle)
-            self.channels.post(handle.identity, self._add_request(run, sid, trace))
+            add = self._add_request(run, sid, trace)
+            self.channels.post(handle.identity, add)
             for chunk in st.inputs:
                 chunk.attempt = st.attempt
                 self.channels.post(handle.identity, chunk)
+            if add.input_streaming:
+                # All the input fed so far; the rest follows as it comes (Orchestrator.feed).
+                assert run.streamed is not None
+                run.readers.add(sid)
+                for piece in run.streamed.replay(st.attempt):
+                    self.channels.post(handle.identity, piece)
 
     def _add_request(self, run: Run, sid: int, trace: str) -> AddRequest:
         upstream = [u for u in self.graph.upstream(sid) if u in run.active]
@@ -112,9 +119,10 @@ class Dispatcher:
             else:
                 head_all = True
         st = run.progress(sid)
+        reads = self.graph.prompt_for(sid, bool(upstream))
         return AddRequest(
             request_id=run.request_id,
-            prompt=run.prompt if self.graph.prompt_for(sid, bool(upstream)) else None,
+            prompt=run.prompt if reads else None,
             upstream=upstream,
             params=run.params[sid],
             resume=st.resume(),
@@ -123,4 +131,5 @@ class Dispatcher:
             head_all=head_all,
             ack=run.ack and sid in run.finals and st.dispatches == 1,
             trace=trace,
+            input_streaming=reads and run.streamed is not None,
         )
