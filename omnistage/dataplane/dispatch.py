@@ -14,6 +14,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
 from omnistage.dataplane.run import Run, direct_edge
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import AddRequest
 from omnistage.tracing import RequestTraces
 
@@ -131,5 +132,14 @@ class Dispatcher:
             head_all=head_all,
             ack=run.ack and sid in run.finals and st.dispatches == 1,
             trace=trace,
-            input_streaming=reads and run.streamed is not None,
+            input_streaming=reads and self._streams_to(run, sid, bool(upstream)),
         )
+
+    def _streams_to(self, run: Run, sid: int, has_upstream: bool) -> bool:
+        """Whether a stage given the prompt reads the streamed input too: a source stage, or
+        one that reads the streamed modality itself (in ``voice``, the listener hears the
+        streamed audio and the thinker after it does not)."""
+        if run.streamed is None:
+            return False
+        streamed = Modality.AUDIO if run.prompt.audio is not None else Modality.TEXT
+        return not has_upstream or streamed in self.graph.reads_prompt[sid]

@@ -87,6 +87,7 @@ class RequestRunner:
         self._outlet: Outlet | None = None
         self.replica_id = self.epoch = 0
         self.chunks_sent = 0
+        self.pieces_taken = 0  # of streamed inputs (heartbeat progress)
 
     def bind(self, replica_id: int, epoch: int, outlet: Outlet) -> None:
         """Serve a head as this incarnation; outputs leave through ``outlet``."""
@@ -124,6 +125,7 @@ class RequestRunner:
         running = self.requests.get(chunk.request_id)
         if running is not None and running.pieces is not None and chunk.attempt == running.attempt:
             running.pieces.take(chunk)
+            self.pieces_taken += 1
 
     def add(self, msg: AddRequest) -> None:
         if msg.request_id in self.requests:

@@ -169,6 +169,22 @@ async def test_streamed_speech_is_heard_stretch_by_stretch_and_ends_quickly(
 
 
 @module_loop
+async def test_input_that_ends_right_after_the_speech_leaves_only_the_last_stretch(
+    head: Head, speech: tuple[bytes, int]
+) -> None:
+    """No trailing silence (a client that commits the moment speech stops): the second
+    sentence is still to transcribe at ``last``, the first is not. Measured, not timed."""
+    pcm, rate = speech
+    speech_only = pcm[: len(pcm) - 2 * round(rate * TRAILING_SILENCE_S)]
+    heard, last_at = await _stream(head, "listen-abrupt", speech_only, rate)
+    assert word_errors(heard.text, UTTERANCE) <= 2, heard.text
+    first_text_at = next(t for t, c in heard.chunks if c.text)
+    assert first_text_at < last_at
+    took_ms = (heard.done_at - last_at) * 1000
+    print(f"\nno trailing silence: last piece to final chunk {took_ms:.0f} ms")
+
+
+@module_loop
 async def test_a_listener_killed_mid_stream_is_replaced_and_the_transcript_is_whole(
     head: Head, speech: tuple[bytes, int]
 ) -> None:

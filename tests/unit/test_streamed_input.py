@@ -125,3 +125,18 @@ async def test_pieces_are_joined_into_the_prompt_for_engines_that_read_it_whole(
     assert prompt_piece(text) == "hé".encode()
     word = "wörld".encode()
     assert (await joined_prompt(text, _of(b"h\xc3\xa9 ", word[:2], word[2:]))).text == "hé wörld"
+
+
+async def test_only_stages_that_hear_the_streamed_audio_get_its_pieces() -> None:
+    # voice: listener (2) -> thinker (0); the thinker is given the prompt (it reads text
+    # itself) but not the streamed audio, which only the listener hears.
+    head = Head("voice", {0: 1, 1: 1, 2: 1})
+    first = Prompt(audio=b"", audio_format="pcm16", sample_rate=24000)
+    request = PipelineRequest("r1", first, [0], input_streaming=True)
+    stream = await head.orch.open(request)
+    adds = {ident_: msg for ident_, msg in head.channels.take()}
+    assert adds[ident(2, 0)].input_streaming and adds[ident(2, 0)].prompt == first
+    assert not adds[ident(0, 0)].input_streaming
+    stream.feed(b"\x01\x00", last=True)
+    assert head.channels.take() == [(ident(2, 0), InputChunk("r1", 0, 0, b"\x01\x00", True))]
+    stream.close()
