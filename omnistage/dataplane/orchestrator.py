@@ -102,6 +102,7 @@ class Orchestrator:
             active=active,
             finals=set(finals),
             ack=request.ack,
+            affinity=request.affinity,
             streamed=StreamedInput(rid) if request.input_streaming else None,
         )
         self._runs[rid] = run

@@ -80,6 +80,7 @@ class Run:
     direct: set[tuple[int, int]] = field(default_factory=set)
     attempt: int = 0
     ack: bool = False  # final stages acknowledge their params first (AddRequest.ack)
+    affinity: str = ""  # PipelineRequest.affinity: the key replicas stick to
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     failed: bool = False
     # The input fed so far, when it is streamed (``PipelineRequest.input_streaming``),

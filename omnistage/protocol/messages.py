@@ -361,6 +361,9 @@ class PipelineRequest(_Tagged):
     stage_params: dict[int, StageParams] = {}
     only: bool = False
     ack: bool = False
+    # Requests with the same key go to the replica that took the key last while it is
+    # up and has room (a Realtime session's turns: its thinker's prefix cache).
+    affinity: str = ""
     # ``prompt`` is only the first piece of the input; the rest arrives through the
     # stream's ``feed`` (appended to the prompt's audio, or to its text as UTF-8).
     input_streaming: bool = False
