@@ -42,6 +42,7 @@ from omnistage.config.engine_args import AsrArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.audio import wav_header
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, joined_prompt
+from omnistage.engines.whisper_short import ShortInfo, ShortResult, transcribe_short
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChunkMeta, Segment
@@ -187,7 +188,8 @@ class AsrEngine(Engine):
             while (stretch := await stretches.get()) is not None:
                 if isinstance(stretch, BaseException):
                     raise stretch
-                job = await self._start_job(stretch.samples, options)
+                live = {**options, "short_window": self.args.short_window}
+                job = await self._start_job(stretch.samples, live)
                 try:
                     info = await job.next()
                     language = language or info.language
@@ -369,11 +371,17 @@ def _transcribe_blocking(
 ) -> None:
     """The worker: decode, transcribe, and ``put`` the info, each segment, then None
     (or the error). Stops before the next window once ``stop`` is set."""
+    options = dict(options)
+    short = options.pop("short_window", False)
     try:
         if isinstance(source, bytes):
             samples = _decode(source, model.feature_extractor.sampling_rate)
         else:
             samples = source
+        if short and (result := _short(model, samples, options)) is not None:
+            put(ShortInfo(options["language"] or "en", result.duration))
+            put(result)
+            return
         segments, info = model.transcribe(samples, **options)
         put(info)
         it = iter(segments)
@@ -386,6 +394,14 @@ def _transcribe_blocking(
         put(exc)
     finally:
         put(None)
+
+
+def _short(model: WhisperModel, samples: np.ndarray, options: dict[str, Any]) -> ShortResult | None:
+    """A short clip through a short encoder window (``whisper_short``), when the request
+    asks nothing that needs the full path (a fallback temperature, a beam)."""
+    if options["beam_size"] != 1 or options["temperature"][0] != 0.0:
+        return None
+    return transcribe_short(model, samples, options["language"], options["initial_prompt"])
 
 
 def _load_vad() -> None:

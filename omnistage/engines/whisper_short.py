@@ -33,9 +33,28 @@ TOKENS_PER_S, TOKEN_MARGIN = 10, 12
 
 @dataclass(frozen=True)
 class ShortResult:
+    """The clip as one segment, with the fields faster-whisper's segments have."""
+
     text: str
     avg_logprob: float
-    tokens: int
+    tokens: list[int]
+    duration: float
+    compression_ratio: float
+    start: float = 0.0
+    seek: int = 0
+    temperature: float = 0.0
+    no_speech_prob: float = 0.0
+
+    @property
+    def end(self) -> float:
+        return self.duration
+
+
+@dataclass(frozen=True)
+class ShortInfo:
+    """What faster-whisper's TranscriptionInfo says that callers read."""
+
+    language: str
     duration: float
 
 
@@ -75,9 +94,11 @@ def transcribe_short(
     avg_logprob = result.scores[0] if result.scores else 0.0
     if not tokens or _repeats(tokens):
         return None
-    if get_compression_ratio(text) > MAX_COMPRESSION_RATIO or avg_logprob < MIN_AVG_LOGPROB:
+    ratio = get_compression_ratio(text)
+    if ratio > MAX_COMPRESSION_RATIO or avg_logprob < MIN_AVG_LOGPROB:
         return None
-    return ShortResult(text, float(avg_logprob), len(tokens), duration)
+    # Segments carry the text with its leading space, as faster-whisper's do.
+    return ShortResult(" " + text, float(avg_logprob), tokens, duration, ratio)
 
 
 def _prompt(tokenizer: Any, previous: str | None) -> list[int]:

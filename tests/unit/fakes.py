@@ -84,6 +84,8 @@ class ScriptedStream:
     def __init__(self, request_id: str = "r", usage: dict[str, int] | None = None) -> None:
         self.request_id = request_id
         self.closed = False
+        self.fed: list[bytes] = []
+        self.input_ended = False
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._usage = usage or {}
 
@@ -105,6 +107,11 @@ class ScriptedStream:
     def close(self) -> None:
         self.closed = True
         self._queue.put_nowait(None)
+
+    def feed(self, data: bytes, last: bool = False) -> None:
+        """A streamed input's next piece: kept in ``fed``; ``input_ended`` after ``last``."""
+        self.fed.append(data)
+        self.input_ended = self.input_ended or last
 
     def usage(self) -> dict[str, int]:
         return self._usage
