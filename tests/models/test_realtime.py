@@ -115,16 +115,6 @@ class Live:
                 return event
         return await self.expect(*types, where=where)
 
-    async def drain(self, quiet_s: float = 0.5) -> list[Event]:
-        """Whatever arrives until the socket is quiet for ``quiet_s``."""
-        out = []
-        while True:
-            try:
-                out.append(await self._recv(quiet_s))
-            except TimeoutError:
-                self._read = len(self.events)
-                return out
-
     async def marker(self) -> list[Event]:
         """Every event until one the server sends after all input so far was handled
         (events go out in order): a cheap, sleep-free barrier."""
@@ -166,7 +156,8 @@ class Live:
 
 @asynccontextmanager
 async def session(head: HeadProc, **update: Any) -> AsyncIterator[Live]:
-    """A connected session, ``session.update``d with ``update`` (a realtime session)."""
+    """A connected session, ``session.update``d with ``update`` (``type`` "realtime"
+    unless it says otherwise)."""
     client = AsyncOpenAI(base_url=f"{head.url}/v1", api_key="x", max_retries=0)
     async with client.realtime.connect(model="voice") as conn:
         live = Live(conn)
@@ -389,22 +380,14 @@ async def test_push_to_talk_commits_by_hand_and_refuses_an_empty_commit(voice_he
 
 
 async def test_a_transcription_session_transcribes_and_never_answers(voice_head, speak):
-    client = AsyncOpenAI(base_url=f"{voice_head.url}/v1", api_key="x", max_retries=0)
-    async with client.realtime.connect(model="voice") as conn:
-        live = Live(conn)
-        await live.expect("session.created")
-        await conn.session.update(
-            session={
-                "type": "transcription",
-                "audio": {"input": {**TRANSCRIBE, "turn_detection": {"type": "server_vad"}}},
-            }
-        )
-        assert (await live.expect("session.updated")).session.type == "transcription"
+    vad = {"type": "server_vad"}
+    update = {"type": "transcription", "audio": {"input": {**TRANSCRIBE, "turn_detection": vad}}}
+    async with session(voice_head, **update) as live:
+        assert live.since(0, "session.updated")[0].session.type == "transcription"
         sent = live.stream(speak(CAPITAL), after_ms=1500)
-        heard = await live.find("conversation.item.input_audio_transcription.completed")
+        heard = await live.expect("conversation.item.input_audio_transcription.completed")
         await sent
         events = live.since(0) + await live.marker()
-        await live.close()
     assert {"capital", "france"} <= words(heard.transcript), heard.transcript
     kinds = {e.type for e in events}
     assert "conversation.item.input_audio_transcription.delta" in kinds
