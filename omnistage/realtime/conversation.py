@@ -95,6 +95,21 @@ def message_item(role: str, parts: list[dict[str, Any]], status: str = "complete
     )
 
 
+def function_call_item(name: str) -> Item:
+    """An answer's call of the function ``name``, its arguments still to come."""
+    return Item(
+        {
+            "id": new_id("item"),
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": new_id("call"),
+            "name": name,
+            "arguments": "",
+        }
+    )
+
+
 def check_item(value: Any, where: str = "item") -> Item:
     """A client's ``conversation.item.create`` item, checked and completed."""
     if not isinstance(value, Mapping):

@@ -28,7 +28,13 @@ from omnistage.protocol.messages import ChatMessage, OutputChunk, PipelineReques
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.realtime.audio_formats import AudioFormat
 from omnistage.realtime.audio_formats import OutputStream as AudioOut
-from omnistage.realtime.conversation import Item, Spoken, message_item, new_id
+from omnistage.realtime.conversation import (
+    Item,
+    Spoken,
+    function_call_item,
+    message_item,
+    new_id,
+)
 
 _AUDIO, _TEXT, _TOOL_CALL = Modality.AUDIO, Modality.TEXT, Modality.TOOL_CALL
 DEFAULT_TTS_RATE = 22050
@@ -139,7 +145,7 @@ class ResponseRun:
             "output_modalities": list(s.modalities),
             "max_output_tokens": s.max_output_tokens or "inf",
             "audio": {"output": {"format": s.output_format.to_json(), "voice": s.voice}},
-            "usage": self._usage_json() if self.done else None,
+            "usage": usage_json(self._usage) if self.done else None,
             "metadata": s.metadata,
         }
         return out
@@ -270,17 +276,7 @@ class ResponseRun:
     def _call_delta(self, index: int, name: str, text: str) -> None:
         call = self._calls.get(index)
         if call is None:
-            item = Item(
-                {
-                    "id": new_id("item"),
-                    "object": "realtime.item",
-                    "type": "function_call",
-                    "status": "in_progress",
-                    "call_id": new_id("call"),
-                    "name": name,
-                    "arguments": "",
-                }
-            )
+            item = function_call_item(name)
             self._add_output(item)
             call = self._calls[index] = _Call(item, len(self._outputs) - 1)
         call.arguments.append(text)
@@ -348,17 +344,19 @@ class ResponseRun:
         if self.settings.in_conversation:
             self._emit("conversation.item.done", {"previous_item_id": None, "item": item})
 
-    def _usage_json(self) -> dict[str, Any]:
-        prompt = self._usage.get("prompt_tokens", 0)
-        completion = self._usage.get("completion_tokens", 0)
-        return {
-            "total_tokens": prompt + completion,
-            "input_tokens": prompt,
-            "output_tokens": completion,
-            "input_token_details": {
-                "text_tokens": prompt,
-                "audio_tokens": 0,
-                "cached_tokens": self._usage.get("cached_tokens", 0),
-            },
-            "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
-        }
+
+def usage_json(usage: dict[str, int]) -> dict[str, Any]:
+    """A pipeline request's usage as ``response.done`` reports it."""
+    prompt = usage.get("prompt_tokens", 0)
+    completion = usage.get("completion_tokens", 0)
+    return {
+        "total_tokens": prompt + completion,
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        "input_token_details": {
+            "text_tokens": prompt,
+            "audio_tokens": 0,
+            "cached_tokens": usage.get("cached_tokens", 0),
+        },
+        "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
+    }

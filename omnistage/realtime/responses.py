@@ -1,0 +1,156 @@
+"""A session's answers: the one the conversation waits on, out-of-band ones beside it,
+``response.create`` / ``response.cancel``, and the end of speech -> first audio timing.
+
+The session owns one ``Responses``; turn taking (``turn_taking``) starts answers through
+it, and the client's events reach it through the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from omnistage.realtime.config import TRANSCRIPTION, bad
+from omnistage.realtime.conversation import Item, chat_messages, check_item
+from omnistage.realtime.gate import Gate
+from omnistage.realtime.replies import reply_settings
+from omnistage.realtime.response import ResponseRun, ResponseSettings
+
+if TYPE_CHECKING:
+    from omnistage.realtime.session import RealtimeSession
+
+
+class Responses:
+    def __init__(self, session: RealtimeSession) -> None:
+        self._session = session
+        self.active: ResponseRun | None = None  # the conversation's answer under way
+        self._runs: dict[str, ResponseRun] = {}
+
+    @property
+    def answering(self) -> bool:
+        return self.active is not None and not self.active.done
+
+    def create(self, params: dict[str, Any]) -> None:
+        """``response.create``."""
+        s = self._session
+        if s.config.kind == TRANSCRIPTION:
+            raise bad("type", "a transcription session does not create responses")
+        settings = reply_settings(s.config, params)
+        if settings.in_conversation and self.answering:
+            assert self.active is not None
+            raise bad(
+                "",
+                f"Conversation already has an active response in progress: {self.active.id}",
+                "conversation_already_has_active_response",
+            )
+        inputs = params.get("input")
+        items = self._input_items(inputs) if inputs is not None else None
+        if settings.in_conversation:
+            # The client's answer replaces one held at a pause: two would both be adopted.
+            s.turns.drop_early()
+        self.start(settings, items, params.get("instructions"), None, s.turns.hearing())
+
+    def _input_items(self, inputs: Any) -> list[Item]:
+        if not isinstance(inputs, list):
+            raise bad("response.input", "expected a list of items")
+        out = []
+        for i, value in enumerate(inputs):
+            if isinstance(value, dict) and value.get("type") == "item_reference":
+                ref = str(value.get("id"))
+                out.append(self._session.conversation.get(ref, f"response.input[{i}].id"))
+            else:
+                out.append(check_item(value, f"response.input[{i}]"))
+        return out
+
+    def new_run(
+        self,
+        settings: ResponseSettings,
+        items: list[Item] | None,
+        instructions: str | None,
+        gate: Gate | None = None,
+    ) -> ResponseRun:
+        s = self._session
+        text = instructions if instructions is not None else s.config.instructions
+
+        def messages() -> list[Any]:
+            return chat_messages(text, items if items is not None else list(s.conversation))
+
+        return ResponseRun(
+            s.ctx.service,
+            (s.ctx.thinker, s.ctx.talker),
+            settings,
+            messages,
+            gate.emit if gate is not None else s.emit,
+            on_item=gate.add_item if gate is not None else s.add_answer_item,
+            affinity=s.id,
+        )
+
+    def start(
+        self,
+        settings: ResponseSettings,
+        items: list[Item] | None,
+        instructions: str | None,
+        spoken_end: float | None,
+        before: Awaitable[None] | None = None,
+    ) -> None:
+        run = self.new_run(settings, items, instructions)
+        if settings.in_conversation:
+            self.active = run
+        if spoken_end is not None:
+            self.time_first_audio(run, spoken_end)
+        run.created()
+        self.run(run, before)
+
+    def run(self, run: ResponseRun, before: Awaitable[None] | None) -> None:
+        """Run ``run`` in the background (``before`` first) as one of the session's."""
+
+        async def running() -> None:
+            self._runs[run.id] = run
+            try:
+                await run.run(before)
+            finally:
+                self._runs.pop(run.id, None)
+
+        self._session.spawn(running())
+
+    def adopt(self, run: ResponseRun) -> None:
+        """An answer started early is the conversation's answer now."""
+        self.active = run
+
+    def time_first_audio(
+        self, run: ResponseRun, spoken_end: float, released: float | None = None
+    ) -> None:
+        """Record end of speech -> first answer audio sent. An early answer's audio went
+        out when its gate opened (``released``), if it was made before."""
+        stats = self._session.ctx.stats
+
+        def record(made: float) -> None:
+            stats.first_audio(max(made, released or made) - spoken_end)
+
+        if run.first_audio_at is not None:
+            record(run.first_audio_at)
+        else:
+            run.on_first_audio = record
+
+    def interrupt(self) -> bool:
+        """Barge-in: cancel the conversation's answer; whether there was one."""
+        if not self.answering:
+            return False
+        assert self.active is not None
+        self.active.cancel("turn_detected")
+        return True
+
+    def cancel(self, response_id: str | None) -> None:
+        """``response.cancel``."""
+        run = self._runs.get(response_id) if response_id else self.active
+        if run is None or run.done:
+            raise bad(
+                "response_id" if response_id else "",
+                "Cancellation failed: no active response found",
+                "response_cancel_not_active",
+            )
+        run.cancel("client_cancelled")
+
+    def cancel_all(self) -> None:
+        for run in list(self._runs.values()):
+            run.cancel("client_cancelled")
