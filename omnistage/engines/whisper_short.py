@@ -80,11 +80,13 @@ def transcribe_short(
         model.hf_tokenizer, multilingual, task="transcribe", language=language or "en"
     )
     encoded = model.model.encode(ctranslate2.StorageView.from_array(window), to_cpu=False)
+    prompt_ids = _prompt(tokenizer, prompt)
+    budget = int(TOKEN_MARGIN + TOKENS_PER_S * duration)
     result = model.model.generate(
         encoded,
-        [_prompt(tokenizer, prompt)],
+        [prompt_ids],
         beam_size=1,
-        max_length=int(TOKEN_MARGIN + TOKENS_PER_S * duration),
+        max_length=_max_length(len(prompt_ids), budget),
         return_scores=True,
         suppress_blank=True,
         suppress_tokens=get_suppressed_tokens(tokenizer, (-1,)),
@@ -92,7 +94,8 @@ def transcribe_short(
     tokens = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
     text = tokenizer.decode(tokens).strip()
     avg_logprob = result.scores[0] if result.scores else 0.0
-    if not tokens or _repeats(tokens):
+    # A decode that used its whole budget was cut off (a loop, or not the clip's words).
+    if not tokens or len(tokens) >= budget or _repeats(tokens):
         return None
     ratio = get_compression_ratio(text)
     if ratio > MAX_COMPRESSION_RATIO or avg_logprob < MIN_AVG_LOGPROB:
@@ -110,6 +113,14 @@ def _prompt(tokenizer: Any, previous: str | None) -> list[int]:
     out.extend(tokenizer.sot_sequence)
     out.append(tokenizer.no_timestamps)
     return out
+
+
+def _max_length(prompt_len: int, budget: int) -> int:
+    """CTranslate2's ``max_length`` for ``budget`` new tokens after a prompt: its Whisper
+    counts the prompt in ``max_length`` and generates at most half of it (measured with
+    ctranslate2 4.x: new tokens = min(L // 2, L - prompt_len + 1)), so a bare budget
+    would cut the text short, silently, after a previous-text prompt."""
+    return max(2 * budget, prompt_len + budget)
 
 
 def _repeats(tokens: list[int], min_period: int = 1) -> bool:
