@@ -70,6 +70,10 @@ class AudioInput:
         except (binascii.Error, ValueError):
             raise bad("audio", "expected base64-encoded audio") from None
         assert self._decoder is not None
+        if raw[:4] == b"RIFF" and raw[8:12] == b"WAVE":
+            # A file where raw samples belong would be heard as a click and then noise.
+            fmt = self._decoder.format.type
+            raise bad("audio", f"got a WAV file; send raw {fmt} samples, without a header")
         pcm = self._decoder.push(raw).astype("<i2").tobytes()
         if self._vad is None and len(self.buffer) + len(pcm) > MAX_BUFFER_MS * BYTES_PER_MS:
             raise bad(

@@ -393,6 +393,15 @@ async def test_bad_audio_and_bad_frames_are_errors_and_the_session_goes_on() -> 
     ]
 
 
+async def test_a_wav_file_where_raw_samples_belong_is_refused() -> None:
+    h = Harness()
+    header = b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + bytes(24)
+    await h.send("input_audio_buffer.append", audio=base64.b64encode(header).decode())
+    [error] = h.errors()
+    assert error["param"] == "audio" and "WAV file" in error["message"]
+    assert len(h.session.audio.buffer) == 0  # nothing of it was taken as audio
+
+
 # ------------------------------------------------------------------------ closing
 
 
