@@ -63,6 +63,7 @@ async def serve(opts: ApiServerOptions) -> int:
         return 1
     app = create_app(service, opts.api_key, opts.max_request_bytes)
     service.my_responses = app.state.response_counts
+    service.my_realtime = app.state.realtime_stats
     sock = socket.socket(fileno=opts.listen_fd)
     server = uvicorn.Server(
         uvicorn.Config(

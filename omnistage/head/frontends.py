@@ -31,6 +31,7 @@ from omnistage.protocol.messages import (
     FrontQuery,
     FrontSnapshot,
     PipelineRequest,
+    RealtimeSnapshot,
 )
 from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
 
@@ -62,6 +63,7 @@ class FrontendServer:
         self._sock.bind(self.address)
         self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
         self._responses: dict[int, dict[int, int]] = {}
+        self._realtime: dict[int, RealtimeSnapshot] = {}
         # When each API server (by socket identity) last asked for a snapshot: one that
         # stops asking is gone (killed, say), and its requests are aborted.
         self._seen: dict[bytes, float] = {}
@@ -115,6 +117,8 @@ class FrontendServer:
             elif isinstance(msg, FrontQuery):
                 self._seen[identity] = time.monotonic()
                 self._responses[msg.server] = msg.responses
+                if msg.realtime is not None:
+                    self._realtime[msg.server] = msg.realtime
                 self._outbox.put(identity, self._snapshot())
             else:
                 _bad_input.warning("unexpected %s from an API server", type(msg).__name__)
@@ -164,4 +168,5 @@ class FrontendServer:
             waiting=s.stage_waiting(),
             responses=dict(self._responses),
             latency_json=msgspec.json.encode(s.latency()),
+            realtime=dict(self._realtime),
         )

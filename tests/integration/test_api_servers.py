@@ -111,6 +111,11 @@ def test_health_status_and_metrics_come_from_the_head(fronted: HeadProc) -> None
         return value(now, started) >= value(before, started) + 1
 
     wait_for(counted, 5, 0.1, "the request counted in /metrics")
+    # Live voice sessions are counted per API server and summed; none here.
+    _, now = scrape(fronted.client)
+    assert value(now, "omnistage_realtime_live_sessions") == 0
+    assert value(now, "omnistage_realtime_first_audio_seconds_count") == 0
+    assert fronted.stages()["realtime"]["sessions_total"] == 0
 
 
 def test_a_client_that_leaves_aborts_its_request_in_the_head(fronted: HeadProc) -> None:

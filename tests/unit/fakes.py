@@ -12,7 +12,7 @@ from typing import Any
 from omnistage.api.service import OutputStream, ReplicaStats, RequestCounts
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.latency import LatencySnapshot
-from omnistage.protocol.messages import PipelineRequest
+from omnistage.protocol.messages import PipelineRequest, RealtimeSnapshot
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
 NO_REQUESTS = RequestCounts(0, 0, 0)
@@ -72,6 +72,9 @@ class FakeService:
         return self._latency()
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
+        return mine
+
+    def realtime(self, mine: RealtimeSnapshot) -> RealtimeSnapshot:
         return mine
 
 
