@@ -24,6 +24,7 @@ from omnistage.api.routes import (
     images,
     info,
     metrics,
+    realtime,
     responses,
     speech,
     transcriptions,
@@ -96,7 +97,7 @@ def create_app(
         app.add_api_route(
             route.path, route.handler, methods=["POST"], openapi_extra=body_schema(route.body)
         )
-    for module in (transcriptions, info, metrics, dashboard):
+    for module in (transcriptions, info, metrics, dashboard, realtime):
         app.include_router(module.router)
     _document_bodies(app, [route.body for route in FAST_ROUTES])
     return FastPaths(app, FAST_ROUTES, wrap)

@@ -67,7 +67,7 @@ class Dispatcher:
         no free replica now."""
         got: list[tuple[int, ReplicaHandle]] = []
         for sid in group:
-            handle = self.pools[sid].try_acquire(run.request_id)
+            handle = self.pools[sid].try_acquire(run.request_id, run.affinity)
             if handle is None:
                 for s, h in got:
                     self.pools[s].release(h, run.request_id)

@@ -101,6 +101,7 @@ class Orchestrator:
             active=active,
             finals=set(finals),
             ack=request.ack,
+            affinity=request.affinity,
         )
         self._runs[rid] = run
         self.started_total += 1

@@ -79,6 +79,7 @@ class Run:
     direct: set[tuple[int, int]] = field(default_factory=set)
     attempt: int = 0
     ack: bool = False  # final stages acknowledge their params first (AddRequest.ack)
+    affinity: str = ""  # PipelineRequest.affinity: the key replicas stick to
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     failed: bool = False
     # Clock readings for the latency histograms (``dataplane.latency``).

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from omnistage.control.balancing import BalancingPolicy
+from omnistage.control.balancing.affinity import AffinityMap
 from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
 from omnistage.protocol.messages import ReplicaState
@@ -47,6 +48,7 @@ class StagePool:
         self._changed = asyncio.Event()
         self._sleepers = 0  # tasks waiting on _changed: only they need waking
         self._live = 0  # replicas up: kept by ``apply``, read per request
+        self.affinity = AffinityMap()
 
     def live(self) -> list[ReplicaHandle]:
         return [r for r in self.replicas.values() if r.up]
@@ -96,17 +98,29 @@ class StagePool:
         if handle is not None and handle.epoch == entry.epoch:
             handle.queue_length = entry.queue_length
 
-    def try_acquire(self, request_id: str) -> ReplicaHandle | None:
-        """Pick a live replica with spare capacity, or None if there is none now."""
-        candidates = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
-        if not candidates:
-            return None
-        index = self.policy.choose(candidates) if len(candidates) > 1 else 0
-        handle = candidates[index]
+    def try_acquire(self, request_id: str, affinity: str = "") -> ReplicaHandle | None:
+        """Pick a live replica with spare capacity, or None if there is none now. With
+        an ``affinity`` key, the replica that took the key last, if it can."""
+        handle = self._sticky(affinity) if affinity else None
+        if handle is None:
+            candidates = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
+            if not candidates:
+                return None
+            index = self.policy.choose(candidates) if len(candidates) > 1 else 0
+            handle = candidates[index]
+            if affinity:
+                self.affinity.record(affinity, handle.replica_id)
         handle.in_flight += 1
         handle.dispatched_total += 1
         handle.requests.add(request_id)
         return handle
+
+    def _sticky(self, key: str) -> ReplicaHandle | None:
+        rid = self.affinity.preferred(key)
+        handle = self.replicas.get(rid) if rid is not None else None
+        if handle is not None and handle.up and handle.in_flight < handle.capacity:
+            return handle
+        return None
 
     async def wait_capacity(self, deadline: float, wait_s: float) -> None:
         """Wait until the pool changes (a replica joins or frees a slot), up to

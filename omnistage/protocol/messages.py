@@ -340,6 +340,9 @@ class PipelineRequest(_Tagged):
     stage_params: dict[int, StageParams] = {}
     only: bool = False
     ack: bool = False
+    # Requests with the same key go to the replica that took the key last while it is
+    # up and has room (a Realtime session's turns: its thinker's prefix cache).
+    affinity: str = ""
 
 
 class FrontOpened(_Tagged):

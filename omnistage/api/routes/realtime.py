@@ -1,0 +1,182 @@
+"""GET /v1/realtime: OpenAI's Realtime API over a WebSocket (``realtime.session``).
+
+This module owns the socket: the handshake (model, the session limit, the ``realtime``
+subprotocol), one reader feeding client frames to the session, one writer sending its
+events, the idle timeout, and freeing everything when the client goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from omnistage.api.errors import error_response
+from omnistage.api.service import PipelineService
+from omnistage.protocol.errors import BadRequestError
+from omnistage.realtime.config import SessionConfig
+from omnistage.realtime.events import MAX_EVENT_BYTES
+from omnistage.realtime.session import RealtimeSession, SessionContext
+
+router = APIRouter()
+
+PATH = "/v1/realtime"
+# A client that reads nothing while answers stream is dropped past this many events.
+MAX_QUEUED_EVENTS = 4096
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass
+class RealtimeLimits:
+    """Per API process: sessions at once, and how long a silent client is kept."""
+
+    max_sessions: int = 32
+    idle_timeout_s: float = 600.0
+    live: int = 0
+
+
+def limits_of(ws: WebSocket) -> RealtimeLimits:
+    state = ws.app.state
+    if not hasattr(state, "realtime_limits"):
+        state.realtime_limits = RealtimeLimits()
+    return state.realtime_limits  # type: ignore[no-any-return]
+
+
+@router.websocket(PATH)
+async def realtime(ws: WebSocket) -> None:
+    omni: PipelineService = ws.app.state.omni
+    limits = limits_of(ws)
+    model = ws.query_params.get("model")
+    if model is not None and model not in omni.model_names:
+        names = ", ".join(sorted(omni.model_names))
+        message = f"The model `{model}` does not exist; this server serves {names}"
+        return await _refuse(ws, 404, message, "model", "model_not_found")
+    ctx = _context(omni, ws)
+    if ctx is None:
+        message = f"pipeline {omni.config.pipeline!r} has no text stage to answer with"
+        return await _refuse(ws, 404, message, None, "no_realtime_pipeline")
+    if limits.live >= limits.max_sessions:
+        message = f"too many realtime sessions: this server holds {limits.max_sessions}"
+        return await _refuse(ws, 429, message, None, "session_limit_reached")
+    config = SessionConfig(model=model or omni.served_model)
+    if ctx.talker is None:
+        config.output_modalities = ("text",)
+    minted = ws.scope.get("state", {}).get("realtime_session")
+    try:
+        if minted:
+            config.update(minted)
+    except BadRequestError as exc:
+        return await _refuse(ws, 400, str(exc), exc.param, exc.code)
+    offered = ws.scope.get("subprotocols") or []
+    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    limits.live += 1
+    stats = getattr(ws.app.state, "realtime_stats", None)
+    if stats is not None:
+        ctx.stats = stats
+        stats.session_opened()
+    try:
+        await _serve(ws, ctx, config, limits)
+    finally:
+        limits.live -= 1
+        if stats is not None:
+            stats.session_closed()
+
+
+def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
+    graph = omni.graph
+    text = graph.finals_with({"text"})
+    if not text:
+        return None
+    audio = graph.finals_with({"audio"})
+    listeners = graph.stages_reading("audio")
+    return SessionContext(
+        omni,
+        thinker=text[0],
+        talker=audio[0] if audio else None,
+        listener=listeners[0] if listeners else None,
+    )
+
+
+async def _serve(
+    ws: WebSocket, ctx: SessionContext, config: SessionConfig, limits: RealtimeLimits
+) -> None:
+    outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    overflow = asyncio.Event()
+
+    def send(event: dict[str, Any]) -> None:
+        if outbox.qsize() >= MAX_QUEUED_EVENTS:
+            overflow.set()
+            return
+        outbox.put_nowait(event)
+
+    session = RealtimeSession(ctx, config, send)
+    writer = asyncio.ensure_future(_write(ws, outbox))
+    session.opened()
+    try:
+        await _read(ws, session, writer, overflow, limits.idle_timeout_s)
+    finally:
+        await session.close()
+        outbox.put_nowait(None)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer, 1.0)
+        writer.cancel()
+        with contextlib.suppress(Exception):
+            await ws.close()
+
+
+async def _read(
+    ws: WebSocket,
+    session: RealtimeSession,
+    writer: asyncio.Future[None],
+    overflow: asyncio.Event,
+    idle_timeout_s: float,
+) -> None:
+    while not writer.done() and not overflow.is_set():
+        try:
+            message = await asyncio.wait_for(ws.receive(), idle_timeout_s)
+        except TimeoutError:
+            session.error(
+                BadRequestError(
+                    f"the session was idle for {idle_timeout_s:.0f} s and is closed",
+                    code="session_idle_timeout",
+                )
+            )
+            return
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        if message["type"] == "websocket.disconnect":
+            return
+        frame = message.get("text")
+        if frame is None:
+            frame = message.get("bytes") or b""
+        if len(frame) > MAX_EVENT_BYTES:
+            session.error(
+                BadRequestError(
+                    f"an event may be at most {MAX_EVENT_BYTES} bytes, got {len(frame)}",
+                    code="event_too_large",
+                )
+            )
+            continue
+        await session.handle(frame)
+
+
+async def _write(ws: WebSocket, outbox: asyncio.Queue[dict[str, Any] | None]) -> None:
+    while (event := await outbox.get()) is not None:
+        await ws.send_text(_encode(event).decode())
+
+
+async def _refuse(
+    ws: WebSocket, status: int, message: str, param: str | None, code: str | None
+) -> None:
+    """Refuse the handshake with an HTTP status and OpenAI's error body, where the server
+    can send one (the ASGI denial extension); else close before accepting (a 403)."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        response = error_response(status, message, "invalid_request_error", param, code)
+        await ws.send_denial_response(response)
+        return
+    await ws.close(code=1008, reason=message[:120])

@@ -1,0 +1,224 @@
+"""A Realtime session's conversation: its items in order, and what the thinker reads.
+
+Items keep OpenAI's JSON shape (``id``, ``type``, ``role``, ``content`` parts) so the
+events that carry them need no conversion. What the thinker sees is derived from them
+(``chat_messages``): the session's instructions, then each message's words; an
+assistant answer that was cut off (barge-in, ``conversation.item.truncate``) reads as
+only what was said, because its spoken sentences are kept with their audio lengths and
+a truncation drops what the user never heard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.messages import ChatMessage, ToolCall
+from omnistage.realtime.config import bad
+
+MAX_ITEMS = 1024
+MAX_TEXT = 256 * 1024
+_USER_PARTS = ("input_text", "input_audio")
+_ASSISTANT_PARTS = ("output_text", "output_audio", "text")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+@dataclass
+class Spoken:
+    """One sentence of an answer's audio, with how long it plays."""
+
+    text: str
+    audio_ms: float
+
+
+@dataclass
+class Item:
+    """One conversation item: its JSON (as events carry it) and, for an assistant's
+    audio, the sentences spoken so far."""
+
+    json: dict[str, Any]
+    spoken: list[Spoken] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.json["id"]  # type: ignore[no-any-return]
+
+    @property
+    def type(self) -> str:
+        return self.json["type"]  # type: ignore[no-any-return]
+
+    def audio_ms(self) -> float:
+        return sum(s.audio_ms for s in self.spoken)
+
+    def truncate(self, audio_end_ms: int) -> None:
+        """Keep the words of the first ``audio_end_ms`` of this answer's audio."""
+        total = self.audio_ms()
+        if audio_end_ms > total + 1:
+            raise bad(
+                "audio_end_ms",
+                f"audio_end_ms {audio_end_ms} is past the item's audio ({total:.0f} ms)",
+            )
+        kept: list[Spoken] = []
+        at = 0.0
+        for s in self.spoken:
+            if at + s.audio_ms <= audio_end_ms:
+                kept.append(s)
+            elif at < audio_end_ms:
+                # The sentence was cut inside: keep the share of its words heard.
+                words = s.text.split()
+                share = int(len(words) * (audio_end_ms - at) / s.audio_ms)
+                kept.append(Spoken(" ".join(words[:share]), audio_end_ms - at))
+            at += s.audio_ms
+        self.spoken = kept
+        part = self.json["content"][0]
+        part["transcript"] = " ".join(s.text for s in kept if s.text)
+        self.json["status"] = "incomplete"
+
+
+def message_item(role: str, parts: list[dict[str, Any]], status: str = "completed") -> Item:
+    return Item(
+        {
+            "id": new_id("item"),
+            "object": "realtime.item",
+            "type": "message",
+            "status": status,
+            "role": role,
+            "content": parts,
+        }
+    )
+
+
+def check_item(value: Any, where: str = "item") -> Item:
+    """A client's ``conversation.item.create`` item, checked and completed."""
+    if not isinstance(value, Mapping):
+        raise bad(where, "expected an object")
+    kind = value.get("type")
+    item = dict(value)
+    item.setdefault("id", new_id("item"))
+    item["object"] = "realtime.item"
+    item.setdefault("status", "completed")
+    if not isinstance(item["id"], str) or not 0 < len(item["id"]) <= 64:
+        raise bad(f"{where}.id", "expected a string of at most 64 characters")
+    if kind == "message":
+        _check_message(item, where)
+    elif kind == "function_call":
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(key), str):
+                raise bad(f"{where}.{key}", "expected a string")
+    elif kind == "function_call_output":
+        for key in ("call_id", "output"):
+            if not isinstance(item.get(key), str) or len(item[key]) > MAX_TEXT:
+                raise bad(f"{where}.{key}", "expected a string")
+    else:
+        raise bad(
+            f"{where}.type",
+            f"expected 'message', 'function_call' or 'function_call_output', got {kind!r}",
+        )
+    return Item(item)
+
+
+def _check_message(item: dict[str, Any], where: str) -> None:
+    role = item.get("role")
+    allowed = {"user": _USER_PARTS, "system": ("input_text",), "assistant": _ASSISTANT_PARTS}
+    if role not in allowed:
+        raise bad(f"{where}.role", f"expected 'user', 'assistant' or 'system', got {role!r}")
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise bad(f"{where}.content", "expected a non-empty list of content parts")
+    parts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, Mapping) or part.get("type") not in allowed[role]:
+            kinds = ", ".join(allowed[role])
+            raise bad(f"{where}.content[{i}].type", f"a {role} message takes {kinds}")
+        words = part.get("text", part.get("transcript"))
+        if part["type"] != "input_audio" and not isinstance(words, str):
+            raise bad(f"{where}.content[{i}].text", "expected a string")
+        if isinstance(words, str) and len(words) > MAX_TEXT:
+            raise bad(f"{where}.content[{i}].text", f"longer than {MAX_TEXT} characters")
+        parts.append(dict(part))
+    item["content"] = parts
+
+
+def words_of(item: Item) -> str:
+    """A message's words: its text parts and the transcripts of its audio."""
+    out = []
+    for part in item.json.get("content", []):
+        words = part.get("text") or part.get("transcript")
+        if isinstance(words, str) and words:
+            out.append(words)
+    return " ".join(out)
+
+
+class Conversation:
+    """The session's items in order (insertion after ``previous_item_id``, or last)."""
+
+    def __init__(self) -> None:
+        self._items: list[Item] = []
+        self._ids = itertools.count()
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def last_id(self) -> str | None:
+        return self._items[-1].id if self._items else None
+
+    def get(self, item_id: str, param: str = "item_id") -> Item:
+        for item in self._items:
+            if item.id == item_id:
+                return item
+        raise BadRequestError(
+            f"Item with item_id not found: {item_id}", param=param, code="item_not_found"
+        )
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert ``item``; returns the id of the item before it (None: first)."""
+        if any(i.id == item.id for i in self._items):
+            raise bad("item.id", f"an item with id {item.id!r} already exists")
+        if len(self._items) >= MAX_ITEMS:
+            # Forget the oldest turn rather than refuse to go on (OpenAI truncates too).
+            self._items.pop(0)
+        if previous_item_id is None:
+            at = len(self._items)
+        elif previous_item_id == "root":
+            at = 0
+        else:
+            at = self._items.index(self.get(previous_item_id, "previous_item_id")) + 1
+        self._items.insert(at, item)
+        return self._items[at - 1].id if at else None
+
+    def delete(self, item_id: str) -> None:
+        self._items.remove(self.get(item_id))
+
+    def previous_id(self, item: Item) -> str | None:
+        at = self._items.index(item)
+        return self._items[at - 1].id if at else None
+
+
+def chat_messages(instructions: str, items: list[Item]) -> list[ChatMessage]:
+    """What the thinker reads: the instructions, then the items as chat turns."""
+    out = [ChatMessage("system", instructions)] if instructions else []
+    for item in items:
+        js = item.json
+        if js["type"] == "message":
+            words = words_of(item)
+            if words:  # an answer cut off before a word was said is no turn
+                out.append(ChatMessage(js["role"], words))
+        elif js["type"] == "function_call":
+            call = ToolCall(js["call_id"], js["name"], js["arguments"])
+            if out and out[-1].role == "assistant" and out[-1].tool_calls:
+                out[-1].tool_calls.append(call)  # parallel calls: one assistant turn
+            else:
+                out.append(ChatMessage("assistant", "", tool_calls=[call]))
+        elif js["type"] == "function_call_output":
+            out.append(ChatMessage("tool", js["output"], tool_call_id=js["call_id"]))
+    return out
