@@ -13,10 +13,12 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import random
 import statistics
 import sys
 import time
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,7 @@ SESSION = {
 }
 # The issue's targets.
 ONE_P50_S, LOAD_SESSIONS, LOAD_P90_S, BARGE_IN_S = 0.9, 8, 2.0, 0.150
+SILENT = 330  # |sample| at or below this (-40 dBFS) is silence, for trimming the questions
 PAUSE_S = 0.5  # the user waits this long after the answer played before speaking again
 
 
@@ -65,14 +68,17 @@ def piper_voice() -> Any:
 
 
 def say(voice: Any, text: str) -> np.ndarray:
-    """``text`` in the joe voice, int16 at 24 kHz (with the package's own resampler)."""
+    """``text`` in the joe voice, int16 at 24 kHz (with the package's own resampler),
+    without Piper's silence before and after: the last frame sent is the end of speech."""
     from omnistage.realtime.resample import resample
 
     parts = [
         resample(chunk.audio_int16_array.astype(np.int16), chunk.sample_rate, RATE)
         for chunk in voice.synthesize(text)
     ]
-    return np.concatenate(parts)
+    pcm = np.concatenate(parts)
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > SILENT)
+    return pcm[loud[0] : loud[-1] + 1] if len(loud) else pcm
 
 
 def machine_speed(voice: Any) -> dict[str, float]:
@@ -108,6 +114,11 @@ class Turn:
     deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
     status: str | None = None
     speech_started: float | None = None  # the server's speech_started, seen here
+    # Where the time to first audio goes, as the client sees the server's events: VAD's
+    # speech_stopped, the response's creation (the transcript is in), its first text.
+    speech_stopped: float | None = None
+    created: float | None = None
+    first_text: float | None = None
     transcript: str = ""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     audio: asyncio.Event = field(default_factory=asyncio.Event)
@@ -146,6 +157,14 @@ class Turn:
         return self.deltas[0][0] + self.audio_s + self.stall_s() if self.deltas else 0.0
 
 
+def append_event(pcm: np.ndarray) -> str:
+    """``input_audio_buffer.append`` of ``pcm``, as ``conn.input_audio_buffer.append``
+    sends it, encoded once ahead: 50 a second per session, the SDK's per-event
+    transform would take CPU from the server the client shares the machine with."""
+    audio = base64.b64encode(pcm.tobytes()).decode()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+
+
 class Session:
     """One client: a microphone sending frames at real-time pace, and a reader."""
 
@@ -153,7 +172,7 @@ class Session:
         self.conn = conn
         self.frame = RATE * frame_ms // 1000
         self.frame_s = frame_ms / 1000
-        self.silence = base64.b64encode(bytes(2 * self.frame)).decode()
+        self.silence = append_event(np.zeros(self.frame, dtype=np.int16))
         self.queue: deque[tuple[str, Turn | None]] = deque()
         self.turns: list[Turn] = []
         self.by_response: dict[str, Turn] = {}
@@ -165,9 +184,7 @@ class Session:
         frames = [pcm[i : i + self.frame] for i in range(0, len(pcm), self.frame)]
         frames[-1] = np.pad(frames[-1], (0, self.frame - len(frames[-1])))
         for n, f in enumerate(frames):
-            self.queue.append(
-                (base64.b64encode(f.tobytes()).decode(), turn if n == len(frames) - 1 else None)
-            )
+            self.queue.append((append_event(f), turn if n == len(frames) - 1 else None))
         turn.spoke_at = time.monotonic()
         self.turns.append(turn)
         self.listening = turn
@@ -181,8 +198,8 @@ class Session:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            audio, last_of = self.queue.popleft() if self.queue else (self.silence, None)
-            await self.conn.input_audio_buffer.append(audio=audio)
+            event, last_of = self.queue.popleft() if self.queue else (self.silence, None)
+            await self.conn.send_raw(event)
             if last_of is not None:
                 last_of.end_of_speech = time.monotonic()
 
@@ -204,13 +221,18 @@ class Session:
                 turn = self.turns[-1] if self.turns else None
                 if turn is not None and turn.response_id is None:
                     turn.response_id = event["response"]["id"]
+                    turn.created = now
                     self.by_response[turn.response_id] = turn
             elif kind == "input_audio_buffer.speech_started":
                 if self.listening is not None and self.listening.speech_started is None:
                     self.listening.speech_started = now
+            elif kind == "input_audio_buffer.speech_stopped":
+                if self.listening is not None and self.listening.speech_stopped is None:
+                    self.listening.speech_stopped = now
             elif kind == "response.output_audio_transcript.delta":
                 turn = self.by_response.get(event.get("response_id", ""))
                 if turn is not None:
+                    turn.first_text = turn.first_text or now
                     turn.transcript += event.get("delta", "")
             elif kind == "response.done":
                 turn = self.by_response.get(event["response"]["id"])
@@ -288,12 +310,29 @@ class Level:
     errors: list[str]
     wall_s: float
     cpu_cores: float
+    client_cores: float
+    load_avg: float
 
     def first_audio(self) -> list[float]:
         return sorted(t.first_audio_s for t in self.turns if t.first_audio_s is not None)
 
     def rtfs(self) -> list[float]:
         return sorted(t.rtf() for t in self.turns if t.deltas)
+
+    def breakdown(self) -> dict[str, float | None]:
+        """Median seconds from the end of speech to each server event on the way."""
+
+        def median_after(attr: str) -> float | None:
+            xs = [
+                getattr(t, attr) - t.end_of_speech
+                for t in self.turns
+                if getattr(t, attr) is not None and t.end_of_speech is not None
+            ]
+            return statistics.median(xs) if xs else None
+
+        return {a: median_after(a) for a in ("speech_stopped", "created", "first_text")} | {
+            "first_audio": statistics.median(self.first_audio()) if self.first_audio() else None
+        }
 
     def row(self) -> dict[str, Any]:
         fa, rtf = self.first_audio(), self.rtfs()
@@ -309,6 +348,8 @@ class Level:
             "rtf_median": statistics.median(rtf) if rtf else None,
             "turns_with_gaps": sum(1 for t in self.turns if t.stall_s() > 0.02),
             "server_cpu_cores": self.cpu_cores,
+            "client_cpu_cores": self.client_cores,
+            "load_avg_1m": self.load_avg,
             "errors": len(self.errors),
         }
 
@@ -345,7 +386,7 @@ async def level(
 ) -> Level:
     """``n`` sessions at once, each asking ``turns`` questions, starts spread over 1 s."""
     rng = random.Random(n)
-    cpu0, t0 = server_cpu_s(pid), time.monotonic()
+    cpu0, mine0, t0 = server_cpu_s(pid), time.process_time(), time.monotonic()
     results = await asyncio.gather(
         *(
             run_session(
@@ -361,6 +402,7 @@ async def level(
     )
     wall = time.monotonic() - t0
     cores = (server_cpu_s(pid) - cpu0) / wall
+    client = (time.process_time() - mine0) / wall
     turns_all: list[Turn] = []
     errors: list[str] = []
     for r in results:
@@ -369,7 +411,7 @@ async def level(
         else:
             turns_all += r[0]
             errors += r[1]
-    return Level(n, turns_all, errors, wall, cores)
+    return Level(n, turns_all, errors, wall, cores, client, os.getloadavg()[0])
 
 
 async def barge_ins(
@@ -414,7 +456,8 @@ def fmt_rtf(x: float | None) -> str:
 def print_levels(rows: list[dict[str, Any]]) -> None:
     print(
         f"\n{'sessions':>8} {'turns':>5} {'first audio p50':>15} {'p90':>5} {'max':>5} "
-        f"{'RTF p10':>7} {'median':>6} {'gaps':>4} {'server cores':>12} {'errors':>6}"
+        f"{'RTF p10':>7} {'median':>6} {'gaps':>4} {'server cores':>12} {'client':>6} "
+        f"{'load':>5} {'errors':>6}"
     )
     for r in rows:
         print(
@@ -422,6 +465,7 @@ def print_levels(rows: list[dict[str, Any]]) -> None:
             f"{fmt_s(r['first_audio_p90_s']):>5} {fmt_s(r['first_audio_max_s']):>5} "
             f"{fmt_rtf(r['rtf_p10']):>7} {fmt_rtf(r['rtf_median']):>6} "
             f"{r['turns_with_gaps']:>4} {r['server_cpu_cores']:>12.2f} "
+            f"{r['client_cpu_cores']:>6.2f} {r['load_avg_1m']:>5.1f} "
             f"{r['errors'] + r['unanswered']:>6}"
         )
 
@@ -491,28 +535,59 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def server_first_audio(port: int) -> dict[str, Any]:
+    """The server's own first-audio histogram (``/metrics``), to set beside the client's:
+    every answered turn, the warm-up's included."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from omnistage.realtime.stats import quantile
+
+    with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "omnistage_realtime_first_audio_seconds":
+            cum = [(float(s.labels["le"]), s.value) for s in family.samples if "le" in s.labels]
+            bounds = tuple(le for le, _ in cum[:-1])
+            totals = [int(n) for _, n in cum]
+            counts = [n - prev for n, prev in zip(totals, [0, *totals[:-1]], strict=True)]
+            return {
+                "count": sum(counts),
+                "p50_s": quantile(bounds, counts, 0.5),
+                "p90_s": quantile(bounds, counts, 0.9),
+            }
+    return {}
+
+
 async def measure(
-    port: int, pid: int, args: argparse.Namespace, speech: dict[str, Any]
+    server: ServerProcess, args: argparse.Namespace, speech: dict[str, Any]
 ) -> dict[str, Any]:
-    questions = speech["questions"]
+    port, pid, questions = server.port, server.pid, speech["questions"]
+
+    def check() -> None:
+        if not server.alive():
+            raise RuntimeError(f"the server exited ({server.proc.returncode})")
+
     print("warm-up: one session, two questions", flush=True)
     await level(port, pid, args, 1, 2, questions)
     print(f"one session, {args.turns} questions", flush=True)
     one = await level(port, pid, args, 1, args.turns, questions)
+    check()
     print(f"barge-in, {args.barge_ins} trials", flush=True)
     barge = await barge_ins(port, args, speech)
+    check()
     levels = [one]
     capacity = 1 if one.holds() else 0
     for n in (int(x) for x in args.levels.split(",")):
         print(f"{n} sessions at once, {args.load_turns} questions each", flush=True)
         lv = await level(port, pid, args, n, args.load_turns, questions)
+        check()
         levels.append(lv)
         if lv.holds() and capacity == levels[-2].sessions:
             capacity = n
         # Beyond the issue's 8 sessions, stop at the first level that does not hold.
         if n >= LOAD_SESSIONS and not lv.holds():
             break
-    one_row = one.row()
+    one_row = one.row() | {"breakdown": one.breakdown()}
     sample = next((t.transcript for t in one.turns if t.transcript), "")
     return {
         "one_session": one_row,
@@ -520,6 +595,7 @@ async def measure(
         "levels": [lv.row() for lv in levels],
         "barge_ins": barge,
         "capacity": capacity,
+        "server_first_audio": server_first_audio(port),
         "errors": sorted({e for lv in levels for e in lv.errors}),
     }
 
@@ -549,14 +625,25 @@ def main() -> int:
         t0 = time.monotonic()
         server.wait_ready(args.health_timeout)
         print(f"serving after {time.monotonic() - t0:.0f} s", flush=True)
-        results = asyncio.run(measure(port, server.pid, args, speech))
+        results = asyncio.run(measure(server, args, speech))
     except Exception as exc:
         print(f"FAILED: {common.describe(exc)}{server.log_tail()}")
         return 1
     finally:
         server.stop()
     print_levels(results["levels"])
-    print(f"\nan answer: {results['answer_sample'].strip()[:120]!r}")
+    srv = results["server_first_audio"]
+    if srv.get("count"):
+        print(
+            f"\nthe server's own first-audio histogram, {srv['count']} answers (all levels): "
+            f"p50 {fmt_s(srv['p50_s'])} s, p90 {fmt_s(srv['p90_s'])} s (bucket estimates)"
+        )
+    steps = results["one_session"]["breakdown"]
+    print(
+        "one session, median s after the end of speech: "
+        + ", ".join(f"{k.replace('_', ' ')} {fmt_s(v)}" for k, v in steps.items())
+    )
+    print(f"an answer: {results['answer_sample'].strip()[:120]!r}")
     for e in results["errors"][:5]:
         print(f"error: {e}")
     print_targets(results)
