@@ -25,8 +25,10 @@ from omnistage.api.routes import (
     info,
     metrics,
     realtime,
+    realtime_secrets,
     responses,
     speech,
+    talk,
     transcriptions,
 )
 from omnistage.api.schemas.chat import ChatCompletionRequest
@@ -35,6 +37,7 @@ from omnistage.api.schemas.images import ImageGenerationRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.api.service import PipelineService
+from omnistage.realtime.secrets import ClientSecrets
 from omnistage.realtime.stats import RealtimeStats
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -62,10 +65,14 @@ def create_app(
     omni: PipelineService,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    realtime_limits: realtime.RealtimeLimits | None = None,
 ) -> FastPaths:
     """The app over ``omni``, what the head offers the API (see ``api.service``): the
-    FastAPI app, with the generation routes' POSTs taken past it (see ``fastpath``)."""
+    FastAPI app, with the generation routes' POSTs taken past it (see ``fastpath``).
+    ``realtime_limits``: --realtime-max-sessions and --realtime-idle-timeout, for this
+    process (None: the defaults)."""
     app = FastAPI(title="omnistage", version=__version__, **_NO_NATIVE_TELEMETRY)
+    app.state.realtime_limits = realtime_limits or realtime.RealtimeLimits()
     counts: Counter[int] = Counter()
     app.state.response_counts = counts
     # This process's live voice sessions: the realtime route counts into it.
@@ -78,16 +85,21 @@ def create_app(
     stack: list[tuple[type, dict[str, Any]]] = [
         (BodyLimitMiddleware, {"max_bytes": max_body_bytes, "path_limits": path_limits})
     ]
-    if api_key:
-        stack.append(
-            (ApiKeyMiddleware, {"api_key": api_key, "query_paths": [dashboard.EVENTS_PATH]})
-        )
+    # Signed, not stored: every API server process derives the same key from the API key,
+    # so one verifies a secret another minted (see realtime.secrets).
+    app.state.client_secrets = secrets = ClientSecrets(api_key or None)
+    # Installed without a key too: it refuses nothing then, but hands the Realtime socket
+    # the session config of a client secret (see auth). The fast path (HTTP POSTs only)
+    # needs it only with a key.
+    auth = {"api_key": api_key or None, "client_secrets": secrets}
+    stack.append((ApiKeyMiddleware, {**auth, "query_paths": [dashboard.EVENTS_PATH]}))
     stack.append((metrics.ResponseCounterMiddleware, {"counts": counts}))
     for cls, kwargs in stack:
         app.add_middleware(cls, **kwargs)
+    fast_stack = [(c, kw) for c, kw in stack if api_key or c is not ApiKeyMiddleware]
 
     def wrap(inner: ASGIApp) -> ASGIApp:
-        for cls, kwargs in stack:
+        for cls, kwargs in fast_stack:
             inner = cls(inner, **kwargs)
         return inner
 
@@ -97,9 +109,12 @@ def create_app(
         app.add_api_route(
             route.path, route.handler, methods=["POST"], openapi_extra=body_schema(route.body)
         )
-    for module in (transcriptions, info, metrics, dashboard, realtime):
+    modules = (transcriptions, info, metrics, dashboard, realtime, realtime_secrets, talk)
+    for module in modules:
         app.include_router(module.router)
-    _document_bodies(app, [route.body for route in FAST_ROUTES])
+    _document_bodies(
+        app, [route.body for route in FAST_ROUTES] + [realtime_secrets.ClientSecretRequest]
+    )
     return FastPaths(app, FAST_ROUTES, wrap)
 
 

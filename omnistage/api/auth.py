@@ -6,6 +6,14 @@ and disconnect detection behave exactly as without it.
 The paths in ``query_paths`` (the dashboard's event stream: a browser's EventSource
 cannot send headers) also take the key as ``?api_key=``; no other path does, so a key in
 a URL is never needed, nor accepted, anywhere else.
+
+WebSockets under /v1 take the key as a bearer token too, or, since a browser cannot set
+headers on a WebSocket either, as OpenAI's subprotocol ``openai-insecure-api-key.<key>``.
+The Realtime socket (``REALTIME_PATH``) alone also takes an ephemeral client secret
+(``ek_...``, see ``realtime.secrets``) in either place, and passes the session config
+the secret carries on to its route as ``scope["state"]["realtime_session"]``. Without
+``--api-key`` (``api_key=None``) nothing is refused; a valid secret's session config is
+still passed on, so a page behaves the same with or without a key.
 """
 
 from __future__ import annotations
@@ -17,32 +25,98 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from omnistage.api.errors import error_response
+from omnistage.realtime.secrets import PREFIX, ClientSecrets
+
+REALTIME_PATH = "/v1/realtime"
+SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str, query_paths: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        query_paths: Iterable[str] = (),
+        client_secrets: ClientSecrets | None = None,
+    ) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
-        self._key = api_key.encode()
+        self._expected = f"Bearer {api_key}".encode() if api_key is not None else None
+        self._key = api_key.encode() if api_key is not None else None
         self._query_paths = frozenset(query_paths)
+        self._secrets = client_secrets
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected) and not self._query_key(scope):
-                response = error_response(
-                    401,
-                    "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                    "invalid_request_error",
-                    code="invalid_api_key",
-                )
-                await response(scope, receive, send)
-                return
+        kind = scope["type"]  # a lifespan scope has no path
+        if (
+            kind == "http"
+            and self._expected is not None
+            and scope["path"].startswith("/v1/")
+            and not self._http_allowed(scope)
+        ) or (
+            kind == "websocket"
+            and scope["path"].startswith("/v1/")
+            and not self._websocket_allowed(scope)
+        ):
+            await _refuse(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    def _http_allowed(self, scope: Scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        assert self._expected is not None
+        return hmac.compare_digest(given, self._expected) or self._query_key(scope)
 
     def _query_key(self, scope: Scope) -> bool:
         """Whether this is a ``query_paths`` request with exactly one right ``api_key``."""
+        if self._key is None:
+            return False
         if scope["path"] not in self._query_paths or not scope["query_string"]:
             return False
         given = parse_qs(scope["query_string"].decode("latin-1")).get("api_key", [])
         return len(given) == 1 and hmac.compare_digest(given[0].encode(), self._key)
+
+    def _websocket_allowed(self, scope: Scope) -> bool:
+        """Whether one of the handshake's credentials opens this socket; a client secret
+        that does leaves its session config in the scope's state."""
+        realtime = scope["path"] == REALTIME_PATH and self._secrets is not None
+        allowed = self._key is None
+        for token in _websocket_tokens(scope):
+            if self._key is not None and hmac.compare_digest(token.encode(), self._key):
+                allowed = True
+            elif realtime and token.startswith(PREFIX):
+                payload = self._secrets.verify(token)  # type: ignore[union-attr]
+                if payload is not None:
+                    if payload.session is not None:
+                        scope.setdefault("state", {})["realtime_session"] = payload.session
+                    return True
+        return allowed
+
+
+def _websocket_tokens(scope: Scope) -> list[str]:
+    """The credentials a WebSocket handshake offers: a bearer token, then any
+    ``openai-insecure-api-key.`` subprotocols."""
+    tokens = []
+    for name, value in scope["headers"]:
+        if name == b"authorization" and value.startswith(b"Bearer "):
+            tokens.append(value[len(b"Bearer ") :].decode("latin-1"))
+    for proto in scope.get("subprotocols", ()):
+        if proto.startswith(SUBPROTOCOL_PREFIX):
+            tokens.append(proto[len(SUBPROTOCOL_PREFIX) :])
+    return tokens
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    """A 401 in OpenAI's error shape; a WebSocket gets it as the handshake's answer where
+    the server can deny with a response (uvicorn can), else a close before accepting
+    (which the server turns into a 403)."""
+    extensions = scope.get("extensions") or {}
+    if scope["type"] == "websocket" and "websocket.http.response" not in extensions:
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    response = error_response(
+        401,
+        "missing or invalid API key: send 'Authorization: Bearer <key>'",
+        "invalid_request_error",
+        code="invalid_api_key",
+    )
+    await response(scope, receive, send)

@@ -31,6 +31,7 @@ from omnistage.protocol.messages import (
     ErrorInfo,
     FrontClose,
     FrontDone,
+    FrontInput,
     FrontOpened,
     FrontQuery,
     FrontSnapshot,
@@ -58,9 +59,11 @@ class _Done:
 class RemoteStream:
     """The outputs of one request, relayed by the head."""
 
-    def __init__(self, service: RemoteService, request_id: str) -> None:
+    def __init__(self, service: RemoteService, request_id: str, streaming: bool = False) -> None:
         self._service = service
         self.request_id = request_id
+        self._streaming = streaming
+        self._input_ended = False
         self.opened: asyncio.Future[ErrorInfo | None] = asyncio.get_running_loop().create_future()
         self.queue: Mailbox[OutputChunk | _Done] = Mailbox()
         self._usage: dict[str, int] = {}
@@ -82,6 +85,15 @@ class RemoteStream:
 
     def __aiter__(self) -> AsyncIterator[OutputChunk]:
         return self._outputs()
+
+    def feed(self, data: bytes, last: bool = False) -> None:
+        """Append to the streamed input (see ``OutputStream.feed``): on to the head."""
+        if not self._streaming:
+            raise ValueError(f"request {self.request_id} was not opened with input_streaming")
+        if self._input_ended or self._finished:
+            return
+        self._input_ended = last
+        self._service._feed(FrontInput(self.request_id, data, last))
 
     def close(self) -> None:
         self._service._forget(self.request_id, tell_head=not self._finished)
@@ -142,7 +154,7 @@ class RemoteService:
     # -- requests --------------------------------------------------------------------
 
     async def open(self, msg: PipelineRequest) -> RemoteStream:
-        stream = RemoteStream(self, msg.request_id)
+        stream = RemoteStream(self, msg.request_id, msg.input_streaming)
         self._streams[msg.request_id] = stream
         self._outbox.put(_HEAD, msg)
         try:
@@ -154,6 +166,9 @@ class RemoteService:
             self._streams.pop(msg.request_id, None)
             _raise(error)
         return stream
+
+    def _feed(self, msg: FrontInput) -> None:
+        self._outbox.put(_HEAD, msg)
 
     def _forget(self, request_id: str, tell_head: bool) -> None:
         if self._streams.pop(request_id, None) is not None and tell_head:

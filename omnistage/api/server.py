@@ -18,6 +18,7 @@ import uvicorn
 from omnistage import aio, defaults, envs
 from omnistage.api.app import create_app
 from omnistage.api.remote import RemoteService
+from omnistage.api.routes.realtime import RealtimeLimits
 from omnistage.config.schema import DeployConfig
 from omnistage.logs import setup_logging
 from omnistage.protocol import codec
@@ -34,6 +35,8 @@ class ApiServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     started_at: int
     api_key: str | None = None
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
+    realtime_max_sessions: int = defaults.REALTIME_MAX_SESSIONS
+    realtime_idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
     log_level: str = defaults.LOG_LEVEL
     refresh_s: float = 0.5
     served_model_names: tuple[str, ...] = ()  # (): the pipeline name
@@ -61,7 +64,8 @@ async def serve(opts: ApiServerOptions) -> int:
     except TimeoutError:
         log.error("API server %d: no answer from the head at %s", opts.index, opts.head_address)
         return 1
-    app = create_app(service, opts.api_key, opts.max_request_bytes)
+    limits = RealtimeLimits(opts.realtime_max_sessions, opts.realtime_idle_timeout_s)
+    app = create_app(service, opts.api_key, opts.max_request_bytes, limits)
     service.my_responses = app.state.response_counts
     service.my_realtime = app.state.realtime_stats
     sock = socket.socket(fileno=opts.listen_fd)

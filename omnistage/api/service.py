@@ -30,6 +30,13 @@ class OutputStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[OutputChunk]: ...
 
+    def feed(self, data: bytes, last: bool = False) -> None:
+        """Append to the request's streamed input (``PipelineRequest.input_streaming``);
+        ``last=True`` ends it (``data`` may be empty). Does not block. ValueError for a
+        request opened without ``input_streaming``; ignored after the last piece or
+        ``close``."""
+        ...
+
     def close(self) -> None:
         """Abort what is unfinished; safe to call twice."""
         ...

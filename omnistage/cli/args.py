@@ -152,6 +152,8 @@ BOUNDS = (
     Bound("--api-server-count", 1),
     Bound("--omni-max-queue", 0),
     Bound("--max-request-bytes", 1),
+    Bound("--realtime-max-sessions", 1),
+    Bound("--realtime-idle-timeout", 0, strict=True),
 )
 PORTS = ("--port", "--omni-master-port")
 

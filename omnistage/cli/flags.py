@@ -122,6 +122,22 @@ HEAD_FLAGS = (
         help="largest accepted HTTP request body; larger ones get 413 (default %(default)s)",
     ),
     flag(
+        "--realtime-max-sessions",
+        metavar="N",
+        type=int,
+        default=defaults.REALTIME_MAX_SESSIONS,
+        help="Realtime WebSocket sessions (/v1/realtime) each API server process holds at "
+        "once; more are refused with 429 (default %(default)s)",
+    ),
+    flag(
+        "--realtime-idle-timeout",
+        metavar="S",
+        type=float,
+        default=defaults.REALTIME_IDLE_TIMEOUT_S,
+        help="seconds a Realtime session may send nothing before it is closed with a "
+        "session_idle_timeout error (default %(default)g)",
+    ),
+    flag(
         "--omni-max-queue",
         metavar="N",
         type=int,

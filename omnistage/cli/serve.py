@@ -156,6 +156,8 @@ def head_options(args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
         auth_token=args.omni_auth_token,
         curve_keys=args.omni_curve_keys,
         max_request_bytes=args.max_request_bytes,
+        realtime_max_sessions=args.realtime_max_sessions,
+        realtime_idle_timeout_s=args.realtime_idle_timeout,
         log_stats=args.log_stats,
         api_server_count=args.api_server_count,
         served_model_names=tuple(args.served_model_name or ()),

@@ -125,6 +125,14 @@ class AsrArgs(_Args):
     max_concurrent: int = Field(default=2, ge=1, le=64)
     # Skip the silent parts with Silero VAD (shipped with faster-whisper) before decoding.
     vad_filter: bool = False
+    # Streamed pcm16 input is transcribed a stretch at a time: a stretch ends at a pause
+    # of this long after speech, or once its speech has gone on for max_speech_s.
+    pause_ms: float = Field(default=280.0, ge=32.0, le=5000.0)
+    max_speech_s: float = Field(default=10.0, ge=1.0, le=29.0)
+    # Streamed stretches of up to 8 s through a 10 s encoder window instead of Whisper's
+    # 30 s (engines/whisper_short.py): ~5x less work per stretch, checked, with the full
+    # window as the fallback. Whole files always take the full window.
+    short_window: bool = True
 
 
 class DiffusionArgs(_Args):

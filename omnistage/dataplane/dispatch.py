@@ -14,6 +14,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
 from omnistage.dataplane.run import Run, direct_edge
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import AddRequest
 from omnistage.tracing import RequestTraces
 
@@ -96,10 +97,17 @@ class Dispatcher:
             self.latency.dispatched(run, sid, st)
             handle = run.assigned[sid]
             trace = self.traces.dispatched(run, sid, handle)
-            self.channels.post(handle.identity, self._add_request(run, sid, trace))
+            add = self._add_request(run, sid, trace)
+            self.channels.post(handle.identity, add)
             for chunk in st.inputs:
                 chunk.attempt = st.attempt
                 self.channels.post(handle.identity, chunk)
+            if add.input_streaming:
+                # All the input fed so far; the rest follows as it comes (Orchestrator.feed).
+                assert run.streamed is not None
+                run.readers.add(sid)
+                for piece in run.streamed.replay(st.attempt):
+                    self.channels.post(handle.identity, piece)
 
     def _add_request(self, run: Run, sid: int, trace: str) -> AddRequest:
         upstream = [u for u in self.graph.upstream(sid) if u in run.active]
@@ -112,9 +120,10 @@ class Dispatcher:
             else:
                 head_all = True
         st = run.progress(sid)
+        reads = self.graph.prompt_for(sid, bool(upstream))
         return AddRequest(
             request_id=run.request_id,
-            prompt=run.prompt if self.graph.prompt_for(sid, bool(upstream)) else None,
+            prompt=run.prompt if reads else None,
             upstream=upstream,
             params=run.params[sid],
             resume=st.resume(),
@@ -123,4 +132,14 @@ class Dispatcher:
             head_all=head_all,
             ack=run.ack and sid in run.finals and st.dispatches == 1,
             trace=trace,
+            input_streaming=reads and self._streams_to(run, sid, bool(upstream)),
         )
+
+    def _streams_to(self, run: Run, sid: int, has_upstream: bool) -> bool:
+        """Whether a stage given the prompt reads the streamed input too: a source stage, or
+        one that reads the streamed modality itself (in ``voice``, the listener hears the
+        streamed audio and the thinker after it does not)."""
+        if run.streamed is None:
+            return False
+        streamed = Modality.AUDIO if run.prompt.audio is not None else Modality.TEXT
+        return not has_upstream or streamed in self.graph.reads_prompt[sid]

@@ -31,6 +31,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
 from omnistage.dataplane.run import DONE, Run, restart_group
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.dataplane.streamed import StreamedInput
 from omnistage.protocol.enums import ErrorKind, Outcome, ReplicaState
 from omnistage.protocol.errors import (
     BadRequestError,
@@ -102,6 +103,7 @@ class Orchestrator:
             finals=set(finals),
             ack=request.ack,
             affinity=request.affinity,
+            streamed=StreamedInput(rid) if request.input_streaming else None,
         )
         self._runs[rid] = run
         self.started_total += 1
@@ -128,6 +130,23 @@ class Orchestrator:
                 yield item
         finally:
             self._finish(run)
+
+    def _feed(self, run: Run, data: bytes, last: bool) -> None:
+        """The next piece of ``run``'s streamed input: kept for a retry, and sent to every
+        stage reading it that is dispatched now (one waiting for a replica gets it all when
+        dispatched, see ``Dispatcher.send_group``)."""
+        if run.streamed is None:
+            raise ValueError(f"request {run.request_id} was not opened with input_streaming")
+        if run.request_id not in self._runs:
+            return  # closed: nobody reads it any more
+        seq = run.streamed.append(data, last)
+        if seq is None:
+            return  # after the last piece
+        for sid in run.readers:
+            handle = run.assigned.get(sid)
+            st = run.progress(sid)
+            if handle is not None and not st.waiting and sid not in run.finished:
+                self.channels.post(handle.identity, run.streamed.chunk(seq, st.attempt))
 
     # -- outputs (called synchronously from the output reader) ----------------------
 
@@ -196,6 +215,9 @@ class Orchestrator:
         if self._runs.pop(run.request_id, None) is None:
             return
         self.traces.ended(run, outcome)
+        if run.streamed is not None:
+            run.streamed.pieces.clear()  # the held input: no retry can need it now
+            run.streamed.ended = True
         for task in list(run.tasks):
             task.cancel()
         for sid, handle in run.assigned.items():
@@ -295,6 +317,12 @@ class RequestStream:
 
     def __aiter__(self) -> AsyncIterator[OutputChunk]:
         return self._orchestrator._outputs(self._run)
+
+    def feed(self, data: bytes, last: bool = False) -> None:
+        """Append to the request's streamed input; ``last`` ends it. ValueError when the
+        request was not opened with ``input_streaming``; ignored after the last piece or
+        ``close``."""
+        self._orchestrator._feed(self._run, data, last)
 
     def close(self) -> None:
         self._orchestrator._finish(self._run)

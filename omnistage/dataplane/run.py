@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.stage_pool import ReplicaHandle
+from omnistage.dataplane.streamed import StreamedInput
 from omnistage.net import is_loopback, is_loopback_url
 from omnistage.protocol.messages import OutputChunk, Prompt, Resume
 from omnistage.protocol.params import StageParams
@@ -82,6 +83,10 @@ class Run:
     affinity: str = ""  # PipelineRequest.affinity: the key replicas stick to
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     failed: bool = False
+    # The input fed so far, when it is streamed (``PipelineRequest.input_streaming``),
+    # and the stages that read it (those given the prompt).
+    streamed: StreamedInput | None = None
+    readers: set[int] = field(default_factory=set)
     # Clock readings for the latency histograms (``dataplane.latency``).
     opened_at: float = 0.0
     first_text_at: float | None = None

@@ -108,8 +108,8 @@ class StagePool:
                 return None
             index = self.policy.choose(candidates) if len(candidates) > 1 else 0
             handle = candidates[index]
-            if affinity:
-                self.affinity.record(affinity, handle.replica_id)
+        if affinity:  # also on a sticky hit: keeps a live session's key from aging out
+            self.affinity.record(affinity, handle.replica_id)
         handle.in_flight += 1
         handle.dispatched_total += 1
         handle.requests.add(request_id)

@@ -11,6 +11,12 @@ segment: id from 0, seek, start, end, text, tokens, temperature, avg_logprob,
 compression_ratio, no_speech_prob); then a last chunk without text whose meta holds
 ``language`` (a code, "en") and ``duration`` (seconds of audio), with usage.
 
+A streamed input (``EngineRequest.prompt_chunks``) of raw pcm16 (``Prompt.audio_format``
+"pcm16" at ``Prompt.sample_rate``) is transcribed while it arrives: cut at its pauses
+(``asr_stream``), each stretch transcribed as soon as it ends and its segments sent at
+once, so at the end of the input only the audio since the last pause is left. A streamed
+file in any other format is transcribed whole once it has all arrived.
+
 Transcription runs in worker threads, at most ``max_concurrent`` at once, each with its
 own CTranslate2 worker so they run in parallel, and the replica's event loop stays free.
 An aborted request's worker stops before decoding its next window. faster-whisper loads
@@ -31,10 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omnistage.aio import Mailbox
 from omnistage.config.engine_args import AsrArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.audio import wav_header
-from omnistage.engines.base import Engine, EngineChunk, EngineRequest
+from omnistage.engines.base import Engine, EngineChunk, EngineRequest, joined_prompt
+from omnistage.engines.whisper_short import ShortInfo, ShortResult, transcribe_short
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChunkMeta, Segment
@@ -43,6 +51,8 @@ from omnistage.protocol.params import StageParams, TranscriptionParams
 if TYPE_CHECKING:
     import numpy as np
     from faster_whisper import WhisperModel
+
+    from omnistage.engines.asr_stream import Stretch
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,8 @@ _FALLBACK_STEP = 0.2
 
 
 class AsrEngine(Engine):
+    streams_input = True
+
     def __init__(self, stage: StageConfig) -> None:
         super().__init__(stage)
         self.args = AsrArgs.model_validate(stage.engine_args)
@@ -80,6 +92,8 @@ class AsrEngine(Engine):
         # Warm-up: the first decode allocates CTranslate2's buffers.
         self.starting = "warming up"
         await asyncio.to_thread(_warm_up, self.model)
+        # The VAD that cuts streamed input (its ONNX session, shared by all requests).
+        await asyncio.to_thread(_load_vad)
         log.info(
             "asr model %s (%s, %s) loaded in %.2fs: %d thread(s) x %d worker(s), beam %d",
             path,
@@ -113,6 +127,14 @@ class AsrEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         options = self._options(request.params.transcribing)
+        if request.prompt_chunks is not None:
+            assert request.prompt is not None
+            if request.prompt.audio_format == "pcm16":
+                async for chunk in self._listen(request, options):
+                    yield chunk
+                return
+            # A file format can be decoded only whole: wait for all of it.
+            request.prompt = await joined_prompt(request.prompt, request.prompt_chunks)
         source = await _source(request)
         job = await self._start_job(source, options)
         try:
@@ -142,6 +164,53 @@ class AsrEngine(Engine):
         finally:
             job.stop.set()
 
+    async def _listen(
+        self, request: EngineRequest, options: dict[str, Any]
+    ) -> AsyncIterator[EngineChunk]:
+        """A streamed pcm16 input: each stretch up to a pause transcribed as it ends."""
+        from omnistage.engines.asr_stream import (
+            DEFAULT_PCM_RATE,
+            PauseFinder,
+            Pcm16Feed,
+            cut_stretches,
+            silero,
+        )
+
+        assert request.prompt is not None and request.prompt_chunks is not None
+        feed = Pcm16Feed(request.prompt.sample_rate or DEFAULT_PCM_RATE)
+        finder = PauseFinder(silero(), self.args.pause_ms, self.args.max_speech_s)
+        stretches: Mailbox[Stretch | BaseException | None] = Mailbox()
+        reader = asyncio.create_task(
+            cut_stretches(request.prompt_chunks, feed, finder, stretches.put_nowait)
+        )
+        try:
+            tokens, index, language = 0, 0, options["language"]
+            while (stretch := await stretches.get()) is not None:
+                if isinstance(stretch, BaseException):
+                    raise stretch
+                live = {**options, "short_window": self.args.short_window}
+                job = await self._start_job(stretch.samples, live)
+                try:
+                    info = await job.next()
+                    language = language or info.language
+                    while (segment := await job.next()) is not None:
+                        self.progress += 1
+                        tokens += len(segment.tokens)
+                        yield _streamed_chunk(index, segment, info.duration, stretch)
+                        index += 1
+                        await asyncio.sleep(0)  # one segment's meta per chunk (generate)
+                finally:
+                    job.stop.set()
+            yield EngineChunk(
+                Modality.TEXT,
+                finished=True,
+                finish_reason=FinishReason.STOP,
+                usage={"prompt_tokens": 0, "completion_tokens": tokens},
+                meta=ChunkMeta(language=language or "en", duration=round(feed.duration_s, 3)),
+            )
+        finally:
+            reader.cancel()
+
     def _options(self, params: TranscriptionParams) -> dict[str, Any]:
         """faster-whisper's transcribe options for ``params``; a bad one is a 400."""
         if self.model is None:
@@ -165,8 +234,9 @@ class AsrEngine(Engine):
             "vad_filter": self.args.vad_filter,
         }
 
-    async def _start_job(self, source: bytes, options: dict[str, Any]) -> _Job:
-        """Start transcribing ``source`` in a worker thread once a slot is free.
+    async def _start_job(self, source: bytes | np.ndarray, options: dict[str, Any]) -> _Job:
+        """Start transcribing ``source`` (a file's bytes, or 16 kHz samples) in a worker
+        thread once a slot is free.
 
         The slot stays taken until the worker has returned (after an abort too), so at
         most ``max_concurrent`` transcriptions ever run.
@@ -258,6 +328,9 @@ async def _source(request: EngineRequest) -> bytes:
     """The audio to transcribe, as the bytes of a file FFmpeg can read."""
     prompt = request.prompt
     if prompt is not None and prompt.audio is not None:
+        if prompt.audio_format == "pcm16":  # raw samples: the header says what they are
+            rate = prompt.sample_rate or 24_000
+            return wav_header(rate, data_bytes=len(prompt.audio)) + prompt.audio
         return prompt.audio
     pcm = bytearray()
     rate = 0
@@ -291,15 +364,24 @@ def _decode(source: bytes, rate: int) -> np.ndarray:
 
 def _transcribe_blocking(
     model: WhisperModel,
-    source: bytes,
+    source: bytes | np.ndarray,
     options: dict[str, Any],
     stop: threading.Event,
     put: Callable[[object], None],
 ) -> None:
     """The worker: decode, transcribe, and ``put`` the info, each segment, then None
     (or the error). Stops before the next window once ``stop`` is set."""
+    options = dict(options)
+    short = options.pop("short_window", False)
     try:
-        samples = _decode(source, model.feature_extractor.sampling_rate)
+        if isinstance(source, bytes):
+            samples = _decode(source, model.feature_extractor.sampling_rate)
+        else:
+            samples = source
+        if short and (result := _short(model, samples, options)) is not None:
+            put(ShortInfo(options["language"] or "en", result.duration))
+            put(result)
+            return
         segments, info = model.transcribe(samples, **options)
         put(info)
         it = iter(segments)
@@ -312,6 +394,20 @@ def _transcribe_blocking(
         put(exc)
     finally:
         put(None)
+
+
+def _short(model: WhisperModel, samples: np.ndarray, options: dict[str, Any]) -> ShortResult | None:
+    """A short clip through a short encoder window (``whisper_short``), when the request
+    asks nothing that needs the full path (a fallback temperature, a beam)."""
+    if options["beam_size"] != 1 or options["temperature"][0] != 0.0:
+        return None
+    return transcribe_short(model, samples, options["language"], options["initial_prompt"])
+
+
+def _load_vad() -> None:
+    from omnistage.engines.asr_stream import silero
+
+    silero()
 
 
 def _warm_up(model: WhisperModel) -> None:
@@ -338,3 +434,11 @@ def _segment(index: int, segment: Any, duration: float) -> Segment:
         compression_ratio=float(segment.compression_ratio),
         no_speech_prob=float(segment.no_speech_prob),
     )
+
+
+def _streamed_chunk(index: int, segment: Any, duration: float, stretch: Stretch) -> EngineChunk:
+    """A segment of one stretch as a chunk of the whole transcript."""
+    from omnistage.engines.asr_stream import shifted
+
+    seg = shifted(_segment(index, segment, duration), stretch.start_s, index > 0)
+    return EngineChunk(Modality.TEXT, text=seg.text, meta=ChunkMeta(segment=seg))

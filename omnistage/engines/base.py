@@ -11,6 +11,8 @@ import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from omnistage.config.schema import StageConfig
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.messages import ChunkMeta, OutputChunk, Prompt, TokenLogprob
@@ -44,6 +46,11 @@ class EngineRequest:
     resume_text: str = ""
     # The completion tokens behind ``resume_text`` as first counted (0: unknown).
     resume_tokens: int = 0
+    # A streamed input (``PipelineRequest.input_streaming``), for engines with
+    # ``streams_input``: its pieces as they arrive, the prompt's own (audio, or text as
+    # UTF-8) first, ending after the last; None when the prompt is the whole input.
+    # Other engines get the pieces joined into ``prompt`` once the input has ended.
+    prompt_chunks: AsyncIterator[bytes] | None = None
 
 
 @dataclass
@@ -63,6 +70,8 @@ class Engine(abc.ABC):
     # Other engines are simply run again on a retry and the runtime drops the output
     # the client already has, which is right only for a deterministic engine.
     supports_resume = False
+    # True if ``generate`` reads ``EngineRequest.prompt_chunks`` as they arrive.
+    streams_input = False
 
     def __init__(self, stage: StageConfig) -> None:
         self.stage = stage
@@ -112,3 +121,12 @@ def prompt_text(prompt: Prompt | None) -> str:
         if message.role == "user":
             return message.content
     return ""
+
+
+async def joined_prompt(prompt: Prompt, pieces: AsyncIterator[bytes]) -> Prompt:
+    """A streamed input as one prompt, once its last piece has arrived: the pieces (the
+    prompt's own first) as its audio, or as its text when it has no audio."""
+    data = b"".join([piece async for piece in pieces])
+    if prompt.audio is not None:
+        return msgspec.structs.replace(prompt, audio=data)
+    return msgspec.structs.replace(prompt, text=data.decode("utf-8", errors="replace"))

@@ -1,7 +1,8 @@
 """The echo engine: deterministic output derived from its input, shaped by its args.
 
-A source stage echoes the prompt plus its suffix, split into ``num_chunks`` chunks. A
-downstream stage passes each upstream chunk through as soon as it arrives (so stages
+A source stage echoes the prompt plus its suffix, split into ``num_chunks`` chunks; a
+streamed prompt (``EngineRequest.prompt_chunks``) piece by piece as it arrives, then the
+suffix. A downstream stage passes each upstream chunk through as soon as it arrives (so stages
 pipeline) and appends its suffix when its input ends. With ``chunk_delay_s`` and
 ``cpu_cost_ms`` tests and benchmarks shape the load the way a model would.
 """
@@ -9,6 +10,7 @@ pipeline) and appends its suffix when its input ends. With ``chunk_delay_s`` and
 from __future__ import annotations
 
 import asyncio
+import codecs
 import time
 from collections.abc import AsyncIterator
 
@@ -20,6 +22,8 @@ from omnistage.protocol.errors import EngineError
 
 
 class EchoEngine(Engine):
+    streams_input = True
+
     def __init__(self, stage: StageConfig) -> None:
         super().__init__(stage)
         self.args = EchoArgs.model_validate(stage.engine_args)
@@ -35,7 +39,18 @@ class EchoEngine(Engine):
         modality = self.stage.output_modality
         received: list[str] = []
         pieces: list[str]
-        if request.prompt is not None:
+        if request.prompt_chunks is not None:
+            # A piece may end inside a character: decode across pieces.
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            async for data in request.prompt_chunks:
+                text = decoder.decode(data)
+                await self._check(text)
+                received.append(text)
+                if text:
+                    await self._work()
+                    yield EngineChunk(modality, text=text)
+            pieces = [decoder.decode(b"", final=True) + self.suffix]
+        elif request.prompt is not None:
             text = prompt_text(request.prompt)
             await self._check(text)
             received.append(text)

@@ -60,6 +60,8 @@ class ApiServers:
             started_at=self._started_at,
             api_key=self._opts.api_key,
             max_request_bytes=self._opts.max_request_bytes,
+            realtime_max_sessions=self._opts.realtime_max_sessions,
+            realtime_idle_timeout_s=self._opts.realtime_idle_timeout_s,
             log_level=self._opts.log_level,
             served_model_names=self._opts.served_model_names,
         )

@@ -20,6 +20,7 @@ import msgspec
 import zmq
 
 from omnistage.api.errors import as_api_error
+from omnistage.dataplane.orchestrator import RequestStream
 from omnistage.head.service import HeadService
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
@@ -27,6 +28,7 @@ from omnistage.protocol.messages import (
     ErrorInfo,
     FrontClose,
     FrontDone,
+    FrontInput,
     FrontOpened,
     FrontQuery,
     FrontSnapshot,
@@ -62,6 +64,8 @@ class FrontendServer:
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
         self._sock.bind(self.address)
         self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
+        # Open requests by (API server, request id): where FrontInput pieces go.
+        self._streams: dict[tuple[bytes, str], RequestStream] = {}
         self._responses: dict[int, dict[int, int]] = {}
         self._realtime: dict[int, RealtimeSnapshot] = {}
         # When each API server (by socket identity) last asked for a snapshot: one that
@@ -110,6 +114,13 @@ class FrontendServer:
                 task = self._loop.create_task(self._serve(identity, msg))
                 self._tasks[key] = task
                 task.add_done_callback(lambda _t, key=key: self._tasks.pop(key, None))
+            elif isinstance(msg, FrontInput):
+                stream = self._streams.get((identity, msg.request_id))
+                if stream is not None:
+                    try:
+                        stream.feed(msg.data, msg.last)
+                    except ValueError as exc:
+                        _bad_input.warning("%s", exc)
             elif isinstance(msg, FrontClose):
                 running = self._tasks.get((identity, msg.request_id))
                 if running is not None:
@@ -145,6 +156,8 @@ class FrontendServer:
         except Exception as exc:
             self._outbox.put(identity, FrontOpened(rid, error_info(exc)))
             return
+        key = (identity, rid)
+        self._streams[key] = stream
         self._outbox.put(identity, FrontOpened(rid))
         try:
             async for chunk in stream:
@@ -155,6 +168,7 @@ class FrontendServer:
         except Exception as exc:
             self._outbox.put(identity, FrontDone(rid, {}, error_info(exc)))
         finally:
+            self._streams.pop(key, None)
             stream.close()
 
     def _snapshot(self) -> FrontSnapshot:

@@ -38,6 +38,8 @@ class HeadOptions:
     auth_token: str | None = None
     curve_keys: str | None = None  # --omni-curve-keys DIR
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
+    realtime_max_sessions: int = defaults.REALTIME_MAX_SESSIONS  # per API server process
+    realtime_idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
     log_stats: bool = False
     stats_interval_s: float = 10.0
     api_server_count: int = 1  # > 1: that many API server processes serve HTTP

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from omnistage.api.app import create_app
+from omnistage.api.routes.realtime import RealtimeLimits
 from omnistage.control.replica_table import Transition
 from omnistage.head import wiring
 from omnistage.head.api_servers import ApiServers
@@ -163,7 +164,8 @@ class Head:
         await frontends.stop()
 
     def _http_config(self) -> uvicorn.Config:
-        app = create_app(self.service, self.opts.api_key, self.opts.max_request_bytes)
+        limits = RealtimeLimits(self.opts.realtime_max_sessions, self.opts.realtime_idle_timeout_s)
+        app = create_app(self.service, self.opts.api_key, self.opts.max_request_bytes, limits)
         return uvicorn.Config(
             app,
             host=self.opts.host,

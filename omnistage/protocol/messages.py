@@ -127,6 +127,9 @@ class Prompt(_Tagged):
     messages: list[ChatMessage] | None = None
     audio: bytes | None = None
     audio_format: str | None = None  # the client's hint ("wav", "mp3", ...), if any
+    # The rate of raw ``audio_format="pcm16"`` audio (little-endian int16 mono), which
+    # carries no header to say it.
+    sample_rate: int | None = None
 
     def modalities(self) -> frozenset[str]:
         has_text = self.text is not None or self.messages is not None
@@ -188,6 +191,24 @@ class AddRequest(_Tagged):
     # The head's stage span as a W3C traceparent ("" when tracing is off): the replica's
     # span continues it. Last, so a replica that predates it ignores it.
     trace: str = ""
+    # The prompt is the first piece of a streamed input: more follows as InputChunks.
+    input_streaming: bool = False
+
+
+class InputChunk(_Tagged):
+    """Head -> replica: the next piece of a request's streamed input
+    (``PipelineRequest.input_streaming``), for a stage that reads the prompt.
+
+    ``seq`` numbers the pieces from 0 (the prompt itself is not counted); a retry on
+    another replica gets every piece again from 0, so a receiver takes exactly the
+    next one and drops repeats. ``last`` ends the input (``data`` may be empty).
+    """
+
+    request_id: str
+    attempt: int
+    seq: int
+    data: bytes
+    last: bool = False
 
 
 class Abort(_Tagged):
@@ -343,6 +364,9 @@ class PipelineRequest(_Tagged):
     # Requests with the same key go to the replica that took the key last while it is
     # up and has room (a Realtime session's turns: its thinker's prefix cache).
     affinity: str = ""
+    # ``prompt`` is only the first piece of the input; the rest arrives through the
+    # stream's ``feed`` (appended to the prompt's audio, or to its text as UTF-8).
+    input_streaming: bool = False
 
 
 class FrontOpened(_Tagged):
@@ -364,6 +388,14 @@ class FrontClose(_Tagged):
     """API server -> head: the client is gone; abort what is unfinished."""
 
     request_id: str
+
+
+class FrontInput(_Tagged):
+    """API server -> head: the next piece of a streamed input (``OutputStream.feed``)."""
+
+    request_id: str
+    data: bytes
+    last: bool = False
 
 
 class RealtimeSnapshot(msgspec.Struct, array_like=True):
@@ -442,7 +474,8 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     HandshakeInit: b"I",
     Ready: b"R",
     AddRequest: b"A",
-    # b"C" was InputChunk (upstream outputs are OutputChunks now): never reuse it.
+    # b"C" was the old InputChunk (upstream outputs are OutputChunks now): never reuse it.
+    InputChunk: b"c",
     Abort: b"X",
     Shutdown: b"S",
     Ping: b"P",
@@ -454,5 +487,6 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     FrontDone: b"d",
     FrontClose: b"x",
     FrontQuery: b"q",
+    FrontInput: b"i",
     FrontSnapshot: b"s",
 }

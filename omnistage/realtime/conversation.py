@@ -184,15 +184,17 @@ class Conversation:
         """Insert ``item``; returns the id of the item before it (None: first)."""
         if any(i.id == item.id for i in self._items):
             raise bad("item.id", f"an item with id {item.id!r} already exists")
-        if len(self._items) >= MAX_ITEMS:
-            # Forget the oldest turn rather than refuse to go on (OpenAI truncates too).
-            self._items.pop(0)
+        # Where it goes is checked before anything changes: a refused add changes nothing.
         if previous_item_id is None:
             at = len(self._items)
         elif previous_item_id == "root":
             at = 0
         else:
             at = self._items.index(self.get(previous_item_id, "previous_item_id")) + 1
+        if len(self._items) >= MAX_ITEMS:
+            # Forget the oldest turn rather than refuse to go on (OpenAI truncates too).
+            self._items.pop(0)
+            at = max(0, at - 1)
         self._items.insert(at, item)
         return self._items[at - 1].id if at else None
 

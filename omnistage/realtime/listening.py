@@ -1,22 +1,22 @@
-"""One user turn's transcription by the pipeline's listener stage.
+"""One phrase of a user turn, heard by the pipeline's listener stage as it is spoken.
 
-The turn's audio (24 kHz pcm16) goes to the listener as the user speaks; ``finish``
-ends the input and returns the transcript, and each piece of text the listener
-finishes on the way is passed to ``on_delta`` (the session's
-``input_audio_transcription.delta`` events).
+The phrase's audio (24 kHz pcm16) streams into a listener request
+(``PipelineRequest.input_streaming``) from its first piece: the listener replica
+resamples it and cuts it at its own pauses as it arrives, so ``finish`` (which ends
+the input) waits only for the last stretch to be transcribed. Each piece of text the
+listener finishes is passed to ``on_delta``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from omnistage.api.service import OutputStream, PipelineService
-from omnistage.engines.audio import wav_bytes
 from omnistage.protocol.messages import PipelineRequest, Prompt
 from omnistage.protocol.params import StageParams, TranscriptionParams
 from omnistage.realtime.conversation import new_id
-
-RATE = 24_000
+from omnistage.realtime.input_buffer import RATE
 
 
 class TurnListener:
@@ -31,26 +31,49 @@ class TurnListener:
         self._stage = stage
         self._params = StageParams(transcription=params or TranscriptionParams())
         self._on_delta = on_delta
-        self._audio = bytearray()
+        self._opening: asyncio.Task[OutputStream] | None = None
         self._stream: OutputStream | None = None
+        self._pending: list[bytes] = []  # pieces fed while the request was being opened
         self._closed = False
 
     def feed(self, pcm: bytes) -> None:
-        """More of the turn's audio."""
-        if not self._closed:
-            self._audio += pcm
+        """More of the phrase's audio."""
+        if self._closed or not pcm:
+            return
+        if self._stream is not None:
+            self._stream.feed(pcm)
+            return
+        self._pending.append(pcm)
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._open())
 
-    async def finish(self) -> str:
-        """The turn's transcript, once its audio is complete."""
-        prompt = Prompt(audio=wav_bytes(bytes(self._audio), RATE), audio_format="wav")
+    async def _open(self) -> OutputStream:
         request = PipelineRequest(
             f"realtime-transcription-{new_id('t')}",
-            prompt,
+            Prompt(audio=b"", audio_format="pcm16", sample_rate=RATE),
             [self._stage],
             stage_params={self._stage: self._params},
             only=True,
+            input_streaming=True,
         )
-        self._stream = stream = await self._service.open(request)
+        stream = await self._service.open(request)
+        if self._closed:
+            stream.close()
+            return stream
+        for piece in self._pending:
+            stream.feed(piece)
+        self._pending.clear()
+        self._stream = stream
+        return stream
+
+    async def finish(self) -> str:
+        """The phrase's transcript, once its audio is complete."""
+        if self._opening is None:
+            return ""  # nothing was said
+        stream = await self._opening
+        if self._closed:
+            return ""
+        stream.feed(b"", last=True)
         pieces: list[str] = []
         try:
             async for out in stream:
@@ -64,10 +87,17 @@ class TurnListener:
         return "".join(pieces).strip()
 
     def close(self) -> None:
-        """The turn was dropped: free what the listener holds for it."""
+        """The phrase was dropped: free what the listener holds for it."""
         self._closed = True
         if self._stream is not None:
             self._stream.close()
+        elif self._opening is not None:
+            self._opening.add_done_callback(_close_opened)
+
+
+def _close_opened(task: asyncio.Task[OutputStream]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 def _joined(pieces: list[str], text: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,7 @@ class ResponseRun:
         self._calls: dict[int, _Call] = {}
         self._usage: dict[str, int] = {}
         self.first_audio_at: float | None = None  # monotonic time of the first audio delta
+        self.on_first_audio: Callable[[float], None] | None = None
         self.audio_sent_ms = 0.0
 
     @property
@@ -146,11 +147,18 @@ class ResponseRun:
     def created(self) -> None:
         self._emit("response.created", {"response": self.response_json()})
 
-    async def run(self, wait_for: list[asyncio.Task[str]] | None = None) -> None:
+    async def run(self, before: Awaitable[None] | None = None) -> None:
         """Run the response to its end: completed, incomplete, failed or cancelled.
-        ``wait_for``: the transcriptions of user turns the answer must hear first."""
-        if wait_for:
-            await asyncio.gather(*wait_for, return_exceptions=True)
+        ``before``: what must finish first (the transcripts of the turns it answers)."""
+        if before is not None:
+            try:
+                await before
+            except asyncio.CancelledError:
+                self.cancel("client_cancelled")
+                raise
+            except Exception as exc:  # the turn could not be heard: nothing to answer
+                self._fail("server_error", "transcription_failed", str(exc))
+                return
         if self.done:  # cancelled while it waited
             return
         finals = [self._thinker] + ([self._talker] if self._talker is not None else [])
@@ -255,6 +263,8 @@ class ResponseRun:
         self.audio_sent_ms += ms
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
+            if self.on_first_audio is not None:
+                self.on_first_audio(self.first_audio_at)
         self._part_event("response.output_audio.delta", delta=base64.b64encode(data).decode())
 
     def _call_delta(self, index: int, name: str, text: str) -> None:

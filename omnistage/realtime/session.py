@@ -1,11 +1,13 @@
 """One Realtime session: client events in, server events out, over the pipeline.
 
-The session owns the conversation, the input audio buffer (24 kHz pcm16, whatever the
-client's format) and its server VAD. A user turn is listened to while it is spoken
-(``listening.TurnListener``), committed when the VAD hears it end (or on
-``input_audio_buffer.commit``), and answered by a ``response.ResponseRun`` once its
-transcript is in. Speech while an answer plays cancels the answer (barge-in): the
-answer's item keeps only what was sent, and the new turn is answered.
+The session owns the conversation and decides what the user's turns mean
+(``audio_input.AudioInput`` hears them):
+- speech while an answer is under way cancels it (barge-in); the answer's item keeps
+  only what was sent;
+- a pause starts an answer early (``gate``): the phrase so far is being transcribed and
+  the thinker and talker start on it, with everything they say held back; if the VAD
+  then ends the turn, it all goes out at once; if the user goes on, it is dropped;
+- a committed turn becomes a user item, transcribed, and answered.
 
 Every client error is an ``error`` event naming the field; the session goes on. The
 route (``api.routes.realtime``) owns the socket: it feeds ``handle`` one frame at a time
@@ -15,8 +17,6 @@ and sends what ``send`` is given.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,12 +26,8 @@ from omnistage.api.service import PipelineService
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.params import TranscriptionParams
 from omnistage.realtime import events as ev
-from omnistage.realtime.audio_formats import InputStream
-from omnistage.realtime.config import (
-    TRANSCRIPTION,
-    SessionConfig,
-    bad,
-)
+from omnistage.realtime.audio_input import MIN_COMMIT_MS, AudioInput
+from omnistage.realtime.config import TRANSCRIPTION, SessionConfig, bad
 from omnistage.realtime.conversation import (
     Conversation,
     Item,
@@ -40,16 +36,15 @@ from omnistage.realtime.conversation import (
     message_item,
     new_id,
 )
-from omnistage.realtime.listening import RATE, TurnListener
+from omnistage.realtime.gate import Gate
+from omnistage.realtime.input_buffer import RATE
+from omnistage.realtime.listening import TurnListener
 from omnistage.realtime.replies import reply_settings
-from omnistage.realtime.response import ResponseRun
-from omnistage.realtime.turns import ServerVadParams, SpeechStarted
+from omnistage.realtime.response import ResponseRun, ResponseSettings
+from omnistage.realtime.turn import UserTurn
+from omnistage.realtime.turns import ServerVadParams
 from omnistage.realtime.vad import VadStream
 
-BYTES_PER_MS = RATE * 2 // 1000
-# Push-to-talk audio held before a commit (OpenAI's buffer holds about this much).
-MAX_BUFFER_MS = 15 * 60 * 1000
-MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
 SESSION_TTL_S = 60 * 60
 
 
@@ -78,12 +73,14 @@ class SessionContext:
 
 
 @dataclass
-class _Turn:
-    """A user turn being spoken: its item id, listener, and where it starts."""
+class _Early:
+    """An answer started at a pause, held back until its turn is committed."""
 
-    item_id: str
-    listener: TurnListener | None
-    start_ms: float
+    turn: UserTurn
+    phrases: int  # the turn's phrases when it started: more means the user went on
+    run: ResponseRun
+    gate: Gate
+    item: Item
 
 
 class RealtimeSession:
@@ -102,12 +99,12 @@ class RealtimeSession:
         self.response: ResponseRun | None = None  # the conversation's answer under way
         self._runs: dict[str, ResponseRun] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._transcribing: list[asyncio.Task[str]] = []
-        self._input = InputStream(config.input_format, RATE)
-        self._vad = self._new_vad()
-        self._buffer = bytearray()  # input audio since _buffer_ms, 24 kHz pcm16
-        self._buffer_ms = 0.0  # session audio time of _buffer[0]
-        self._turn: _Turn | None = None
+        self._hearing: list[asyncio.Task[str]] = []  # transcriptions of committed turns
+        self._early: _Early | None = None
+        # Transcript pieces of a turn not yet committed, sent once it is.
+        self._unsent: dict[str, list[str]] = {}
+        self.audio = AudioInput(self, self._new_turn, ctx.vad)
+        self.audio.configure(config.input_format, config.turn_detection)
         self._created = time.time()
 
     # --------------------------------------------------------------------- plumbing
@@ -132,16 +129,21 @@ class RealtimeSession:
 
     async def close(self) -> None:
         """The client is gone: stop every answer and free every request of the session."""
+        self._drop_early()
         for run in list(self._runs.values()):
             run.cancel("client_cancelled")
-        if self._turn is not None and self._turn.listener is not None:
-            self._turn.listener.close()
-        self._turn = None
-        for task in list(self._tasks):
+        self.audio.clear()
+        for task in list(self._tasks) + self._hearing:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._buffer.clear()
+        await asyncio.gather(*self._tasks, *self._hearing, return_exceptions=True)
+
+    @property
+    def _answers(self) -> bool:
+        return self.config.kind != TRANSCRIPTION
+
+    @property
+    def _answering(self) -> bool:
+        return self.response is not None and not self.response.done
 
     # --------------------------------------------------------------------- events in
 
@@ -157,13 +159,17 @@ class RealtimeSession:
     def _dispatch(self, event: ev.AnyClientEvent) -> None:
         match event:
             case ev.AudioAppend():
-                self._append(event.audio)
+                self.audio.append(event.audio)
             case ev.SessionUpdate():
-                self._update(event.session)
+                self.config.update(event.session)
+                self.audio.configure(self.config.input_format, self.config.turn_detection)
+                self.emit("session.updated", {"session": self._session_json()})
             case ev.AudioCommit():
                 self._commit_manual()
             case ev.AudioClear():
-                self._clear()
+                self._drop_early()
+                self.audio.clear()
+                self.emit("input_audio_buffer.cleared")
             case ev.ItemCreate():
                 self._create_item(event.item, event.previous_item_id)
             case ev.ItemDelete():
@@ -181,216 +187,163 @@ class RealtimeSession:
             case ev.OutputAudioClear():
                 raise bad("type", "output_audio_buffer.clear is for WebRTC sessions only")
 
-    def _update(self, patch: dict[str, Any]) -> None:
-        before = (self.config.input_format, self.config.turn_detection)
-        self.config.update(patch)
-        if self.config.input_format != before[0]:
-            self._input = InputStream(self.config.input_format, RATE)
-        if self.config.turn_detection != before[1]:
-            self._drop_turn()
-            self._vad = self._new_vad()
-        self.emit("session.updated", {"session": self._session_json()})
+    # --------------------------------------------------------------------- turns
 
-    def _new_vad(self) -> VadStream | None:
-        td = self.config.turn_detection
-        return self.ctx.vad(td.vad) if td is not None else None
+    def _new_turn(self, item_id: str, start_ms: float) -> UserTurn:
+        return UserTurn(item_id, start_ms, self._phrase_listener, self._heard(item_id))
 
-    # --------------------------------------------------------------------- audio in
-
-    def _append(self, audio: str) -> None:
-        try:
-            raw = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise bad("audio", "expected base64-encoded audio") from None
-        pcm = self._input.push(raw).astype("<i2").tobytes()
-        if self._vad is None and len(self._buffer) + len(pcm) > MAX_BUFFER_MS * BYTES_PER_MS:
-            raise bad(
-                "audio",
-                f"the input audio buffer is full ({MAX_BUFFER_MS // 60000} min): "
-                "commit or clear it",
-                "input_audio_buffer_full",
-            )
-        self._buffer += pcm
-        if self._vad is None:
-            if self._turn is None:  # push-to-talk: the turn starts with its first audio
-                self._turn = self._start_turn(self._buffer_ms)
-            self._feed_turn(pcm)
-            return
-        self._feed_turn(pcm)
-        for vad_event in self._vad.feed(pcm):
-            if isinstance(vad_event, SpeechStarted):
-                self._speech_started(vad_event.audio_start_ms)
-            else:
-                self._speech_stopped(vad_event.audio_end_ms)
-        if self._turn is None:
-            self._trim()
-
-    def _feed_turn(self, pcm: bytes) -> None:
-        if self._turn is not None and self._turn.listener is not None:
-            self._turn.listener.feed(pcm)
-
-    def _trim(self) -> None:
-        """Between turns keep only what a turn's prefix padding may reach back to."""
-        td = self.config.turn_detection
-        keep_ms = (td.vad.prefix_padding_ms if td else 0) + 500
-        excess = len(self._buffer) - int(keep_ms * BYTES_PER_MS)
-        if excess > 0:
-            excess -= excess % 2
-            del self._buffer[:excess]
-            self._buffer_ms += excess / BYTES_PER_MS
-
-    def _slice(self, start_ms: float, end_ms: float | None = None) -> bytes:
-        a = max(0, int((start_ms - self._buffer_ms) * BYTES_PER_MS)) & ~1
-        if end_ms is None:
-            return bytes(self._buffer[a:])
-        b = max(a, int((end_ms - self._buffer_ms) * BYTES_PER_MS)) & ~1
-        return bytes(self._buffer[a:b])
-
-    def _start_turn(self, start_ms: float) -> _Turn:
-        listener = None
-        if self.ctx.listener is not None:
-            item_id = new_id("item")
-            listener = TurnListener(
-                self.ctx.service,
-                self.ctx.listener,
-                self._transcription_params(),
-                on_delta=lambda text: self._transcript_delta(item_id, text),
-            )
-            return _Turn(item_id, listener, start_ms)
-        return _Turn(new_id("item"), None, start_ms)
-
-    def _transcription_params(self) -> TranscriptionParams:
+    def _phrase_listener(self) -> TurnListener | None:
+        if self.ctx.listener is None:
+            return None
         t = self.config.transcription or {}
-        return TranscriptionParams(language=t.get("language"), prompt=t.get("prompt"))
+        params = TranscriptionParams(language=t.get("language"), prompt=t.get("prompt"))
+        return TurnListener(self.ctx.service, self.ctx.listener, params)
 
-    def _speech_started(self, start_ms: int) -> None:
+    def _heard(self, item_id: str) -> Callable[[str], None]:
+        def heard(text: str) -> None:
+            pending = self._unsent.get(item_id)
+            if pending is not None:
+                pending.append(text)  # not committed yet: sent after the commit
+            else:
+                self._transcript_delta(item_id, text)
+
+        self._unsent[item_id] = []
+        return heard
+
+    def speech_started(self, turn: UserTurn, start_ms: int) -> None:
         td = self.config.turn_detection
-        run = self.response
-        if td is not None and td.interrupt_response and run is not None and not run.done:
-            run.cancel("turn_detected")  # first: no audio after the event
+        self._drop_early()
+        if td is not None and td.interrupt_response and self._answering:
+            assert self.response is not None
+            self.response.cancel("turn_detected")  # first: no audio after the event
             self.ctx.stats.barge_in()
-        self._drop_turn()
-        self._turn = self._start_turn(start_ms)
-        if self._turn.listener is not None:
-            self._turn.listener.feed(self._slice(start_ms))
+        # Transcript pieces of dropped turns are of no use any more.
+        self._unsent = {turn.item_id: self._unsent.get(turn.item_id, [])}
         self.emit(
             "input_audio_buffer.speech_started",
-            {"audio_start_ms": start_ms, "item_id": self._turn.item_id},
+            {"audio_start_ms": start_ms, "item_id": turn.item_id},
         )
 
-    def _speech_stopped(self, end_ms: int) -> None:
-        turn = self._turn
-        if turn is None:
+    def paused(self, turn: UserTurn) -> None:
+        td = self.config.turn_detection
+        if td is None or not td.create_response or not self._answers or self._answering:
             return
+        self._drop_early()
+        item = self._user_item(turn)
+        gate = Gate(self.emit, self._answer_item)
+
+        async def hear() -> None:
+            item.json["content"][0]["transcript"] = await turn.heard_so_far()
+
+        items = [*self.conversation, item]
+        run = self._new_run(reply_settings(self.config, {}), items, None, gate)
+        run.created()
+        self._early = _Early(turn, turn.phrases, run, gate, item)
+        self._spawn(self._run(run, hear(), None))
+
+    def resumed(self, turn: UserTurn) -> None:
+        self._drop_early()
+
+    def _drop_early(self) -> None:
+        early, self._early = self._early, None
+        if early is not None:
+            early.gate.drop()
+            early.run.cancel("turn_detected")
+
+    def speech_stopped(self, turn: UserTurn, end_ms: int) -> None:
         self.emit(
             "input_audio_buffer.speech_stopped", {"audio_end_ms": end_ms, "item_id": turn.item_id}
         )
         # The user stopped talking when the silence began, silence_duration_ms ago.
         td = self.config.turn_detection
-        wait_s = td.vad.silence_duration_ms / 1000 if td else 0.0
-        self._commit(turn, end_ms, time.monotonic() - wait_s, auto=True)
+        spoken_end = time.monotonic() - (td.vad.silence_duration_ms / 1000 if td else 0.0)
+        early, self._early = self._early, None
+        adopt = early is not None and early.turn is turn and early.phrases == turn.phrases
+        item = early.item if adopt and early is not None else self._user_item(turn)
+        self._commit(turn, item, end_ms)
+        if adopt and early is not None:
+            self.response = early.run
+            early.gate.open()
+            self._time_first_audio(early.run, spoken_end, early.gate.opened_at)
+            return
+        if early is not None:
+            early.gate.drop()
+            early.run.cancel("turn_detected")
+        if td is not None and td.create_response and self._answers and not self._answering:
+            self._start(reply_settings(self.config, {}), None, None, spoken_end)
 
     def _commit_manual(self) -> None:
-        turn = self._turn
-        end_ms = self._buffer_ms + len(self._buffer) / BYTES_PER_MS
-        start_ms = turn.start_ms if turn is not None else self._buffer_ms
-        if end_ms - start_ms < MIN_COMMIT_MS:
+        taken = self.audio.take_turn()
+        if taken is None:
             raise bad(
                 "",
                 f"buffer too small: at least {MIN_COMMIT_MS} ms of audio is needed, "
-                f"the buffer holds {max(0.0, end_ms - start_ms):.0f} ms",
+                f"the buffer holds {self.audio.held_ms():.0f} ms",
                 "input_audio_buffer_commit_empty",
             )
-        if turn is None:
-            turn = self._start_turn(start_ms)
-            if turn.listener is not None:
-                turn.listener.feed(self._slice(start_ms))
-        if self._vad is not None:
-            self._vad.reset()
-        self._commit(turn, end_ms, time.monotonic(), auto=False)
+        self._drop_early()
+        turn, end_ms = taken
+        self._commit(turn, self._user_item(turn), end_ms)
 
-    def _clear(self) -> None:
-        self._drop_turn()
-        self._buffer_ms += len(self._buffer) / BYTES_PER_MS
-        self._buffer.clear()
-        if self._vad is not None:
-            self._vad.reset()
-        self.emit("input_audio_buffer.cleared")
-
-    def _drop_turn(self) -> None:
-        if self._turn is not None and self._turn.listener is not None:
-            self._turn.listener.close()
-        self._turn = None
-
-    # --------------------------------------------------------------------- turns
-
-    def _commit(self, turn: _Turn, end_ms: float, spoken_end: float, auto: bool) -> None:
-        """Make the turn's audio a user item; transcribe it; answer it if asked to."""
-        self._turn = None
-        cut = max(0, int((end_ms - self._buffer_ms) * BYTES_PER_MS)) & ~1
-        del self._buffer[:cut]
-        self._buffer_ms = max(self._buffer_ms, end_ms)
+    def _user_item(self, turn: UserTurn) -> Item:
         item = message_item("user", [{"type": "input_audio", "transcript": None}])
         item.json["id"] = turn.item_id
+        return item
+
+    def _commit(self, turn: UserTurn, item: Item, end_ms: float) -> None:
+        """The turn's audio is a user item now; its transcript follows."""
+        self.audio.committed(end_ms)
         previous = self.conversation.add(item)
         self.emit(
             "input_audio_buffer.committed", {"previous_item_id": previous, "item_id": item.id}
         )
         self.emit("conversation.item.added", {"previous_item_id": previous, "item": item.json})
+        for text in self._unsent.pop(turn.item_id, []):
+            self._transcript_delta(turn.item_id, text)
         self.ctx.stats.turn()
-        task = self._spawn(self._transcribe(turn, item))
-        self._transcribing.append(task)
-        task.add_done_callback(self._transcribing.remove)
-        td = self.config.turn_detection
-        idle = self.response is None or self.response.done
-        answers = td is not None and td.create_response and self.config.kind != TRANSCRIPTION
-        if auto and answers and idle:
-            self._start(reply_settings(self.config, {}), spoken_end)
+        task = asyncio.ensure_future(self._transcribe(turn, item))
+        self._hearing.append(task)
+        task.add_done_callback(self._hearing.remove)
+        # A failure is reported as an event; whoever awaits it also sees it.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _transcribe(self, turn: _Turn, item: Item) -> str:
+    async def _transcribe(self, turn: UserTurn, item: Item) -> str:
         part = item.json["content"][0]
-        listener = turn.listener
-        if listener is None:
-            return ""
         try:
-            transcript = await listener.finish()
+            transcript = await turn.transcript()
         except Exception as exc:
             self._transcription_failed(item, exc)
-            return ""
+            raise
         part["transcript"] = transcript
-        if self.config.transcription is not None or self.config.kind == TRANSCRIPTION:
+        if self._transcribes:
             self.emit(
                 "conversation.item.input_audio_transcription.completed",
-                {
-                    "item_id": item.id,
-                    "content_index": 0,
-                    "transcript": transcript,
-                    "usage": {"type": "duration", "seconds": 0},
-                },
+                {"item_id": item.id, "content_index": 0, "transcript": transcript},
             )
         self.emit("conversation.item.done", {"previous_item_id": None, "item": item.json})
         return transcript
 
+    @property
+    def _transcribes(self) -> bool:
+        return self.config.transcription is not None or self.config.kind == TRANSCRIPTION
+
     def _transcript_delta(self, item_id: str, text: str) -> None:
-        if self.config.transcription is not None or self.config.kind == TRANSCRIPTION:
+        if self._transcribes:
             self.emit(
                 "conversation.item.input_audio_transcription.delta",
                 {"item_id": item_id, "content_index": 0, "delta": text},
             )
 
     def _transcription_failed(self, item: Item, exc: Exception) -> None:
+        error = {
+            "type": "transcription_error",
+            "code": getattr(exc, "code", None) or "transcription_failed",
+            "message": str(exc) or type(exc).__name__,
+            "param": None,
+        }
         self.emit(
             "conversation.item.input_audio_transcription.failed",
-            {
-                "item_id": item.id,
-                "content_index": 0,
-                "error": {
-                    "type": "transcription_error",
-                    "code": getattr(exc, "code", None) or "transcription_failed",
-                    "message": str(exc) or type(exc).__name__,
-                    "param": None,
-                },
-            },
+            {"item_id": item.id, "content_index": 0, "error": error},
         )
         self.emit("conversation.item.done", {"previous_item_id": None, "item": item.json})
 
@@ -418,23 +371,29 @@ class RealtimeSession:
             {"item_id": item.id, "content_index": 0, "audio_end_ms": event.audio_end_ms},
         )
 
+    def _answer_item(self, item: Item) -> None:
+        previous = self.conversation.add(item)
+        self.emit("conversation.item.added", {"previous_item_id": previous, "item": item.json})
+
     # --------------------------------------------------------------------- responses
 
     def _create_response(self, params: dict[str, Any]) -> None:
-        if self.config.kind == TRANSCRIPTION:
+        if not self._answers:
             raise bad("type", "a transcription session does not create responses")
-        settings, inputs = reply_settings(self.config, params), params.get("input")
-        if settings.in_conversation and self.response is not None and not self.response.done:
+        settings = reply_settings(self.config, params)
+        if settings.in_conversation and self._answering:
+            assert self.response is not None
             raise bad(
                 "",
                 f"Conversation already has an active response in progress: {self.response.id}",
                 "conversation_already_has_active_response",
             )
-        items = None
-        if inputs is not None:
-            items = self._input_items(inputs)
-        instructions = params.get("instructions")
-        self._start(settings, None, items, instructions)
+        inputs = params.get("input")
+        items = self._input_items(inputs) if inputs is not None else None
+        if settings.in_conversation:
+            # The client's answer replaces one held at a pause: two would both be adopted.
+            self._drop_early()
+        self._start(settings, items, params.get("instructions"), None)
 
     def _input_items(self, inputs: Any) -> list[Item]:
         if not isinstance(inputs, list):
@@ -447,44 +406,68 @@ class RealtimeSession:
                 out.append(check_item(value, f"response.input[{i}]"))
         return out
 
-    def _start(
+    def _new_run(
         self,
-        settings: Any,
-        spoken_end: float | None,
-        items: list[Item] | None = None,
-        instructions: Any = None,
-    ) -> None:
-        text = instructions if isinstance(instructions, str) else self.config.instructions
+        settings: ResponseSettings,
+        items: list[Item] | None,
+        instructions: str | None,
+        gate: Gate | None = None,
+    ) -> ResponseRun:
+        text = instructions if instructions is not None else self.config.instructions
 
         def messages() -> list[Any]:
             return chat_messages(text, items if items is not None else list(self.conversation))
 
-        run = ResponseRun(
+        return ResponseRun(
             self.ctx.service,
             (self.ctx.thinker, self.ctx.talker),
             settings,
             messages,
-            self.emit,
-            on_item=self._answer_item,
+            gate.emit if gate is not None else self.emit,
+            on_item=gate.add_item if gate is not None else self._answer_item,
             affinity=self.id,
         )
+
+    def _start(
+        self,
+        settings: ResponseSettings,
+        items: list[Item] | None,
+        instructions: str | None,
+        spoken_end: float | None,
+    ) -> None:
+        run = self._new_run(settings, items, instructions)
         if settings.in_conversation:
             self.response = run
-        self._runs[run.id] = run
+        if spoken_end is not None:
+            self._time_first_audio(run, spoken_end)
         run.created()
-        self._spawn(self._run(run, spoken_end))
+        hearing = list(self._hearing)
 
-    async def _run(self, run: ResponseRun, spoken_end: float | None) -> None:
+        async def heard() -> None:
+            await asyncio.gather(*hearing)
+
+        self._spawn(self._run(run, heard() if hearing else None, spoken_end))
+
+    async def _run(self, run: ResponseRun, before: Any, spoken_end: float | None) -> None:
+        self._runs[run.id] = run
         try:
-            await run.run(list(self._transcribing))
+            await run.run(before)
         finally:
             self._runs.pop(run.id, None)
-        if spoken_end is not None and run.first_audio_at is not None:
-            self.ctx.stats.first_audio(run.first_audio_at - spoken_end)
 
-    def _answer_item(self, item: Item) -> None:
-        previous = self.conversation.add(item)
-        self.emit("conversation.item.added", {"previous_item_id": previous, "item": item.json})
+    def _time_first_audio(
+        self, run: ResponseRun, spoken_end: float, released: float | None = None
+    ) -> None:
+        """Record end of speech -> first answer audio sent. An early answer's audio went
+        out when its gate opened (``released``), if it was made before."""
+
+        def record(made: float) -> None:
+            self.ctx.stats.first_audio(max(made, released or made) - spoken_end)
+
+        if run.first_audio_at is not None:
+            record(run.first_audio_at)
+        else:
+            run.on_first_audio = record
 
     def _cancel(self, response_id: str | None) -> None:
         run = self._runs.get(response_id) if response_id else self.response

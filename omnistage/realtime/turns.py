@@ -85,6 +85,12 @@ class TurnDetector:
         self._silence_from: int | None = None
         self._next_ms = 0
 
+    @property
+    def silence_from(self) -> int | None:
+        """While a turn is spoken: where its current run of silence began (None while
+        speech holds). The turn ends here if the silence lasts ``silence_duration_ms``."""
+        return self._silence_from if self.speaking else None
+
     def reset(self) -> None:
         """Forget any turn under way (the audio position is the caller's to keep)."""
         self.speaking = False

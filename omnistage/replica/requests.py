@@ -18,11 +18,19 @@ from typing import Any, Protocol
 
 from omnistage import tracing
 from omnistage.aio import Mailbox
-from omnistage.engines.base import Engine, EngineRequest, StageInput
+from omnistage.engines.base import Engine, EngineRequest, StageInput, joined_prompt
 from omnistage.protocol.enums import ErrorKind, FinishReason, Modality, Outcome
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Ping, Shutdown
+from omnistage.protocol.messages import (
+    Abort,
+    AddRequest,
+    InputChunk,
+    OutputChunk,
+    Ping,
+    Shutdown,
+)
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
+from omnistage.replica.streamed import InputPieces, prompt_piece
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,7 @@ class _Running:
     inputs: Mailbox[StageInput]
     task: asyncio.Task[None] | None = None
     span: Any = None  # its ``omnistage.replica.generate`` span, when tracing is on
+    pieces: InputPieces | None = None  # a streamed input (AddRequest.input_streaming)
 
 
 class RequestRunner:
@@ -78,6 +87,7 @@ class RequestRunner:
         self._outlet: Outlet | None = None
         self.replica_id = self.epoch = 0
         self.chunks_sent = 0
+        self.pieces_taken = 0  # of streamed inputs (heartbeat progress)
 
     def bind(self, replica_id: int, epoch: int, outlet: Outlet) -> None:
         """Serve a head as this incarnation; outputs leave through ``outlet``."""
@@ -89,6 +99,8 @@ class RequestRunner:
         """One message from the head."""
         if isinstance(msg, OutputChunk):
             self.feed(msg)
+        elif isinstance(msg, InputChunk):
+            self.take_input(msg)
         elif isinstance(msg, AddRequest):
             self.add(msg)
         elif isinstance(msg, Abort):
@@ -106,6 +118,14 @@ class RequestRunner:
                 running.inputs.put_nowait(chunk)
         elif running is None or chunk.attempt > running.attempt:
             self._keep_early(chunk)
+
+    def take_input(self, chunk: InputChunk) -> None:
+        """The next piece of a request's streamed input (a late one of an earlier attempt,
+        or of a request gone, is dropped)."""
+        running = self.requests.get(chunk.request_id)
+        if running is not None and running.pieces is not None and chunk.attempt == running.attempt:
+            running.pieces.take(chunk)
+            self.pieces_taken += 1
 
     def add(self, msg: AddRequest) -> None:
         if msg.request_id in self.requests:
@@ -125,6 +145,9 @@ class RequestRunner:
             params=msg.params,
             inputs=_upstream(running.inputs, set(msg.upstream)),
         )
+        if msg.input_streaming and msg.prompt is not None:
+            running.pieces = InputPieces(prompt_piece(msg.prompt))
+            request.prompt_chunks = running.pieces.read()
         replay: ReplayFilter | None = None
         seq = 0
         if msg.resume is not None:
@@ -172,6 +195,11 @@ class RequestRunner:
         rid, modality = request.request_id, self.engine.stage.output_modality
         finished, first_seq, outcome = False, seq, _OK
         try:
+            if request.prompt_chunks is not None and not self.engine.streams_input:
+                # An engine that reads whole prompts: the input once it has all come.
+                assert request.prompt is not None
+                request.prompt = await joined_prompt(request.prompt, request.prompt_chunks)
+                request.prompt_chunks = None
             async for chunk in self.engine.generate(request):
                 if replay is not None:
                     chunk.text, chunk.data = replay.apply(chunk.text, chunk.data)

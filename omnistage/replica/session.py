@@ -213,7 +213,8 @@ class HeadSession:
         return LoadReport(
             queue_length=engine.queue_length,
             in_flight=len(self._runner.requests),
-            progress=engine.progress + self._runner.chunks_sent,
+            # Pieces of streamed input count: a request listening is not a stalled one.
+            progress=engine.progress + self._runner.chunks_sent + self._runner.pieces_taken,
         )
 
 

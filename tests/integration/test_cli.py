@@ -65,6 +65,8 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
             "--omni-stall-timeout (8s) must be 0 or at least --omni-heartbeat-timeout (10s)",
         ),
         (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1"),
+        (["--realtime-max-sessions", "0"], "--realtime-max-sessions must be >= 1, got 0"),
+        (["--realtime-idle-timeout", "0"], "--realtime-idle-timeout must be > 0, got 0"),
         (["--init-timeout", "-1"], "--init-timeout must be > 0"),
         (["--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
         (["--omni-restart-policy", "maybe"], "--omni-restart-policy='maybe' is not one of"),

@@ -1,14 +1,12 @@
 """GET /dashboard in a real headless Chromium, over a real echo head.
 
-Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/test.sh installs them as
-root) and Selenium, which is pointed at both so that it downloads nothing. With
+Needs Chromium, its driver and Selenium (see ``tests.browser``). With
 ``OMNISTAGE_SCREENSHOT=docs/dashboard.png`` the first test saves the page there.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -18,20 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.browser import chromium, require_chromium
+from tests.browser import wait as _wait
 from tests.integration.harness import HeadProc
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-if not (CHROMIUM and CHROMEDRIVER):
-    pytest.skip(
-        "the dashboard test needs chromium and chromedriver on PATH "
-        "(apt-get install chromium chromium-driver)",
-        allow_module_level=True,
-    )
-webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the test extra)")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
+require_chromium("the dashboard test")
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 PAGE = Path(__file__).parents[2] / "omnistage" / "api" / "static" / "dashboard.html"
 TWO_TALKERS = '{"1": {"replicas": 2}}'
@@ -40,12 +30,7 @@ KEY = "dashboard key"
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(arg)
-    options.add_argument("--window-size=1200,800")
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver = chromium()
     try:
         yield driver
     finally:
@@ -59,12 +44,6 @@ def _replicas(browser: Any) -> dict[tuple[int, int], str]:
         "e => [e.dataset.stage, e.dataset.replica, e.dataset.state])"
     )
     return {(int(s), int(r)): state for s, r, state in found}
-
-
-def _wait(browser: Any, check: Any, timeout: float, what: str) -> Any:
-    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(
-        lambda b: check(b), message=f"timed out waiting for {what}"
-    )
 
 
 def _numbers(browser: Any, metric: str, replicas: set[tuple[int, int]]) -> Any:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
 from omnistage.api.service import OutputStream, ReplicaStats, RequestCounts
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.latency import LatencySnapshot
-from omnistage.protocol.messages import PipelineRequest, RealtimeSnapshot
+from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.messages import ChunkMeta, OutputChunk, PipelineRequest, RealtimeSnapshot
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
 NO_REQUESTS = RequestCounts(0, 0, 0)
@@ -76,6 +77,72 @@ class FakeService:
 
     def realtime(self, mine: RealtimeSnapshot) -> RealtimeSnapshot:
         return mine
+
+
+class ScriptedStream:
+    """An ``OutputStream`` whose chunks the test hands over as it goes: ``put`` one,
+    ``fail`` with an exception, ``end`` it. ``close`` (the consumer's abort) ends the
+    iteration at once, as a real stream's does; ``closed`` says whether it was called."""
+
+    def __init__(self, request_id: str = "r", usage: dict[str, int] | None = None) -> None:
+        self.request_id = request_id
+        self.closed = False
+        self.fed: list[bytes] = []
+        self.input_ended = False
+        self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
+        self._usage = usage or {}
+
+    @property
+    def pending(self) -> int:
+        """Chunks put and not yet taken by the consumer."""
+        return self._queue.qsize()
+
+    def put(self, *chunks: OutputChunk) -> None:
+        for chunk in chunks:
+            self._queue.put_nowait(chunk)
+
+    def fail(self, exc: BaseException) -> None:
+        self._queue.put_nowait(exc)
+
+    def end(self) -> None:
+        self._queue.put_nowait(None)
+
+    def close(self) -> None:
+        self.closed = True
+        self._queue.put_nowait(None)
+
+    def feed(self, data: bytes, last: bool = False) -> None:
+        """A streamed input's next piece: kept in ``fed``; ``input_ended`` after ``last``."""
+        self.fed.append(data)
+        self.input_ended = self.input_ended or last
+
+    def usage(self) -> dict[str, int]:
+        return self._usage
+
+    async def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        while not self.closed:
+            item = await self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+def chunk(
+    stage_id: int,
+    modality: Modality = Modality.TEXT,
+    text: str = "",
+    data: bytes = b"",
+    *,
+    finished: bool = False,
+    finish_reason: FinishReason | None = None,
+    meta: ChunkMeta | None = None,
+) -> OutputChunk:
+    """One stage output chunk as a replica would send it."""
+    return OutputChunk(
+        "r", stage_id, 0, 0, 0, modality, text, data, finished, finish_reason, meta=meta
+    )
 
 
 class FakeClock:

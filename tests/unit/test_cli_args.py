@@ -9,10 +9,12 @@ import copy
 import pytest
 
 from omnistage import defaults
+from omnistage.api.server import ApiServerOptions, decode_options, encode_options
 from omnistage.cli.args import ChoiceError, UsageError, build_parser, validate
 from omnistage.cli.flags import SERVE_GROUPS
 from omnistage.cli.main import main
-from omnistage.cli.serve import headless_options
+from omnistage.cli.serve import head_options, headless_options
+from omnistage.config.load import load_config
 from omnistage.control.balancing import POLICIES
 
 M = ["-oma", "127.0.0.1", "-omp", "1"]
@@ -82,6 +84,9 @@ def test_a_value_outside_the_choices_is_one_line_naming_flag_and_value(
         (["--drain-timeout", "-0.5"], "--drain-timeout must be >= 0, got -0.5"),
         (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1, got 0"),
         (["--api-server-count", "0"], "--api-server-count must be >= 1, got 0"),
+        (["--realtime-max-sessions", "0"], "--realtime-max-sessions must be >= 1, got 0"),
+        (["--realtime-idle-timeout", "0"], "--realtime-idle-timeout must be > 0, got 0"),
+        (["--realtime-idle-timeout", "-2.5"], "--realtime-idle-timeout must be > 0, got -2.5"),
         (["--omni-master-port", "65536"], "--omni-master-port must be in 0..65535, got 65536"),
         (["--headless", "--stage-id", "0", *M, "--api-server-count", "2"], "is for the head"),
         (["--omni-heartbeat-timeout", "1.5"], "twice the heartbeat interval (2s), got 1.5"),
@@ -136,3 +141,27 @@ def test_headless_options_carry_the_flags_and_the_stages_own_overrides() -> None
     assert replica.replica_id == -1  # the master assigns each one
     assert replica.stage_overrides == {"devices": "2,3", "engine_args": {"vae_use_tiling": True}}
     assert opts.replica_devices() == ["2", "3"]
+
+
+def test_the_realtime_limits_reach_the_head_and_its_api_servers() -> None:
+    config = load_config("echo-1stage")
+    plain = head_options(validate(_parse()), config)
+    assert (plain.realtime_max_sessions, plain.realtime_idle_timeout_s) == (
+        defaults.REALTIME_MAX_SESSIONS,
+        defaults.REALTIME_IDLE_TIMEOUT_S,
+    )
+    args = _parse("--realtime-max-sessions", "3", "--realtime-idle-timeout", "1.5")
+    opts = head_options(validate(args), config)
+    assert (opts.realtime_max_sessions, opts.realtime_idle_timeout_s) == (3, 1.5)
+    # What the head hands each API server process survives the trip through its env.
+    server = ApiServerOptions(
+        index=0,
+        listen_fd=3,
+        head_address="ipc://x",
+        config={},
+        started_at=0,
+        realtime_max_sessions=opts.realtime_max_sessions,
+        realtime_idle_timeout_s=opts.realtime_idle_timeout_s,
+    )
+    back = decode_options(encode_options(server))
+    assert (back.realtime_max_sessions, back.realtime_idle_timeout_s) == (3, 1.5)

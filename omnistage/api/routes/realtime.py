@@ -16,6 +16,7 @@ import msgspec
 from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from omnistage import defaults
 from omnistage.api.errors import error_response
 from omnistage.api.service import PipelineService
 from omnistage.protocol.errors import BadRequestError
@@ -35,8 +36,8 @@ _encode = msgspec.json.Encoder().encode
 class RealtimeLimits:
     """Per API process: sessions at once, and how long a silent client is kept."""
 
-    max_sessions: int = 32
-    idle_timeout_s: float = 600.0
+    max_sessions: int = defaults.REALTIME_MAX_SESSIONS
+    idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
     live: int = 0
 
 

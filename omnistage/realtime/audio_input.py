@@ -1,0 +1,151 @@
+"""A session's audio input: appends in the client's format -> 24 kHz pcm16 in the input
+buffer -> server VAD -> the user turn being spoken, phrase by phrase.
+
+What the turns mean (barge-in, answering, committing) is the session's; this class
+tells it what it hears through ``Listener`` callbacks:
+- ``speech_started(turn, start_ms)`` / ``speech_stopped(turn, end_ms)``: the VAD's
+  turn events;
+- ``paused(turn)``: the user has been silent for ``turn.PAUSE_MS`` (the turn may be
+  over; the phrase so far is being transcribed);
+- ``resumed(turn)``: the user spoke again before the turn ended.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Protocol
+
+from omnistage.realtime.audio_formats import AudioFormat, InputStream
+from omnistage.realtime.config import TurnDetection, bad
+from omnistage.realtime.conversation import new_id
+from omnistage.realtime.input_buffer import BYTES_PER_MS, RATE, InputBuffer
+from omnistage.realtime.turn import PAUSE_MS, UserTurn
+from omnistage.realtime.turns import ServerVadParams, SpeechStarted
+from omnistage.realtime.vad import VadStream
+
+# Push-to-talk audio held before a commit (OpenAI's buffer holds about this much).
+MAX_BUFFER_MS = 15 * 60 * 1000
+MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
+# Between turns, audio older than the prefix padding plus this is forgotten.
+SLACK_MS = 500
+
+
+class Listener(Protocol):
+    def speech_started(self, turn: UserTurn, start_ms: int) -> None: ...
+    def speech_stopped(self, turn: UserTurn, end_ms: int) -> None: ...
+    def paused(self, turn: UserTurn) -> None: ...
+    def resumed(self, turn: UserTurn) -> None: ...
+
+
+class AudioInput:
+    def __init__(
+        self,
+        listener: Listener,
+        new_turn: Callable[[str, float], UserTurn],
+        vad: Callable[[ServerVadParams], VadStream],
+    ) -> None:
+        self._listener = listener
+        self._new_turn = new_turn
+        self._make_vad = vad
+        self.buffer = InputBuffer()
+        self._decoder: InputStream | None = None
+        self._detection: TurnDetection | None = None
+        self._vad: VadStream | None = None
+        self.turn: UserTurn | None = None
+
+    def configure(self, fmt: AudioFormat, detection: TurnDetection | None) -> None:
+        """The session's input format and turn detection (again after an update)."""
+        if self._decoder is None or self._decoder.format != fmt:
+            self._decoder = InputStream(fmt, RATE)
+        if detection != self._detection or (self._vad is None and detection is not None):
+            self.drop_turn()
+            self._detection = detection
+            self._vad = self._make_vad(detection.vad) if detection is not None else None
+
+    def append(self, audio: str) -> None:
+        try:
+            raw = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad("audio", "expected base64-encoded audio") from None
+        assert self._decoder is not None
+        pcm = self._decoder.push(raw).astype("<i2").tobytes()
+        if self._vad is None and len(self.buffer) + len(pcm) > MAX_BUFFER_MS * BYTES_PER_MS:
+            raise bad(
+                "audio",
+                f"the input audio buffer is full ({MAX_BUFFER_MS // 60000} min): "
+                "commit or clear it",
+                "input_audio_buffer_full",
+            )
+        self.buffer.append(pcm)
+        ms = len(pcm) / BYTES_PER_MS
+        if self._vad is None:  # push-to-talk: the turn starts with its first audio
+            if self.turn is None:
+                self.turn = self._new_turn(new_id("item"), self.buffer.end_ms - ms)
+            self.turn.feed(pcm, ms)
+            return
+        if self.turn is not None and self.turn.in_phrase:
+            self.turn.feed(pcm, ms)
+        for event in self._vad.feed(pcm):
+            if isinstance(event, SpeechStarted):
+                self._started(event.audio_start_ms)
+            elif self.turn is not None:
+                turn, self.turn = self.turn, None
+                self._listener.speech_stopped(turn, event.audio_end_ms)
+        if self.turn is not None:
+            self._watch_pause(self.turn)
+        else:
+            assert self._detection is not None
+            self.buffer.keep_last(self._detection.vad.prefix_padding_ms + SLACK_MS)
+
+    def _started(self, start_ms: int) -> None:
+        self.drop_turn()
+        turn = self.turn = self._new_turn(new_id("item"), start_ms)
+        self._listener.speech_started(turn, start_ms)
+        turn.feed(self.buffer.slice(start_ms), self.buffer.end_ms - start_ms)
+
+    def _watch_pause(self, turn: UserTurn) -> None:
+        assert self._vad is not None and self._detection is not None
+        silence_from = self._vad.detector.silence_from
+        pause_ms = min(PAUSE_MS, self._detection.vad.silence_duration_ms)
+        if turn.in_phrase:
+            if silence_from is not None and self.buffer.end_ms - silence_from >= pause_ms:
+                turn.end_phrase()
+                self._listener.paused(turn)
+        elif silence_from is None:  # the user went on: the pause is part of the turn
+            self._listener.resumed(turn)
+            turn.feed(self.buffer.slice(turn.fed_ms), self.buffer.end_ms - turn.fed_ms)
+
+    def take_turn(self) -> tuple[UserTurn, float] | None:
+        """For a manual commit: the turn so far (or the buffer as one) and where it
+        ends; None when it holds less than ``MIN_COMMIT_MS``."""
+        end_ms = self.buffer.end_ms
+        start_ms = self.turn.start_ms if self.turn is not None else self.buffer.start_ms
+        if end_ms - start_ms < MIN_COMMIT_MS:
+            return None
+        turn, self.turn = self.turn, None
+        if turn is None:
+            turn = self._new_turn(new_id("item"), start_ms)
+            turn.feed(self.buffer.slice(start_ms), end_ms - start_ms)
+        if self._vad is not None:
+            self._vad.reset()
+        return turn, end_ms
+
+    def held_ms(self) -> float:
+        start = self.turn.start_ms if self.turn is not None else self.buffer.start_ms
+        return max(0.0, self.buffer.end_ms - start)
+
+    def committed(self, end_ms: float) -> None:
+        self.buffer.drop_before(end_ms)
+
+    def clear(self) -> None:
+        self.drop_turn()
+        self.buffer.clear()
+        if self._vad is not None:
+            self._vad.reset()
+
+    def drop_turn(self) -> None:
+        if self.turn is not None:
+            self.turn.close()
+        self.turn = None

@@ -1,0 +1,94 @@
+"""A user turn as it is spoken, transcribed phrase by phrase.
+
+A turn's audio goes to the listener in phrases: a phrase ends where the user pauses
+(the session decides: a silence of ``PAUSE_MS``, shorter than the VAD's turn-ending
+silence), and its transcription starts at once while the session waits to see whether
+the turn has ended. If the user goes on, the next phrase starts with the audio after
+the pause. So when the turn does end, its words are already transcribed, or nearly:
+each phrase is transcribed once, and only the last one after the user's last pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from omnistage.realtime.listening import TurnListener
+
+# A pause this long ends a phrase (and lets the session start answering early).
+PAUSE_MS = 200
+
+
+class UserTurn:
+    def __init__(
+        self,
+        item_id: str,
+        start_ms: float,
+        listener: Callable[[], TurnListener | None],
+        on_text: Callable[[str], None] | None = None,
+    ) -> None:
+        self.item_id = item_id
+        self.start_ms = start_ms
+        self._listener = listener
+        self._on_text = on_text
+        self._phrase: TurnListener | None = None
+        self._phrases: list[asyncio.Task[str]] = []
+        self._heard: list[str] = []  # the transcripts of finished phrases, in order
+        self.fed_ms = start_ms  # session audio time up to which the turn has audio
+
+    @property
+    def in_phrase(self) -> bool:
+        return self._phrase is not None
+
+    @property
+    def phrases(self) -> int:
+        return len(self._phrases)
+
+    def feed(self, pcm: bytes, ms: float) -> None:
+        """More of the turn's audio (``ms`` of it), into the phrase being spoken."""
+        if self._phrase is None:
+            self._phrase = self._listener()
+        if self._phrase is not None:
+            self._phrase.feed(pcm)
+        self.fed_ms += ms
+
+    def end_phrase(self) -> None:
+        """The user paused: transcribe the phrase so far."""
+        phrase, self._phrase = self._phrase, None
+        if phrase is None:
+            return
+        index = len(self._phrases)
+        self._heard.append("")
+        task = asyncio.ensure_future(self._hear(phrase, index))
+        self._phrases.append(task)
+
+    async def _hear(self, phrase: TurnListener, index: int) -> str:
+        # Earlier phrases first, so the text arrives in the order it was said.
+        if index:
+            await asyncio.gather(self._phrases[index - 1], return_exceptions=True)
+        text = await phrase.finish()
+        self._heard[index] = text
+        if text and self._on_text is not None:
+            self._on_text(text if index == 0 or not any(self._heard[:index]) else " " + text)
+        return text
+
+    async def heard_so_far(self) -> str:
+        """The words of the phrases ended so far, once they are transcribed."""
+        results = await asyncio.gather(*self._phrases, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return " ".join(t for t in self._heard if t).strip()
+
+    async def transcript(self) -> str:
+        """Every phrase's words, once all are transcribed (ends the open phrase)."""
+        self.end_phrase()
+        return await self.heard_so_far()
+
+    def close(self) -> None:
+        """The turn was dropped: free what the listener holds for it."""
+        if self._phrase is not None:
+            self._phrase.close()
+            self._phrase = None
+        for task in self._phrases:
+            task.cancel()

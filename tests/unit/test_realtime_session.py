@@ -1,0 +1,424 @@
+"""A Realtime session over a scripted pipeline and a scripted VAD: barge-in, an early
+answer held at a pause and released or dropped, manual commits and closing.
+
+The VAD is the one stand-in for a model here: the test says which append completes a
+turn event and where the silence under way began, so every turn is exact."""
+
+from __future__ import annotations
+
+import base64
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.messages import ChunkMeta, PipelineRequest
+from omnistage.realtime import audio_input
+from omnistage.realtime.config import SessionConfig
+from omnistage.realtime.session import RealtimeSession, SessionContext
+from omnistage.realtime.turns import ServerVadParams, SpeechStarted, SpeechStopped, VadEvent
+from tests.unit.fakes import FakeService, ScriptedStream, chunk, ticks, until
+
+THINKER, TALKER, LISTENER = 0, 1, 2
+AUDIO = ChunkMeta(sample_rate=22050, format="pcm16")
+
+
+class ScriptedVad:
+    """A ``VadStream`` whose next events and running silence the test sets."""
+
+    def __init__(self, params: ServerVadParams) -> None:
+        self.params = params
+        self.detector = SimpleNamespace(silence_from=None)
+        self.next: list[VadEvent] = []
+        self.fed = 0
+        self.resets = 0
+
+    def feed(self, pcm: bytes) -> list[VadEvent]:
+        self.fed += len(pcm)
+        events, self.next = self.next, []
+        return events
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.detector.silence_from = None
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.turns = self.barge_ins = 0
+        self.first_audio_s: list[float] = []
+
+    def turn(self) -> None:
+        self.turns += 1
+
+    def barge_in(self) -> None:
+        self.barge_ins += 1
+
+    def first_audio(self, seconds: float) -> None:
+        self.first_audio_s.append(seconds)
+
+
+class Harness:
+    """A session, what it sent, its pipeline requests and its VAD."""
+
+    def __init__(self, *transcripts: str) -> None:
+        self.transcripts = list(transcripts)
+        self.listened: list[PipelineRequest] = []
+        self.answers: list[ScriptedStream] = []
+        self.requests: list[PipelineRequest] = []
+        self.vads: list[ScriptedVad] = []
+        self.sent: list[dict[str, Any]] = []
+        self.stats = Stats()
+
+        async def opener(request: PipelineRequest) -> ScriptedStream:
+            stream = ScriptedStream(request.request_id)
+            if request.only and request.finals == [LISTENER]:
+                self.listened.append(request)
+                text = self.transcripts.pop(0) if self.transcripts else ""
+                stream.put(chunk(LISTENER, Modality.TEXT, text, finished=True))
+                stream.end()
+            else:
+                self.requests.append(request)
+                self.answers.append(stream)
+            return stream
+
+        def vad(params: ServerVadParams) -> ScriptedVad:
+            self.vads.append(ScriptedVad(params))
+            return self.vads[-1]
+
+        ctx = SessionContext(
+            FakeService(opener=opener),  # type: ignore[arg-type]
+            THINKER,
+            TALKER,
+            LISTENER,
+            stats=self.stats,
+            vad=vad,  # type: ignore[arg-type]
+        )
+        self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self.sent.append)
+        self.session.opened()
+
+    @property
+    def vad(self) -> ScriptedVad:
+        return self.vads[-1]
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.session.handle(json.dumps({"type": kind, **fields}))
+
+    async def append(self, ms: int, *events: VadEvent) -> None:
+        """``ms`` of 24 kHz audio; the VAD completes ``events`` with it."""
+        self.vad.next = list(events)
+        pcm = (np.ones(ms * 24) * 1000).astype("<i2").tobytes()
+        await self.send("input_audio_buffer.append", audio=base64.b64encode(pcm).decode())
+
+    def kinds(self) -> list[str]:
+        return [e["type"] for e in self.sent]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.sent if e["type"] == kind]
+
+    def index(self, kind: str) -> int:
+        return self.kinds().index(kind)
+
+    def errors(self) -> list[dict[str, Any]]:
+        return [e["error"] for e in self.of("error")]
+
+    async def answered(self, n: int = 1) -> ScriptedStream:
+        """The ``n``-th answer's pipeline stream, once the session has opened it."""
+        await until(lambda: len(self.answers) >= n, what=f"answer {n}")
+        return self.answers[n - 1]
+
+
+def words(*texts: str) -> list[Any]:
+    out = [chunk(THINKER, Modality.TEXT, t) for t in texts]
+    return [*out, chunk(THINKER, Modality.TEXT, finished=True, finish_reason=FinishReason.STOP)]
+
+
+def speech(text: str, samples: int = 2205) -> Any:
+    pcm = (np.sin(np.arange(samples) / 10) * 8000).astype("<i2").tobytes()
+    return chunk(TALKER, Modality.AUDIO, text, pcm, meta=AUDIO)
+
+
+async def consumed(stream: ScriptedStream) -> None:
+    await until(lambda: stream.pending == 0, what="the chunks to be read")
+    await ticks()
+
+
+async def spoken_turn(h: Harness, start_ms: int = 0) -> None:
+    """A turn the VAD starts and ends, with no pause the session hears before."""
+    await h.append(100, SpeechStarted(start_ms))
+    await h.append(300, SpeechStopped(start_ms + 300))
+
+
+# ------------------------------------------------------------------------ turns
+
+
+async def test_a_turn_is_committed_transcribed_and_answered() -> None:
+    h = Harness("what time is it")
+    await h.send("session.update", session={"audio": {"input": {"transcription": {"model": "w"}}}})
+    await spoken_turn(h)
+    answer = await h.answered()
+    answer.put(*words("Noon."), speech("Noon."))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    kinds = h.kinds()
+    assert kinds[:5] == [
+        "session.created",
+        "session.updated",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+    ]
+    assert h.index("conversation.item.added") < h.index("response.created")
+    (completed,) = h.of("conversation.item.input_audio_transcription.completed")
+    assert completed["transcript"] == "what time is it"
+    # The thinker heard the turn's words, after the transcript was ready.
+    assert h.index("conversation.item.input_audio_transcription.completed") < h.index(
+        "response.output_item.added"
+    )
+    messages = h.requests[0].prompt.messages
+    assert messages is not None and messages[-1].content == "what time is it"
+    assert h.of("response.done")[0]["response"]["status"] == "completed"
+    item_id = h.of("input_audio_buffer.committed")[0]["item_id"]
+    assert h.of("input_audio_buffer.speech_started")[0]["item_id"] == item_id
+    assert next(i.id for i in h.session.conversation) == item_id
+    assert len(h.session.conversation) == 2  # the turn and its answer
+    assert h.stats.turns == 1 and len(h.stats.first_audio_s) == 1
+    assert h.errors() == []
+
+
+async def test_speech_during_an_answer_cancels_it_and_no_audio_follows() -> None:
+    h = Harness("tell me a story")
+    await spoken_turn(h)
+    answer = await h.answered()
+    answer.put(*words("Once upon a time.", " The end."), speech("Once upon a time."))
+    await until(lambda: h.of("response.output_audio.delta"), what="the first audio")
+    await h.append(100, SpeechStarted(900))  # the user talks over the answer
+    answer.put(speech("The end."))
+    await ticks(20)
+    assert answer.closed and h.stats.barge_ins == 1
+    started = h.kinds().index("input_audio_buffer.speech_started", 3)
+    assert "response.output_audio.delta" not in h.kinds()[started:]
+    (done,) = h.of("response.done")
+    assert h.sent.index(done) < started
+    assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+    answer_item = done["response"]["output"][0]
+    assert answer_item["content"][0]["transcript"] == "Once upon a time."
+    assert h.session.conversation.get(answer_item["id"]).json["status"] == "incomplete"
+
+
+async def test_interrupt_response_false_lets_the_answer_go_on() -> None:
+    h = Harness("hi")
+    td = {"turn_detection": {"type": "server_vad", "interrupt_response": False}}
+    await h.send("session.update", session={"audio": {"input": td}})
+    await spoken_turn(h)
+    answer = await h.answered()
+    answer.put(chunk(THINKER, Modality.TEXT, "Hello"))
+    await h.append(100, SpeechStarted(900))
+    answer.put(*words(" there"))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    assert h.of("response.done")[0]["response"]["status"] == "completed"
+    assert h.stats.barge_ins == 0
+
+
+# ------------------------------------------------------------------------ early answers
+
+
+async def pause(h: Harness) -> ScriptedStream:
+    """A turn started, then 200 ms of silence: the session answers early."""
+    await h.append(100, SpeechStarted(0))
+    h.vad.detector.silence_from = 100
+    await h.append(200)
+    answer = await h.answered()
+    answer.put(*words("Sure."), speech("Sure."))
+    await consumed(answer)
+    return answer
+
+
+async def test_an_early_answer_is_held_until_the_turn_ends() -> None:
+    h = Harness("can you help")
+    await h.send("session.update", session={"audio": {"input": {"transcription": {"model": "w"}}}})
+    answer = await pause(h)
+    assert len(h.listened) == 1  # the phrase before the pause is being transcribed
+    assert h.kinds() == [
+        "session.created",
+        "session.updated",
+        "input_audio_buffer.speech_started",
+    ]  # the answer has said everything so far, and nothing of it went out
+    await h.append(100, SpeechStopped(100))
+    # Committed first, then the held answer in the order it was made.
+    kinds = h.kinds()[3:]
+    assert kinds[:4] == [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        # The phrase was heard while the answer was held: its words go out now.
+        "conversation.item.input_audio_transcription.delta",
+    ]
+    held = [
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+    ]
+    assert kinds[4:10] == held
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    assert h.of("response.done")[0]["response"]["status"] == "completed"
+    user_id = h.of("input_audio_buffer.committed")[0]["item_id"]
+    assert h.of("conversation.item.added")[0]["item"]["id"] == user_id
+    # One listener request for the whole turn: the early answer's transcript is reused.
+    assert len(h.listened) == 1 and len(h.requests) == 1
+    messages = h.requests[0].prompt.messages
+    assert messages is not None and messages[-1].content == "can you help"
+    assert next(i.id for i in h.session.conversation) == user_id
+
+
+async def test_speech_after_the_pause_drops_the_early_answer() -> None:
+    h = Harness("so", "what is the weather")
+    early = await pause(h)
+    early_id = h.requests[0].request_id.removeprefix("realtime-")
+    h.vad.detector.silence_from = None  # the user goes on
+    await h.append(100)
+    assert early.closed
+    early.put(speech("Late."))
+    await h.append(300, SpeechStopped(500))
+    answer = await h.answered(2)
+    answer.put(*words("Sunny."), speech("Sunny."))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    (done,) = h.of("response.done")
+    assert done["response"]["id"] != early_id
+    assert not any(e.get("response_id") == early_id for e in h.sent)
+    assert not any(e.get("response", {}).get("id") == early_id for e in h.sent)
+    assert len(h.of("response.created")) == 1
+    # Both phrases are the turn's words.
+    messages = h.requests[1].prompt.messages
+    assert messages is not None and messages[-1].content == "so what is the weather"
+    assert len(h.session.conversation) == 2
+
+
+async def test_a_new_turn_drops_an_early_answer() -> None:
+    h = Harness("one", "two")
+    early = await pause(h)
+    await h.append(100, SpeechStopped(100), SpeechStarted(150))
+    # The stop committed the turn and released the early answer; the new turn barges in.
+    assert h.stats.barge_ins == 1 and early.closed
+    assert h.of("response.done")[0]["response"]["status"] == "cancelled"
+
+
+async def test_a_clients_response_create_replaces_a_held_answer() -> None:
+    h = Harness("hello")
+    early = await pause(h)
+    await h.send("response.create")
+    assert early.closed
+    answer = await h.answered(2)
+    await h.append(100, SpeechStopped(100))
+    answer.put(*words("Hi."))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    assert len(h.of("response.created")) == 1 and h.errors() == []
+    assert h.of("response.done")[0]["response"]["status"] == "completed"
+    assert h.session.response is not None
+    assert h.session.response.id == h.of("response.done")[0]["response"]["id"]
+
+
+# ------------------------------------------------------------------------ push-to-talk
+
+
+async def push_to_talk() -> Harness:
+    h = Harness("push")
+    await h.send("session.update", session={"audio": {"input": {"turn_detection": None}}})
+    return h
+
+
+async def test_a_commit_of_under_100_ms_is_refused() -> None:
+    h = await push_to_talk()
+    await h.append(50)
+    await h.send("input_audio_buffer.commit", event_id="c1")
+    (error,) = h.errors()
+    assert error["code"] == "input_audio_buffer_commit_empty" and error["event_id"] == "c1"
+    assert "50 ms" in error["message"]
+    await h.append(60)
+    await h.send("input_audio_buffer.commit")
+    assert len(h.errors()) == 1
+    (committed,) = h.of("input_audio_buffer.committed")
+    assert committed["previous_item_id"] is None
+    assert h.requests == []  # push-to-talk: no answer until response.create
+    await h.send("response.create")
+    answer = await h.answered()
+    answer.put(*words("Yes."))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    messages = h.requests[0].prompt.messages
+    assert messages is not None and messages[-1].content == "push"
+
+
+async def test_an_empty_buffer_cannot_be_committed() -> None:
+    h = await push_to_talk()
+    await h.send("input_audio_buffer.commit")
+    assert h.errors()[0]["code"] == "input_audio_buffer_commit_empty"
+
+
+async def test_push_to_talk_audio_over_the_limit_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(audio_input, "MAX_BUFFER_MS", 300)
+    h = await push_to_talk()
+    await h.append(200)
+    await h.append(200)
+    (error,) = h.errors()
+    assert (error["code"], error["param"]) == ("input_audio_buffer_full", "audio")
+    assert h.session.audio.held_ms() == 200  # the refused append was not kept
+    await h.send("input_audio_buffer.clear")
+    await h.append(200)
+    assert len(h.errors()) == 1 and h.of("input_audio_buffer.cleared")
+
+
+async def test_bad_audio_and_bad_frames_are_errors_and_the_session_goes_on() -> None:
+    h = Harness()
+    await h.send("input_audio_buffer.append", audio="not base64!", event_id="a1")
+    await h.session.handle("{")
+    await h.send("response.cancel")
+    codes = [(e["code"], e["param"], e["event_id"]) for e in h.errors()]
+    assert codes == [
+        ("invalid_value", "audio", "a1"),
+        ("invalid_json", None, None),
+        ("response_cancel_not_active", "", None),
+    ]
+
+
+# ------------------------------------------------------------------------ closing
+
+
+async def test_close_cancels_everything() -> None:
+    h = Harness("first", "second")
+    await spoken_turn(h)
+    answer = await h.answered()
+    answer.put(chunk(THINKER, Modality.TEXT, "Let me"))
+    await consumed(answer)
+    await h.append(100, SpeechStarted(900))  # barge-in, and a turn under way
+    await h.append(100, SpeechStopped(1000))
+    second = await h.answered(2)
+    await h.session.close()
+    assert answer.closed and second.closed
+    statuses = [e["response"]["status"] for e in h.of("response.done")]
+    assert statuses == ["cancelled", "cancelled"]
+    sent = len(h.sent)
+    second.put(*words("late"))
+    await ticks(20)
+    assert len(h.sent) == sent
+    assert h.vad.resets >= 1
+
+
+async def test_close_drops_a_held_answer_without_a_word() -> None:
+    h = Harness("hmm")
+    early = await pause(h)
+    await h.session.close()
+    assert early.closed
+    assert h.kinds() == ["session.created", "input_audio_buffer.speech_started"]
