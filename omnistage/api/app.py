@@ -38,6 +38,7 @@ from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.api.service import PipelineService
 from omnistage.realtime.secrets import ClientSecrets
+from omnistage.realtime.stats import RealtimeStats
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -74,6 +75,8 @@ def create_app(
     app.state.realtime_limits = realtime_limits or realtime.RealtimeLimits()
     counts: Counter[int] = Counter()
     app.state.response_counts = counts
+    # This process's live voice sessions: the realtime route counts into it.
+    app.state.realtime_stats = RealtimeStats()
     # An audio upload may be as large as OpenAI takes, even under a lower general limit.
     upload_limit = max(max_body_bytes, transcriptions.TRANSCRIPTION_BODY_BYTES)
     path_limits = {transcriptions.PATH: upload_limit}

@@ -37,7 +37,9 @@ from omnistage.protocol.messages import (
     FrontSnapshot,
     OutputChunk,
     PipelineRequest,
+    RealtimeSnapshot,
 )
+from omnistage.realtime.stats import RealtimeStats, combine
 from omnistage.zmqio import NOBLOCK, Outbox, Pump
 
 log = logging.getLogger(__name__)
@@ -129,8 +131,10 @@ class RemoteService:
         self._snapshot: FrontSnapshot | None = None
         self._fresh = asyncio.Event()
         self._ids = itertools.count()
-        # This server's own HTTP response counts (the app's counter), reported upward.
+        # This server's own HTTP response counts and live voice sessions (the app's),
+        # reported upward.
         self.my_responses: Counter[int] = Counter()
+        self.my_realtime: RealtimeStats | None = None
 
     async def start(self, timeout_s: float = 30.0) -> None:
         """Connect and wait for the head's first snapshot."""
@@ -206,9 +210,17 @@ class RemoteService:
                 total.update(counts)
         return total
 
+    def realtime(self, mine: RealtimeSnapshot) -> RealtimeSnapshot:
+        """Every other server's sessions as the head last heard them, and ours now."""
+        others = [s for server, s in self._snap().realtime.items() if server != self._server]
+        return combine([mine, *others])
+
     async def _refresh(self) -> None:
         while True:
-            query = FrontQuery(self._server, dict(self.my_responses))
+            mine = self.my_realtime
+            query = FrontQuery(
+                self._server, dict(self.my_responses), None if mine is None else mine.snapshot()
+            )
             self._outbox.put(_HEAD, query)
             await asyncio.sleep(self._refresh_s)
 

@@ -67,6 +67,7 @@ async def serve(opts: ApiServerOptions) -> int:
     limits = RealtimeLimits(opts.realtime_max_sessions, opts.realtime_idle_timeout_s)
     app = create_app(service, opts.api_key, opts.max_request_bytes, limits)
     service.my_responses = app.state.response_counts
+    service.my_realtime = app.state.realtime_stats
     sock = socket.socket(fileno=opts.listen_fd)
     server = uvicorn.Server(
         uvicorn.Config(

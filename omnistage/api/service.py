@@ -15,6 +15,7 @@ from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol.messages import (
     OutputChunk,
     PipelineRequest,
+    RealtimeSnapshot,
     ReplicaStats,
     RequestCounts,
 )
@@ -83,4 +84,8 @@ class PipelineService(Protocol):
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
         """HTTP responses by status, of every API server, given this one's own."""
+        ...
+
+    def realtime(self, mine: RealtimeSnapshot) -> RealtimeSnapshot:
+        """Live voice sessions of every API server, given this one's own."""
         ...

@@ -1,7 +1,8 @@
 """``omnistage status``: a running pipeline at a glance, in a terminal.
 
 Reads the head's ``GET /v1/omni/stages`` (and ``GET /metrics`` for the requests waiting
-per stage when the JSON lacks them) and renders one frame of text. Fetching and
+per stage when the JSON lacks them) and renders one frame of text: the pipeline's
+health, a line on the live voice sessions once there were any, and each stage. Fetching and
 rendering are separate pure-ish functions, so a frame can be tested from captured JSON
 without a head; only ``run`` touches the terminal and the clock.
 """
@@ -20,6 +21,7 @@ import urllib.request
 from typing import Any
 
 from omnistage import defaults, envs
+from omnistage.realtime.stats import quantile
 
 DEFAULT_URL = f"http://127.0.0.1:{defaults.HTTP_PORT}"
 FETCH_TIMEOUT_S = 3.0
@@ -154,6 +156,25 @@ def _header(data: dict[str, Any], url: str | None, color: bool) -> list[str]:
     return [line, f"health {health}{tail}"]
 
 
+def _live_voice(data: dict[str, Any]) -> list[str]:
+    """One line on the live voice sessions, once there has been one (a head without
+    them, or that never had a session, shows none)."""
+    rt = data.get("realtime")
+    if not isinstance(rt, dict) or not rt.get("sessions_total"):
+        return []
+    line = (
+        f"live voice  sessions {_count(rt.get('live_sessions'))} open, "
+        f"{_count(rt.get('sessions_total'))} total; turns {_count(rt.get('turns_total'))}; "
+        f"barge-ins {_count(rt.get('barge_ins_total'))}"
+    )
+    hist = rt.get("first_audio_seconds") or {}
+    bounds, counts = tuple(hist.get("bounds") or ()), list(hist.get("counts") or ())
+    p50, p90 = quantile(bounds, counts, 0.5), quantile(bounds, counts, 0.9)
+    if p50 is not None and p90 is not None:
+        line += f"; first audio p50 {p50:.2f}s p90 {p90:.2f}s ({sum(counts)} answers)"
+    return [line]
+
+
 def _stage_title(stage: dict[str, Any], names: dict[int, str], waiting: Any) -> str:
     title = f"stage {stage['stage_id']} {stage['name']}"
     inputs = [names.get(i, str(i)) for i in stage.get("inputs", [])]
@@ -275,7 +296,7 @@ def render(
     stages = sorted(stages_json["stages"], key=lambda s: s["stage_id"])
     names = {s["stage_id"]: s["name"] for s in stages}
     from_metrics = waiting_from_metrics(metrics_text) if metrics_text else {}
-    lines = _header(stages_json, url, color)
+    lines = _header(stages_json, url, color) + _live_voice(stages_json)
     for stage in _graph_order(stages):
         waiting = stage.get("waiting", from_metrics.get(stage["stage_id"]))
         lines += ["", *_stage_block(stage, names, waiting, color)]

@@ -33,6 +33,7 @@ from omnistage.protocol.messages import (
     FrontQuery,
     FrontSnapshot,
     PipelineRequest,
+    RealtimeSnapshot,
 )
 from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
 
@@ -66,6 +67,7 @@ class FrontendServer:
         # Open requests by (API server, request id): where FrontInput pieces go.
         self._streams: dict[tuple[bytes, str], RequestStream] = {}
         self._responses: dict[int, dict[int, int]] = {}
+        self._realtime: dict[int, RealtimeSnapshot] = {}
         # When each API server (by socket identity) last asked for a snapshot: one that
         # stops asking is gone (killed, say), and its requests are aborted.
         self._seen: dict[bytes, float] = {}
@@ -126,6 +128,8 @@ class FrontendServer:
             elif isinstance(msg, FrontQuery):
                 self._seen[identity] = time.monotonic()
                 self._responses[msg.server] = msg.responses
+                if msg.realtime is not None:
+                    self._realtime[msg.server] = msg.realtime
                 self._outbox.put(identity, self._snapshot())
             else:
                 _bad_input.warning("unexpected %s from an API server", type(msg).__name__)
@@ -178,4 +182,5 @@ class FrontendServer:
             waiting=s.stage_waiting(),
             responses=dict(self._responses),
             latency_json=msgspec.json.encode(s.latency()),
+            realtime=dict(self._realtime),
         )

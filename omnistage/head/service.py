@@ -17,7 +17,7 @@ from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head import status
 from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
-from omnistage.protocol.messages import PipelineRequest
+from omnistage.protocol.messages import PipelineRequest, RealtimeSnapshot
 
 
 class HeadService:
@@ -98,6 +98,9 @@ class HeadService:
         return {sid: pool.waiting for sid, pool in sorted(self._pools.items())}
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
+        return mine
+
+    def realtime(self, mine: RealtimeSnapshot) -> RealtimeSnapshot:
         return mine
 
     def latency(self) -> LatencySnapshot:

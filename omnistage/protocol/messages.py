@@ -398,11 +398,28 @@ class FrontInput(_Tagged):
     last: bool = False
 
 
+class RealtimeSnapshot(msgspec.Struct, array_like=True):
+    """One API server's live voice sessions (``realtime.stats.RealtimeStats``), or the sum
+    of every server's: counters since it started, and the histogram of the seconds from
+    the end of a user's speech to the first answer audio sent, ``first_audio_counts[i]``
+    over ``(bounds[i-1], bounds[i]]`` with one more slot for the values above the last."""
+
+    live_sessions: int = 0
+    sessions_total: int = 0
+    turns_total: int = 0
+    barge_ins_total: int = 0
+    bounds: tuple[float, ...] = ()
+    first_audio_counts: list[int] = []
+    first_audio_sum: float = 0.0
+
+
 class FrontQuery(_Tagged):
-    """API server -> head, every refresh interval: my HTTP response counts; your state."""
+    """API server -> head, every refresh interval: my HTTP response counts and live voice
+    sessions; your state."""
 
     server: int
     responses: dict[int, int]
+    realtime: RealtimeSnapshot | None = None
 
 
 class RequestCounts(msgspec.Struct, array_like=True, frozen=True):
@@ -447,6 +464,8 @@ class FrontSnapshot(_Tagged):
     responses: dict[int, dict[int, int]]
     # ``dataplane.latency.LatencySnapshot`` as JSON; empty from a head without it.
     latency_json: bytes = b""
+    # Every API server's last reported live voice sessions, by server index.
+    realtime: dict[int, RealtimeSnapshot] = {}
 
 
 # The tag of each message type. Tags are part of the wire format: never reuse one.

@@ -6,6 +6,7 @@ streaming conversion to and from the rates the models want; ``g711`` and ``resam
 beneath it), ``turns`` (the pure server-VAD turn detector: speech probabilities in,
 ``SpeechStarted``/``SpeechStopped`` out, with Realtime's ``turn_detection`` parameters)
 and ``vad`` (Silero VAD, as faster-whisper ships it, scoring streamed audio for the
-detector). Nothing outside this package imports it yet: the WebSocket endpoint and its
-session state (issue 19) are still to be built on top of it.
+detector), and ``stats`` (the session counters that /metrics, the dashboard and
+``omnistage status`` show); the session state and the WebSocket endpoint
+(``api/routes/realtime.py``) are built on them.
 """

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from tests.integration.harness import HeadProc, wait_for
 from tests.integration.test_metrics import scrape, value
@@ -111,6 +112,11 @@ def test_health_status_and_metrics_come_from_the_head(fronted: HeadProc) -> None
         return value(now, started) >= value(before, started) + 1
 
     wait_for(counted, 5, 0.1, "the request counted in /metrics")
+    # Live voice sessions are counted per API server and summed; none here.
+    _, now = scrape(fronted.client)
+    assert value(now, "omnistage_realtime_live_sessions") == 0
+    assert value(now, "omnistage_realtime_first_audio_seconds_count") == 0
+    assert fronted.stages()["realtime"]["sessions_total"] == 0
 
 
 def test_a_client_that_leaves_aborts_its_request_in_the_head(fronted: HeadProc) -> None:
@@ -211,3 +217,30 @@ def test_the_dashboard_and_its_event_stream_go_through_the_api_servers(
             body = next(lines).removeprefix("data: ")
         names = [s["name"] for s in msgspec.json.decode(body)["stages"]]
         assert names == ["thinker", "talker", "vocoder"]
+
+
+def test_live_voice_sessions_of_every_server_add_up(fronted: HeadProc) -> None:
+    """Each server counts the WebSockets it holds; /metrics and /v1/omni/stages on either
+    show the sum (sessions spread over both servers as the kernel hands out connections)."""
+    url = fronted.url.replace("http://", "ws://") + "/v1/realtime"
+    _, before = scrape(fronted.client)
+    opened_before = value(before, "omnistage_realtime_sessions_total")
+    headers = {"Authorization": "Bearer k"}
+
+    def live(n: int) -> bool:
+        # A new connection each time: it may reach either server.
+        with httpx.Client(base_url=fronted.url) as c:
+            _, now = scrape(c)
+        return value(now, "omnistage_realtime_live_sessions") == n
+
+    with contextlib.ExitStack() as stack:
+        for _ in range(4):
+            ws = stack.enter_context(ws_connect(url, additional_headers=headers))
+            assert msgspec.json.decode(ws.recv(timeout=10))["type"] == "session.created"
+        for _ in range(4):
+            wait_for(lambda: live(4), 5, 0.1, "4 live sessions in /metrics")
+        assert fronted.stages()["realtime"]["live_sessions"] == 4
+    for _ in range(4):
+        wait_for(lambda: live(0), 5, 0.1, "no live sessions once they closed")
+    _, after = scrape(fronted.client)
+    assert value(after, "omnistage_realtime_sessions_total") == opened_before + 4

@@ -174,3 +174,32 @@ def test_with_an_api_key_the_page_asks_for_it_or_takes_it_from_the_fragment(
         assert not browser.find_element(By.ID, "keyform").is_displayed()
     finally:
         head.stop()
+
+
+def test_the_live_voice_panel_appears_with_a_session_and_counts_it(
+    tmp_path: Path, browser: Any
+) -> None:
+    from websockets.sync.client import connect
+
+    head = HeadProc(tmp_path, "echo-1stage")
+    try:
+        head.wait_healthy()
+        browser.get(f"{head.url}/dashboard")
+        _wait(browser, lambda b: _replicas(b) == {(0, 0): "UP"}, 10, "the page's stage")
+        panel = browser.find_element(By.ID, "voice")
+        assert not panel.is_displayed()  # no session yet: no panel
+
+        def shown(metric: str) -> str:
+            return browser.find_element(By.CSS_SELECTOR, f'[data-metric="{metric}"]').text
+
+        url = head.url.replace("http://", "ws://") + "/v1/realtime"
+        with connect(url) as ws:
+            assert '"session.created"' in str(ws.recv(timeout=10))
+            _wait(browser, lambda b: panel.is_displayed(), 5, "the Live voice panel")
+            _wait(browser, lambda b: shown("voice_live") == "1", 5, "1 session open")
+            assert shown("voice_sessions") == "1"
+            assert shown("voice_p50") == "\u2013"  # no answer yet
+        _wait(browser, lambda b: shown("voice_live") == "0", 5, "the session closed")
+        assert panel.is_displayed() and shown("voice_sessions") == "1"
+    finally:
+        head.stop()

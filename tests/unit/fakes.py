@@ -13,7 +13,7 @@ from omnistage.api.service import OutputStream, ReplicaStats, RequestCounts
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, PipelineRequest
+from omnistage.protocol.messages import ChunkMeta, OutputChunk, PipelineRequest, RealtimeSnapshot
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
 NO_REQUESTS = RequestCounts(0, 0, 0)
@@ -73,6 +73,9 @@ class FakeService:
         return self._latency()
 
     def response_counts(self, mine: Counter[int]) -> Counter[int]:
+        return mine
+
+    def realtime(self, mine: RealtimeSnapshot) -> RealtimeSnapshot:
         return mine
 
 

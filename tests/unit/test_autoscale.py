@@ -312,6 +312,7 @@ def test_metrics_count_decisions_and_gauge_desired_replicas() -> None:
         stages_status=lambda: {"stages": [*stages, {"stage_id": 1, "autoscaling": None}]},
         stage_waiting=dict,
         response_counts=lambda mine: mine,
+        realtime=lambda mine: mine,
         latency=LatencySnapshot,
     )
     with TestClient(create_app(head)) as client:

@@ -12,10 +12,10 @@ look at in-memory state, no request to anyone, so a page costs the head next to 
 while nothing changes.
 
 Every ``LATENCY_S`` it also sends ``event: latency`` when anything in it changed (and
-once on connect): the cumulative latency histograms and the count of 429 and 5xx
-responses, compactly (see ``latency_body``). The page turns the deltas of those
-counts into quantiles over a sliding window itself, so the head keeps no per-page
-history.
+once on connect): the cumulative latency histograms, the count of 429 and 5xx
+responses and the live voice sessions, compactly (see ``latency_body``). The page turns
+the deltas of those counts into quantiles over a sliding window itself, so the head
+keeps no per-page history.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from starlette.responses import Response, StreamingResponse
 from omnistage.api.routes.common import service
 from omnistage.api.service import PipelineService
 from omnistage.dataplane.latency import LatencySnapshot
+from omnistage.protocol.messages import RealtimeSnapshot
+from omnistage.realtime.stats import as_json
 
 router = APIRouter()
 
@@ -99,12 +101,17 @@ def _steady(replica: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in replica.items() if k not in _VOLATILE}
 
 
-def latency_body(snap: LatencySnapshot, responses: Mapping[int, int]) -> bytes:
+def latency_body(
+    snap: LatencySnapshot,
+    responses: Mapping[int, int],
+    realtime: RealtimeSnapshot | None = None,
+) -> bytes:
     """The ``event: latency`` body, JSON: ``bounds`` (bucket upper bounds in seconds,
     once; each counts array has one more slot, for the values above the last bound),
     ``stages`` {family: {stage id: [counts, sum, count]}}, ``requests`` {family: {kind:
-    [counts, sum, count]}}, ``responses`` {"429": n, "5xx": n}: all cumulative since
-    the head started."""
+    [counts, sum, count]}}, ``responses`` {"429": n, "5xx": n}, ``realtime`` (the live
+    voice sessions, ``realtime.stats.as_json``; its histogram has its own bounds): all
+    cumulative since the head started, but ``realtime.live_sessions``, a gauge."""
 
     def hist(state: tuple[list[int], float]) -> list[Any]:
         counts, total = state
@@ -125,6 +132,7 @@ def latency_body(snap: LatencySnapshot, responses: Mapping[int, int]) -> bytes:
                 "429": responses.get(429, 0),
                 "5xx": sum(n for code, n in responses.items() if code >= 500),
             },
+            "realtime": as_json(realtime if realtime is not None else RealtimeSnapshot()),
         }
     )
 
@@ -134,6 +142,7 @@ async def _feed(request: Request, omni: PipelineService) -> AsyncIterator[bytes]
     last_sent = time.monotonic()
     next_latency = 0.0
     mine = request.app.state.response_counts
+    my_realtime = request.app.state.realtime_stats
     yield f"retry: {RETRY_MS}\n\n".encode()
     # Ends when the client goes (checked each tick; a keepalive that cannot be written
     # ends it as well) or when the server shuts down and cancels it.
@@ -151,7 +160,9 @@ async def _feed(request: Request, omni: PipelineService) -> AsyncIterator[bytes]
         now = time.monotonic()
         if now >= next_latency:
             next_latency = now + LATENCY_S
-            now_latency = latency_body(omni.latency(), omni.response_counts(mine))
+            now_latency = latency_body(
+                omni.latency(), omni.response_counts(mine), omni.realtime(my_realtime.snapshot())
+            )
             if now_latency != last_latency:
                 last_latency = now_latency
                 out.append(event("latency", now_latency))

