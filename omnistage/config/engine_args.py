@@ -100,6 +100,9 @@ class TtsArgs(_Args):
     sentence_streaming: bool = True
     # Syntheses running at once (each in a worker thread).
     max_concurrent: int = Field(default=4, ge=1)
+    # Streamed text: speak an answer's opening phrase ("The capital of France") before
+    # its first sentence is complete, not only an opening clause ending in a comma.
+    first_phrase: bool = True
 
 
 # CTranslate2's compute types (what its quantization guide lists).

@@ -165,3 +165,34 @@ def split_first_clause(buffer: str, min_words: int = 4) -> tuple[str | None, str
         if len(clause.split()) >= min_words:
             return clause, buffer[match.end() :].lstrip()
     return None, buffer
+
+
+# Words a spoken phrase boundary comes before: a verb after its subject ("The capital of
+# France | is Paris"), a conjunction or a relative pronoun. Cutting there keeps each
+# part a natural unit of speech.
+# fmt: off
+_PHRASE_BREAKS = frozenset({
+    "is", "are", "was", "were", "has", "have", "had", "will", "can", "could", "would",
+    "should", "may", "might", "must", "and", "but", "or", "because", "so", "which", "that",
+    "who", "whose", "when", "where", "while", "with", "for",
+})
+# fmt: on
+_WHOLE_WORD = re.compile(r"\S+(?=\s)")
+
+
+def split_first_phrase(buffer: str, min_words: int = 3) -> tuple[str | None, str]:
+    """The opening of ``buffer`` worth speaking before its sentence is finished: its
+    first clause (``split_first_clause``), else the words before the first phrase
+    boundary with at least ``min_words`` words before it since any clause mark, once
+    that boundary's word is complete. The first audio of an answer then waits for a few words, not a
+    sentence."""
+    clause, rest = split_first_clause(buffer)
+    if clause is not None:
+        return clause, rest
+    run = 0  # words since the last clause mark: "Hello there, this | is" is no phrase
+    for word in _WHOLE_WORD.finditer(buffer):
+        text = word.group()
+        if run >= min_words and text.lower() in _PHRASE_BREAKS:
+            return buffer[: word.start()].strip(), buffer[word.start() :]
+        run = 0 if text[-1] in ",;:" else run + 1
+    return None, buffer

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 
 from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines.audio import split_first_clause, split_sentences
+from omnistage.engines.audio import split_first_clause, split_first_phrase, split_sentences
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
+from omnistage.engines.priority_slots import PrioritySlots
 from omnistage.engines.voices import VoiceCatalog, VoiceInfo
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
@@ -47,7 +48,7 @@ class TtsEngine(Engine):
         self.args = TtsArgs.model_validate(stage.engine_args)
         self.catalog: VoiceCatalog | None = None
         self._loads: dict[str, asyncio.Future[PiperVoice]] = {}
-        self._slots = asyncio.Semaphore(self.args.max_concurrent)
+        self._slots = PrioritySlots(self.args.max_concurrent)
         self._waiting = 0
         # Seconds the default voice took to load, and its warm-up synthesis.
         self.load_time_s: float | None = None
@@ -108,8 +109,14 @@ class TtsEngine(Engine):
         modality = self.stage.output_modality
         words_in = 0
 
+        said = 0  # sentences synthesized: an answer's first goes before others' later ones
+
         async def speak(text: str, finished: bool = False) -> EngineChunk:
-            pcm = await self._synthesize(piper_voice, text, length_scale) if text else b""
+            nonlocal said
+            pcm = b""
+            if text:
+                pcm = await self._synthesize(piper_voice, text, length_scale, min(said, 1))
+                said += 1
             self.progress += 1
             chunk = EngineChunk(modality, text=text, data=pcm, meta=meta)
             if finished:
@@ -145,8 +152,9 @@ class TtsEngine(Engine):
                 continue
             sentences, buffer = split_sentences(buffer)
             if not spoken_any and not sentences:
-                # Nothing said yet: an opening clause is worth speaking on its own.
-                clause, buffer = split_first_clause(buffer)
+                # Nothing said yet: an opening clause (or phrase) is worth speaking alone.
+                opening = split_first_phrase if self.args.first_phrase else split_first_clause
+                clause, buffer = opening(buffer)
                 sentences = [clause] if clause else []
             for sentence in sentences:
                 spoken_any = True
@@ -184,15 +192,18 @@ class TtsEngine(Engine):
         # Shielded: a cancelled request must not cancel a load others may wait for.
         return await asyncio.shield(load)
 
-    async def _synthesize(self, voice: PiperVoice, text: str, length_scale: float) -> bytes:
-        """PCM for ``text``, synthesized in a worker thread once a slot is free.
+    async def _synthesize(
+        self, voice: PiperVoice, text: str, length_scale: float, priority: int = 0
+    ) -> bytes:
+        """PCM for ``text``, synthesized in a worker thread once a slot is free (the most
+        urgent ``priority`` first: 0 for an answer's first sentence, 1 for the rest).
 
         On cancellation the worker stops at its next sentence boundary; the slot stays
         taken until it has, so at most ``max_concurrent`` syntheses ever run.
         """
         self._waiting += 1
         try:
-            await self._slots.acquire()
+            await self._slots.acquire(priority)
         finally:
             self._waiting -= 1
         stop = threading.Event()
@@ -217,12 +228,33 @@ class TtsEngine(Engine):
 
 
 def _load_voice(voice: VoiceInfo) -> PiperVoice:
-    from piper import PiperVoice
-
     try:
-        return PiperVoice.load(voice.model_path, config_path=voice.config_path)
+        return _piper_voice(voice)
     except Exception as exc:
         raise EngineError(f"could not load voice {voice.id} ({voice.model_path}): {exc}") from exc
+
+
+def _piper_voice(voice: VoiceInfo) -> PiperVoice:
+    """Piper's voice, with an ONNX session whose threads sleep when idle.
+
+    ``PiperVoice.load`` gives onnxruntime's defaults, whose worker threads spin after
+    every sentence; the talker shares the cores with the thinker that feeds it, and a
+    spinning talker slows the next sentence's words."""
+    import json
+
+    import onnxruntime
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+
+    opts = onnxruntime.SessionOptions()
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    with open(voice.config_path, encoding="utf-8") as f:
+        config = PiperConfig.from_dict(json.load(f))
+    session = onnxruntime.InferenceSession(
+        str(voice.model_path), sess_options=opts, providers=["CPUExecutionProvider"]
+    )
+    return PiperVoice(config=config, session=session)
 
 
 def _synthesize_blocking(

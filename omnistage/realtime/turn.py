@@ -16,7 +16,7 @@ from collections.abc import Callable
 from omnistage.realtime.listening import TurnListener
 
 # A pause this long ends a phrase (and lets the session start answering early).
-PAUSE_MS = 200
+PAUSE_MS = 120
 
 
 class UserTurn:

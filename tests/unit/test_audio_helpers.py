@@ -168,3 +168,20 @@ def test_first_clause_is_split_once_long_enough() -> None:
     assert rest == "teeming with life"
     assert split_first_clause("no clause end here yet") == (None, "no clause end here yet")
     assert split_first_clause("the value is 3,14 and more") == (None, "the value is 3,14 and more")
+
+
+def test_split_first_phrase_cuts_before_a_boundary_word_once_it_is_complete() -> None:
+    from omnistage.engines.audio import split_first_phrase
+
+    assert split_first_phrase("The capital of France is Paris.") == (
+        "The capital of France",
+        "is Paris.",
+    )
+    # "is" may still be the start of "island": no cut until the word is complete.
+    assert split_first_phrase("The capital of France is") == (None, "The capital of France is")
+    # Fewer than three words before the boundary: keep waiting.
+    assert split_first_phrase("Paris is the capital of ") == (None, "Paris is the capital of ")
+    # A complete opening clause still comes first.
+    clause, rest = split_first_phrase("The ocean is vast and deep, teeming")
+    assert (clause, rest) == ("The ocean is vast and deep,", "teeming")
+    assert split_first_phrase("The sea and the sky ") == (None, "The sea and the sky ")

@@ -1,0 +1,52 @@
+"""A fixed number of slots, handed out by priority, then in order of asking.
+
+An ``asyncio.Semaphore`` serves waiters first come, first served. A talker serving many
+answers at once should not: a listener waits for an answer's *first* sentence, while a
+later sentence only has to arrive before the one before it has finished playing. So
+each waiter says how urgent it is (lower first) and a freed slot goes to the most
+urgent, the earliest of equals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+
+
+class PrioritySlots:
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self._free = slots
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def locked(self) -> bool:
+        """No slot is free (as ``asyncio.Semaphore.locked``)."""
+        return self._free == 0
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for *_, f in self._waiters if not f.done())
+
+    async def acquire(self, priority: int = 0) -> None:
+        if self._free > 0 and not self.waiting:
+            self._free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (priority, next(self._order), future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # handed a slot as it was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            *_, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
