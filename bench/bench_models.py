@@ -133,7 +133,10 @@ async def run_direct(stage: StageConfig, args: argparse.Namespace) -> list[LoadR
     from omnistage.protocol.messages import ChatMessage, Prompt
 
     engine = build_engine(stage)
-    params = {**stage.default_sampling_params, "temperature": 0.0, "max_tokens": args.max_tokens}
+    from omnistage.protocol.params import ParamKind, decode
+
+    given = {**stage.default_sampling_params, "temperature": 0.0, "max_tokens": args.max_tokens}
+    params = decode(ParamKind.TEXT, given)
     ids = itertools.count()
 
     async def no_inputs() -> AsyncIterator[StageInput]:
@@ -142,7 +145,7 @@ async def run_direct(stage: StageConfig, args: argparse.Namespace) -> list[LoadR
 
     async def one(text: str) -> Sample:
         prompt = Prompt(messages=[ChatMessage("user", text)])
-        req = EngineRequest(f"direct-{next(ids)}", prompt, dict(params), no_inputs())
+        req = EngineRequest(f"direct-{next(ids)}", prompt, params, no_inputs())
         t0, ttft = time.perf_counter(), None
         async for chunk in engine.generate(req):
             if chunk.text and ttft is None:

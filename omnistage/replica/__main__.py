@@ -4,14 +4,7 @@ replicas with ``omnistage serve --headless`` instead."""
 
 from __future__ import annotations
 
-import os
 import sys
-
-# Before any engine loads OpenMP (torch, CTranslate2): its threads sleep when idle
-# instead of spinning for ~200 ms after each piece of work. Replicas of a pipeline share
-# the cores: a listener spinning after a transcription slowed the thinker that answers
-# it (a live voice turn's first audio came ~0.1 s later). An operator's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from omnistage import aio, envs, tracing
 from omnistage.logs import setup_logging
