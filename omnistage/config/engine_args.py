@@ -100,6 +100,10 @@ class TtsArgs(_Args):
     sentence_streaming: bool = True
     # Syntheses running at once (each in a worker thread).
     max_concurrent: int = Field(default=4, ge=1)
+    # onnxruntime threads per synthesis; None: the cores shared out among max_concurrent
+    # syntheses (at least one each). Several answers at once are synthesized side by
+    # side, each on its own thread, rather than each on every core in turn.
+    threads: int | None = Field(default=None, ge=1, le=256)
     # Streamed text: speak an answer's opening phrase ("The capital of France") before
     # its first sentence is complete, not only an opening clause ending in a comma.
     first_phrase: bool = True

@@ -26,6 +26,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.audio import split_first_clause, split_first_phrase, split_sentences
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.priority_slots import PrioritySlots
+from omnistage.engines.torch_threads import cores
 from omnistage.engines.voices import VoiceCatalog, VoiceInfo
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
@@ -187,7 +188,8 @@ class TtsEngine(Engine):
         """The loaded voice, loading it on first use (once, however many ask)."""
         load = self._loads.get(voice.id)
         if load is None or (load.done() and (load.cancelled() or load.exception())):
-            load = asyncio.ensure_future(asyncio.to_thread(_load_voice, voice))
+            threads = self.args.threads or max(1, cores() // self.args.max_concurrent)
+            load = asyncio.ensure_future(asyncio.to_thread(_load_voice, voice, threads))
             self._loads[voice.id] = load
         # Shielded: a cancelled request must not cancel a load others may wait for.
         return await asyncio.shield(load)
@@ -227,14 +229,14 @@ class TtsEngine(Engine):
             log.debug("synthesis failed", exc_info=work.exception())
 
 
-def _load_voice(voice: VoiceInfo) -> PiperVoice:
+def _load_voice(voice: VoiceInfo, threads: int) -> PiperVoice:
     try:
-        return _piper_voice(voice)
+        return _piper_voice(voice, threads)
     except Exception as exc:
         raise EngineError(f"could not load voice {voice.id} ({voice.model_path}): {exc}") from exc
 
 
-def _piper_voice(voice: VoiceInfo) -> PiperVoice:
+def _piper_voice(voice: VoiceInfo, threads: int) -> PiperVoice:
     """Piper's voice, with an ONNX session whose threads sleep when idle.
 
     ``PiperVoice.load`` gives onnxruntime's defaults, whose worker threads spin after
@@ -247,6 +249,8 @@ def _piper_voice(voice: VoiceInfo) -> PiperVoice:
     from piper.config import PiperConfig
 
     opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     with open(voice.config_path, encoding="utf-8") as f:
