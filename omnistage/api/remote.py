@@ -27,7 +27,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
-from omnistage.protocol.messages import (
+from omnistage.protocol.front import (
     ErrorInfo,
     FrontClose,
     FrontDone,
@@ -35,10 +35,10 @@ from omnistage.protocol.messages import (
     FrontOpened,
     FrontQuery,
     FrontSnapshot,
-    OutputChunk,
     PipelineRequest,
     RealtimeSnapshot,
 )
+from omnistage.protocol.messages import OutputChunk
 from omnistage.realtime.stats import RealtimeStats, combine
 from omnistage.zmqio import NOBLOCK, Outbox, Pump
 

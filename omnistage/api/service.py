@@ -12,13 +12,8 @@ from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencySnapshot
-from omnistage.protocol.messages import (
-    OutputChunk,
-    PipelineRequest,
-    RealtimeSnapshot,
-    ReplicaStats,
-    RequestCounts,
-)
+from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot, ReplicaStats, RequestCounts
+from omnistage.protocol.messages import OutputChunk
 
 __all__ = ["ReplicaStats", "RequestCounts"]  # what the routes read, with the protocol
 

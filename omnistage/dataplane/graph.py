@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omnistage.config.schema import DeployConfig, StageConfig
-from omnistage.protocol.messages import PipelineRequest
+from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.params import StageParams, decode, kind_of
 
 

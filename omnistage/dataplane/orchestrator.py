@@ -39,7 +39,8 @@ from omnistage.protocol.errors import (
     StageOverloadedError,
     StageUnavailableError,
 )
-from omnistage.protocol.messages import Abort, OutputChunk, PipelineRequest
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import Abort, OutputChunk
 from omnistage.tracing import RequestTraces, request_traces
 
 log = logging.getLogger(__name__)

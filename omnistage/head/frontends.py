@@ -24,7 +24,7 @@ from omnistage.dataplane.orchestrator import RequestStream
 from omnistage.head.service import HeadService
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
-from omnistage.protocol.messages import (
+from omnistage.protocol.front import (
     ErrorInfo,
     FrontClose,
     FrontDone,

@@ -17,7 +17,7 @@ from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head import status
 from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
-from omnistage.protocol.messages import PipelineRequest, RealtimeSnapshot
+from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot
 
 
 class HeadService:

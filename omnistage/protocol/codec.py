@@ -9,8 +9,8 @@ import msgspec
 
 from omnistage.protocol.auth import AuthStamp, Signer, Verifier, decode_stamp, encode_stamp
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import TAGS
 from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
+from omnistage.protocol.tags import TAGS
 
 T = TypeVar("T", bound=msgspec.Struct)
 

@@ -1,10 +1,11 @@
-"""Every message that crosses a process boundary, as typed msgspec Structs.
+"""The messages between the head and its replicas, as typed msgspec Structs (those
+between the head and its API server processes are in ``front``).
 
 Two families:
 - Registration (replica DEALER -> master ROUTER, ``protocol.registration``) is one
   msgpack *map* each way with the seed's keys.
 - Everything else travels as two frames ``[tag, body]``: a one-byte type tag and the
-  msgpack body of the Struct bound to that tag (see ``codec``). Bodies are array-like
+  msgpack body of the Struct bound to that tag (``tags``, ``codec``). Bodies are array-like
   structs: compact, and fast to encode on the hot path.
 """
 
@@ -38,11 +39,11 @@ def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
 # --------------------------------------------------------------------------------------
 
 
-class _Tagged(msgspec.Struct, array_like=True, omit_defaults=False):
-    pass
+class Tagged(msgspec.Struct, array_like=True, omit_defaults=False):
+    """A message that travels as ``[tag, body]`` (its tag: ``tags.TAGS``)."""
 
 
-class Hello(_Tagged):
+class Hello(Tagged):
     """Replica -> head handshake socket: 'I registered as (stage, replica, epoch)'."""
 
     stage_id: int
@@ -53,7 +54,7 @@ class Hello(_Tagged):
     protocol_version: int = PROTOCOL_VERSION
 
 
-class HandshakeInit(_Tagged):
+class HandshakeInit(Tagged):
     """Head -> replica: everything the replica needs to load its engine and serve."""
 
     stage_config: dict[str, Any]
@@ -68,7 +69,7 @@ class HandshakeInit(_Tagged):
     heartbeat_timeout_s: float = 5.0
 
 
-class Ready(_Tagged):
+class Ready(Tagged):
     """Replica -> head, sent on the *input* channel once the engine is loaded.
 
     Travelling on the data socket (not the handshake socket) proves the request path
@@ -119,7 +120,7 @@ class TokenLogprob(msgspec.Struct, array_like=True):
     top_logprobs: list[TopLogprob]
 
 
-class Prompt(_Tagged):
+class Prompt(Tagged):
     """Client input: chat messages or plain text, and audio to listen to (the bytes of
     an uploaded file, e.g. WAV or MP3, decoded by the stage that reads it)."""
 
@@ -142,7 +143,7 @@ _TEXT, _AUDIO = frozenset({Modality.TEXT}), frozenset({Modality.AUDIO})
 _TEXT_AUDIO = _TEXT | _AUDIO
 
 
-class Resume(_Tagged):
+class Resume(Tagged):
     """What a stage already delivered for a request, sent with a retry on another
     replica after the first one failed.
 
@@ -161,7 +162,7 @@ class Resume(_Tagged):
     tokens: int = 0
 
 
-class AddRequest(_Tagged):
+class AddRequest(Tagged):
     """Head -> replica: start a request.
 
     ``upstream`` lists the stages whose outputs will arrive as this request's input
@@ -195,7 +196,7 @@ class AddRequest(_Tagged):
     input_streaming: bool = False
 
 
-class InputChunk(_Tagged):
+class InputChunk(Tagged):
     """Head -> replica: the next piece of a request's streamed input
     (``PipelineRequest.input_streaming``), for a stage that reads the prompt.
 
@@ -211,15 +212,15 @@ class InputChunk(_Tagged):
     last: bool = False
 
 
-class Abort(_Tagged):
+class Abort(Tagged):
     request_id: str
 
 
-class Shutdown(_Tagged):
+class Shutdown(Tagged):
     reason: str
 
 
-class Ping(_Tagged):
+class Ping(Tagged):
     """Head -> replica, ignored by the replica: a send that fails (ROUTER_MANDATORY)
     proves the replica's connection is gone."""
 
@@ -265,7 +266,7 @@ class ChunkMeta(msgspec.Struct, omit_defaults=True, frozen=True):
     duration: float | None = None
 
 
-class OutputChunk(_Tagged):
+class OutputChunk(Tagged):
     """One piece of a stage's output for a request: the one chunk type end to end.
 
     A replica makes it once from what its engine yields; the same message then goes to
@@ -299,7 +300,7 @@ class OutputChunk(_Tagged):
     logprobs: list[TokenLogprob] | None = None
 
 
-class Heartbeat(_Tagged):
+class Heartbeat(Tagged):
     """Replica -> coordinator, every heartbeat interval and once with status DOWN at exit."""
 
     stage_id: int
@@ -314,7 +315,7 @@ class Heartbeat(_Tagged):
     detail: str = ""
 
 
-class HeartbeatAck(_Tagged):
+class HeartbeatAck(Tagged):
     """Coordinator -> replica, for each heartbeat: what the head thinks of the sender.
 
     ``state`` is the replica's state in the head's table, or UNKNOWN when the head
@@ -325,168 +326,3 @@ class HeartbeatAck(_Tagged):
 
     state: ReplicaState
     head_instance: str
-
-
-# --------------------------------------------------------------------------------------
-# API servers <-> head (--api-server-count > 1; a private ipc socket on the head's host)
-# --------------------------------------------------------------------------------------
-
-
-class ErrorInfo(msgspec.Struct, array_like=True):
-    """An error as the HTTP API answers it (status and OpenAI's error body)."""
-
-    status: int
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class PipelineRequest(_Tagged):
-    """One request through the pipeline, as the API asks the head to start it
-    (``PipelineService.open``; the same message from an API server process).
-
-    ``finals`` are the stages whose outputs answer the client. ``params`` go to every
-    stage the request runs, ``stage_params`` to one stage each, over the stage's own
-    defaults. ``only``: run just the ``finals`` stages, each fed the prompt directly (e.g.
-    the speech endpoint driving a TTS stage that normally listens to an LLM). ``ack``:
-    each final stage first checks its params and answers at once (an error, or an empty
-    chunk), so a caller can wait for every final's first chunk.
-    """
-
-    request_id: str
-    prompt: Prompt
-    finals: list[int]
-    params: StageParams = StageParams()
-    stage_params: dict[int, StageParams] = {}
-    only: bool = False
-    ack: bool = False
-    # Requests with the same key go to the replica that took the key last while it is
-    # up and has room (a Realtime session's turns: its thinker's prefix cache).
-    affinity: str = ""
-    # ``prompt`` is only the first piece of the input; the rest arrives through the
-    # stream's ``feed`` (appended to the prompt's audio, or to its text as UTF-8).
-    input_streaming: bool = False
-
-
-class FrontOpened(_Tagged):
-    """Head -> API server: the request started (``error`` None) or was refused."""
-
-    request_id: str
-    error: ErrorInfo | None = None
-
-
-class FrontDone(_Tagged):
-    """Head -> API server, after the request's last OutputChunk (or instead of more)."""
-
-    request_id: str
-    usage: dict[str, int]
-    error: ErrorInfo | None = None
-
-
-class FrontClose(_Tagged):
-    """API server -> head: the client is gone; abort what is unfinished."""
-
-    request_id: str
-
-
-class FrontInput(_Tagged):
-    """API server -> head: the next piece of a streamed input (``OutputStream.feed``)."""
-
-    request_id: str
-    data: bytes
-    last: bool = False
-
-
-class RealtimeSnapshot(msgspec.Struct, array_like=True):
-    """One API server's live voice sessions (``realtime.stats.RealtimeStats``), or the sum
-    of every server's: counters since it started, and the histogram of the seconds from
-    the end of a user's speech to the first answer audio sent, ``first_audio_counts[i]``
-    over ``(bounds[i-1], bounds[i]]`` with one more slot for the values above the last."""
-
-    live_sessions: int = 0
-    sessions_total: int = 0
-    turns_total: int = 0
-    barge_ins_total: int = 0
-    bounds: tuple[float, ...] = ()
-    first_audio_counts: list[int] = []
-    first_audio_sum: float = 0.0
-
-
-class FrontQuery(_Tagged):
-    """API server -> head, every refresh interval: my HTTP response counts and live voice
-    sessions; your state."""
-
-    server: int
-    responses: dict[int, int]
-    realtime: RealtimeSnapshot | None = None
-
-
-class RequestCounts(msgspec.Struct, array_like=True, frozen=True):
-    """The orchestrator's request counters."""
-
-    started_total: int
-    in_flight: int
-    retried_total: int
-    direct_edges_total: int = 0
-    forwarded_chunks_total: int = 0
-
-
-class ReplicaStats(msgspec.Struct, array_like=True, frozen=True):
-    """One replica's load as the head's pool sees it (``/metrics``)."""
-
-    stage_id: int
-    replica_id: int
-    up: bool
-    in_flight: int
-    capacity: int
-    queue_length: int
-    dispatched_total: int
-    # Where it runs when the backend placed it (a Ray node id); None: not known.
-    node: str | None = None
-
-
-class FrontSnapshot(_Tagged):
-    """Head -> API server: what the non-generation routes show (health, status,
-    metrics), as of now. ``responses`` are every API server's last reported counts.
-
-    The coordinator's table rows (``control.replica_table.ReplicaEntry``) and the latency
-    histograms (``dataplane.latency.LatencySnapshot``) travel JSON-encoded: their types
-    belong to the roles that keep them, which this module does not import. ``status_json``
-    is the ``GET /v1/omni/stages`` body itself."""
-
-    missing: list[tuple[int, str]]
-    status_json: bytes
-    counts: RequestCounts
-    entries_json: bytes
-    loads: list[ReplicaStats]
-    waiting: dict[int, int]
-    responses: dict[int, dict[int, int]]
-    # ``dataplane.latency.LatencySnapshot`` as JSON; empty from a head without it.
-    latency_json: bytes = b""
-    # Every API server's last reported live voice sessions, by server index.
-    realtime: dict[int, RealtimeSnapshot] = {}
-
-
-# The tag of each message type. Tags are part of the wire format: never reuse one.
-TAGS: dict[type[msgspec.Struct], bytes] = {
-    Hello: b"H",
-    HandshakeInit: b"I",
-    Ready: b"R",
-    AddRequest: b"A",
-    # b"C" was the old InputChunk (upstream outputs are OutputChunks now): never reuse it.
-    InputChunk: b"c",
-    Abort: b"X",
-    Shutdown: b"S",
-    Ping: b"P",
-    OutputChunk: b"O",
-    Heartbeat: b"B",
-    HeartbeatAck: b"K",
-    PipelineRequest: b"a",
-    FrontOpened: b"o",
-    FrontDone: b"d",
-    FrontClose: b"x",
-    FrontQuery: b"q",
-    FrontInput: b"i",
-    FrontSnapshot: b"s",
-}

@@ -13,7 +13,8 @@ import asyncio
 from collections.abc import Callable
 
 from omnistage.api.service import OutputStream, PipelineService
-from omnistage.protocol.messages import PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import Prompt
 from omnistage.protocol.params import StageParams, TranscriptionParams
 from omnistage.realtime.conversation import new_id
 from omnistage.realtime.input_buffer import RATE

@@ -24,7 +24,8 @@ import numpy as np
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.realtime.audio_formats import AudioFormat
 from omnistage.realtime.audio_formats import OutputStream as AudioOut

@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from typing import Any
 
-from omnistage.protocol.messages import RealtimeSnapshot
+from omnistage.protocol.front import RealtimeSnapshot
 
 # Upper bounds in seconds of the first-audio histogram: finer than the request latency
 # buckets around the one second a spoken answer should start within (VAD's silence

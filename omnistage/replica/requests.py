@@ -21,14 +21,7 @@ from omnistage.aio import Mailbox
 from omnistage.engines.base import Engine, EngineRequest, StageInput, joined_prompt
 from omnistage.protocol.enums import ErrorKind, FinishReason, Modality, Outcome
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import (
-    Abort,
-    AddRequest,
-    InputChunk,
-    OutputChunk,
-    Ping,
-    Shutdown,
-)
+from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Ping, Shutdown
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
 from omnistage.replica.streamed import InputPieces, prompt_piece
 

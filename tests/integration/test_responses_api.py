@@ -21,13 +21,8 @@ from omnistage.api.app import create_app
 from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
 from omnistage.protocol.errors import BadRequestError, StageFailedError
-from omnistage.protocol.messages import (
-    ChatMessage,
-    ChunkMeta,
-    OutputChunk,
-    PipelineRequest,
-    ToolCall,
-)
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, ToolCall
 from omnistage.protocol.params import GenerationParams
 from tests.integration.harness import HeadProc
 

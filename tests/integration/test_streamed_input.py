@@ -13,7 +13,8 @@ from omnistage.api.remote import RemoteService
 from omnistage.config.load import load_config
 from omnistage.head.frontends import FrontendServer
 from omnistage.head.process import Head
-from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import OutputChunk, Prompt
 from tests.integration.inproc_head import kill_replica, running_head, until
 
 

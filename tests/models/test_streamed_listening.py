@@ -23,7 +23,8 @@ from omnistage.config.schema import DeployConfig, StageConfig
 from omnistage.engines.base import EngineRequest
 from omnistage.engines.tts import TtsEngine
 from omnistage.head.process import Head
-from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import OutputChunk, Prompt
 from tests import params as P
 from tests.integration.inproc_head import kill_replica, running_head, until
 from tests.models.test_asr_engine import no_inputs, word_errors

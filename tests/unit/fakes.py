@@ -13,7 +13,8 @@ from omnistage.api.service import OutputStream, ReplicaStats, RequestCounts
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, PipelineRequest, RealtimeSnapshot
+from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot
+from omnistage.protocol.messages import ChunkMeta, OutputChunk
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
 NO_REQUESTS = RequestCounts(0, 0, 0)

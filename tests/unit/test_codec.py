@@ -9,12 +9,7 @@ import pytest
 
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import (
-    PROTOCOL_VERSION,
-    TAGS,
-    Abort,
-    AddRequest,
-    ChatMessage,
+from omnistage.protocol.front import (
     ErrorInfo,
     FrontClose,
     FrontDone,
@@ -22,6 +17,15 @@ from omnistage.protocol.messages import (
     FrontOpened,
     FrontQuery,
     FrontSnapshot,
+    PipelineRequest,
+    ReplicaStats,
+    RequestCounts,
+)
+from omnistage.protocol.messages import (
+    PROTOCOL_VERSION,
+    Abort,
+    AddRequest,
+    ChatMessage,
     HandshakeInit,
     Heartbeat,
     HeartbeatAck,
@@ -29,16 +33,14 @@ from omnistage.protocol.messages import (
     InputChunk,
     OutputChunk,
     Ping,
-    PipelineRequest,
     Prompt,
     Ready,
-    ReplicaStats,
-    RequestCounts,
     Resume,
     Shutdown,
 )
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.protocol.registration import ErrorReply, RegisterReply
+from omnistage.protocol.tags import TAGS
 
 SAMPLES: dict[type, msgspec.Struct] = {
     Hello: Hello(stage_id=1, replica_id=2, epoch=3, pid=4321, host="node-a"),

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import TAGS, Abort, OutputChunk
+from omnistage.protocol.messages import Abort, OutputChunk
 from omnistage.protocol.registration import RegisterRequest
+from omnistage.protocol.tags import TAGS
 
 TAG_BYTES = st.sampled_from([*TAGS.values(), b"", b"?", b"OO"])
 # msgpack-shaped noise: valid containers of wrong types, plus raw bytes.

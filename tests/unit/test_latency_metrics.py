@@ -18,7 +18,8 @@ from omnistage.api.routes.metrics import Exposition
 from omnistage.api.service import RequestCounts
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot
-from omnistage.protocol.messages import ChunkMeta, FrontSnapshot, OutputChunk, PipelineRequest
+from omnistage.protocol.front import FrontSnapshot, PipelineRequest
+from omnistage.protocol.messages import ChunkMeta, OutputChunk
 from tests.unit.fakes import FakeClock, FakeService
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
 

@@ -18,11 +18,11 @@ from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.protocol import codec
 from omnistage.protocol.errors import StageFailedError
+from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import (
     Abort,
     AddRequest,
     OutputChunk,
-    PipelineRequest,
     Prompt,
     Reason,
     ReplicaState,

@@ -9,7 +9,8 @@ import pytest
 from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import Prompt
 from omnistage.protocol.params import (
     NO_PARAMS,
     GenerationParams,

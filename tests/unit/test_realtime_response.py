@@ -13,7 +13,8 @@ import pytest
 
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, PipelineRequest
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage, ChunkMeta
 from omnistage.realtime.audio_formats import PCM, PCMU, AudioFormat
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.response import ResponseRun, ResponseSettings

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import ChunkMeta, PipelineRequest
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChunkMeta
 from omnistage.realtime import audio_input
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.session import RealtimeSession, SessionContext

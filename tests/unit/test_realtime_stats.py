@@ -15,7 +15,7 @@ from omnistage.cli.status import render
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol import codec
-from omnistage.protocol.messages import FrontQuery, FrontSnapshot, RealtimeSnapshot
+from omnistage.protocol.front import FrontQuery, FrontSnapshot, RealtimeSnapshot
 from omnistage.realtime.stats import (
     FIRST_AUDIO_BUCKETS_S,
     RealtimeStats,

@@ -8,7 +8,7 @@ from collections import Counter
 from omnistage.api.remote import RemoteService
 from omnistage.api.service import ReplicaStats, RequestCounts
 from omnistage.config.load import load_config
-from omnistage.protocol.messages import FrontSnapshot
+from omnistage.protocol.front import FrontSnapshot
 
 
 def _service(server: int) -> RemoteService:

@@ -11,7 +11,8 @@ import pytest
 
 from omnistage.dataplane.streamed import StreamedInput
 from omnistage.engines.base import joined_prompt
-from omnistage.protocol.messages import Abort, InputChunk, PipelineRequest, Prompt, Resume
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import Abort, InputChunk, Prompt, Resume
 from omnistage.replica.streamed import InputPieces, prompt_piece
 from tests.unit.test_orchestrator_retry import Head, add, ident
 

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from omnistage import tracing
 from omnistage.engines.echo import EchoEngine
-from omnistage.protocol.messages import AddRequest, OutputChunk, PipelineRequest
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import AddRequest, OutputChunk
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import others_done, until
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect

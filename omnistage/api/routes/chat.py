@@ -33,7 +33,8 @@ from omnistage.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, OutputChunk, PipelineRequest, Prompt, ToolCall
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
 from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
 
 # Members this hot path compares against, bound once (see protocol/enums.py).

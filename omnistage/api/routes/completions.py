@@ -25,7 +25,8 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.protocol.enums import FinishReason
-from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import OutputChunk, Prompt
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _STOP = FinishReason.STOP

@@ -34,7 +34,7 @@ from starlette.responses import Response, StreamingResponse
 from omnistage.api.routes.common import service
 from omnistage.api.service import PipelineService
 from omnistage.dataplane.latency import LatencySnapshot
-from omnistage.protocol.messages import RealtimeSnapshot
+from omnistage.protocol.front import RealtimeSnapshot
 from omnistage.realtime.stats import as_json
 
 router = APIRouter()

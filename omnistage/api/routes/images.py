@@ -46,7 +46,8 @@ from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.image_params import image_job
 from omnistage.protocol.enums import Modality
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt
 from omnistage.protocol.params import NO_PARAMS, SEED_LIMIT, GenerationParams, StageParams
 
 

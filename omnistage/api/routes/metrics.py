@@ -18,7 +18,8 @@ from omnistage import __version__
 from omnistage.api.routes.common import service
 from omnistage.api.service import PipelineService
 from omnistage.dataplane.latency import Histogram, LatencySnapshot
-from omnistage.protocol.messages import RealtimeSnapshot, ReplicaState
+from omnistage.protocol.front import RealtimeSnapshot
+from omnistage.protocol.messages import ReplicaState
 
 router = APIRouter()
 

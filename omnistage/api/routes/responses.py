@@ -38,14 +38,8 @@ from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.service import OutputStream
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, StageFailedError
-from omnistage.protocol.messages import (
-    ChatMessage,
-    ChunkMeta,
-    OutputChunk,
-    PipelineRequest,
-    Prompt,
-    ToolCall,
-)
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt, ToolCall
 from omnistage.protocol.params import NO_PARAMS, ParamKind, decode
 
 # The text stage checks its params under their chat names; a 400 names the field the

@@ -28,7 +28,8 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.api.service import OutputStream, PipelineService
-from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import OutputChunk, Prompt
 from omnistage.protocol.params import SpeechParams, StageParams
 
 

@@ -44,7 +44,8 @@ from omnistage.api.transcripts import (
     render,
 )
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
-from omnistage.protocol.messages import OutputChunk, PipelineRequest, Prompt
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import OutputChunk, Prompt
 
 router = APIRouter()
 
