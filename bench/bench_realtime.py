@@ -359,6 +359,7 @@ class Level:
             r["first_audio_p90_s"] is not None
             and r["first_audio_p90_s"] <= LOAD_P90_S
             and (r["rtf_p10"] or 0) >= 1.0
+            and not r["turns_with_gaps"]
             and not r["errors"]
             and not r["unanswered"]
         )

@@ -110,14 +110,18 @@ class TtsEngine(Engine):
         modality = self.stage.output_modality
         words_in = 0
 
-        said = 0  # sentences synthesized: an answer's first goes before others' later ones
+        # When this answer's listener runs out of audio: the deadline of its next sentence
+        # (earliest first, so a first sentence, due now, goes before others' later ones).
+        runs_out: float | None = None
 
         async def speak(text: str, finished: bool = False) -> EngineChunk:
-            nonlocal said
+            nonlocal runs_out
             pcm = b""
             if text:
-                pcm = await self._synthesize(piper_voice, text, length_scale, min(said, 1))
-                said += 1
+                due = runs_out if runs_out is not None else time.monotonic()
+                pcm = await self._synthesize(piper_voice, text, length_scale, due)
+                played = len(pcm) / (2 * voice.sample_rate)
+                runs_out = max(runs_out or 0.0, time.monotonic()) + played
             self.progress += 1
             chunk = EngineChunk(modality, text=text, data=pcm, meta=meta)
             if finished:
@@ -195,17 +199,17 @@ class TtsEngine(Engine):
         return await asyncio.shield(load)
 
     async def _synthesize(
-        self, voice: PiperVoice, text: str, length_scale: float, priority: int = 0
+        self, voice: PiperVoice, text: str, length_scale: float, due: float = 0.0
     ) -> bytes:
-        """PCM for ``text``, synthesized in a worker thread once a slot is free (the most
-        urgent ``priority`` first: 0 for an answer's first sentence, 1 for the rest).
+        """PCM for ``text``, synthesized in a worker thread once a slot is free (the
+        earliest ``due`` first: when the answer's listener would run out of audio).
 
         On cancellation the worker stops at its next sentence boundary; the slot stays
         taken until it has, so at most ``max_concurrent`` syntheses ever run.
         """
         self._waiting += 1
         try:
-            await self._slots.acquire(priority)
+            await self._slots.acquire(due)
         finally:
             self._waiting -= 1
         stop = threading.Event()
