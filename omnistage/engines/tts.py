@@ -7,8 +7,9 @@ int16, mono) with ``meta`` giving ``sample_rate``, ``format`` "pcm16" and ``voic
 into a container (WAV, ...) is the API layer's business.
 
 Synthesis runs in worker threads, at most ``max_concurrent`` at once, so the replica's
-event loop stays free for heartbeats and other requests. Piper and onnxruntime load
-only when the engine starts.
+event loop stays free for heartbeats and other requests; a free slot goes to the
+sentence due soonest (an answer's first is due at once, a later one when the audio
+before it has played out). Piper and onnxruntime load only when the engine starts.
 """
 
 from __future__ import annotations
