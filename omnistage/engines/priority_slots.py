@@ -3,8 +3,8 @@
 An ``asyncio.Semaphore`` serves waiters first come, first served. A talker serving many
 answers at once should not: a listener waits for an answer's *first* sentence, while a
 later sentence only has to arrive before the one before it has finished playing. So
-each waiter says how urgent it is (lower first: the talker gives the time its audio is
-due) and a freed slot goes to the most urgent, the earliest of equals.
+each waiter says how urgent it is (lower first) and a freed slot goes to the most
+urgent, the earliest of equals.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class PrioritySlots:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self._free = slots
-        self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
     def locked(self) -> bool:
@@ -30,7 +30,7 @@ class PrioritySlots:
     def waiting(self) -> int:
         return sum(1 for *_, f in self._waiters if not f.done())
 
-    async def acquire(self, priority: float = 0) -> None:
+    async def acquire(self, priority: int = 0) -> None:
         if self._free > 0 and not self.waiting:
             self._free -= 1
             return

@@ -7,9 +7,11 @@ int16, mono) with ``meta`` giving ``sample_rate``, ``format`` "pcm16" and ``voic
 into a container (WAV, ...) is the API layer's business.
 
 Synthesis runs in worker threads, at most ``max_concurrent`` at once, so the replica's
-event loop stays free for heartbeats and other requests; a free slot goes to the
-sentence due soonest (an answer's first is due at once, a later one when the audio
-before it has played out). Piper and onnxruntime load only when the engine starts.
+event loop stays free for heartbeats and other requests; a free slot goes to an
+answer's first sentence before other answers' later ones. (Earliest deadline first,
+a later sentence due when the audio before it has played out, was tried: eight
+sessions at once got later first audio and no fewer gaps.) Piper and onnxruntime load
+only when the engine starts.
 """
 
 from __future__ import annotations
@@ -111,18 +113,14 @@ class TtsEngine(Engine):
         modality = self.stage.output_modality
         words_in = 0
 
-        # When this answer's listener runs out of audio: the deadline of its next sentence
-        # (earliest first, so a first sentence, due now, goes before others' later ones).
-        runs_out: float | None = None
+        said = 0  # sentences synthesized: an answer's first goes before others' later ones
 
         async def speak(text: str, finished: bool = False) -> EngineChunk:
-            nonlocal runs_out
+            nonlocal said
             pcm = b""
             if text:
-                due = runs_out if runs_out is not None else time.monotonic()
-                pcm = await self._synthesize(piper_voice, text, length_scale, due)
-                played = len(pcm) / (2 * voice.sample_rate)
-                runs_out = max(runs_out or 0.0, time.monotonic()) + played
+                pcm = await self._synthesize(piper_voice, text, length_scale, min(said, 1))
+                said += 1
             self.progress += 1
             chunk = EngineChunk(modality, text=text, data=pcm, meta=meta)
             if finished:
@@ -200,17 +198,17 @@ class TtsEngine(Engine):
         return await asyncio.shield(load)
 
     async def _synthesize(
-        self, voice: PiperVoice, text: str, length_scale: float, due: float = 0.0
+        self, voice: PiperVoice, text: str, length_scale: float, priority: int = 0
     ) -> bytes:
-        """PCM for ``text``, synthesized in a worker thread once a slot is free (the
-        earliest ``due`` first: when the answer's listener would run out of audio).
+        """PCM for ``text``, synthesized in a worker thread once a slot is free (the most
+        urgent ``priority`` first: 0 for an answer's first sentence, 1 for the rest).
 
         On cancellation the worker stops at its next sentence boundary; the slot stays
         taken until it has, so at most ``max_concurrent`` syntheses ever run.
         """
         self._waiting += 1
         try:
-            await self._slots.acquire(due)
+            await self._slots.acquire(priority)
         finally:
             self._waiting -= 1
         stop = threading.Event()
