@@ -103,6 +103,7 @@ class ResponseRun:
         emit: Emit,
         on_item: Callable[[Item], None] | None = None,
         affinity: str = "",
+        rate_limits: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.id = new_id("resp")
         self.settings = settings
@@ -114,6 +115,7 @@ class ResponseRun:
         self._emit = emit
         self._on_item = on_item  # the session adds output items to its conversation
         self._affinity = affinity
+        self._rate_limits = rate_limits  # rate_limits.updated after each response.done
         self._stream: OutputStream | None = None
         self.status = "in_progress"
         self._details: dict[str, Any] | None = None
@@ -315,6 +317,8 @@ class ResponseRun:
             )
             self._item_done(call.output_index, js)
         self._emit("response.done", {"response": self.response_json()})
+        if self._rate_limits is not None:
+            self._emit("rate_limits.updated", {"rate_limits": self._rate_limits()})
 
     def _close_message(self, item_status: str) -> None:
         item = self.message

@@ -83,6 +83,7 @@ class Responses:
             gate.emit if gate is not None else s.emit,
             on_item=gate.add_item if gate is not None else s.add_answer_item,
             affinity=s.id,
+            rate_limits=s.ctx.rate_limits,
         )
 
     def start(

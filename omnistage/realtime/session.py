@@ -61,6 +61,8 @@ class SessionContext:
     listener: int | None
     stats: Stats = field(default_factory=_NoStats)
     vad: Callable[[ServerVadParams], VadStream] = lambda p: VadStream(p, RATE)
+    # What ``rate_limits.updated`` reports after each answer (None: nothing is sent).
+    rate_limits: Callable[[], list[dict[str, Any]]] | None = None
 
 
 class RealtimeSession:

@@ -248,7 +248,10 @@ async def test_a_typed_turn_with_text_output_has_text_deltas_and_no_audio(voice_
     async with session(voice_head, output_modalities=["text"]) as live:
         start = len(live.events)
         done = await ask(live, "Say hello.")
+        limits = (await live.expect("rate_limits.updated")).rate_limits
         events = live.since(start)
+    # The server's one limit, sessions at once, as OpenAI's "requests".
+    assert limits[0].name == "requests" and 0 <= limits[0].remaining < limits[0].limit
     assert done.response.status == "completed", done.response
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text.strip()

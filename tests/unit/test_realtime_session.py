@@ -97,6 +97,7 @@ class Harness:
             LISTENER,
             stats=self.stats,
             vad=vad,  # type: ignore[arg-type]
+            rate_limits=lambda: [{"name": "requests", "limit": 4, "remaining": 3}],
         )
         self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self.sent.append)
         self.session.opened()
@@ -188,6 +189,9 @@ async def test_a_turn_is_committed_transcribed_and_answered() -> None:
     assert len(h.session.conversation) == 2  # the turn and its answer
     assert h.stats.turns == 1 and len(h.stats.first_audio_s) == 1
     assert h.errors() == []
+    # After each answer, the server's limits (the route: sessions at once).
+    assert kinds[kinds.index("response.done") + 1] == "rate_limits.updated"
+    assert h.of("rate_limits.updated")[0]["rate_limits"][0]["remaining"] == 3
 
 
 async def test_speech_during_an_answer_cancels_it_and_no_audio_follows() -> None:

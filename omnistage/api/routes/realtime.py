@@ -61,6 +61,7 @@ async def realtime(ws: WebSocket) -> None:
     if ctx is None:
         message = f"pipeline {omni.config.pipeline!r} has no text stage to answer with"
         return await _refuse(ws, 404, message, None, "no_realtime_pipeline")
+    ctx.rate_limits = lambda: _rate_limits(limits)
     if limits.live >= limits.max_sessions:
         message = f"too many realtime sessions: this server holds {limits.max_sessions}"
         return await _refuse(ws, 429, message, None, "session_limit_reached")
@@ -86,6 +87,15 @@ async def realtime(ws: WebSocket) -> None:
         limits.live -= 1
         if stats is not None:
             stats.session_closed()
+
+
+def _rate_limits(limits: RealtimeLimits) -> list[dict[str, Any]]:
+    """The one limit this server has: sessions at once (``--realtime-max-sessions``),
+    reported as OpenAI's ``requests`` limit, with how many more it would take now."""
+    left = max(0, limits.max_sessions - limits.live)
+    return [
+        {"name": "requests", "limit": limits.max_sessions, "remaining": left, "reset_seconds": 0}
+    ]
 
 
 def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
