@@ -65,6 +65,12 @@ class _Session:
             return cls._session
 
 
+def load_silero() -> None:
+    """Load the shared ONNX session now (onnxruntime's import and the model: about a
+    second the first time, nothing after), e.g. in a worker thread before a session."""
+    _Session.get()
+
+
 class WindowScorer(Protocol):
     """Speech probability per ``WINDOW`` samples of 16 kHz audio, fed in any split."""
 

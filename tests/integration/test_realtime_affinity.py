@@ -64,7 +64,11 @@ class Session:
         self.items: dict[str, str] = {}  # item id -> its text, as the session reported it
 
     def _recv(self) -> dict[str, Any]:
-        return msgspec.json.decode(self.ws.recv(timeout=15))
+        """The next event, past the ``rate_limits.updated`` that follows each answer."""
+        while True:
+            event = msgspec.json.decode(self.ws.recv(timeout=15))
+            if event["type"] != "rate_limits.updated":
+                return event
 
     def _send(self, event: dict[str, Any]) -> None:
         self.ws.send(msgspec.json.encode(event).decode())

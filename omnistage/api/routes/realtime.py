@@ -23,6 +23,7 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.events import MAX_EVENT_BYTES
 from omnistage.realtime.session import RealtimeSession, SessionContext
+from omnistage.realtime.vad import load_silero
 
 router = APIRouter()
 
@@ -74,6 +75,9 @@ async def realtime(ws: WebSocket) -> None:
             config.update(minted)
     except BadRequestError as exc:
         return await _refuse(ws, 400, str(exc), exc.param, exc.code)
+    if config.turn_detection is not None:
+        # The first session of a process loads Silero: in a thread, not on the loop.
+        await asyncio.to_thread(load_silero)
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     limits.live += 1
