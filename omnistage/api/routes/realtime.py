@@ -75,12 +75,22 @@ async def realtime(ws: WebSocket) -> None:
             config.update(minted)
     except BadRequestError as exc:
         return await _refuse(ws, 400, str(exc), exc.param, exc.code)
+    # The slot is taken before the first await: handshakes at once cannot all pass.
+    limits.live += 1
+    try:
+        await _accept(ws, ctx, config, limits)
+    finally:
+        limits.live -= 1
+
+
+async def _accept(
+    ws: WebSocket, ctx: SessionContext, config: SessionConfig, limits: RealtimeLimits
+) -> None:
     if config.turn_detection is not None:
         # The first session of a process loads Silero: in a thread, not on the loop.
         await asyncio.to_thread(load_silero)
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
-    limits.live += 1
     stats = getattr(ws.app.state, "realtime_stats", None)
     if stats is not None:
         ctx.stats = stats
@@ -88,7 +98,6 @@ async def realtime(ws: WebSocket) -> None:
     try:
         await _serve(ws, ctx, config, limits)
     finally:
-        limits.live -= 1
         if stats is not None:
             stats.session_closed()
 
