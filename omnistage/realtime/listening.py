@@ -3,14 +3,12 @@
 The phrase's audio (24 kHz pcm16) streams into a listener request
 (``PipelineRequest.input_streaming``) from its first piece: the listener replica
 resamples it and cuts it at its own pauses as it arrives, so ``finish`` (which ends
-the input) waits only for the last stretch to be transcribed. Each piece of text the
-listener finishes is passed to ``on_delta``.
+the input) waits only for the last stretch to be transcribed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.front import PipelineRequest
@@ -26,12 +24,10 @@ class TurnListener:
         service: PipelineService,
         stage: int,
         params: TranscriptionParams | None = None,
-        on_delta: Callable[[str], None] | None = None,
     ) -> None:
         self._service = service
         self._stage = stage
         self._params = StageParams(transcription=params or TranscriptionParams())
-        self._on_delta = on_delta
         self._opening: asyncio.Task[OutputStream] | None = None
         self._stream: OutputStream | None = None
         self._pending: list[bytes] = []  # pieces fed while the request was being opened
@@ -81,8 +77,6 @@ class TurnListener:
                 if out.text:
                     text = out.text if not pieces else _joined(pieces, out.text)
                     pieces.append(text)
-                    if self._on_delta is not None:
-                        self._on_delta(text)
         finally:
             stream.close()
         return "".join(pieces).strip()
