@@ -131,16 +131,24 @@ class Prompt(Tagged):
     # The rate of raw ``audio_format="pcm16"`` audio (little-endian int16 mono), which
     # carries no header to say it.
     sample_rate: int | None = None
+    # Images to start from (image edits, image-to-video): encoded files (PNG, JPEG,
+    # WebP) as the client sent them, decoded by the stage that reads them. ``mask``:
+    # where an edit may paint (its fully transparent pixels, as OpenAI's mask means it).
+    images: list[bytes] | None = None
+    mask: bytes | None = None
 
     def modalities(self) -> frozenset[str]:
         has_text = self.text is not None or self.messages is not None
         if self.audio is None:
-            return _TEXT if has_text else frozenset()
-        return _TEXT_AUDIO if has_text else _AUDIO
+            found = _TEXT if has_text else frozenset()
+        else:
+            found = _TEXT_AUDIO if has_text else _AUDIO
+        return found | _IMAGE if self.images else found
 
 
 _TEXT, _AUDIO = frozenset({Modality.TEXT}), frozenset({Modality.AUDIO})
 _TEXT_AUDIO = _TEXT | _AUDIO
+_IMAGE = frozenset({Modality.IMAGE})
 
 
 class Resume(Tagged):

@@ -1,0 +1,1 @@
+"""Durable state: jobs, stored responses and their media (see ``base.Store``)."""
