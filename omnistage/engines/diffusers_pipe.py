@@ -1,6 +1,7 @@
 """The blocking half of the ``diffusion`` engine: loading a diffusers pipeline from a local
 directory, drawing one image with it, and encoding the image. Everything here runs in a
-worker thread; torch, diffusers and Pillow are imported only when it does.
+worker thread; torch, diffusers and Pillow are imported only when it does. The ``video``
+engine loads and calls its pipelines with the same pieces (``video_pipe``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnistage.config.engine_args import DiffusionArgs
+from omnistage.config.engine_args import DiffusersArgs, DiffusionArgs
 from omnistage.engines.image_params import MIN_SIDE, fit_size
 from omnistage.engines.torch_threads import cores
 from omnistage.protocol.errors import EngineError
@@ -45,6 +46,12 @@ class PipelineInfo:
 
 def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
     """The pipeline from ``model`` (a local directory), placed and configured per ``args``."""
+    pipe = load_pipeline(args, model)
+    return pipe, _describe(pipe, args)
+
+
+def load_pipeline(args: DiffusersArgs, model: str) -> Any:
+    """Any diffusers pipeline from ``model`` (a local directory), placed per ``args``."""
     import torch
 
     # Concurrent generations split the cores: two draws each spreading over all of them
@@ -69,7 +76,7 @@ def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
         raise EngineError(f"could not load the diffusers pipeline at {model}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
     _place(pipe, args)
-    return pipe, _describe(pipe, args)
+    return pipe
 
 
 def _quiet_progress_bars() -> None:
@@ -90,7 +97,7 @@ def _pipeline_class(name: str | None) -> Any:
     if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
         raise EngineError(
             f"model_class_name {name!r} is not a diffusers pipeline class "
-            "(e.g. StableDiffusionPipeline, StableDiffusionXLPipeline)"
+            "(e.g. StableDiffusionPipeline, StableDiffusionXLPipeline, WanPipeline)"
         )
     return cls
 
@@ -105,7 +112,7 @@ def _torch_dtype(value: Any) -> Any:
     return value
 
 
-def _place(pipe: Any, args: DiffusionArgs) -> None:
+def _place(pipe: Any, args: DiffusersArgs) -> None:
     import torch
 
     vae = getattr(pipe, "vae", None)
@@ -132,22 +139,31 @@ def _place(pipe: Any, args: DiffusionArgs) -> None:
 
 
 def _describe(pipe: Any, args: DiffusionArgs) -> PipelineInfo:
-    params = inspect.signature(pipe.__call__).parameters
-    steps = params.get("num_inference_steps")
-    default_steps = steps.default if steps is not None and isinstance(steps.default, int) else 50
     native = _native_size(pipe)
     if args.default_size is not None:
         width, height = (int(v) for v in args.default_size.split("x"))
     else:
         width, height = fit_size(*native, args.max_generated_image_size)
-    return PipelineInfo(
-        class_name=type(pipe).__name__,
-        default_size=(width, height),
-        default_steps=default_steps,
-        takes_step_callback="callback_on_step_end" in params,
-        takes_negative_prompt="negative_prompt" in params,
-        takes_guidance="guidance_scale" in params,
-    )
+    return PipelineInfo(default_size=(width, height), **call_traits(pipe))
+
+
+def call_traits(pipe: Any) -> dict[str, Any]:
+    """The ``PipelineInfo`` fields read off any pipeline's ``__call__``, but its size."""
+    params = call_params(pipe)
+    steps = params.get("num_inference_steps")
+    default_steps = steps.default if steps is not None and isinstance(steps.default, int) else 50
+    return {
+        "class_name": type(pipe).__name__,
+        "default_steps": default_steps,
+        "takes_step_callback": "callback_on_step_end" in params,
+        "takes_negative_prompt": "negative_prompt" in params,
+        "takes_guidance": "guidance_scale" in params,
+    }
+
+
+def call_params(pipe: Any) -> Any:
+    """The parameters of the pipeline's ``__call__`` (name -> inspect.Parameter)."""
+    return inspect.signature(pipe.__call__).parameters
 
 
 def _native_size(pipe: Any) -> tuple[int, int]:
@@ -174,8 +190,8 @@ def replica_of(pipe: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class Drawing:
-    """One image's call, as the engine resolved it."""
+class Call:
+    """What every generation's call takes, as the engine resolved it."""
 
     prompt: str
     width: int
@@ -184,6 +200,12 @@ class Drawing:
     steps: int
     guidance_scale: float | None
     negative_prompt: str | None
+
+
+@dataclass(frozen=True)
+class Drawing(Call):
+    """One image's call."""
+
     output_format: str
     quality: int
 
@@ -200,10 +222,21 @@ def draw(
     on_step: StepHook,
 ) -> bytes:
     """Generate one image and return it encoded; raises Aborted once ``stop`` is set."""
+    kwargs = pipeline_kwargs(info, job, call_kwargs, stop, on_step)
+    out = run(pipe, {**kwargs, "output_type": "pil"}, stop)
+    return encode(out.images[0], job.output_format, job.quality)
+
+
+def pipeline_kwargs(
+    info: PipelineInfo,
+    job: Call,
+    call_kwargs: dict[str, Any],
+    stop: threading.Event,
+    on_step: StepHook,
+) -> dict[str, Any]:
+    """The pipeline call's keyword arguments for ``job`` (what every pipeline takes)."""
     import torch
 
-    if stop.is_set():
-        raise Aborted()
     kwargs: dict[str, Any] = {
         **call_kwargs,
         "prompt": job.prompt,
@@ -211,9 +244,8 @@ def draw(
         "height": job.height,
         "num_inference_steps": job.steps,
         # Seeded on the CPU whatever the device: the same seed gives the same latents,
-        # hence the same image, on every replica.
+        # hence the same output, on every replica.
         "generator": torch.Generator("cpu").manual_seed(job.seed),
-        "output_type": "pil",
     }
     if job.guidance_scale is not None and info.takes_guidance:
         kwargs["guidance_scale"] = job.guidance_scale
@@ -228,11 +260,20 @@ def draw(
             return tensors
 
         kwargs["callback_on_step_end"] = on_step_end
+    return kwargs
+
+
+def run(pipe: Any, kwargs: dict[str, Any], stop: threading.Event) -> Any:
+    """Call the pipeline; raises Aborted if ``stop`` is set before or after."""
+    import torch
+
+    if stop.is_set():
+        raise Aborted()
     with torch.inference_mode():
         out = pipe(**kwargs)
     if stop.is_set():
         raise Aborted()
-    return encode(out.images[0], job.output_format, job.quality)
+    return out
 
 
 def encode(image: Any, fmt: str, quality: int) -> bytes:
