@@ -15,6 +15,12 @@ MAX_QUEUE = 1024
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 REALTIME_MAX_SESSIONS = 32  # per API server process
 REALTIME_IDLE_TIMEOUT_S = 600.0
+# Jobs (videos, background responses): media kept a week; a running job's lease is
+# renewed every third of JOB_LEASE_S, so a head that dies frees its jobs within it; a
+# job interrupted this many times fails instead of running again.
+MEDIA_TTL_S = 7 * 24 * 3600.0
+JOB_LEASE_S = 30.0
+JOB_MAX_ATTEMPTS = 3
 LB_POLICY = "random"
 RESTART_POLICY = "on-failure"
 LOG_LEVEL = "INFO"

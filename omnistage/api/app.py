@@ -28,8 +28,10 @@ from omnistage.api.routes import (
     realtime_secrets,
     responses,
     speech,
+    stored_responses,
     talk,
     transcriptions,
+    videos,
 )
 from omnistage.api.schemas.chat import ChatCompletionRequest
 from omnistage.api.schemas.completions import CompletionRequest
@@ -37,6 +39,7 @@ from omnistage.api.schemas.images import ImageGenerationRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.api.service import PipelineService
+from omnistage.jobs.state import Persistence
 from omnistage.realtime.secrets import ClientSecrets
 from omnistage.realtime.stats import RealtimeStats
 
@@ -66,6 +69,7 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     realtime_limits: realtime.RealtimeLimits | None = None,
+    persist: Persistence | None = None,
 ) -> FastPaths:
     """The app over ``omni``, what the head offers the API (see ``api.service``): the
     FastAPI app, with the generation routes' POSTs taken past it (see ``fastpath``).
@@ -104,12 +108,24 @@ def create_app(
         return inner
 
     app.state.omni = omni
+    # The store of jobs and responses (None: nothing is stored; see jobs.state).
+    app.state.persist = persist
     errors.install(app)
     for route in FAST_ROUTES:
         app.add_api_route(
             route.path, route.handler, methods=["POST"], openapi_extra=body_schema(route.body)
         )
-    modules = (transcriptions, info, metrics, dashboard, realtime, realtime_secrets, talk)
+    modules = (
+        transcriptions,
+        info,
+        metrics,
+        dashboard,
+        realtime,
+        realtime_secrets,
+        talk,
+        videos,
+        stored_responses,
+    )
     for module in modules:
         app.include_router(module.router)
     _document_bodies(

@@ -25,6 +25,7 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from omnistage.api.errors import error_response
+from omnistage.api.owner import OWNER, fingerprint, split_keys
 from omnistage.realtime.secrets import PREFIX, ClientSecrets
 
 REALTIME_PATH = "/v1/realtime"
@@ -40,8 +41,10 @@ class ApiKeyMiddleware:
         client_secrets: ClientSecrets | None = None,
     ) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode() if api_key is not None else None
-        self._key = api_key.encode() if api_key is not None else None
+        keys = split_keys(api_key)
+        self._keys = [k.encode() for k in keys] or None
+        self._bearers = [b"Bearer " + k for k in self._keys or ()]
+        self._owners = [fingerprint(k) for k in keys]
         self._query_paths = frozenset(query_paths)
         self._secrets = client_secrets
 
@@ -49,7 +52,7 @@ class ApiKeyMiddleware:
         kind = scope["type"]  # a lifespan scope has no path
         if (
             kind == "http"
-            and self._expected is not None
+            and self._keys is not None
             and scope["path"].startswith("/v1/")
             and not self._http_allowed(scope)
         ) or (
@@ -63,25 +66,36 @@ class ApiKeyMiddleware:
 
     def _http_allowed(self, scope: Scope) -> bool:
         given = dict(scope["headers"]).get(b"authorization", b"")
-        assert self._expected is not None
-        return hmac.compare_digest(given, self._expected) or self._query_key(scope)
+        for i, bearer in enumerate(self._bearers):
+            if hmac.compare_digest(given, bearer):
+                scope.setdefault("state", {})[OWNER] = self._owners[i]
+                return True
+        return self._query_key(scope)
 
     def _query_key(self, scope: Scope) -> bool:
         """Whether this is a ``query_paths`` request with exactly one right ``api_key``."""
-        if self._key is None:
+        if self._keys is None:
             return False
         if scope["path"] not in self._query_paths or not scope["query_string"]:
             return False
         given = parse_qs(scope["query_string"].decode("latin-1")).get("api_key", [])
-        return len(given) == 1 and hmac.compare_digest(given[0].encode(), self._key)
+        return len(given) == 1 and self._match(given[0].encode()) is not None
+
+    def _match(self, token: bytes) -> int | None:
+        """The index of the key ``token`` is, if any (each compared in constant time)."""
+        found = None
+        for i, key in enumerate(self._keys or ()):
+            if hmac.compare_digest(token, key):
+                found = i
+        return found
 
     def _websocket_allowed(self, scope: Scope) -> bool:
         """Whether one of the handshake's credentials opens this socket; a client secret
         that does leaves its session config in the scope's state."""
         realtime = scope["path"] == REALTIME_PATH and self._secrets is not None
-        allowed = self._key is None
+        allowed = self._keys is None
         for token in _websocket_tokens(scope):
-            if self._key is not None and hmac.compare_digest(token.encode(), self._key):
+            if self._keys is not None and self._match(token.encode()) is not None:
                 allowed = True
             elif realtime and token.startswith(PREFIX):
                 payload = self._secrets.verify(token)  # type: ignore[union-attr]

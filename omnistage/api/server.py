@@ -20,6 +20,7 @@ from omnistage.api.app import create_app
 from omnistage.api.remote import RemoteService
 from omnistage.api.routes.realtime import RealtimeLimits
 from omnistage.config.schema import DeployConfig
+from omnistage.jobs.setup import StoreUnavailable, open_persistence
 from omnistage.logs import setup_logging
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
@@ -40,6 +41,9 @@ class ApiServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = defaults.LOG_LEVEL
     refresh_s: float = 0.5
     served_model_names: tuple[str, ...] = ()  # (): the pipeline name
+    store_url: str | None = None
+    media_url: str | None = None
+    media_ttl_s: float = defaults.MEDIA_TTL_S
 
 
 def encode_options(opts: ApiServerOptions) -> str:
@@ -65,7 +69,14 @@ async def serve(opts: ApiServerOptions) -> int:
         log.error("API server %d: no answer from the head at %s", opts.index, opts.head_address)
         return 1
     limits = RealtimeLimits(opts.realtime_max_sessions, opts.realtime_idle_timeout_s)
-    app = create_app(service, opts.api_key, opts.max_request_bytes, limits)
+    # Jobs are created here and run by the head's runner, which polls the store.
+    try:
+        persist = await open_persistence(opts.store_url, opts.media_url, opts.media_ttl_s)
+    except StoreUnavailable as exc:
+        log.error("API server %d: %s", opts.index, exc)
+        await service.close()
+        return 1
+    app = create_app(service, opts.api_key, opts.max_request_bytes, limits, persist)
     service.my_responses = app.state.response_counts
     service.my_realtime = app.state.realtime_stats
     sock = socket.socket(fileno=opts.listen_fd)
@@ -83,6 +94,7 @@ async def serve(opts: ApiServerOptions) -> int:
         await server.serve([sock])
     finally:
         await service.close()
+        await persist.store.close()
     return 0
 
 

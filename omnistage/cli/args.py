@@ -154,6 +154,8 @@ BOUNDS = (
     Bound("--max-request-bytes", 1),
     Bound("--realtime-max-sessions", 1),
     Bound("--realtime-idle-timeout", 0, strict=True),
+    Bound("--media-ttl", 0),
+    Bound("--job-lease", 1),
 )
 PORTS = ("--port", "--omni-master-port")
 

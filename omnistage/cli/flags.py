@@ -130,6 +130,38 @@ HEAD_FLAGS = (
         "once; more are refused with 429 (default %(default)s)",
     ),
     flag(
+        "--store-url",
+        metavar="URL",
+        env=envs.store_url,
+        help="the database of jobs and stored responses: sqlite:///PATH or "
+        "postgresql://USER:PASS@HOST/DB (env OMNISTAGE_STORE_URL; default: a SQLite file "
+        "in the cache directory); heads sharing one database share their jobs",
+    ),
+    flag(
+        "--media-url",
+        metavar="URL",
+        env=envs.media_url,
+        help="where generated media (videos, thumbnails) are kept: a directory or an "
+        "fsspec URL such as s3://bucket/prefix (env OMNISTAGE_MEDIA_URL; default: a "
+        "directory in the cache directory)",
+    ),
+    flag(
+        "--media-ttl",
+        metavar="S",
+        type=float,
+        default=defaults.MEDIA_TTL_S,
+        help="seconds a finished job's media are kept before they expire and are removed "
+        "(default %(default)g; 0 keeps them until deleted)",
+    ),
+    flag(
+        "--job-lease",
+        metavar="S",
+        type=float,
+        default=defaults.JOB_LEASE_S,
+        help="seconds a head holds a running job without renewing it; a job whose head "
+        "died runs again on another head after this (default %(default)g)",
+    ),
+    flag(
         "--realtime-idle-timeout",
         metavar="S",
         type=float,

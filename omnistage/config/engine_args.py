@@ -42,6 +42,9 @@ class EchoArgs(_Args):
     hang_on: str | None = None
     # Seconds ``start`` takes (a model's long load), with a STARTING detail saying so.
     start_delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
+    # A source stage echoes every chat message ("role: content" lines) instead of the
+    # last user message: tests see the whole conversation a request carried.
+    echo_messages: bool = False
 
 
 class LlmArgs(_Args):

@@ -19,6 +19,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.protocol.enums import FinishReason
 from omnistage.protocol.errors import EngineError
+from omnistage.protocol.messages import Prompt
 
 
 class EchoEngine(Engine):
@@ -51,7 +52,7 @@ class EchoEngine(Engine):
                     yield EngineChunk(modality, text=text)
             pieces = [decoder.decode(b"", final=True) + self.suffix]
         elif request.prompt is not None:
-            text = prompt_text(request.prompt)
+            text = self._prompt_text(request.prompt)
             await self._check(text)
             received.append(text)
             pieces = split_even(text + self.suffix, self.args.num_chunks)
@@ -79,6 +80,11 @@ class EchoEngine(Engine):
                 "completion_tokens": words_in + len(self.suffix.split()),
             },
         )
+
+    def _prompt_text(self, prompt: Prompt) -> str:
+        if self.args.echo_messages and prompt.messages:
+            return "\n".join(f"{m.role}: {m.content}" for m in prompt.messages)
+        return prompt_text(prompt)
 
     async def _check(self, text: str) -> None:
         if self.args.fail_on and self.args.fail_on in text:

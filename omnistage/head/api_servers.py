@@ -64,6 +64,9 @@ class ApiServers:
             realtime_idle_timeout_s=self._opts.realtime_idle_timeout_s,
             log_level=self._opts.log_level,
             served_model_names=self._opts.served_model_names,
+            store_url=self._opts.store_url,
+            media_url=self._opts.media_url,
+            media_ttl_s=self._opts.media_ttl_s,
         )
         env = dict(os.environ, OMNISTAGE_API_SERVER_OPTIONS=encode_options(options))
         proc = subprocess.Popen(

@@ -40,6 +40,10 @@ class HeadOptions:
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     realtime_max_sessions: int = defaults.REALTIME_MAX_SESSIONS  # per API server process
     realtime_idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
+    store_url: str | None = None  # None: a SQLite file in the cache directory
+    media_url: str | None = None  # None: a directory in the cache directory
+    media_ttl_s: float = defaults.MEDIA_TTL_S  # 0: kept until deleted
+    job_lease_s: float = defaults.JOB_LEASE_S
     log_stats: bool = False
     stats_interval_s: float = 10.0
     api_server_count: int = 1  # > 1: that many API server processes serve HTTP

@@ -34,6 +34,9 @@ from omnistage.head.sockets import HeadSockets
 from omnistage.head.startup import StartupWatch, Verdict, stage_names
 from omnistage.head.state import control_state
 from omnistage.head.stats import log_stats
+from omnistage.jobs.runner import JobRunner
+from omnistage.jobs.setup import StoreUnavailable, build_runner, head_name, open_persistence
+from omnistage.jobs.state import Persistence
 from omnistage.net import listen_tcp
 from omnistage.protocol.messages import Shutdown
 
@@ -99,6 +102,8 @@ class Head:
             nodes=self.local.nodes,
         )
         self.frontends, self.api_servers = self._api_servers()
+        self.persist: Persistence | None = None  # opened as the head starts (run)
+        self.jobs: JobRunner | None = None
 
     def _api_servers(self) -> tuple[FrontendServer | None, ApiServers | None]:
         """With --api-server-count > 1: API server processes serve HTTP in front of this
@@ -113,12 +118,22 @@ class Head:
 
     async def run(self) -> int:
         loop = self._loop = asyncio.get_running_loop()
+        try:  # first: a store that cannot open stops the head before anything starts
+            self.persist = await open_persistence(
+                self.opts.store_url, self.opts.media_url, self.opts.media_ttl_s
+            )
+        except StoreUnavailable as exc:
+            log.error("%s", exc)
+            self.sockets.close()
+            return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.events.attach(loop)
         self.sockets.channels.start(self.events)
         self.control.start()
         self._log_start()
+        name = head_name(self.opts.port)
+        runner = build_runner(self.persist, self.service, self.pools, name, self.opts.job_lease_s)
         self.local.start(loop)
         server, server_task = self._serve_http(loop)
         helpers = [
@@ -126,6 +141,9 @@ class Head:
             asyncio.create_task(self._observe_load(), name="omni-load"),
             asyncio.create_task(self.scaler.run(), name="omni-autoscale"),
         ]
+        if runner is not None:
+            self.jobs = runner
+            helpers.append(asyncio.create_task(runner.run(), name="omni-jobs"))
         if self.opts.log_stats:
             stats = log_stats(self.orchestrator, self.pools, self.opts.stats_interval_s)
             helpers.append(asyncio.create_task(stats, name="omni-stats"))
@@ -137,6 +155,8 @@ class Head:
             self.exit_code = 1
         for task in (*helpers, stop_task):
             task.cancel()
+        # The job runner frees its leases as it stops: another head runs them at once.
+        await asyncio.gather(*helpers, return_exceptions=True)
         if server is not None:
             server.should_exit = True
         with contextlib.suppress(BaseException):
@@ -165,7 +185,9 @@ class Head:
 
     def _http_config(self) -> uvicorn.Config:
         limits = RealtimeLimits(self.opts.realtime_max_sessions, self.opts.realtime_idle_timeout_s)
-        app = create_app(self.service, self.opts.api_key, self.opts.max_request_bytes, limits)
+        app = create_app(
+            self.service, self.opts.api_key, self.opts.max_request_bytes, limits, self.persist
+        )
         return uvicorn.Config(
             app,
             host=self.opts.host,
@@ -256,4 +278,6 @@ class Head:
         await channels.stop()
         self.control.stop()
         self.sockets.close()
+        if self.persist is not None:
+            await self.persist.store.close()
         log.info("head stopped")

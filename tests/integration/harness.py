@@ -85,8 +85,8 @@ class Proc:
 
 
 class HeadProc(Proc):
-    def __init__(self, tmp: Path, *args: str, name: str = "head") -> None:
-        self.port = free_port()
+    def __init__(self, tmp: Path, *args: str, name: str = "head", port: int | None = None) -> None:
+        self.port = port or free_port()
         self.master_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         base = ["serve", *args, "--port", str(self.port)]

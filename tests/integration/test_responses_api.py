@@ -215,7 +215,7 @@ def test_bad_requests_are_400s_naming_the_field(
     assert error["param"] == param, error
 
 
-def test_previous_response_id_is_refused_through_the_sdk(echo_head: HeadProc) -> None:
+def test_an_unknown_previous_response_id_is_a_400_naming_it(echo_head: HeadProc) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         _sdk(echo_head).responses.create(model="echo", input="x", previous_response_id="resp_1")
     assert info.value.body["param"] == "previous_response_id"  # type: ignore[index]

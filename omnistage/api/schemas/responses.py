@@ -163,9 +163,10 @@ class ResponsesRequest(Body):
     tools: list[ResponseFunctionTool] | None = None
     tool_choice: ResponseToolChoice | None = None
     parallel_tool_calls: bool = True
-    # Accepted, but nothing is stored, so there is nothing to continue from either.
-    store: bool | None = None
-    previous_response_id: str | None = None
+    # Stored by default, as OpenAI does (see omnistage/api/routes/responses.py).
+    store: bool = True
+    previous_response_id: str | None = Field(default=None, max_length=200)
+    background: bool = False
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     # omnistage extensions, as on /v1/chat/completions.
     stage_params: StageParamsField = None

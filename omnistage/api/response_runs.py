@@ -1,0 +1,88 @@
+"""A Responses API request as the pipeline runs it: the prompt its input builds, the
+stage params of its settings, and (for background responses and tests) a run to the
+final response object without an HTTP client waiting.
+
+The request becomes the prompt /v1/chat/completions would build: ``instructions`` as a
+system message first, then ``input``, earlier function calls and their outputs as an
+assistant turn's ``tool_calls`` and tool messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnistage.api.response_items import Output, ResponseShape
+from omnistage.api.routes.common import resolve_stage_params
+from omnistage.api.schemas.responses import ResponsesRequest
+from omnistage.api.service import PipelineService
+from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage, Prompt, ToolCall
+from omnistage.protocol.params import NO_PARAMS, ParamKind, decode
+
+# The text stage checks its params under their chat names; a 400 names the field the
+# client sent.
+_PARAM_NAMES = {"response_format": "text.format", "max_tokens": "max_output_tokens"}
+
+
+def pipeline_request(
+    omni: PipelineService, body: ResponsesRequest, sid: int, response_id: str, affinity: str
+) -> PipelineRequest:
+    """The pipeline request answering ``body`` on text stage ``sid``; ``affinity``: the
+    conversation, so its turns go where its prefix is cached."""
+    try:
+        stage_params = resolve_stage_params(omni, body.stage_params)
+        if extra := body.chat_params():
+            answer = decode(ParamKind.TEXT, extra)
+            stage_params[sid] = stage_params.get(sid, NO_PARAMS).merged(answer)
+    except BadRequestError as exc:
+        raise in_our_terms(exc) from None
+    prompt = Prompt(messages=messages(body))
+    params = body.sampling_params()
+    return PipelineRequest(response_id, prompt, [sid], params, stage_params, affinity=affinity)
+
+
+def messages(body: ResponsesRequest) -> list[ChatMessage]:
+    """The chat history ``instructions`` and ``input`` describe. The item fields read
+    here are those its schema requires of its type."""
+    out = [ChatMessage("system", body.instructions)] if body.instructions else []
+    for item in body.input:
+        if item.type == "message":
+            out.append(ChatMessage(str(item.role), item.text()))
+        elif item.type == "function_call":
+            call = ToolCall(str(item.call_id), str(item.name), str(item.arguments))
+            last = out[-1] if out else None
+            if last is not None and last.role == "assistant":  # one turn: its text, its calls
+                last.tool_calls = [*(last.tool_calls or []), call]
+            else:
+                out.append(ChatMessage("assistant", "", tool_calls=[call]))
+        else:
+            out.append(ChatMessage("tool", item.text(), tool_call_id=item.call_id))
+    return out
+
+
+def in_our_terms(exc: BadRequestError) -> BadRequestError:
+    if exc.param in _PARAM_NAMES:
+        exc.param = _PARAM_NAMES[exc.param]
+    return exc
+
+
+async def run_to_final(
+    omni: PipelineService, request: PipelineRequest, shape: ResponseShape, stage_name: str
+) -> dict[str, Any]:
+    """The final response object (completed, incomplete or failed) of ``request``."""
+    output = Output(stage_name)
+    try:
+        stream = await omni.open(request)
+        try:
+            async for out in stream:
+                output.add(out)
+        finally:
+            stream.close()
+        output.finish()
+    except Exception as exc:
+        if isinstance(exc, BadRequestError):
+            exc = in_our_terms(exc)
+        output.abandon()
+        return shape.failed(output, exc)
+    return shape.final(output, stream.usage())

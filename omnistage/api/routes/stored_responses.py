@@ -1,0 +1,112 @@
+"""Stored responses: ``GET`` and ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items`` and ``POST /v1/responses/{id}/cancel`` (a
+background response that has not finished). Another key's responses are not found."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from omnistage.api.errors import ApiError
+from omnistage.api.owner import owner_of
+from omnistage.api.routes.common import json_response
+from omnistage.api.routes.videos import persistence
+from omnistage.store.records import StoredResponse
+
+router = APIRouter()
+
+
+async def _stored(request: Request, response_id: str) -> StoredResponse:
+    found = await persistence(request).store.get_response(response_id, owner_of(request))
+    if found is None:
+        raise ApiError(
+            404,
+            f"no stored response {response_id!r}",
+            "invalid_request_error",
+            "response_id",
+            "not_found",
+        )
+    return found
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> Response:
+    return json_response((await _stored(request, response_id)).body)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> Response:
+    persist = persistence(request)
+    owner = owner_of(request)
+    # A background response still running stops at its next lease renewal.
+    await persist.store.delete_job(response_id, owner)
+    if not await persist.store.delete_response(response_id, owner):
+        raise ApiError(
+            404,
+            f"no stored response {response_id!r}",
+            "invalid_request_error",
+            "response_id",
+            "not_found",
+        )
+    return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def input_items(
+    request: Request,
+    response_id: str,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> Response:
+    if not 1 <= limit <= 100:
+        raise ApiError(400, f"limit must be 1..100, got {limit}", "invalid_request_error", "limit")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "order must be 'asc' or 'desc'", "invalid_request_error", "order")
+    items = list((await _stored(request, response_id)).input_items)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [i.get("id") for i in items]
+        if after not in ids:
+            raise ApiError(
+                400, f"no input item {after!r} in this response", "invalid_request_error", "after"
+            )
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return json_response(_list(page, len(items) > limit))
+
+
+def _list(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0].get("id") if data else None,
+        "last_id": data[-1].get("id") if data else None,
+        "has_more": has_more,
+    }
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(request: Request, response_id: str) -> Response:
+    persist = persistence(request)
+    owner = owner_of(request)
+    stored = await _stored(request, response_id)
+    if not stored.body.get("background"):
+        raise ApiError(
+            400,
+            f"response {response_id!r} was not created with background: true; only "
+            "background responses can be cancelled",
+            "invalid_request_error",
+            "response_id",
+        )
+    job = await persist.store.cancel_job(response_id, owner, time.time())
+    if stored.status in ("queued", "in_progress") and job is not None:
+        # The runner stops at its next renewal and stores nothing after this.
+        stored.body = {**stored.body, "status": "cancelled"}
+        stored.status = "cancelled"
+        await persist.store.put_response(stored)
+    return json_response(stored.body)

@@ -1,0 +1,62 @@
+"""Background responses: a Responses API request (``background: true``) run as a job.
+
+The route stored the response queued and the request, with the conversation it
+continues already resolved; the job runs it to its final response object and stores
+that (in_progress while it runs). A failed run is stored as a failed response; a
+cancelled one keeps the cancelled status the cancel route stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from omnistage.api.response_items import ResponseShape
+from omnistage.api.response_runs import pipeline_request, run_to_final
+from omnistage.api.schemas.responses import ResponsesRequest
+from omnistage.api.service import PipelineService
+from omnistage.jobs.runner import JobFailed
+from omnistage.store.base import Store
+from omnistage.store.records import Job, JobKind
+
+
+class ResponseJobs:
+    """The handler of background responses (see ``jobs.runner.JobHandler``)."""
+
+    kind = JobKind.RESPONSE
+
+    def __init__(self, omni: PipelineService, store: Store, stage_id: int) -> None:
+        self.omni = omni
+        self.store = store
+        self.stage_id = stage_id
+
+    async def run(self, job: Job, progress: Callable[[int], None]) -> dict[str, Any]:
+        spec = job.request
+        body = ResponsesRequest.model_validate(spec["body"])
+        shape_fields = dict(spec["shape"])
+        created, model = shape_fields.pop("created_at"), shape_fields.pop("model")
+        shape = ResponseShape(job.id, int(created), model, shape_fields)
+        stored = await self.store.get_response(job.id, job.owner)
+        if stored is None:
+            raise JobFailed("not_found", "the stored response was deleted")
+        stored.status = "in_progress"
+        stored.body = shape.body("in_progress")
+        await self.store.put_response(stored)
+        request = pipeline_request(
+            self.omni, body, self.stage_id, f"{job.id}-{job.attempts}", spec["conversation"]
+        )
+        name = self.omni.graph.stages[self.stage_id].name
+        final = await run_to_final(self.omni, request, shape, name)
+        # Cancelled or deleted meanwhile: the runner finds the lease gone and keeps
+        # nothing; the stored row must not be overwritten either.
+        current = await self.store.get_response(job.id, job.owner)
+        if current is None or current.status == "cancelled":
+            raise JobFailed("cancelled", "the response was cancelled")
+        stored.status, stored.body = str(final["status"]), final
+        await self.store.put_response(stored)
+        if final["status"] == "failed":
+            raise JobFailed("generation_failed", str((final.get("error") or {}).get("message")))
+        return {"status": final["status"]}
+
+    async def discard(self, job: Job) -> None:
+        pass  # a response keeps nothing in the media store
