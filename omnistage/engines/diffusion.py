@@ -8,6 +8,12 @@ request runs; without one the engine draws a random one and reports it). Each im
 output chunk: the encoded file in ``data``, ``meta = {"format", "width", "height",
 "seed", "index"}``; the last one is finished and carries the usage.
 
+A prompt with ``images`` is an edit (POST /v1/images/edits): image-to-image from its
+(single) image, or inpainting where its ``mask`` is transparent, each on a variant of the
+loaded pipeline over the same weights, built on first use per slot and kept (see
+``diffusers_pipe.variant``). Size "auto" is then the source image's size, fitted within
+``max_generated_image_size``; the source is resized to the size drawn.
+
 Diffusion is compute bound: at most ``max_concurrent`` images (default 1) are drawn at
 once, each in a worker thread on its own handle of the shared weights; other requests
 wait for a slot (``queue_length``). Every denoising step bumps ``progress`` (heartbeats
@@ -26,14 +32,14 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines import diffusers_pipe as dp
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
-from omnistage.engines.image_params import ImageJob, image_job
+from omnistage.engines.image_params import ImageJob, image_job, output_size
 from omnistage.engines.torch_threads import (
     ThreadTuner,
     TorchThread,
@@ -77,6 +83,9 @@ class _Slot:
     pipe: Any
     thread: TorchThread
     tuner: ThreadTuner | None
+    # Edit variants of ``pipe`` (by Drawing.kind), built on the slot's thread when first
+    # needed; they share its modules and scheduler, as the slot draws one at a time.
+    variants: dict[str, tuple[Any, dp.PipelineInfo]] = field(default_factory=dict)
 
 
 class DiffusionEngine(Engine):
@@ -159,11 +168,21 @@ class DiffusionEngine(Engine):
             prompt = "".join([i.text async for i in request.inputs if i.modality == Modality.TEXT])
         prompt = prompt.strip()
         base_seed = job.seed if job.seed is not None else secrets.randbelow(SEED_LIMIT)
-        width, height = job.size or info.default_size
+        edit = _edit_of(request)
+        source = None
+        if edit is not None:  # headers only here; the worker thread decodes
+            from omnistage.engines.edit_images import check_edit
+
+            source = check_edit(*edit, full=False)
+        max_pixels = self.args.max_generated_image_size
+        width, height = output_size(job.size, source, info.default_size, max_pixels)
         modality = self.stage.output_modality
         usage = {"prompt_tokens": dp.count_tokens(self._pipe, prompt), "completion_tokens": 0}
         for index in range(job.n):
             drawing = self._drawing(job, prompt, width, height, (base_seed + index) % SEED_LIMIT)
+            if edit is not None:
+                image, mask = edit[0][0], edit[1]
+                drawing = replace(drawing, image=image, mask=mask, strength=job.strength)
             async for chunk in self._draw_one(request.request_id, drawing, job, index):
                 if chunk.data and index == job.n - 1:
                     chunk.finished, chunk.usage = True, usage
@@ -198,7 +217,7 @@ class DiffusionEngine(Engine):
     ) -> AsyncIterator[EngineChunk]:
         """Progress chunks (if asked for), then the image's chunk."""
         loop = asyncio.get_running_loop()
-        steps_done: asyncio.Queue[int] = asyncio.Queue()
+        steps_done: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         stop = threading.Event()
         started = time.perf_counter()
         every = self.args.log_every_steps
@@ -216,13 +235,13 @@ class DiffusionEngine(Engine):
                     dp.it_per_s(step, started),
                 )
             if job.progress:
-                loop.call_soon_threadsafe(steps_done.put_nowait, step)
+                loop.call_soon_threadsafe(steps_done.put_nowait, (step, total))
 
         work = await self._start(drawing, stop, on_step)
-        work.add_done_callback(lambda _: steps_done.put_nowait(0))  # steps count from 1
+        work.add_done_callback(lambda _: steps_done.put_nowait((0, 0)))  # steps count from 1
         try:
-            while (step := await steps_done.get()) != 0:
-                meta = ChunkMeta(step=step, steps=drawing.steps, index=index)
+            while (done := await steps_done.get())[0] != 0:
+                meta = ChunkMeta(step=done[0], steps=done[1], index=index)
                 yield EngineChunk(Modality.IMAGE, meta=meta)
             data = work.result()
         except asyncio.CancelledError:
@@ -287,9 +306,10 @@ class DiffusionEngine(Engine):
         on_step: dp.StepHook,
     ) -> bytes:
         """One image on the slot's thread, its thread count tuned between steps."""
+        pipe, info = self._pipe_for(slot, drawing.kind)
         tuner = slot.tuner
         if tuner is None:
-            return dp.draw(slot.pipe, self._info(), drawing, call, stop, on_step)
+            return dp.draw(pipe, info, drawing, call, stop, on_step)
         use_threads(tuner.count)
         pixels = drawing.width * drawing.height
         last: list[float] = []
@@ -300,7 +320,15 @@ class DiffusionEngine(Engine):
             on_step(step, total)
             last[:] = [time.perf_counter()]
 
-        return dp.draw(slot.pipe, self._info(), drawing, call, stop, timed)
+        return dp.draw(pipe, info, drawing, call, stop, timed)
+
+    def _pipe_for(self, slot: _Slot, kind: str | None) -> tuple[Any, dp.PipelineInfo]:
+        """The slot's pipeline for a drawing of ``kind`` (on the slot's thread)."""
+        if kind is None:
+            return slot.pipe, self._info()
+        if kind not in slot.variants:
+            slot.variants[kind] = dp.variant(slot.pipe, kind, self.args)
+        return slot.variants[kind]
 
     def _release(self, slot: _Slot) -> None:
         self._free.append(slot)
@@ -318,3 +346,11 @@ class DiffusionEngine(Engine):
 
 def _no_hook(_step: int, _total: int) -> None:
     pass
+
+
+def _edit_of(request: EngineRequest) -> tuple[list[bytes], bytes | None] | None:
+    """The source images and mask of an edit request (None: draw from text alone)."""
+    prompt = request.prompt
+    if prompt is None or not prompt.images:
+        return None
+    return prompt.images, prompt.mask
