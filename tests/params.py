@@ -23,3 +23,7 @@ def transcription(raw: dict[str, Any] | None = None, **fields: Any) -> StagePara
 
 def image(raw: dict[str, Any] | None = None, **fields: Any) -> StageParams:
     return decode(ParamKind.IMAGE, {**(raw or {}), **fields})
+
+
+def video(raw: dict[str, Any] | None = None, **fields: Any) -> StageParams:
+    return decode(ParamKind.VIDEO, {**(raw or {}), **fields})

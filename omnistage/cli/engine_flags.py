@@ -21,10 +21,12 @@ from omnistage.cli.args import UsageError
 from omnistage.cli.flags import DIFFUSION_FLAGS, DIFFUSION_JSON
 from omnistage.config.load import validate_config
 from omnistage.config.schema import DeployConfig
-from omnistage.engines.diffusion import missing_model_message
+from omnistage.engines.denoising import missing_model_message
 from omnistage.protocol.errors import ConfigError
 
 DIFFUSION = "diffusion"
+# Engines on a local diffusers directory, which no package ships: the model is required.
+DIFFUSERS_ENGINES = (DIFFUSION, "video")
 # engine_args key -> flag; the JSON ones merge key by key into the stage's own map.
 FLAGS = {each.dest: each.name for each in DIFFUSION_FLAGS}
 
@@ -73,10 +75,11 @@ def apply_diffusion_flags(config: DeployConfig, args: argparse.Namespace) -> Dep
 def check_diffusion_models(
     config: DeployConfig, local_replicas: dict[int, int], source: str
 ) -> None:
-    """Every diffusion stage the head starts replicas of must name a model directory
-    (a stage served by headless replicas may get it from their own overrides)."""
+    """Every diffusers stage (diffusion, video) the head starts replicas of must name a
+    model directory (a stage served by headless replicas may get it from their own
+    overrides)."""
     for stage in config.stages:
-        if stage.engine != DIFFUSION or not local_replicas.get(stage.stage_id):
+        if stage.engine not in DIFFUSERS_ENGINES or not local_replicas.get(stage.stage_id):
             continue
         model = stage.engine_args.get("model")
         if not model:

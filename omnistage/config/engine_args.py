@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from omnistage.protocol.enums import EngineName
+from omnistage.protocol.params import MAX_VIDEO_FPS, MAX_VIDEO_FRAMES, MAX_VIDEO_SECONDS
 
 
 class _Args(BaseModel):
@@ -142,13 +143,15 @@ class AsrArgs(_Args):
     short_window: bool = True
 
 
-class DiffusionArgs(_Args):
+class DiffusersArgs(_Args):
+    """What the engines on a diffusers pipeline share (``diffusion``, ``video``)."""
+
     # A local diffusers pipeline directory (model_index.json and its components, as
     # save_pretrained writes them). Needed to start; a config may leave it to
-    # --stage-overrides, since no package ships text-to-image weights.
+    # --stage-overrides, since no package ships these weights.
     model: str | None = None
-    # A diffusers pipeline class (StableDiffusionXLPipeline, ...); None: DiffusionPipeline
-    # picks the class model_index.json names.
+    # A diffusers pipeline class (StableDiffusionXLPipeline, WanPipeline, ...); None:
+    # DiffusionPipeline picks the class model_index.json names.
     model_class_name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     dtype: str = Field(default="float32", pattern="^(float32|bfloat16|float16)$")
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -156,10 +159,6 @@ class DiffusionArgs(_Args):
     # pipeline call (e.g. {"eta": 0.5}; a request's own params win).
     diffusers_load_kwargs: dict[str, Any] = Field(default_factory=dict)
     diffusers_call_kwargs: dict[str, Any] = Field(default_factory=dict)
-    # Largest image, in pixels (width * height); a bigger size is a 400.
-    max_generated_image_size: int = Field(default=1024 * 1024, ge=64 * 64)
-    # Size for requests with size "auto"; None: the model's native size (within the max).
-    default_size: str | None = Field(default=None, pattern=r"^[0-9]{1,5}x[0-9]{1,5}$")
     # Defaults when neither the request nor diffusers_call_kwargs sets them; None: the
     # pipeline's own (50 steps and 7.5 for Stable Diffusion).
     num_inference_steps: int | None = Field(default=None, ge=1, le=1000)
@@ -169,25 +168,71 @@ class DiffusionArgs(_Args):
     vae_use_slicing: bool = False
     vae_use_tiling: bool = False
     enable_cpu_offload: bool = False
-    # Images drawn at once (each in a worker thread); diffusion is compute bound.
+    # Generations at once (each in a worker thread); diffusion is compute bound.
     max_concurrent: int = Field(default=1, ge=1, le=16)
     # torch intra-op threads; None: the cores split between the max_concurrent slots.
     torch_threads: int | None = Field(default=None, ge=1)
     # Log a progress line every this many denoising steps.
     log_every_steps: int = Field(default=10, ge=1)
-    # Draw one tiny image before READY, so the first request does not pay the first
-    # call's one-off costs.
+    # Run one tiny generation before READY, so the first request does not pay the
+    # first call's one-off costs.
     warmup: bool = True
+
+
+def _size_fits(value: str | None, step: int, side: int, most: int, limit: str) -> str | None:
+    """A ``default_size`` ("WxH", or None) the engine can make, or ValueError."""
+    if value is not None:
+        width, height = (int(v) for v in value.split("x"))
+        if width % step or height % step or min(width, height) < side:
+            raise ValueError(f"sides must be multiples of {step}, at least {side}")
+        if width * height > most:
+            raise ValueError(f"larger than {limit}")
+    return value
+
+
+class DiffusionArgs(DiffusersArgs):
+    # Largest image, in pixels (width * height); a bigger size is a 400.
+    max_generated_image_size: int = Field(default=1024 * 1024, ge=64 * 64)
+    # Size for requests with size "auto"; None: the model's native size (within the max).
+    default_size: str | None = Field(default=None, pattern=r"^[0-9]{1,5}x[0-9]{1,5}$")
 
     @field_validator("default_size")
     @classmethod
     def _default_size_fits(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None:
-            width, height = (int(v) for v in value.split("x"))
-            if width % 8 or height % 8 or min(width, height) < 64:
-                raise ValueError("sides must be multiples of 8, at least 64")
-            if width * height > info.data.get("max_generated_image_size", 1024 * 1024):
-                raise ValueError("larger than max_generated_image_size")
+        most = info.data.get("max_generated_image_size", 1024 * 1024)
+        return _size_fits(value, 8, 64, most, "max_generated_image_size")
+
+
+class VideoArgs(DiffusersArgs):
+    # Largest frame, in pixels (width * height); a bigger size is a 400. 720p.
+    max_generated_video_size: int = Field(default=1280 * 720, ge=16 * 16)
+    # Size for requests with size "auto"; None: the pipeline's own default (within the
+    # max). Sides must also be multiples of the pipeline's spatial step (16 for Wan),
+    # which is checked when it loads.
+    default_size: str | None = Field(default=None, pattern=r"^[0-9]{1,5}x[0-9]{1,5}$")
+    # Frame rate and length of a request that gives neither (Wan draws at 16 fps).
+    default_fps: int = Field(default=16, ge=1, le=MAX_VIDEO_FPS)
+    default_seconds: float = Field(default=5.0, gt=0.0, le=MAX_VIDEO_SECONDS)
+    # Most frames one video may have (its length at the asked fps); more is a 400.
+    max_frames: int = Field(default=241, ge=1, le=MAX_VIDEO_FRAMES, validate_default=True)
+
+    @field_validator("default_size")
+    @classmethod
+    def _default_size_fits(cls, value: str | None, info: ValidationInfo) -> str | None:
+        most = info.data.get("max_generated_video_size", 1280 * 720)
+        return _size_fits(value, 2, 16, most, "max_generated_video_size")
+
+    @field_validator("max_frames")
+    @classmethod
+    def _default_length_fits(cls, value: int, info: ValidationInfo) -> int:
+        # Else a request that names no length would be refused for one it did not ask.
+        frames = round(info.data.get("default_seconds", 5.0) * info.data.get("default_fps", 16))
+        if not 1 <= frames <= value:
+            raise ValueError(
+                f"default_seconds * default_fps is {frames} frames, more than max_frames"
+                if frames
+                else "default_seconds * default_fps is less than one frame"
+            )
         return value
 
 
@@ -314,4 +359,5 @@ ENGINE_ARGS: dict[str, type[_Args]] = {
     EngineName.ASR: AsrArgs,
     EngineName.DIFFUSION: DiffusionArgs,
     EngineName.VLLM: VllmArgs,
+    EngineName.VIDEO: VideoArgs,
 }

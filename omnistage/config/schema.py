@@ -19,7 +19,7 @@ from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.params import decode, kind_of
 
-Modality = Literal["text", "audio", "image"]
+Modality = Literal["text", "audio", "image", "video"]
 ENGINES = tuple(e.value for e in EngineName)
 
 

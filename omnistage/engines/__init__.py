@@ -18,6 +18,7 @@ ENGINE_CLASSES: dict[str, str] = {
     EngineName.ASR: "omnistage.engines.asr:AsrEngine",
     EngineName.DIFFUSION: "omnistage.engines.diffusion:DiffusionEngine",
     EngineName.VLLM: "omnistage.engines.vllm_engine:VllmEngine",
+    EngineName.VIDEO: "omnistage.engines.video:VideoEngine",
 }
 
 

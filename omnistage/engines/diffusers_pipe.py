@@ -1,6 +1,7 @@
 """The blocking half of the ``diffusion`` engine: loading a diffusers pipeline from a local
 directory, drawing one image with it, and encoding the image. Everything here runs in a
-worker thread; torch, diffusers and Pillow are imported only when it does.
+worker thread; torch, diffusers and Pillow are imported only when it does. The ``video``
+engine loads and calls its pipelines with the same pieces (``video_pipe``).
 
 An image edit draws on a variant of the loaded pipeline (image-to-image, or inpainting
 with a mask) that ``variant`` builds with diffusers' ``AutoPipelineFor*.from_pipe``: a
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnistage.config.engine_args import DiffusionArgs
+from omnistage.config.engine_args import DiffusersArgs, DiffusionArgs
 from omnistage.engines.image_params import MIN_SIDE, check_strength, fit_size
 from omnistage.engines.torch_threads import cores
 from omnistage.protocol.errors import BadRequestError, EngineError
@@ -45,12 +46,18 @@ class PipelineInfo:
     takes_step_callback: bool  # callback_on_step_end: per-step progress and abort
     takes_negative_prompt: bool
     takes_guidance: bool
-    takes_size: bool = True  # width and height (an image-to-image call takes the image's)
-    default_strength: float | None = None  # an edit pipeline's own default
+    takes_size: bool  # width and height (an image-to-image call takes the image's)
+    default_strength: float | None  # an edit pipeline's own (None: it takes no strength)
 
 
 def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
     """The pipeline from ``model`` (a local directory), placed and configured per ``args``."""
+    pipe = load_pipeline(args, model)
+    return pipe, _describe(pipe, args)
+
+
+def load_pipeline(args: DiffusersArgs, model: str) -> Any:
+    """Any diffusers pipeline from ``model`` (a local directory), placed per ``args``."""
     import torch
 
     # Concurrent generations split the cores: two draws each spreading over all of them
@@ -75,7 +82,7 @@ def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
         raise EngineError(f"could not load the diffusers pipeline at {model}: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
     _place(pipe, args)
-    return pipe, _describe(pipe, args)
+    return pipe
 
 
 def _quiet_progress_bars() -> None:
@@ -96,7 +103,7 @@ def _pipeline_class(name: str | None) -> Any:
     if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
         raise EngineError(
             f"model_class_name {name!r} is not a diffusers pipeline class "
-            "(e.g. StableDiffusionPipeline, StableDiffusionXLPipeline)"
+            "(e.g. StableDiffusionPipeline, StableDiffusionXLPipeline, WanPipeline)"
         )
     return cls
 
@@ -111,7 +118,7 @@ def _torch_dtype(value: Any) -> Any:
     return value
 
 
-def _place(pipe: Any, args: DiffusionArgs) -> None:
+def _place(pipe: Any, args: DiffusersArgs) -> None:
     import torch
 
     vae = getattr(pipe, "vae", None)
@@ -138,29 +145,38 @@ def _place(pipe: Any, args: DiffusionArgs) -> None:
 
 
 def _describe(pipe: Any, args: DiffusionArgs) -> PipelineInfo:
-    params = inspect.signature(pipe.__call__).parameters
-    steps = params.get("num_inference_steps")
-    default_steps = steps.default if steps is not None and isinstance(steps.default, int) else 50
     native = _native_size(pipe)
     if args.default_size is not None:
         width, height = (int(v) for v in args.default_size.split("x"))
     else:
         width, height = fit_size(*native, args.max_generated_image_size)
+    return PipelineInfo(default_size=(width, height), **call_traits(pipe))
+
+
+def call_traits(pipe: Any) -> dict[str, Any]:
+    """The ``PipelineInfo`` fields read off any pipeline's ``__call__``, but its size."""
+    params = call_params(pipe)
+    steps = params.get("num_inference_steps")
+    default_steps = steps.default if steps is not None and isinstance(steps.default, int) else 50
     strength = params.get("strength")
-    return PipelineInfo(
-        class_name=type(pipe).__name__,
-        default_size=(width, height),
-        default_steps=default_steps,
-        takes_step_callback="callback_on_step_end" in params,
-        takes_negative_prompt="negative_prompt" in params,
-        takes_guidance="guidance_scale" in params,
-        takes_size="width" in params and "height" in params,
-        default_strength=(
+    return {
+        "class_name": type(pipe).__name__,
+        "default_steps": default_steps,
+        "takes_step_callback": "callback_on_step_end" in params,
+        "takes_negative_prompt": "negative_prompt" in params,
+        "takes_guidance": "guidance_scale" in params,
+        "takes_size": "width" in params and "height" in params,
+        "default_strength": (
             float(strength.default)
             if strength is not None and isinstance(strength.default, (int, float))
             else None
         ),
-    )
+    }
+
+
+def call_params(pipe: Any) -> Any:
+    """The parameters of the pipeline's ``__call__`` (name -> inspect.Parameter)."""
+    return inspect.signature(pipe.__call__).parameters
 
 
 def _native_size(pipe: Any) -> tuple[int, int]:
@@ -215,9 +231,8 @@ def variant(pipe: Any, kind: str, args: DiffusionArgs) -> tuple[Any, PipelineInf
 
 
 @dataclass(frozen=True)
-class Drawing:
-    """One image's call, as the engine resolved it. An edit has an ``image`` (the
-    encoded source) and maybe a ``mask`` (OpenAI's: transparent where to edit)."""
+class Call:
+    """What every generation's call takes, as the engine resolved it."""
 
     prompt: str
     width: int
@@ -226,6 +241,13 @@ class Drawing:
     steps: int
     guidance_scale: float | None
     negative_prompt: str | None
+
+
+@dataclass(frozen=True)
+class Drawing(Call):
+    """One image's call. An edit has an ``image`` (the encoded source) and maybe a
+    ``mask`` (OpenAI's: transparent where to edit)."""
+
     output_format: str
     quality: int
     image: bytes | None = None
@@ -252,41 +274,9 @@ def draw(
     on_step: StepHook,
 ) -> bytes:
     """Generate one image and return it encoded; raises Aborted once ``stop`` is set."""
-    import torch
-
-    if stop.is_set():
-        raise Aborted()
-    kwargs: dict[str, Any] = {
-        **call_kwargs,
-        "prompt": job.prompt,
-        "num_inference_steps": job.steps,
-        # Seeded on the CPU whatever the device: the same seed gives the same latents,
-        # hence the same image, on every replica.
-        "generator": torch.Generator("cpu").manual_seed(job.seed),
-        "output_type": "pil",
-    }
-    if info.takes_size:
-        kwargs["width"], kwargs["height"] = job.width, job.height
+    kwargs = pipeline_kwargs(info, job, call_kwargs, stop, on_step)
     init, repaint = _edit_inputs(job, info, kwargs)
-    if job.guidance_scale is not None and info.takes_guidance:
-        kwargs["guidance_scale"] = job.guidance_scale
-    if job.negative_prompt and info.takes_negative_prompt:
-        kwargs["negative_prompt"] = job.negative_prompt
-    if info.takes_step_callback:
-
-        def on_step_end(called: Any, step: int, _t: Any, tensors: dict[str, Any]) -> Any:
-            if stop.is_set():
-                raise Aborted()  # out of the denoising loop, before the VAE decode
-            # An edit runs only the last strength * steps of the schedule.
-            total = getattr(called, "num_timesteps", None)
-            on_step(step + 1, total if isinstance(total, int) and total > 0 else job.steps)
-            return tensors
-
-        kwargs["callback_on_step_end"] = on_step_end
-    with torch.inference_mode():
-        out = pipe(**kwargs)
-    if stop.is_set():
-        raise Aborted()
+    out = run(pipe, {**kwargs, "output_type": "pil"}, stop)
     image = out.images[0]
     if init is not None and repaint is not None:
         from omnistage.engines.edit_images import overlay
@@ -310,6 +300,57 @@ def _edit_inputs(job: Drawing, info: PipelineInfo, kwargs: dict[str, Any]) -> tu
     if job.strength is not None:
         kwargs["strength"] = job.strength
     return init, repaint
+
+
+def pipeline_kwargs(
+    info: PipelineInfo,
+    job: Call,
+    call_kwargs: dict[str, Any],
+    stop: threading.Event,
+    on_step: StepHook,
+) -> dict[str, Any]:
+    """The pipeline call's keyword arguments for ``job`` (what every pipeline takes)."""
+    import torch
+
+    kwargs: dict[str, Any] = {
+        **call_kwargs,
+        "prompt": job.prompt,
+        "num_inference_steps": job.steps,
+        # Seeded on the CPU whatever the device: the same seed gives the same latents,
+        # hence the same output, on every replica.
+        "generator": torch.Generator("cpu").manual_seed(job.seed),
+    }
+    if info.takes_size:
+        kwargs["width"], kwargs["height"] = job.width, job.height
+    if job.guidance_scale is not None and info.takes_guidance:
+        kwargs["guidance_scale"] = job.guidance_scale
+    if job.negative_prompt and info.takes_negative_prompt:
+        kwargs["negative_prompt"] = job.negative_prompt
+    if info.takes_step_callback:
+
+        def on_step_end(called: Any, step: int, _t: Any, tensors: dict[str, Any]) -> Any:
+            if stop.is_set():
+                raise Aborted()  # out of the denoising loop, before the VAE decode
+            # The steps this call runs: an edit runs only the last strength * steps.
+            total = getattr(called, "num_timesteps", None)
+            on_step(step + 1, total if isinstance(total, int) and total > 0 else job.steps)
+            return tensors
+
+        kwargs["callback_on_step_end"] = on_step_end
+    return kwargs
+
+
+def run(pipe: Any, kwargs: dict[str, Any], stop: threading.Event) -> Any:
+    """Call the pipeline; raises Aborted if ``stop`` is set before or after."""
+    import torch
+
+    if stop.is_set():
+        raise Aborted()
+    with torch.inference_mode():
+        out = pipe(**kwargs)
+    if stop.is_set():
+        raise Aborted()
+    return out
 
 
 def encode(image: Any, fmt: str, quality: int) -> bytes:

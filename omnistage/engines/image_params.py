@@ -52,8 +52,16 @@ class ImageJob:
         return DEFAULT_QUALITY if self.output_compression is None else self.output_compression
 
 
-def parse_size(value: Any, max_pixels: int) -> tuple[int, int] | None:
-    """``"WxH"`` -> (width, height); ``"auto"`` or None -> None (the stage's default)."""
+def parse_size(
+    value: Any,
+    max_pixels: int,
+    *,
+    step: int = SIZE_STEP,
+    min_side: int = MIN_SIDE,
+    limit: str = "max_generated_image_size",
+) -> tuple[int, int] | None:
+    """``"WxH"`` -> (width, height); ``"auto"`` or None -> None (the stage's default).
+    ``limit``: the stage setting ``max_pixels`` comes from, named in the message."""
     if value is None or value == "auto":
         return None
     match = _SIZE.match(value) if isinstance(value, str) else None
@@ -62,39 +70,50 @@ def parse_size(value: Any, max_pixels: int) -> tuple[int, int] | None:
             f"size must be 'auto' or 'WIDTHxHEIGHT' (e.g. '512x512'), got {value!r}", "size"
         )
     width, height = int(match[1]), int(match[2])
-    check_size(width, height, max_pixels)
+    check_size(width, height, max_pixels, step=step, min_side=min_side, limit=limit)
     return width, height
 
 
-def check_size(width: int, height: int, max_pixels: int) -> None:
-    if width % SIZE_STEP or height % SIZE_STEP:
+def check_size(
+    width: int,
+    height: int,
+    max_pixels: int,
+    *,
+    step: int = SIZE_STEP,
+    min_side: int = MIN_SIDE,
+    limit: str = "max_generated_image_size",
+) -> None:
+    if width % step or height % step:
         raise BadRequestError(
-            f"size {width}x{height}: width and height must be multiples of {SIZE_STEP}", "size"
+            f"size {width}x{height}: width and height must be multiples of {step}", "size"
         )
-    if width < MIN_SIDE or height < MIN_SIDE:
+    if width < min_side or height < min_side:
         raise BadRequestError(
-            f"size {width}x{height}: width and height must be at least {MIN_SIDE}", "size"
+            f"size {width}x{height}: width and height must be at least {min_side}", "size"
         )
     if width * height > max_pixels:
         raise BadRequestError(
             f"size {width}x{height} is {width * height} pixels; this server generates at "
-            f"most {max_pixels} (max_generated_image_size)",
+            f"most {max_pixels} ({limit})",
             "size",
         )
 
 
-def fit_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
-    """The largest size of the same shape within ``max_pixels``, sides multiples of 8."""
+def fit_size(
+    width: int, height: int, max_pixels: int, *, step: int = SIZE_STEP, min_side: int = MIN_SIDE
+) -> tuple[int, int]:
+    """The largest size of the same shape within ``max_pixels``, sides multiples of
+    ``step``."""
     scale = min(1.0, math.sqrt(max_pixels / (width * height)))
-    w = max(MIN_SIDE, int(width * scale) // SIZE_STEP * SIZE_STEP)
-    h = max(MIN_SIDE, int(height * scale) // SIZE_STEP * SIZE_STEP)
-    # A very long, thin shape: its short side was raised to MIN_SIDE, so the long one
+    w = max(min_side, int(width * scale) // step * step)
+    h = max(min_side, int(height * scale) // step * step)
+    # A very long, thin shape: its short side was raised to min_side, so the long one
     # gives way to stay within max_pixels.
     if w * h > max_pixels:
-        if h == MIN_SIDE:
-            w = max(MIN_SIDE, max_pixels // h // SIZE_STEP * SIZE_STEP)
+        if h == min_side:
+            w = max(min_side, max_pixels // h // step * step)
         else:
-            h = max(MIN_SIDE, max_pixels // w // SIZE_STEP * SIZE_STEP)
+            h = max(min_side, max_pixels // w // step * step)
     return w, h
 
 

@@ -58,6 +58,7 @@ class Modality(enum.StrEnum):
     TEXT = "text"
     AUDIO = "audio"
     IMAGE = "image"
+    VIDEO = "video"
     TOOL_CALL = "tool_call"
 
 
@@ -87,6 +88,7 @@ class EngineName(enum.StrEnum):
     ASR = "asr"
     DIFFUSION = "diffusion"
     VLLM = "vllm"
+    VIDEO = "video"
 
 
 class Outcome(enum.StrEnum):

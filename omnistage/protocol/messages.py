@@ -255,6 +255,9 @@ class ChunkMeta(msgspec.Struct, omit_defaults=True, frozen=True):
     - tool_call: ``index`` and ``name`` of the call the arguments belong to;
     - image: ``index`` of the image in the request, then either ``step`` of ``steps``
       (progress, no data) or ``format``, ``width``, ``height`` and ``seed`` (the file);
+    - video: ``step`` of ``steps`` (progress, no data); then an image chunk, the first
+      frame as a thumbnail (``format`` "png", ``width``, ``height``); then the video
+      (``format`` "mp4", ``width``, ``height``, ``frames``, ``fps``, ``seed``);
     - text of a transcription: ``segment`` (one per chunk), and on the last chunk the
       detected ``language`` and the audio's ``duration``.
     """
@@ -272,6 +275,8 @@ class ChunkMeta(msgspec.Struct, omit_defaults=True, frozen=True):
     segment: Segment | None = None
     language: str | None = None
     duration: float | None = None
+    frames: int | None = None
+    fps: int | None = None
 
 
 class OutputChunk(Tagged):

@@ -4,7 +4,7 @@ The API builds these once per request (from its validated request bodies, or by
 ``decode`` from the untyped ``stage_params`` extension and a stage's
 ``default_sampling_params``); the head merges them per stage (``StageParams.merged``) and
 sends them in ``AddRequest.params``; each engine reads its own group once (``text``,
-``speech``, ``transcription`` or ``image``) and ignores the others.
+``speech``, ``transcription``, ``image`` or ``video``) and ignores the others.
 
 Every field is optional: None means "not asked", and the engine's default applies. The
 constraints are declared here, on the fields, so a bad value is refused by ``decode``
@@ -34,6 +34,10 @@ MAX_GUIDANCE = 100.0
 SEED_LIMIT = 2**63  # image seeds are 0 .. 2**63 - 1; image i of a request uses seed + i
 MAX_NEGATIVE_PROMPT = 4000
 IMAGE_FORMATS = ("png", "jpeg", "webp")
+MAX_VIDEO_SECONDS = 60.0
+MAX_VIDEO_FPS = 60
+# A minute at the highest rate: a stage's own ``max_frames`` is usually far lower.
+MAX_VIDEO_FRAMES = int(MAX_VIDEO_SECONDS) * MAX_VIDEO_FPS
 
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
@@ -111,6 +115,22 @@ class ImageParams(_Params, frozen=True):
     strength: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
 
 
+class VideoParams(_Params, frozen=True):
+    """Video generation (the ``video`` engine). The length is ``num_frames`` when given,
+    else ``seconds * fps``; ``size`` is ``"WIDTHxHEIGHT"`` or ``"auto"``. The limits that
+    depend on the stage (size, frames) are checked by ``engines.video_params.video_job``."""
+
+    seconds: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_VIDEO_SECONDS)] | None = None
+    size: str | None = None
+    fps: Annotated[int, msgspec.Meta(ge=1, le=MAX_VIDEO_FPS)] | None = None
+    num_frames: Annotated[int, msgspec.Meta(ge=1, le=MAX_VIDEO_FRAMES)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=SEED_LIMIT - 1)] | None = None
+    num_inference_steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_STEPS)] | None = None
+    guidance_scale: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_GUIDANCE)] | None = None
+    negative_prompt: Annotated[str, msgspec.Meta(max_length=MAX_NEGATIVE_PROMPT)] | None = None
+    progress: bool | None = None  # stream a progress chunk after every denoising step
+
+
 class ParamKind(enum.StrEnum):
     """Which group of ``StageParams`` a stage's engine reads."""
 
@@ -118,6 +138,7 @@ class ParamKind(enum.StrEnum):
     SPEECH = "speech"
     TRANSCRIPTION = "transcription"
     IMAGE = "image"
+    VIDEO = "video"
 
 
 PARAM_KIND = {
@@ -127,16 +148,19 @@ PARAM_KIND = {
     EngineName.TTS: ParamKind.SPEECH,
     EngineName.ASR: ParamKind.TRANSCRIPTION,
     EngineName.DIFFUSION: ParamKind.IMAGE,
+    EngineName.VIDEO: ParamKind.VIDEO,
 }
 _GROUP_TYPE: dict[ParamKind, type[_Params]] = {
     ParamKind.TEXT: GenerationParams,
     ParamKind.SPEECH: SpeechParams,
     ParamKind.TRANSCRIPTION: TranscriptionParams,
     ParamKind.IMAGE: ImageParams,
+    ParamKind.VIDEO: VideoParams,
 }
 
 _NO_TEXT, _NO_SPEECH = GenerationParams(), SpeechParams()
 _NO_TRANSCRIPTION, _NO_IMAGE = TranscriptionParams(), ImageParams()
+_NO_VIDEO = VideoParams()
 
 
 class StageParams(msgspec.Struct, omit_defaults=True, frozen=True):
@@ -148,6 +172,7 @@ class StageParams(msgspec.Struct, omit_defaults=True, frozen=True):
     speech: SpeechParams | None = None
     transcription: TranscriptionParams | None = None
     image: ImageParams | None = None
+    video: VideoParams | None = None
 
     @property
     def empty(self) -> bool:
@@ -169,6 +194,10 @@ class StageParams(msgspec.Struct, omit_defaults=True, frozen=True):
     @property
     def imaging(self) -> ImageParams:
         return self.image or _NO_IMAGE
+
+    @property
+    def filming(self) -> VideoParams:
+        return self.video or _NO_VIDEO
 
     def merged(self, over: StageParams | None) -> StageParams:
         """These params with what ``over`` sets taken from it, field by field."""

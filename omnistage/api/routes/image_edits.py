@@ -18,8 +18,6 @@ FastAPI's own cost.
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
@@ -29,26 +27,18 @@ from starlette.responses import Response
 from omnistage.api.errors import ApiError, invalid_body
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
-    ChunkShape,
     check_model,
-    collect_into,
     engine_stages,
-    json_response,
-    peeked,
     pick_stage,
     service,
-    sse_events,
-    sse_response,
 )
-from omnistage.api.routes.images import ImageEvents, ImageSink
+from omnistage.api.routes.images import answer, seeded_params
 from omnistage.api.schemas.images import EDIT_FORM_DOC, ImageEditForm
-from omnistage.config.engine_args import DiffusionArgs
 from omnistage.engines.edit_images import check_edit
-from omnistage.engines.image_params import image_job
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, Prompt
-from omnistage.protocol.params import SEED_LIMIT, StageParams
+from omnistage.protocol.params import StageParams
 
 router = APIRouter()
 
@@ -77,9 +67,7 @@ async def edits(request: Request) -> Response:
         await form.close()
     check_model(omni, fields.model)
     painter = pick_stage(omni, stages, fields.stage, "image stage", "no_image_stage")
-    seed = fields.seed if fields.seed is not None else secrets.randbelow(SEED_LIMIT)
-    image = fields.image_params(seed)
-    image_job(image, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
+    _, image = seeded_params(fields, painter)
     # Decoding a large image takes a while: not on the event loop.
     await asyncio.to_thread(check_edit, images, mask)
     prompt = Prompt(messages=[ChatMessage("user", fields.prompt)], images=images, mask=mask)
@@ -87,16 +75,7 @@ async def edits(request: Request) -> Response:
     pipeline_request = PipelineRequest(
         f"img-{next_id()}", prompt, [sid], stage_params={sid: StageParams(image=image)}, only=True
     )
-    stream = await omni.open(pipeline_request)
-    if fields.stream:
-        outputs = await peeked(stream)
-        shape = ChunkShape(stream.request_id, "image", int(time.time()), omni.served_model, False)
-        render = ImageEvents("image_edit", fields.output_format, stream).render
-        return sse_response(sse_events(outputs, stream, shape, render), stream)
-    got = await collect_into(request, stream, ImageSink())
-    if got is None:
-        return Response(status_code=499)  # the client went away; the request is aborted
-    return json_response(got.response(fields.size, fields.output_format, stream.usage()))
+    return await answer(request, omni, pipeline_request, "image_edit", fields)
 
 
 async def _read_form(form: FormData) -> tuple[ImageEditForm, list[bytes], bytes | None]:

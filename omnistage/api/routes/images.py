@@ -41,7 +41,7 @@ from omnistage.api.routes.common import (
     sse_events,
     sse_response,
 )
-from omnistage.api.schemas.images import ImageGenerationRequest
+from omnistage.api.schemas.images import ImageFields, ImageGenerationRequest
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
@@ -50,7 +50,13 @@ from omnistage.engines.image_params import image_job
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt
-from omnistage.protocol.params import NO_PARAMS, SEED_LIMIT, GenerationParams, StageParams
+from omnistage.protocol.params import (
+    NO_PARAMS,
+    SEED_LIMIT,
+    GenerationParams,
+    ImageParams,
+    StageParams,
+)
 
 
 async def generations(request: Request) -> Response:
@@ -58,15 +64,12 @@ async def generations(request: Request) -> Response:
     omni = service(request)
     check_model(omni, body.model)
     painter = image_stage(omni, body.stage, "/v1/images/generations")
-    seed = body.seed if body.seed is not None else secrets.randbelow(SEED_LIMIT)
-    image = body.image_params(seed)
-    # The stage would refuse them too, but only after the stages before it had run.
-    image_job(image, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
+    seed, image = seeded_params(body, painter)
     writers = _writers(omni, painter) if body.revise_prompt else []
     stage_params = resolve_stage_params(omni, body.stage_params)
     painting = stage_params.get(painter.stage_id, NO_PARAMS)
     stage_params[painter.stage_id] = painting.merged(StageParams(image=image))
-    request = PipelineRequest(
+    pipeline_request = PipelineRequest(
         f"img-{next_id()}",
         Prompt(messages=[ChatMessage("user", body.prompt)]),
         [*writers, painter.stage_id],
@@ -75,16 +78,38 @@ async def generations(request: Request) -> Response:
         stage_params,
         only=not body.revise_prompt,
     )
-    stream = await omni.open(request)
-    if body.stream:
+    return await answer(request, omni, pipeline_request, "image_generation", body)
+
+
+def seeded_params(fields: ImageFields, painter: StageConfig) -> tuple[int, ImageParams]:
+    """The seed (fixed here, random unless given, so a retry draws the same images) and
+    the image stage's params, checked against its limits: the stage would refuse them
+    too, but only after the stages before it had run."""
+    seed = fields.seed if fields.seed is not None else secrets.randbelow(SEED_LIMIT)
+    image = fields.image_params(seed)
+    image_job(image, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
+    return seed, image
+
+
+async def answer(
+    request: Request,
+    omni: PipelineService,
+    pipeline_request: PipelineRequest,
+    kind: str,
+    fields: ImageFields,
+) -> Response:
+    """Run ``pipeline_request`` and answer in OpenAI's shape: the images as one JSON
+    body, or with ``stream`` as ``{kind}.progress`` / ``{kind}.completed`` events."""
+    stream = await omni.open(pipeline_request)
+    if fields.stream:
         outputs = await peeked(stream)
         shape = ChunkShape(stream.request_id, "image", int(time.time()), omni.served_model, False)
-        render = ImageEvents("image_generation", body.output_format, stream).render
+        render = ImageEvents(kind, fields.output_format, stream).render
         return sse_response(sse_events(outputs, stream, shape, render), stream)
     got = await collect_into(request, stream, ImageSink())
     if got is None:
         return Response(status_code=499)  # the client went away; the request is aborted
-    return json_response(got.response(body.size, body.output_format, stream.usage()))
+    return json_response(got.response(fields.size, fields.output_format, stream.usage()))
 
 
 def image_stage(omni: PipelineService, wanted: str | None, path: str) -> StageConfig:
