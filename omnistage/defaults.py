@@ -18,3 +18,7 @@ REALTIME_IDLE_TIMEOUT_S = 600.0
 LB_POLICY = "random"
 RESTART_POLICY = "on-failure"
 LOG_LEVEL = "INFO"
+# The store (jobs, stored responses) and generated media, under envs.cache_dir() unless
+# --store-url / --media-url say otherwise.
+STORE_FILE = "store.db"
+MEDIA_DIR = "media"

