@@ -21,6 +21,7 @@ from omnistage.api.routes import (
     chat,
     completions,
     dashboard,
+    image_edits,
     images,
     info,
     metrics,
@@ -81,9 +82,12 @@ def create_app(
     app.state.response_counts = counts
     # This process's live voice sessions: the realtime route counts into it.
     app.state.realtime_stats = RealtimeStats()
-    # An audio upload may be as large as OpenAI takes, even under a lower general limit.
-    upload_limit = max(max_body_bytes, transcriptions.TRANSCRIPTION_BODY_BYTES)
-    path_limits = {transcriptions.PATH: upload_limit}
+    # Uploads (audio, images) may be as large as OpenAI takes, even under a lower general
+    # limit.
+    path_limits = {
+        transcriptions.PATH: max(max_body_bytes, transcriptions.TRANSCRIPTION_BODY_BYTES),
+        image_edits.PATH: max(max_body_bytes, image_edits.EDIT_BODY_BYTES),
+    }
     # Innermost first. The response counter is the outermost: it counts the 401s and
     # 413s of the others as well.
     stack: list[tuple[type, dict[str, Any]]] = [
@@ -117,6 +121,7 @@ def create_app(
         )
     modules = (
         transcriptions,
+        image_edits,
         info,
         metrics,
         dashboard,

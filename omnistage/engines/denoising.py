@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from omnistage.config.engine_args import DiffusersArgs
@@ -84,6 +84,13 @@ class Slot:
     pipe: Any
     thread: TorchThread
     tuner: ThreadTuner | None
+    # Other pipelines over ``pipe``'s modules (the diffusion engine's edit variants, by
+    # kind, with their info), built on the slot's thread when first needed. They share
+    # its scheduler too: the slot runs one call at a time.
+    variants: dict[str, Any] = field(default_factory=dict)
+
+
+Step = tuple[int, int]  # (steps done, total steps), as the pipeline counts them
 
 
 class Generation(Generic[ResultT]):
@@ -92,16 +99,17 @@ class Generation(Generic[ResultT]):
     early (the request was aborted) stops the thread at its next step."""
 
     def __init__(
-        self, work: asyncio.Future[ResultT], steps: asyncio.Queue[int], stop: threading.Event
+        self, work: asyncio.Future[ResultT], steps: asyncio.Queue[Step], stop: threading.Event
     ) -> None:
         self.work = work
         self._steps = steps
         self._stop = stop
 
-    async def __aiter__(self) -> AsyncIterator[int]:
-        self.work.add_done_callback(lambda _: self._steps.put_nowait(0))  # steps count from 1
+    async def __aiter__(self) -> AsyncIterator[Step]:
+        # Steps count from 1: (0, 0) ends the loop.
+        self.work.add_done_callback(lambda _: self._steps.put_nowait((0, 0)))
         try:
-            while (step := await self._steps.get()) != 0:
+            while (step := await self._steps.get())[0] != 0:
                 yield step
         finally:
             if not self.work.done():
@@ -138,13 +146,13 @@ class DenoisingEngine(Engine, Generic[InfoT, JobT, ResultT]):
     @abc.abstractmethod
     def _work(
         self,
-        pipe: Any,
+        slot: Slot,
         job: JobT,
         call: dict[str, Any],
         stop: threading.Event,
         on_step: dp.StepHook,
     ) -> ResultT:
-        """One generation on ``pipe`` (in the slot's worker thread)."""
+        """One generation on the slot's pipeline (in the slot's worker thread)."""
 
     @abc.abstractmethod
     def _warmup_job(self) -> JobT:
@@ -245,9 +253,10 @@ class DenoisingEngine(Engine, Generic[InfoT, JobT, ResultT]):
     ) -> Generation[ResultT]:
         """Start ``job`` in a worker thread once a slot is free. Every step bumps
         ``progress`` and is logged every ``log_every_steps`` (``label()`` names the job);
-        with ``stream_steps`` the Generation yields it too."""
+        with ``stream_steps`` the Generation yields it too (with the total the pipeline
+        runs: an image edit runs fewer than ``num_inference_steps``)."""
         loop = asyncio.get_running_loop()
-        steps: asyncio.Queue[int] = asyncio.Queue()
+        steps: asyncio.Queue[Step] = asyncio.Queue()
         started = time.perf_counter()
         every = self.args.log_every_steps
 
@@ -257,7 +266,7 @@ class DenoisingEngine(Engine, Generic[InfoT, JobT, ResultT]):
                 rate = dp.it_per_s(step, started)
                 log.info("%s: step %d/%d, %.2f it/s", label(), step, total, rate)
             if stream_steps:
-                loop.call_soon_threadsafe(steps.put_nowait, step)
+                loop.call_soon_threadsafe(steps.put_nowait, (step, total))
 
         stop = threading.Event()
         return Generation(await self._start(job, stop, on_step), steps, stop)
@@ -302,7 +311,7 @@ class DenoisingEngine(Engine, Generic[InfoT, JobT, ResultT]):
         """One job on the slot's thread, its thread count tuned between steps."""
         tuner = slot.tuner
         if tuner is None:
-            return self._work(slot.pipe, job, call, stop, on_step)
+            return self._work(slot, job, call, stop, on_step)
         use_threads(tuner.count)
         size = self._work_size(job)
         last: list[float] = []
@@ -313,7 +322,7 @@ class DenoisingEngine(Engine, Generic[InfoT, JobT, ResultT]):
             on_step(step, total)
             last[:] = [time.perf_counter()]
 
-        return self._work(slot.pipe, job, call, stop, timed)
+        return self._work(slot, job, call, stop, timed)
 
     def _release(self, slot: Slot) -> None:
         self._free.append(slot)

@@ -2,6 +2,10 @@
 directory, drawing one image with it, and encoding the image. Everything here runs in a
 worker thread; torch, diffusers and Pillow are imported only when it does. The ``video``
 engine loads and calls its pipelines with the same pieces (``video_pipe``).
+
+An image edit draws on a variant of the loaded pipeline (image-to-image, or inpainting
+with a mask) that ``variant`` builds with diffusers' ``AutoPipelineFor*.from_pipe``: a
+new pipeline object over the very same modules (no second copy of the weights).
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.config.engine_args import DiffusersArgs, DiffusionArgs
-from omnistage.engines.image_params import MIN_SIDE, fit_size
+from omnistage.engines.image_params import MIN_SIDE, check_strength, fit_size
 from omnistage.engines.torch_threads import cores
-from omnistage.protocol.errors import EngineError
+from omnistage.protocol.errors import BadRequestError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,8 @@ class PipelineInfo:
     takes_step_callback: bool  # callback_on_step_end: per-step progress and abort
     takes_negative_prompt: bool
     takes_guidance: bool
+    takes_size: bool  # width and height (an image-to-image call takes the image's)
+    default_strength: float | None  # an edit pipeline's own (None: it takes no strength)
 
 
 def load(args: DiffusionArgs, model: str) -> tuple[Any, PipelineInfo]:
@@ -152,12 +158,19 @@ def call_traits(pipe: Any) -> dict[str, Any]:
     params = call_params(pipe)
     steps = params.get("num_inference_steps")
     default_steps = steps.default if steps is not None and isinstance(steps.default, int) else 50
+    strength = params.get("strength")
     return {
         "class_name": type(pipe).__name__,
         "default_steps": default_steps,
         "takes_step_callback": "callback_on_step_end" in params,
         "takes_negative_prompt": "negative_prompt" in params,
         "takes_guidance": "guidance_scale" in params,
+        "takes_size": "width" in params and "height" in params,
+        "default_strength": (
+            float(strength.default)
+            if strength is not None and isinstance(strength.default, (int, float))
+            else None
+        ),
     }
 
 
@@ -189,6 +202,34 @@ def replica_of(pipe: Any) -> Any:
     return other
 
 
+# The variants an edit draws on: diffusers' AutoPipeline class and the request field
+# that asks for it (the one a refusal names).
+EDIT_VARIANTS = {
+    "image-to-image": ("AutoPipelineForImage2Image", "image"),
+    "inpainting": ("AutoPipelineForInpainting", "mask"),
+}
+
+
+def variant(pipe: Any, kind: str, args: DiffusionArgs) -> tuple[Any, PipelineInfo]:
+    """The ``kind`` variant of ``pipe`` sharing its modules (its scheduler too: the slot
+    that owns ``pipe`` runs one call at a time); BadRequestError if diffusers has none."""
+    import diffusers
+
+    auto, param = EDIT_VARIANTS[kind]
+    try:
+        other = getattr(diffusers, auto).from_pipe(pipe)
+    except Exception as exc:
+        raise BadRequestError(
+            f"{param}: this server's image pipeline ({type(pipe).__name__}) has no "
+            f"{kind} variant in diffusers, so it cannot edit images"
+            + (" with a mask" if kind == "inpainting" else "")
+            + f" ({exc})",
+            param,
+        ) from None
+    other.set_progress_bar_config(disable=True)
+    return other, _describe(other, args)
+
+
 @dataclass(frozen=True)
 class Call:
     """What every generation's call takes, as the engine resolved it."""
@@ -204,10 +245,21 @@ class Call:
 
 @dataclass(frozen=True)
 class Drawing(Call):
-    """One image's call."""
+    """One image's call. An edit has an ``image`` (the encoded source) and maybe a
+    ``mask`` (OpenAI's: transparent where to edit)."""
 
     output_format: str
     quality: int
+    image: bytes | None = None
+    mask: bytes | None = None
+    strength: float | None = None
+
+    @property
+    def kind(self) -> str | None:
+        """The pipeline variant it needs (None: the loaded text-to-image one)."""
+        if self.image is None:
+            return None
+        return "image-to-image" if self.mask is None else "inpainting"
 
 
 StepHook = Callable[[int, int], None]  # (steps done, total steps)
@@ -223,8 +275,31 @@ def draw(
 ) -> bytes:
     """Generate one image and return it encoded; raises Aborted once ``stop`` is set."""
     kwargs = pipeline_kwargs(info, job, call_kwargs, stop, on_step)
+    init, repaint = _edit_inputs(job, info, kwargs)
     out = run(pipe, {**kwargs, "output_type": "pil"}, stop)
-    return encode(out.images[0], job.output_format, job.quality)
+    image = out.images[0]
+    if init is not None and repaint is not None:
+        from omnistage.engines.edit_images import overlay
+
+        image = overlay(image, init, repaint)
+    return encode(image, job.output_format, job.quality)
+
+
+def _edit_inputs(job: Drawing, info: PipelineInfo, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """An edit's init image and repaint mask, added to the call's ``kwargs``."""
+    from omnistage.engines.edit_images import prepare
+
+    if job.image is None:
+        return None, None
+    init, repaint = prepare(job.image, job.mask, (job.width, job.height))
+    kwargs["image"] = init
+    if repaint is not None:
+        kwargs["mask_image"] = repaint
+    strength = job.strength if job.strength is not None else info.default_strength
+    check_strength(job.steps, strength)
+    if job.strength is not None:
+        kwargs["strength"] = job.strength
+    return init, repaint
 
 
 def pipeline_kwargs(
@@ -240,23 +315,25 @@ def pipeline_kwargs(
     kwargs: dict[str, Any] = {
         **call_kwargs,
         "prompt": job.prompt,
-        "width": job.width,
-        "height": job.height,
         "num_inference_steps": job.steps,
         # Seeded on the CPU whatever the device: the same seed gives the same latents,
         # hence the same output, on every replica.
         "generator": torch.Generator("cpu").manual_seed(job.seed),
     }
+    if info.takes_size:
+        kwargs["width"], kwargs["height"] = job.width, job.height
     if job.guidance_scale is not None and info.takes_guidance:
         kwargs["guidance_scale"] = job.guidance_scale
     if job.negative_prompt and info.takes_negative_prompt:
         kwargs["negative_prompt"] = job.negative_prompt
     if info.takes_step_callback:
 
-        def on_step_end(_pipe: Any, step: int, _t: Any, tensors: dict[str, Any]) -> Any:
+        def on_step_end(called: Any, step: int, _t: Any, tensors: dict[str, Any]) -> Any:
             if stop.is_set():
                 raise Aborted()  # out of the denoising loop, before the VAE decode
-            on_step(step + 1, job.steps)
+            # The steps this call runs: an edit runs only the last strength * steps.
+            total = getattr(called, "num_timesteps", None)
+            on_step(step + 1, total if isinstance(total, int) and total > 0 else job.steps)
             return tensors
 
         kwargs["callback_on_step_end"] = on_step_end

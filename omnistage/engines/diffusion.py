@@ -8,9 +8,15 @@ request runs; without one the engine draws a random one and reports it). Each im
 output chunk: the encoded file in ``data``, ``meta = {"format", "width", "height",
 "seed", "index"}``; the last one is finished and carries the usage.
 
+A prompt with ``images`` is an edit (POST /v1/images/edits): image-to-image from its
+(single) image, or inpainting where its ``mask`` is transparent, each on a variant of the
+loaded pipeline over the same weights, built on first use per slot and kept (see
+``diffusers_pipe.variant``). Size "auto" is then the source image's size, fitted within
+``max_generated_image_size``; the source is resized to the size drawn.
+
 Slots, progress and abort are the shared ``denoising`` engine's: with the param
 ``progress`` every denoising step also streams a chunk with no data and
-``meta = {"step", "steps", "index"}``.
+``meta = {"step", "steps", "index"}`` (an edit's ``steps`` are those it runs).
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines import diffusers_pipe as dp
 from omnistage.engines.base import EngineChunk, EngineRequest
-from omnistage.engines.denoising import DenoisingEngine, missing_model_message
-from omnistage.engines.image_params import ImageJob, image_job
+from omnistage.engines.denoising import DenoisingEngine, Slot, missing_model_message
+from omnistage.engines.image_params import ImageJob, image_job, output_size
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.messages import ChunkMeta
 from omnistage.protocol.params import SEED_LIMIT, StageParams
@@ -57,13 +63,22 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
 
     def _work(
         self,
-        pipe: Any,
+        slot: Slot,
         job: dp.Drawing,
         call: dict[str, Any],
         stop: threading.Event,
         on_step: dp.StepHook,
     ) -> bytes:
-        return dp.draw(pipe, self._info(), job, call, stop, on_step)
+        pipe, info = self._pipe_for(slot, job.kind)
+        return dp.draw(pipe, info, job, call, stop, on_step)
+
+    def _pipe_for(self, slot: Slot, kind: str | None) -> tuple[Any, dp.PipelineInfo]:
+        """The slot's pipeline for a drawing of ``kind`` (on the slot's thread)."""
+        if kind is None:
+            return slot.pipe, self._info()
+        if kind not in slot.variants:
+            slot.variants[kind] = dp.variant(slot.pipe, kind, self.args)
+        return slot.variants[kind]
 
     def check(self, params: StageParams) -> None:
         image_job(params.imaging, self.args.max_generated_image_size)
@@ -73,11 +88,19 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
         job = image_job(request.params.imaging, self.args.max_generated_image_size)
         prompt = await self._prompt(request)
         base_seed = job.seed if job.seed is not None else secrets.randbelow(SEED_LIMIT)
-        width, height = job.size or info.default_size
+        edit = _edit_of(request)
+        source = None
+        if edit is not None:  # headers only here; the worker thread decodes
+            from omnistage.engines.edit_images import check_edit
+
+            source = check_edit(*edit, full=False)
+        max_pixels = self.args.max_generated_image_size
+        width, height = output_size(job.size, source, info.default_size, max_pixels)
         modality = self.stage.output_modality
         usage = {"prompt_tokens": dp.count_tokens(self._pipe, prompt), "completion_tokens": 0}
         for index in range(job.n):
-            drawing = self._drawing(job, prompt, width, height, (base_seed + index) % SEED_LIMIT)
+            seed = (base_seed + index) % SEED_LIMIT
+            drawing = self._drawing(job, prompt, (width, height), seed, edit)
             async for chunk in self._draw_one(request.request_id, drawing, job, index):
                 if chunk.data and index == job.n - 1:
                     chunk.finished, chunk.usage = True, usage
@@ -86,15 +109,23 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
                 yield chunk
 
     def _drawing(
-        self, job: ImageJob, prompt: str, width: int, height: int, seed: int
+        self,
+        job: ImageJob,
+        prompt: str,
+        size: tuple[int, int],
+        seed: int,
+        edit: tuple[list[bytes], bytes | None] | None,
     ) -> dp.Drawing:
         return dp.Drawing(
             prompt=prompt,
-            width=width,
-            height=height,
+            width=size[0],
+            height=size[1],
             seed=seed,
             output_format=job.output_format,
             quality=job.quality,
+            image=edit[0][0] if edit is not None else None,
+            mask=edit[1] if edit is not None else None,
+            strength=job.strength if edit is not None else None,
             **self._call_fields(job),
         )
 
@@ -105,8 +136,8 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
         started = time.perf_counter()
         name = f"{request_id} image {index + 1}/{job.n}"
         generation = await self._generation(drawing, job.progress, lambda: name)
-        async for step in generation:
-            meta = ChunkMeta(step=step, steps=drawing.steps, index=index)
+        async for step, steps in generation:
+            meta = ChunkMeta(step=step, steps=steps, index=index)
             yield EngineChunk(Modality.IMAGE, meta=meta)
         data = generation.result()
         self.progress += 1
@@ -127,3 +158,11 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
             index=index,
         )
         yield EngineChunk(Modality.IMAGE, data=data, meta=meta)
+
+
+def _edit_of(request: EngineRequest) -> tuple[list[bytes], bytes | None] | None:
+    """The source images and mask of an edit request (None: draw from text alone)."""
+    prompt = request.prompt
+    if prompt is None or not prompt.images:
+        return None
+    return prompt.images, prompt.mask

@@ -5,7 +5,9 @@ the engine would give.
 
 Sizes are ``"WIDTHxHEIGHT"`` with each side a multiple of 8 (latent diffusion models
 work on an 8x smaller latent grid) from ``MIN_SIDE`` up, and ``width * height`` at most
-the stage's ``max_generated_image_size`` (pixels, as vLLM-Omni's flag means it).
+the stage's ``max_generated_image_size`` (pixels, as vLLM-Omni's flag means it). An
+edit's size "auto" keeps its source image's shape (``output_size``), and its strength
+must leave a step to run (``check_strength``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ImageJob:
     output_format: str = "png"
     output_compression: int | None = None  # 0..100, jpeg and webp
     progress: bool = False  # stream a progress chunk after every denoising step
+    strength: float | None = None  # image edits only; None: the pipeline's default
 
     @property
     def quality(self) -> int:
@@ -104,6 +107,13 @@ def fit_size(
     scale = min(1.0, math.sqrt(max_pixels / (width * height)))
     w = max(min_side, int(width * scale) // step * step)
     h = max(min_side, int(height * scale) // step * step)
+    # A very long, thin shape: its short side was raised to min_side, so the long one
+    # gives way to stay within max_pixels.
+    if w * h > max_pixels:
+        if h == min_side:
+            w = max(min_side, max_pixels // h // step * step)
+        else:
+            h = max(min_side, max_pixels // w // step * step)
     return w, h
 
 
@@ -120,4 +130,32 @@ def image_job(params: ImageParams, max_pixels: int = DEFAULT_MAX_PIXELS) -> Imag
         output_format=params.output_format or "png",
         output_compression=params.output_compression,
         progress=bool(params.progress),
+        strength=params.strength,
     )
+
+
+def output_size(
+    asked: tuple[int, int] | None,
+    source: tuple[int, int] | None,
+    default: tuple[int, int],
+    max_pixels: int,
+) -> tuple[int, int]:
+    """The size to draw: the one asked for; for "auto", an edit keeps its source image's
+    shape (fitted within ``max_pixels``, sides multiples of 8) and a generation takes the
+    stage's default."""
+    if asked is not None:
+        return asked
+    if source is not None:
+        return fit_size(*source, max_pixels)
+    return default
+
+
+def check_strength(steps: int, strength: float | None) -> None:
+    """An edit runs the last ``int(steps * strength)`` of its steps (diffusers'
+    image-to-image and inpainting pipelines): none at all cannot be drawn."""
+    if strength is not None and int(steps * strength) < 1:
+        raise BadRequestError(
+            f"strength {strength} with {steps} inference steps leaves no denoising step "
+            "(steps * strength must be at least 1): raise strength or num_inference_steps",
+            "strength",
+        )

@@ -34,7 +34,7 @@ from omnistage.config.engine_args import VideoArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines import video_pipe as vp
 from omnistage.engines.base import EngineChunk, EngineRequest
-from omnistage.engines.denoising import DenoisingEngine
+from omnistage.engines.denoising import DenoisingEngine, Slot
 from omnistage.engines.diffusers_pipe import StepHook, count_tokens
 from omnistage.engines.video_params import EVEN, VideoJob, video_job
 from omnistage.protocol.enums import FinishReason, Modality
@@ -76,13 +76,13 @@ class VideoEngine(DenoisingEngine[vp.VideoInfo, vp.Clip, vp.Video]):
 
     def _work(
         self,
-        pipe: Any,
+        slot: Slot,
         job: vp.Clip,
         call: dict[str, Any],
         stop: threading.Event,
         on_step: StepHook,
     ) -> vp.Video:
-        return vp.film(pipe, self._info(), job, call, stop, on_step)
+        return vp.film(slot.pipe, self._info(), job, call, stop, on_step)
 
     def _work_size(self, job: vp.Clip) -> int:
         return job.width * job.height * job.frames
@@ -105,8 +105,8 @@ class VideoEngine(DenoisingEngine[vp.VideoInfo, vp.Clip, vp.Video]):
         started = time.perf_counter()
         name = f"{request.request_id} video"
         generation = await self._generation(clip, job.progress, lambda: name)
-        async for step in generation:
-            yield EngineChunk(Modality.VIDEO, meta=ChunkMeta(step=step, steps=clip.steps))
+        async for step, steps in generation:
+            yield EngineChunk(Modality.VIDEO, meta=ChunkMeta(step=step, steps=steps))
         video = generation.result()
         self.progress += 1
         log.info(

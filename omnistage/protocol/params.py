@@ -110,6 +110,9 @@ class ImageParams(_Params, frozen=True):
     output_format: Literal["png", "jpeg", "webp"] | None = None
     output_compression: Annotated[int, msgspec.Meta(ge=0, le=100)] | None = None
     progress: bool | None = None  # stream a progress chunk after every denoising step
+    # Image edits: how far the source image is noised before denoising (0 keeps it, 1
+    # draws anew); None: the pipeline's own default. Ignored without a source image.
+    strength: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
 
 
 class VideoParams(_Params, frozen=True):

@@ -1,5 +1,5 @@
-"""An image request's params (engines/image_params.py) and body (ImageGenerationRequest):
-what is accepted, and that every refusal names its field."""
+"""An image request's params (engines/image_params.py) and bodies (ImageGenerationRequest,
+ImageEditForm): what is accepted, and that every refusal names its field."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from omnistage.api.schemas.images import ImageGenerationRequest
+from omnistage.api.schemas.images import ImageEditForm, ImageGenerationRequest
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.load import validate_config
 from omnistage.engines.image_params import (
     DEFAULT_MAX_PIXELS,
     ImageJob,
+    check_strength,
     fit_size,
     image_job,
+    output_size,
     parse_size,
 )
 from omnistage.protocol.errors import BadRequestError, ConfigError
@@ -199,3 +201,57 @@ def test_diffusion_engine_args_are_checked_when_the_config_loads() -> None:
         with pytest.raises(ConfigError, match=where):
             validate_config(painter(**args))
     assert DiffusionArgs().max_concurrent == 1
+
+
+def test_a_long_thin_shape_still_fits_within_the_max() -> None:
+    width, height = fit_size(4000, 20, 128 * 128)
+    assert height == 64 and width * height <= 128 * 128 and width % 8 == 0
+    width, height = fit_size(20, 4000, 128 * 128)
+    assert width == 64 and width * height <= 128 * 128 and height % 8 == 0
+
+
+def test_an_edit_draws_at_the_asked_size_else_at_its_source_images_shape() -> None:
+    default = (512, 512)
+    assert output_size((128, 64), (640, 480), default, MAX) == (128, 64)
+    assert output_size(None, None, default, MAX) == default
+    # auto: the source's shape, within the stage's limit, sides multiples of 8.
+    assert output_size(None, (96, 64), default, MAX) == (96, 64)
+    assert output_size(None, (100, 70), default, MAX) == (96, 64)
+    width, height = output_size(None, (1600, 1200), default, MAX)
+    assert width * height <= MAX and (width, height) == (288, 216)
+
+
+def test_strength_must_leave_at_least_one_denoising_step() -> None:
+    check_strength(4, None)
+    check_strength(4, 0.25)
+    check_strength(1, 1.0)
+    for steps, strength in ((4, 0.2), (10, 0.0), (1, 0.99)):
+        with pytest.raises(BadRequestError, match="no denoising step") as err:
+            check_strength(steps, strength)
+        assert err.value.param == "strength"
+
+
+def test_strength_is_read_and_bounded() -> None:
+    assert _job({"strength": 0.6}).strength == 0.6
+    assert _job({}).strength is None
+    for bad in (-0.1, 1.5, "0.5"):
+        with pytest.raises(BadRequestError) as err:
+            _job({"strength": bad})
+        assert err.value.param == "strength"
+
+
+def test_an_edit_form_reads_text_values_and_gives_strength_to_the_stage() -> None:
+    form = ImageEditForm.model_validate(
+        {"prompt": "a hat", "n": "2", "size": "64x64", "strength": "0.5", "stream": "true"}
+    )
+    params = form.image_params(9)
+    assert (params.n, params.size, params.seed, params.strength) == (2, "64x64", 9, 0.5)
+    assert params.progress is True
+    for body, param in (
+        ({"prompt": "a hat", "strength": "2"}, "strength"),
+        ({"prompt": "a hat", "response_format": "url"}, "response_format"),
+        ({"prompt": ""}, "prompt"),
+    ):
+        with pytest.raises(ValidationError) as err:
+            ImageEditForm.model_validate(body)
+        assert err.value.errors()[0]["loc"][0] == param

@@ -11,6 +11,8 @@ stored, so there is no URL to give.
 With ``stream: true`` the answer is server-sent events: an ``image_generation.progress``
 event (omnistage's) after every denoising step, and OpenAI's
 ``image_generation.completed`` event per finished image.
+
+The answer's shape (``ImageSink``, ``ImageEvents``) is shared with POST /v1/images/edits.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from omnistage.api.routes.common import (
     sse_events,
     sse_response,
 )
-from omnistage.api.schemas.images import ImageGenerationRequest
+from omnistage.api.schemas.images import ImageFields, ImageGenerationRequest
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
@@ -48,23 +50,26 @@ from omnistage.engines.image_params import image_job
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt
-from omnistage.protocol.params import NO_PARAMS, SEED_LIMIT, GenerationParams, StageParams
+from omnistage.protocol.params import (
+    NO_PARAMS,
+    SEED_LIMIT,
+    GenerationParams,
+    ImageParams,
+    StageParams,
+)
 
 
 async def generations(request: Request) -> Response:
     body = await parse_body(request, ImageGenerationRequest)
     omni = service(request)
     check_model(omni, body.model)
-    painter = _image_stage(omni, body.stage)
-    seed = body.seed if body.seed is not None else secrets.randbelow(SEED_LIMIT)
-    image = body.image_params(seed)
-    # The stage would refuse them too, but only after the stages before it had run.
-    image_job(image, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
+    painter = image_stage(omni, body.stage, "/v1/images/generations")
+    seed, image = seeded_params(body, painter)
     writers = _writers(omni, painter) if body.revise_prompt else []
     stage_params = resolve_stage_params(omni, body.stage_params)
     painting = stage_params.get(painter.stage_id, NO_PARAMS)
     stage_params[painter.stage_id] = painting.merged(StageParams(image=image))
-    request = PipelineRequest(
+    pipeline_request = PipelineRequest(
         f"img-{next_id()}",
         Prompt(messages=[ChatMessage("user", body.prompt)]),
         [*writers, painter.stage_id],
@@ -73,22 +78,44 @@ async def generations(request: Request) -> Response:
         stage_params,
         only=not body.revise_prompt,
     )
-    stream = await omni.open(request)
-    if body.stream:
+    return await answer(request, omni, pipeline_request, "image_generation", body)
+
+
+def seeded_params(fields: ImageFields, painter: StageConfig) -> tuple[int, ImageParams]:
+    """The seed (fixed here, random unless given, so a retry draws the same images) and
+    the image stage's params, checked against its limits: the stage would refuse them
+    too, but only after the stages before it had run."""
+    seed = fields.seed if fields.seed is not None else secrets.randbelow(SEED_LIMIT)
+    image = fields.image_params(seed)
+    image_job(image, DiffusionArgs.model_validate(painter.engine_args).max_generated_image_size)
+    return seed, image
+
+
+async def answer(
+    request: Request,
+    omni: PipelineService,
+    pipeline_request: PipelineRequest,
+    kind: str,
+    fields: ImageFields,
+) -> Response:
+    """Run ``pipeline_request`` and answer in OpenAI's shape: the images as one JSON
+    body, or with ``stream`` as ``{kind}.progress`` / ``{kind}.completed`` events."""
+    stream = await omni.open(pipeline_request)
+    if fields.stream:
         outputs = await peeked(stream)
         shape = ChunkShape(stream.request_id, "image", int(time.time()), omni.served_model, False)
-        events = sse_events(outputs, stream, shape, _Renderer(body, stream).render)
-        return sse_response(events, stream)
-    got = await collect_into(request, stream, _Images())
+        render = ImageEvents(kind, fields.output_format, stream).render
+        return sse_response(sse_events(outputs, stream, shape, render), stream)
+    got = await collect_into(request, stream, ImageSink())
     if got is None:
         return Response(status_code=499)  # the client went away; the request is aborted
-    return json_response(got.response(body, stream.usage()))
+    return json_response(got.response(fields.size, fields.output_format, stream.usage()))
 
 
-def _image_stage(omni: PipelineService, wanted: str | None) -> StageConfig:
+def image_stage(omni: PipelineService, wanted: str | None, path: str) -> StageConfig:
+    """The image stage a request names (or the only one); 404 naming ``path`` if none."""
     missing = (
-        "image stage (engine diffusion); /v1/images/generations needs one (e.g. the "
-        "built-in painter pipeline)"
+        f"image stage (engine diffusion); {path} needs one (e.g. the built-in painter pipeline)"
     )
     stages = engine_stages(omni, "diffusion", missing, "no_image_stage")
     return pick_stage(omni, stages, wanted, "image stage", "no_image_stage")  # type: ignore[no-any-return]
@@ -114,7 +141,7 @@ def usage_body(usage: dict[str, int]) -> dict[str, Any]:
 
 
 @dataclass
-class _Images:
+class ImageSink:
     """A whole request's outputs: the revised prompt and the images, in order."""
 
     revised: list[str] = field(default_factory=list)
@@ -132,10 +159,13 @@ class _Images:
     def revised_prompt(self) -> str | None:
         return "".join(self.revised).strip() if self.wrote else None
 
-    def response(self, body: ImageGenerationRequest, usage: dict[str, int]) -> dict[str, Any]:
+    def response(
+        self, size: str | None, output_format: str, usage: dict[str, int]
+    ) -> dict[str, Any]:
+        """OpenAI's answer: ``size`` as asked until an image says what it is."""
         revised = self.revised_prompt()
         data = []
-        size = body.size or "auto"
+        size = size or "auto"
         for index in sorted(self.images):
             image, meta = self.images[index]
             item: dict[str, Any] = {"b64_json": base64.b64encode(image).decode()}
@@ -147,19 +177,21 @@ class _Images:
         return {
             "created": int(time.time()),
             "data": data,
-            "output_format": body.output_format,
+            "output_format": output_format,
             "size": size,
             "usage": usage_body(usage),
         }
 
 
-class _Renderer:
-    """The SSE events of a streamed answer, one output at a time."""
+class ImageEvents:
+    """The SSE events of a streamed answer, one output at a time: ``{kind}.progress``
+    and ``{kind}.completed`` (kind ``image_generation`` or ``image_edit``)."""
 
-    def __init__(self, body: ImageGenerationRequest, stream: OutputStream) -> None:
-        self._body = body
+    def __init__(self, kind: str, output_format: str, stream: OutputStream) -> None:
+        self._kind = kind
+        self._output_format = output_format
         self._stream = stream
-        self._got = _Images()
+        self._got = ImageSink()
 
     def render(self, out: OutputChunk) -> list[bytes]:
         self._got.add(out)
@@ -167,15 +199,15 @@ class _Renderer:
         if out.modality == Modality.TEXT or meta is None:
             return []
         if not out.data:
-            return [sse({"type": "image_generation.progress", **_progress(meta)})]
+            return [sse({"type": f"{self._kind}.progress", **_progress(meta)})]
         event: dict[str, Any] = {
-            "type": "image_generation.completed",
+            "type": f"{self._kind}.completed",
             "b64_json": base64.b64encode(out.data).decode(),
             "created_at": int(time.time()),
             "size": f"{meta.width}x{meta.height}",
             "quality": "auto",
             "background": "opaque",
-            "output_format": self._body.output_format,
+            "output_format": self._output_format,
             "usage": usage_body(self._stream.usage()),
             "image_index": meta.index or 0,
             "seed": meta.seed,
