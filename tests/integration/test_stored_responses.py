@@ -189,3 +189,25 @@ def test_background_needs_store_and_no_stream(slow_head: HeadProc, body: dict, p
     r = slow_head.client.post("/v1/responses", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_jobs_made_through_api_server_processes_run_on_the_head(module_tmp: Path) -> None:
+    """With --api-server-count 2 the routes run in other processes: each opens the store,
+    and the head's runner (which polls the store) runs what they queue."""
+    h = _head(module_tmp, "servers", ECHO, "--api-server-count", "2")
+    try:
+        h.wait_healthy()
+        sdk = _sdk(h)
+        made = [
+            sdk.responses.create(model="echo-1stage", input=f"via {n}", background=True)
+            for n in range(4)
+        ]
+        for n, queued in enumerate(made):
+            done = _poll(sdk, queued.id, {"completed", "failed"})
+            assert done.output_text == f"user: via {n}"
+        chained = sdk.responses.create(
+            model="echo-1stage", input="next", previous_response_id=made[0].id
+        )
+        assert chained.output_text == "user: via 0\nassistant: user: via 0\nuser: next"
+    finally:
+        h.stop()

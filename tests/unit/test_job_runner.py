@@ -177,3 +177,32 @@ async def test_no_room_means_jobs_wait_queued(store: Store) -> None:
     task.cancel()
     job = await store.get_job("job0", None)
     assert handler.started == [] and job is not None and job.status == JobStatus.QUEUED
+
+
+async def test_a_finished_jobs_media_expire_after_the_ttl(store: Store) -> None:
+    now = [1000.0]
+    await store.create_job(_job(0))
+    handler = Handler()
+    handler.release.set()
+    settings = RunnerSettings(
+        "head-a", lease_s=5, poll_s=0.02, progress_every_s=0.02, media_ttl_s=3600
+    )
+    runner = JobRunner(store, {JobKind.VIDEO: handler}, lambda sid: 1, settings, lambda: now[0])
+    task = asyncio.create_task(runner.run())
+    job = await _until_status(store, "job0", JobStatus.COMPLETED)
+    assert job.expires_at == 1000.0 + 3600
+    now[0] += 3599  # a sweep runs (a minute has passed), but the media are not due yet
+    await asyncio.sleep(0.1)
+    assert await store.get_job("job0", None) is not None and handler.discarded == []
+    now[0] += 120
+    await _until(lambda: handler.discarded == ["job0"])
+    await _until_gone(store, "job0")
+    task.cancel()
+
+
+async def _until_gone(store: Store, job_id: str) -> None:
+    for _ in range(500):
+        if await store.get_job(job_id, None) is None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{job_id} was not removed")
