@@ -121,3 +121,36 @@ def test_a_json_schema_format_gives_json_of_that_schema(voice_head: HeadProc) ->
         max_output_tokens=40,
     )
     assert isinstance(json.loads(out.output_text)["capital"], str)
+
+
+def test_a_chained_turn_continues_the_stored_conversation_from_the_prefix_cache(
+    voice_head: HeadProc,
+) -> None:
+    client = _client(voice_head)
+    turns = []
+    previous = None
+    for text in (
+        "My name is Ada and I live in Lyon, a city in France. Remember that.",
+        "I also have a cat called Pixel.",
+        "What is my name?",
+    ):
+        turn = client.responses.create(
+            model="voice",
+            input=text,
+            previous_response_id=previous,
+            temperature=0,
+            max_output_tokens=24,
+        )
+        assert turn.previous_response_id == previous and turn.usage is not None
+        turns.append(turn)
+        previous = turn.id
+    first, second, third = (t.usage for t in turns)
+    assert first is not None and second is not None and third is not None
+    # Each prompt replays the turns before it (inputs and answers) ...
+    assert second.input_tokens > first.input_tokens + first.output_tokens
+    # ... and what the previous prompt prefilled, the first turn and its answer included,
+    # comes from the thinker's prefix cache (cached prefixes end at an end of turn).
+    cached = third.input_tokens_details.cached_tokens
+    assert cached >= first.input_tokens + first.output_tokens, (cached, first, second)
+    # (Whether a 135M model then recalls the name is its own business; the echo tests
+    # check the replayed conversation word for word.)
