@@ -10,7 +10,8 @@ taken over): the run stops and finishes nothing.
 
 A restarted head under the same name (``holder``) releases its previous run's leases
 at start instead of waiting for them to expire: that run is dead, its jobs are not
-running anywhere. Finished jobs' media expire after ``--media-ttl``.
+running anywhere. Completed jobs expire after ``--media-ttl``: their media and rows
+are removed.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ class JobRunner:
             log.info("job %s completed", job.id)
 
     async def _sweep(self) -> None:
-        """Remove the media of finished jobs past their expiry (the rows stay, marked)."""
+        """Remove completed jobs past their expiry: their media, then their rows."""
         for job in await self.store.expired_jobs(self._clock()):
             handler = self.handlers.get(job.kind)
             if handler is not None:
