@@ -9,12 +9,13 @@ assistant turn's ``tool_calls`` and tool messages.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from omnistage.api.response_items import Output, ResponseShape
 from omnistage.api.routes.common import resolve_stage_params
 from omnistage.api.schemas.responses import ResponsesRequest
-from omnistage.api.service import PipelineService
+from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, Prompt, ToolCall
@@ -68,12 +69,16 @@ def in_our_terms(exc: BadRequestError) -> BadRequestError:
 
 
 async def run_to_final(
-    omni: PipelineService, request: PipelineRequest, shape: ResponseShape, stage_name: str
+    open_stream: Callable[[PipelineRequest], Awaitable[OutputStream]],
+    request: PipelineRequest,
+    shape: ResponseShape,
+    stage_name: str,
 ) -> dict[str, Any]:
-    """The final response object (completed, incomplete or failed) of ``request``."""
+    """The final response object (completed, incomplete or failed) of ``request``,
+    opened with ``open_stream`` (the service's ``open``, or a patient one)."""
     output = Output(stage_name)
     try:
-        stream = await omni.open(request)
+        stream = await open_stream(request)
         try:
             async for out in stream:
                 output.add(out)

@@ -96,7 +96,9 @@ HEAD_FLAGS = (
         "--api-key",
         metavar="KEY",
         env=envs.api_key,
-        help="require 'Authorization: Bearer KEY' on /v1/* (env OMNISTAGE_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on /v1/* (env OMNISTAGE_API_KEY); "
+        "several keys, comma-separated, each see only the jobs and stored responses "
+        "made with it",
     ),
     flag(
         "--api-server-count",
@@ -150,8 +152,8 @@ HEAD_FLAGS = (
         metavar="S",
         type=float,
         default=defaults.MEDIA_TTL_S,
-        help="seconds a finished job's media are kept before they expire and are removed "
-        "(default %(default)g; 0 keeps them until deleted)",
+        help="seconds a completed job (a video) and its media are kept before they expire "
+        "and are removed (default %(default)g; 0 keeps them until deleted)",
     ),
     flag(
         "--job-lease",

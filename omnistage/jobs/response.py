@@ -9,13 +9,14 @@ cancelled one keeps the cancelled status the cancel route stored.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from omnistage.api.response_items import ResponseShape
 from omnistage.api.response_runs import pipeline_request, run_to_final
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.service import PipelineService
-from omnistage.jobs.runner import JobFailed
+from omnistage.jobs.runner import JobFailed, open_patiently
 from omnistage.store.base import Store
 from omnistage.store.records import Job, JobKind
 
@@ -46,7 +47,7 @@ class ResponseJobs:
             self.omni, body, self.stage_id, f"{job.id}-{job.attempts}", spec["conversation"]
         )
         name = self.omni.graph.stages[self.stage_id].name
-        final = await run_to_final(self.omni, request, shape, name)
+        final = await run_to_final(partial(open_patiently, self.omni), request, shape, name)
         # Cancelled or deleted meanwhile: the runner finds the lease gone and keeps
         # nothing; the stored row must not be overwritten either.
         current = await self.store.get_response(job.id, job.owner)

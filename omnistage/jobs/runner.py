@@ -26,6 +26,9 @@ from typing import Any, Protocol
 
 from omnistage import defaults
 from omnistage.api.errors import as_api_error
+from omnistage.api.service import OutputStream, PipelineService
+from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
+from omnistage.protocol.front import PipelineRequest
 from omnistage.store.base import Store
 from omnistage.store.records import Job, JobKind, JobStatus
 
@@ -41,6 +44,19 @@ class JobFailed(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+async def open_patiently(
+    omni: PipelineService, request: PipelineRequest, retry_s: float = 1.0
+) -> OutputStream:
+    """``omni.open``, tried again while the stage is full or has no live replica: a job
+    waits for room (its lease kept) where a client's request would get a 429 or 503."""
+    while True:
+        try:
+            return await omni.open(request)
+        except (StageOverloadedError, StageUnavailableError) as exc:
+            log.info("job %s waits for room: %s", request.request_id, exc)
+            await asyncio.sleep(retry_s)
 
 
 class JobHandler(Protocol):
@@ -74,7 +90,8 @@ class JobRunner:
         settings: RunnerSettings,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``room(stage_id)``: how many requests that stage's live replicas can take."""
+        """``room(stage_id)``: how many more requests that stage's live replicas can
+        take now."""
         self.store = store
         self.handlers = dict(handlers)
         self.settings = settings
@@ -82,7 +99,6 @@ class JobRunner:
         self._clock = clock
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
-        self._stage_of: dict[str, int] = {}
         self.finished = 0  # jobs this runner completed or failed (for tests, stats)
 
     def wake(self) -> None:
@@ -110,13 +126,10 @@ class JobRunner:
             await self._stop()
 
     async def _fill(self) -> None:
-        """Claim jobs of each kind while its stage has room."""
+        """Claim jobs of each kind while its stage has free slots (the stage may also
+        serve other requests: a job takes a slot only when one is free now)."""
         for kind, handler in self.handlers.items():
-            while True:
-                sid = handler.stage_id
-                busy = sum(1 for s in self._stage_of.values() if s == sid)
-                if busy >= self._room(sid):
-                    break
+            for _ in range(self._room(handler.stage_id)):
                 job = await self.store.claim_job(
                     [kind],
                     self.settings.holder,
@@ -131,14 +144,12 @@ class JobRunner:
     def _start(self, handler: JobHandler, job: Job) -> None:
         if job.attempts > 1:
             log.info("job %s: running again (attempt %d)", job.id, job.attempts)
-        self._stage_of[job.id] = handler.stage_id
         task = asyncio.create_task(self._run(handler, job), name=f"omni-job-{job.id}")
         self._running[job.id] = task
         task.add_done_callback(lambda _: self._forget(job.id))
 
     def _forget(self, job_id: str) -> None:
         self._running.pop(job_id, None)
-        self._stage_of.pop(job_id, None)
         self._wake.set()  # room for the next one
 
     async def _run(self, handler: JobHandler, job: Job) -> None:
@@ -197,8 +208,11 @@ class JobRunner:
             error=error,
             expires_at=expires,
         )
-        if not ok:  # deleted or cancelled meanwhile: what it made is nobody's
-            await self.handlers[job.kind].discard(job)
+        if not ok:
+            # Deleted meanwhile: what it made is nobody's. Taken over after a stall: the
+            # head that runs it now writes the same keys, so nothing is removed.
+            if await self.store.get_job(job.id, job.owner) is None:
+                await self.handlers[job.kind].discard(job)
             return
         self.finished += 1
         if error is not None:

@@ -67,7 +67,9 @@ def build_runner(
 
     def room(stage_id: int) -> int:
         pool = pools.get(stage_id)
-        return sum(h.capacity for h in pool.live()) if pool is not None else 0
+        if pool is None:
+            return 0
+        return sum(max(0, h.capacity - h.in_flight) for h in pool.live())
 
     settings = RunnerSettings(holder, lease_s=lease_s, media_ttl_s=persist.media_ttl_s)
     runner = JobRunner(persist.store, handlers, room, settings)

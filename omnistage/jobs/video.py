@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omnistage.api.service import PipelineService
-from omnistage.jobs.runner import JobFailed
+from omnistage.jobs.runner import JobFailed, open_patiently
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChunkMeta, Prompt
@@ -103,7 +103,7 @@ class VideoJobs:
             stage_params={self.stage_id: StageParams(video=params)},
             only=True,
         )
-        stream = await self.omni.open(request)
+        stream = await open_patiently(self.omni, request)
         video: tuple[bytes, ChunkMeta] | None = None
         thumbnail: bytes | None = None
         try:

@@ -211,3 +211,66 @@ def test_jobs_made_through_api_server_processes_run_on_the_head(module_tmp: Path
         assert chained.output_text == "user: via 0\nassistant: user: via 0\nuser: next"
     finally:
         h.stop()
+
+
+def test_a_background_response_is_not_deleted_through_the_videos_route(
+    slow_head: HeadProc,
+) -> None:
+    sdk = _sdk(slow_head)
+    made = sdk.responses.create(model="echo-1stage", input="not a video", background=True)
+    r = slow_head.client.delete(f"/v1/videos/{made.id}")
+    assert r.status_code == 404
+    assert _poll(sdk, made.id, {"completed", "failed"}).status == "completed"
+
+
+def test_reading_back_is_not_streamed(slow_head: HeadProc) -> None:
+    made = _sdk(slow_head).responses.create(model="echo-1stage", input="once")
+    r = slow_head.client.get(f"/v1/responses/{made.id}", params={"stream": "true"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+
+
+def test_a_background_response_whose_job_failed_unfinished_reads_as_failed(
+    slow_head: HeadProc, module_tmp: Path
+) -> None:
+    """A job interrupted too often is failed by the store's claim, without its handler
+    running: the stored response must not read "in_progress" for ever."""
+    import asyncio
+
+    from omnistage.store import open_store
+    from omnistage.store.records import Job, JobKind, JobStatus, StoredResponse
+
+    async def plant() -> None:
+        store = open_store(f"sqlite:///{module_tmp / 'background'}.db")
+        await store.start()
+        body = {
+            "id": "resp_lost",
+            "object": "response",
+            "status": "in_progress",
+            "background": True,
+        }
+        await store.put_response(
+            StoredResponse(
+                id="resp_lost",
+                owner=None,
+                created_at=time.time(),
+                status="in_progress",
+                conversation="resp_lost",
+                body=body,
+            )
+        )
+        await store.create_job(
+            Job(
+                id="resp_lost",
+                kind=JobKind.RESPONSE,
+                owner=None,
+                created_at=time.time(),
+                status=JobStatus.FAILED,
+                error={"code": "interrupted", "message": "interrupted 3 times"},
+            )
+        )
+        await store.close()
+
+    asyncio.run(plant())
+    got = _sdk(slow_head).responses.retrieve("resp_lost")
+    assert got.status == "failed"
+    assert got.error is not None and got.error.code == "interrupted"

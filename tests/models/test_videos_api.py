@@ -173,6 +173,12 @@ def test_bad_requests_are_400s_naming_the_field(
     assert info.value.body["param"] == param  # type: ignore[index]
 
 
+def test_an_input_reference_that_is_not_a_file_is_a_400(head: HeadProc) -> None:
+    form = {"prompt": "x", "input_reference": "https://example.com/a.png"}
+    r = head.client.post("/v1/videos", data=form)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_reference"
+
+
 def test_content_of_a_video_not_yet_made_is_a_409(head: HeadProc) -> None:
     sdk = _sdk(head)
     made = sdk.videos.create(model="video", prompt="wait", **SMALL, extra_body={"steps": 200})

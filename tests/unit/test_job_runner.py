@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
-from omnistage.jobs.runner import JobFailed, JobRunner, RunnerSettings
+from omnistage.jobs.runner import JobFailed, JobRunner, RunnerSettings, open_patiently
+from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
+from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import Prompt
 from omnistage.store import open_store
 from omnistage.store.base import Store
 from omnistage.store.records import Job, JobKind, JobStatus
@@ -59,8 +62,12 @@ def _job(n: int, **request: Any) -> Job:
 
 
 def _runner(store: Store, handler: Handler, room: int = 2, holder: str = "head-a") -> JobRunner:
+    """A runner over a stage of ``room`` slots that only its jobs use."""
     settings = RunnerSettings(holder, lease_s=5, poll_s=0.02, progress_every_s=0.02)
-    return JobRunner(store, {JobKind.VIDEO: handler}, lambda sid: room, settings)
+    runner = JobRunner(
+        store, {JobKind.VIDEO: handler}, lambda sid: room - len(runner.running()), settings
+    )
+    return runner
 
 
 async def _until(cond: Callable[[], Any], timeout: float = 5) -> None:
@@ -187,7 +194,13 @@ async def test_a_finished_jobs_media_expire_after_the_ttl(store: Store) -> None:
     settings = RunnerSettings(
         "head-a", lease_s=5, poll_s=0.02, progress_every_s=0.02, media_ttl_s=3600
     )
-    runner = JobRunner(store, {JobKind.VIDEO: handler}, lambda sid: 1, settings, lambda: now[0])
+    runner = JobRunner(
+        store,
+        {JobKind.VIDEO: handler},
+        lambda sid: 1 - len(runner.running()),
+        settings,
+        lambda: now[0],
+    )
     task = asyncio.create_task(runner.run())
     job = await _until_status(store, "job0", JobStatus.COMPLETED)
     assert job.expires_at == 1000.0 + 3600
@@ -206,3 +219,26 @@ async def _until_gone(store: Store, job_id: str) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{job_id} was not removed")
+
+
+class _FullStage:
+    """A service whose stage is full ``busy`` times, then takes the request."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.tries = 0
+
+    async def open(self, request: PipelineRequest) -> str:
+        self.tries += 1
+        if self.tries <= self.busy:
+            if self.tries % 2:
+                raise StageOverloadedError(0, "video", "queue full")
+            raise StageUnavailableError(0, "video", 3.0, "is at capacity")
+        return "stream"
+
+
+async def test_a_job_waits_for_room_where_a_client_would_be_refused() -> None:
+    omni = _FullStage(busy=3)
+    request = PipelineRequest("job0-1", Prompt(text="x"), [0])
+    got = await open_patiently(omni, request, retry_s=0.01)  # type: ignore[arg-type]
+    assert (got, omni.tries) == ("stream", 4)

@@ -14,7 +14,8 @@ from omnistage.api.errors import ApiError
 from omnistage.api.owner import owner_of
 from omnistage.api.routes.common import json_response
 from omnistage.api.routes.videos import persistence
-from omnistage.store.records import StoredResponse
+from omnistage.jobs.state import Persistence
+from omnistage.store.records import JobKind, JobStatus, StoredResponse
 
 router = APIRouter()
 
@@ -33,8 +34,40 @@ async def _stored(request: Request, response_id: str) -> StoredResponse:
 
 
 @router.get("/v1/responses/{response_id}")
-async def get_response(request: Request, response_id: str) -> Response:
-    return json_response((await _stored(request, response_id)).body)
+async def get_response(request: Request, response_id: str, stream: bool = False) -> Response:
+    if stream:
+        raise ApiError(
+            400,
+            "stream: a stored response is read back whole here, not streamed again",
+            "invalid_request_error",
+            "stream",
+        )
+    stored = await _stored(request, response_id)
+    if stored.status in ("queued", "in_progress"):
+        stored = await _settled(persistence(request), stored)
+    return json_response(stored.body)
+
+
+async def _settled(persist: Persistence, stored: StoredResponse) -> StoredResponse:
+    """A background response still marked running whose job has ended without storing
+    its result (failed after its last interruption, cancelled, removed) is stored as
+    what its job became, so it never reads "in progress" for ever."""
+    job = await persist.store.get_job(stored.id, stored.owner)
+    if job is not None and not job.status.final:
+        return stored
+    if job is not None and job.status == JobStatus.COMPLETED:
+        return stored  # its handler stores the final body before the job completes
+    status = "cancelled" if job is not None and job.status == JobStatus.CANCELLED else "failed"
+    error = None
+    if status == "failed":
+        error = (job.error if job is not None else None) or {
+            "code": "interrupted",
+            "message": "the response's job was lost before it finished",
+        }
+    stored.status = status
+    stored.body = {**stored.body, "status": status, "error": error}
+    await persist.store.put_response(stored)
+    return stored
 
 
 @router.delete("/v1/responses/{response_id}")
@@ -42,7 +75,9 @@ async def delete_response(request: Request, response_id: str) -> Response:
     persist = persistence(request)
     owner = owner_of(request)
     # A background response still running stops at its next lease renewal.
-    await persist.store.delete_job(response_id, owner)
+    job = await persist.store.get_job(response_id, owner)
+    if job is not None and job.kind == JobKind.RESPONSE:
+        await persist.store.delete_job(response_id, owner)
     if not await persist.store.delete_response(response_id, owner):
         raise ApiError(
             404,

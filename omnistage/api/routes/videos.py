@@ -104,6 +104,8 @@ async def _read_request(request: Request) -> tuple[VideoCreateRequest, bytes | N
                     if key != "input_reference":
                         raise _bad(f"unexpected file field {key!r}", key)
                     reference = await value.read(MAX_REFERENCE_BYTES + 1)
+                elif key == "input_reference":
+                    raise _bad("input_reference must be an uploaded image file", key)
                 else:
                     values[key] = value
         finally:
@@ -165,8 +167,9 @@ async def list_videos(
 @router.delete("/v1/videos/{video_id}")
 async def delete_video(request: Request, video_id: str) -> Response:
     persist = persistence(request)
+    await _job(request, video_id)  # a video of this key's, not another kind of job
     job = await persist.store.delete_job(video_id, owner_of(request))
-    if job is None or job.kind != JobKind.VIDEO:
+    if job is None:
         raise _not_found(video_id)
     # A running job sees its row gone at its next lease renewal and stops.
     for key in media_keys(job):
