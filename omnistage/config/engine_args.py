@@ -45,6 +45,12 @@ class EchoArgs(_Args):
     # A source stage echoes every chat message ("role: content" lines) instead of the
     # last user message: tests see the whole conversation a request carried.
     echo_messages: bool = False
+    # A simulated prefix cache, for routing tests and benchmarks: a source stage keeps
+    # the last ``prefix_cache_entries`` chat prefixes it saw (keyed as an llm engine's,
+    # see protocol/prefix.py), and spends ``prefill_ms_per_char`` of CPU per character of
+    # the prompt not covered by its longest cached prefix (a prefill's cost).
+    prefix_cache_entries: int = Field(default=0, ge=0, le=1_000_000)
+    prefill_ms_per_char: float = Field(default=0.0, ge=0.0, le=100.0)
 
 
 class LlmArgs(_Args):

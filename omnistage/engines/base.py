@@ -96,6 +96,12 @@ class Engine(abc.ABC):
         """Requests accepted but not yet being worked on."""
         return 0
 
+    def cached_prefixes(self) -> tuple[int, tuple[int, ...]] | None:
+        """The prefix keys (protocol/prefix.py) this engine's prefix cache holds, most
+        recently used first, with a version that changes whenever they do; None if it
+        keeps no prefix cache. Read from the heartbeat thread: return a snapshot."""
+        return None
+
     def check(self, params: StageParams) -> None:  # noqa: B027 - optional hook
         """Raise BadRequestError for request params this engine cannot serve, before
         any work (a stream's status line waits for it; see ``AddRequest.ack``)."""

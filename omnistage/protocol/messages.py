@@ -326,6 +326,10 @@ class Heartbeat(Tagged):
     seq: int
     # While STARTING (the engine loading): what it is doing, e.g. "converting the GGUF".
     detail: str = ""
+    # The prefix keys (protocol/prefix.py) the engine's prefix cache holds, most recently
+    # used first, at most MAX_REPORTED; None: unchanged since the last heartbeat that
+    # carried them (or the engine keeps no prefix cache). The head replaces its view.
+    cached_prefixes: list[int] | None = None
 
 
 class HeartbeatAck(Tagged):
