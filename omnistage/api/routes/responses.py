@@ -15,6 +15,7 @@ the queued response at once, to poll and cancel.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -94,7 +95,7 @@ async def _queue(
         kind=JobKind.RESPONSE,
         owner=turn.owner,
         request=spec,
-        created_at=float(shape.created_at),
+        created_at=time.time(),  # to the microsecond: jobs are claimed oldest first
     )
     await persist.store.create_job(job)
     persist.wake()
