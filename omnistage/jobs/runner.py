@@ -174,7 +174,7 @@ class JobRunner:
         work when the lease is gone (cancelled, deleted or taken over)."""
         s = self.settings
         renewed = self._clock()
-        sent = progress.value  # the claim just set the lease: nothing to send yet
+        sent = 0  # the claim just set the lease: nothing to send until progress moves
         while True:
             await asyncio.sleep(s.progress_every_s)
             now = self._clock()
