@@ -7,6 +7,12 @@ The head answers every heartbeat with a HeartbeatAck. The replica decides the he
 lost, and calls ``on_lost`` once, when the head says it does not know this incarnation
 (a restarted head, or a newer registration took the slot), says it is ERROR for a
 reason heartbeats do not cure, or has not answered for ``HeartbeatSpec.lost_after_s``.
+
+A beat carries the prefix keys the engine's cache holds (``Engine.cached_prefixes``)
+when they changed since the last beat that carried them, on the first beat of a
+registration (a new or restarted head knows nothing), and every ``FULL_EVERY`` beats
+regardless: beats go out without blocking and may be dropped, so a change can be lost.
+The other beats carry None ("as before") and stay a few dozen bytes.
 """
 
 from __future__ import annotations
@@ -23,9 +29,14 @@ from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
 from omnistage.protocol.messages import HandshakeInit, Heartbeat, HeartbeatAck, ReplicaState
+from omnistage.protocol.prefix import MAX_REPORTED
 from omnistage.protocol.registration import RegisterReply
 
 log = logging.getLogger(__name__)
+
+# Beats between two that carry the cached prefix keys even if unchanged: at the default
+# 1 s interval, a head that missed a change (a dropped beat) catches up within 10 s.
+FULL_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,10 @@ def _no_detail() -> str:
     return ""
 
 
+def _no_prefixes() -> tuple[int, tuple[int, ...]] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Reports:
     """What each heartbeat carries, asked for on the heartbeat thread."""
@@ -78,6 +93,8 @@ class Reports:
     status: Callable[[], ReplicaState] = _up
     # Sent while STARTING only: what the engine is doing (shown by /v1/omni/stages).
     detail: Callable[[], str] = _no_detail
+    # The engine's (version, prefix keys) snapshot, or None: see ``Engine.cached_prefixes``.
+    cached_prefixes: Callable[[], tuple[int, tuple[int, ...]] | None] = _no_prefixes
 
 
 class HeartbeatThread:
@@ -105,6 +122,10 @@ class HeartbeatThread:
         self._seq = 0
         self._stop = threading.Event()
         self._send_down = True
+        # The prefix keys' version the last beat that went out carried, and how many
+        # beats ago (None: none yet, so the first beat carries them).
+        self._prefixes_sent: int | None = None
+        self._beats_since_prefixes = 0
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -193,7 +214,31 @@ class HeartbeatThread:
             seq=self._seq,
             detail=self._reports.detail() if status == ReplicaState.STARTING else "",
         )
+        version = None
+        if status != ReplicaState.DOWN:
+            version, msg.cached_prefixes = self._prefixes_due()
         try:
             sock.send_multipart(codec.sign(codec.encode(msg), self._signer), zmq.NOBLOCK)
         except zmq.Again:
-            pass  # the head is unreachable right now; the next beat tries again
+            return  # the head is unreachable right now; the next beat tries again
+        if msg.cached_prefixes is not None:
+            self._prefixes_sent, self._beats_since_prefixes = version, 0
+        else:
+            self._beats_since_prefixes += 1
+
+    def _prefixes_due(self) -> tuple[int | None, list[int] | None]:
+        """The engine's prefix-key version, and its keys if this beat is to carry them."""
+        try:
+            snapshot = self._reports.cached_prefixes()
+        except Exception:  # a report must never kill the heartbeat
+            log.exception("cached prefixes report failed")
+            return None, None
+        if snapshot is None:
+            return None, None
+        version, keys = snapshot
+        due = (
+            self._prefixes_sent is None
+            or version != self._prefixes_sent
+            or self._beats_since_prefixes + 1 >= FULL_EVERY
+        )
+        return version, list(keys[:MAX_REPORTED]) if due else None

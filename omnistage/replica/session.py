@@ -96,7 +96,11 @@ class HeadSession:
         self.heartbeat = HeartbeatThread(
             self._ctx,
             HeartbeatSpec.of(stage_id, reply, init, lost_after_s=2 * init.heartbeat_timeout_s),
-            Reports(load=self._load_report, status=status),
+            Reports(
+                load=self._load_report,
+                status=status,
+                cached_prefixes=runner.engine.cached_prefixes,
+            ),
             signer=signer,
             verifier=verifier,
             on_lost=on_lost,

@@ -7,6 +7,7 @@ each sequence's output is known from its prompt. Its tokens decode to letters.""
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -37,6 +38,7 @@ class CountingBatch:
 
     def __init__(self, cached: int = 0) -> None:
         self.prefill_cached = 0
+        self.prefixes = None
         self._cached = cached  # prompt positions each prefill "finds" in a prefix cache
         self.positions: list[int] = []
         self._last: list[int] = []
@@ -44,6 +46,7 @@ class CountingBatch:
         # (prompt, replay, rows running when it came): the admissions, in order.
         self.prefills: list[tuple[list[int], int, int]] = []
         self.kept: list[list[int]] = []
+        self.labels: list[dict[int, int]] = []  # each prefill's prefix labels
         self.widest = 0  # the most rows one decode step served
         self.resets = 0
         self.fail_decodes = 0
@@ -52,8 +55,11 @@ class CountingBatch:
     def rows(self) -> int:
         return len(self.positions)
 
-    def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
+    def prefill(
+        self, ids: list[int], replay: int = 0, labels: Mapping[int, int] | None = None
+    ) -> torch.Tensor:
         self.prefills.append((list(ids), replay, self.rows))
+        self.labels.append(dict(labels or {}))
         self.prefill_cached = min(self._cached, len(ids))
         self._staged = len(ids)
         return _next(ids[-1])
@@ -275,17 +281,20 @@ def test_a_failing_step_fails_every_sequence_and_the_worker_keeps_serving(
     assert _out(after).text == "no" and _out(after).last.finish_reason == "stop"
 
 
-def test_replay_reaches_prefill_and_cached_prompt_tokens_reach_usage(
+def test_replay_and_labels_reach_prefill_and_cached_prompt_tokens_reach_usage(
     thread: TorchThread,
 ) -> None:
     batch = CountingBatch(cached=3)
     worker, _ = _worker(batch)
-    resumed = _seq("r", [1, 2, 3, 4, 12], replay=2, prompt_tokens=3, prior_tokens=2)
+    resumed = _seq(
+        "r", [1, 2, 3, 4, 12], replay=2, prompt_tokens=3, prior_tokens=2, prefix_labels={2: 77}
+    )
     worker.submit(resumed)
     worker.start(thread)
     _wait(resumed)
     worker.stop()
     assert batch.prefills[0][:2] == ([1, 2, 3, 4, 12], 2)
+    assert batch.labels == [{2: 77}]
     usage = _out(resumed).last.usage
     assert usage == {"prompt_tokens": 3, "completion_tokens": 2 + 2, "cached_tokens": 3}
 

@@ -77,3 +77,53 @@ def test_a_zero_budget_keeps_nothing() -> None:
     keys, values = _caches()
     cache.store([1, 2, 3], 0, keys, values)
     assert cache.tokens == 0 and cache.restore([1, 2, 3, 4], [3], 1, keys, values) == 0
+
+
+def test_the_published_keys_follow_stores_hits_evictions_and_clear() -> None:
+    cache = PrefixCache(budget_tokens=10)
+    keys, values = _caches()
+    _fill(keys, values, 0, 8, 0.0)
+    assert cache.published == (0, ())
+    a, b, c = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]
+    cache.store(a, 0, keys, values, label=100)
+    cache.store(b, 0, keys, values, label=200)
+    v1, held = cache.published
+    assert held == (200, 100)  # most recently used first
+    cache.store(b, 0, keys, values, label=200)  # already held: nothing changes
+    assert cache.published == (v1, held)
+    assert cache.restore([*a, 0], [4], 1, keys, values, {4: 100}) == 4
+    v2, held = cache.published
+    assert held == (100, 200) and v2 > v1  # a hit makes it the most recent
+    cache.store(c, 0, keys, values)  # unlabelled (a text prompt); b is evicted
+    v3, held = cache.published
+    assert held == (100,) and v3 > v2
+    cache.clear()
+    v4, held = cache.published
+    assert held == () and v4 > v3
+
+
+def test_the_same_tokens_can_hold_several_keys() -> None:
+    # A client's system message that reads as the stage's system prompt: same tokens,
+    # other messages, so another key for the same entry.
+    cache = PrefixCache(budget_tokens=100)
+    keys, values = _caches()
+    _fill(keys, values, 0, 8, 0.0)
+    cache.store([1, 2, 3], 0, keys, values, label=7)
+    cache.store([1, 2, 3], 0, keys, values, label=8)
+    assert cache.published[1] == (8, 7)
+    assert cache.restore([1, 2, 3, 4], [3], 1, keys, values, {3: 7}) == 3
+    assert cache.published[1] == (7, 8)
+    for label in range(20):  # a bounded number per entry
+        cache.store([1, 2, 3], 0, keys, values, label=label)
+    assert len(cache.published[1]) <= 4
+
+
+def test_at_most_max_reported_keys_are_published(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnistage.engines.llm import prefix_cache
+
+    monkeypatch.setattr(prefix_cache, "MAX_REPORTED", 3)
+    cache = PrefixCache(budget_tokens=100)
+    keys, values = _caches()
+    for i in range(5):
+        cache.store([50 + i], 0, keys, values, label=i)
+    assert cache.published[1] == (4, 3, 2)

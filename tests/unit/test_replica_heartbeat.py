@@ -13,7 +13,13 @@ from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.messages import HandshakeInit, Heartbeat, HeartbeatAck, ReplicaState
 from omnistage.protocol.registration import RegisterReply
-from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
+from omnistage.replica.heartbeat import (
+    FULL_EVERY,
+    HeartbeatSpec,
+    HeartbeatThread,
+    LoadReport,
+    Reports,
+)
 from tests.unit.test_replica_register import FakeRouter
 
 
@@ -174,3 +180,73 @@ def test_a_forged_ack_is_ignored(ctx: zmq.Context) -> None:
         beats.stop(send_down=False)
         head.router.close()
     assert not lost.is_set() and beats.head_instance == ""
+
+
+def _carrying(beats: list[Heartbeat]) -> list[Heartbeat]:
+    return [b for b in beats if b.cached_prefixes is not None]
+
+
+def test_cached_prefixes_go_out_first_when_changed_and_every_few_beats(
+    ctx: zmq.Context,
+) -> None:
+    head = Coordinator(ctx, ReplicaState.UP)
+    snapshot = [(1, (11, 12))]
+    reports = Reports(load=lambda: LoadReport(0, 0, 0), cached_prefixes=lambda: snapshot[0])
+    beats = HeartbeatThread(ctx, _spec(head.address), reports)
+    beats.start()
+    try:
+        # Unchanged: the first beat (a new registration) and every FULL_EVERY-th after.
+        steady = head.wait_until(lambda b: len(_carrying(b)) >= 3)
+        carried = _carrying(steady)
+        snapshot[0] = (2, (13,))
+        changed_at = head.beats[-1].seq
+        got = head.wait_until(lambda b: b[-1].cached_prefixes == [13])
+        beats.stop(send_down=True)
+        got = head.wait_until(lambda b: b[-1].status == ReplicaState.DOWN)
+    finally:
+        head.router.close()
+    assert steady[0].seq == 1 and steady[0].cached_prefixes == [11, 12]
+    assert [b.seq for b in carried] == [1, 1 + FULL_EVERY, 1 + 2 * FULL_EVERY]
+    assert all(b.cached_prefixes == [11, 12] for b in carried)
+    # A change goes out with the next beats, not at the next periodic one.
+    first_new = next(b for b in got if b.cached_prefixes == [13])
+    assert first_new.seq - changed_at < FULL_EVERY // 2
+    assert not any(b.cached_prefixes == [11, 12] for b in got if b.seq > first_new.seq)
+    assert got[-1].cached_prefixes is None  # the goodbye carries none
+
+
+def test_an_engine_without_a_prefix_cache_or_a_failing_report_sends_none(
+    ctx: zmq.Context,
+) -> None:
+    def broken() -> tuple[int, tuple[int, ...]] | None:
+        raise RuntimeError("engine busy")
+
+    for report in (lambda: None, broken):
+        head = Coordinator(ctx, ReplicaState.UP)
+        reports = Reports(load=lambda: LoadReport(1, 0, 0), cached_prefixes=report)
+        beats = HeartbeatThread(ctx, _spec(head.address), reports)
+        beats.start()
+        try:
+            got = head.wait_for(FULL_EVERY + 2)
+        finally:
+            beats.stop(send_down=False)
+            head.router.close()
+        assert all(b.cached_prefixes is None and b.queue_length == 1 for b in got)
+
+
+def test_a_new_registration_sends_the_keys_at_once(ctx: zmq.Context) -> None:
+    # Each registration (a rejoin after the head restarted) beats from a new thread,
+    # whose first beat carries the whole set, however old its version.
+    head = Coordinator(ctx, ReplicaState.UP)
+    reports = Reports(load=lambda: LoadReport(0, 0, 0), cached_prefixes=lambda: (5, (1, 2, 3)))
+    for _ in range(2):
+        since = len(head.beats)  # a late beat of the last thread may still come
+        beats = HeartbeatThread(ctx, _spec(head.address), reports)
+        beats.start()
+        try:
+            got = head.wait_until(lambda b: any(x.seq == 1 for x in b[since:]))  # noqa: B023
+        finally:
+            beats.stop(send_down=False)
+        first = next(x for x in got[since:] if x.seq == 1)
+        assert first.cached_prefixes == [1, 2, 3]
+    head.router.close()

@@ -18,6 +18,12 @@ from omnistage.engines.llm.guided import (
     json_grammar,
     schema_of_response_format,
 )
+from omnistage.engines.llm.prefix_cache import PrefixCache
+from omnistage.engines.llm.prefix_labels import (
+    rendered_turns,
+    template_default_turns,
+    turn_labels,
+)
 from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
 from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
@@ -27,6 +33,7 @@ from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt
 from omnistage.protocol.params import GenerationParams, StageParams
+from omnistage.protocol.prefix import prefix_keys
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,10 @@ class LlmEngine(Engine):
         self.max_model_len = 0
         self.backend = ""  # which thinker runs the model (see backends)
         self._torch: TorchThread | None = None
+        self._prefixes: PrefixCache | None = None
+        # Turns the chat template adds before messages (None: prompts are not labelled
+        # with prefix keys; see prefix_labels).
+        self._default_turns: int | None = None
 
     async def start(self) -> None:
         # Loading and decoding on one thread (see TorchThread).
@@ -69,6 +80,11 @@ class LlmEngine(Engine):
         self.vocabulary = TokenVocabulary(self.tokenizer, self._vocab)
         template = getattr(self.tokenizer, "chat_template", "") or ""
         self._template_knows_tools = "tools" in template
+        prefixes = thinker.batch.prefixes
+        if prefixes is not None and prefixes.budget_tokens > 0:
+            self._prefixes = prefixes
+            if template:
+                self._default_turns = template_default_turns(self._render, frozenset(self._eos_ids))
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
         self._worker = LlmWorker(thinker.batch, set(self._eos_ids), limits, self._count_step, tuner)
         assert self._torch is not None
@@ -88,17 +104,23 @@ class LlmEngine(Engine):
     def queue_length(self) -> int:
         return self._worker.queue_length if self._worker else 0
 
+    def cached_prefixes(self) -> tuple[int, tuple[int, ...]] | None:
+        # Swapped whole by the step loop's thread: safe to read from the heartbeat's.
+        return self._prefixes.published if self._prefixes is not None else None
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         if self._worker is None:
             raise EngineError("engine not started")
         # Upstream text (a listener's transcript, another model's answer); none for a
         # source stage, whose inputs end at once.
         heard = "".join([i.text async for i in request.inputs if i.modality == Modality.TEXT])
-        prompt = with_heard(request.prompt, heard)
+        client = with_heard(request.prompt, heard)
+        prompt = client
         if self.args.system_prompt:
             prompt = with_system(prompt, self.args.system_prompt)
         params, plan, guide = self._request_setup(request.params.generation)
-        ids = self._prompt_ids(prompt, plan)
+        ids, turns = self._prompt_ids(prompt, plan)
+        labels = self._prefix_labels(ids, client, turns)
         prompt_tokens = len(ids)
         # A retry continues from the prompt plus what the client already has, re-encoded
         # (byte-level BPE gives back the same tokens in practice). Those tokens count
@@ -145,6 +167,7 @@ class LlmEngine(Engine):
             deliver=deliver,
             prompt_tokens=prompt_tokens,
             prior_tokens=done,
+            prefix_labels=labels,
             # Seeded sampling draws by token index; the logits must match too (greedy
             # picks survive a batched prefill's rounding but for near-ties).
             replay=len(prior) if params.seed is not None and not params.greedy else 0,
@@ -196,7 +219,8 @@ class LlmEngine(Engine):
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _prompt_ids(self, prompt: Prompt, plan: ToolPlan) -> list[int]:
+    def _prompt_ids(self, prompt: Prompt, plan: ToolPlan) -> tuple[list[int], int]:
+        """The prompt's token ids, and the turns its chat template rendered (-1: none)."""
         tok = self.tokenizer
         if prompt.messages is not None:
             messages = chat_messages(prompt.messages, plan, self._template_knows_tools)
@@ -204,13 +228,26 @@ class LlmEngine(Engine):
                 extra: dict[str, Any] = {}
                 if plan.offered and self._template_knows_tools:
                     extra["tools"] = [t.spec() for t in plan.tools]
-                out = tok.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, **extra
-                )
-                return token_ids(out)
+                turns = rendered_turns(messages, self._default_turns or 0)
+                return self._render(messages, **extra), turns
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-            return list(tok.encode(text))
-        return list(tok.encode(prompt.text or ""))
+            return list(tok.encode(text)), -1
+        return list(tok.encode(prompt.text or "")), -1
+
+    def _render(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **extra
+        )
+        return token_ids(out)
+
+    def _prefix_labels(self, ids: list[int], client: Prompt, turns: int) -> dict[int, int]:
+        """Prefix end -> the prefix key of the client's messages it holds (the keys the
+        head computes; turns the engine added come first and hold none of them)."""
+        messages = client.messages
+        if self._prefixes is None or self._default_turns is None or not messages or turns < 0:
+            return {}
+        keys = prefix_keys(messages)
+        return turn_labels(ids, frozenset(self._eos_ids), keys, turns - len(messages))
 
     async def shutdown(self) -> None:
         if self._worker is not None:

@@ -13,6 +13,7 @@ for either thinker (see ``slot_batch.SlotBatch`` for the fast one).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ class HfBatch:
         self._kv = KvBatch(self._cache_kw)
         self._staged: tuple[DynamicCache, int] | None = None
         self.prefill_cached = 0  # no prefix cache: every prompt is computed
+        self.prefixes = None
 
     @property
     def rows(self) -> int:
@@ -38,10 +40,13 @@ class HfBatch:
     def positions(self) -> list[int]:
         return self._kv.positions
 
-    def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
+    def prefill(
+        self, ids: list[int], replay: int = 0, labels: Mapping[int, int] | None = None
+    ) -> torch.Tensor:
         """The next-token logits [vocab] of a prompt; ``admit`` makes it a row.
 
-        ``replay`` is ignored: the whole prompt is one forward pass."""
+        ``replay`` is ignored: the whole prompt is one forward pass; so are ``labels``
+        (no prefix cache to keep them)."""
         n = len(ids)
         cache = DynamicCache()
         out = self._model(

@@ -13,14 +13,21 @@ after each end-of-turn token (``cuts``), whether or not anything is cached, so a
 numbers depend only on the tokens up to its end, and a cached prefix is the same bits as
 a computed one. A request's answer is then the same whatever ran before it (the batch
 invariance exact resume relies on).
+
+Each entry carries the prefix keys (``protocol/prefix``) of the chat messages it holds,
+when the engine knows them (``prefix_labels``); the cache publishes the keys it holds,
+most recently used first, as one ``(version, keys)`` tuple that the heartbeat thread
+reads while the step loop goes on (one attribute, swapped whole: never torn).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
+
+from omnistage.protocol.prefix import MAX_REPORTED
 
 # The last chunk of a prompt is at least this long (unless it is the whole prompt): a
 # forward has a fixed cost (~750 small ops), and the few tokens after the last turn (the
@@ -29,6 +36,9 @@ import torch
 # cut before a kept one is kept too, so the chunks of a cached prefix are the same in
 # every prompt that has it.
 MIN_LAST_CHUNK = 8
+# Keys kept per entry: the same tokens can hold different messages (a client's system
+# message that reads as the stage's own system prompt), each with its key.
+_MAX_LABELS = 4
 
 
 def cuts(ids: Sequence[int], turn_ends: frozenset[int]) -> list[int]:
@@ -48,6 +58,9 @@ class PrefixCache:
         self._entries = OrderedDict()
         self.tokens = 0  # positions held
         self.hit_tokens = 0  # prefill positions not computed thanks to the cache
+        self._labels: dict[tuple[int, ...], list[int]] = {}  # entry -> its keys, newest first
+        # The keys held, most recently used first, and a version that changes with them.
+        self.published: tuple[int, tuple[int, ...]] = (0, ())
 
     def restore(
         self,
@@ -56,19 +69,23 @@ class PrefixCache:
         slot: int,
         keys: Sequence[torch.Tensor],
         values: Sequence[torch.Tensor],
+        labels: Mapping[int, int] | None = None,
     ) -> int:
         """Copy the longest cached prefix of ``ids`` that ends at one of the cuts ``at``
-        into ``slot`` of the per-layer caches; its length (0: none)."""
+        into ``slot`` of the per-layer caches; its length (0: none). ``labels``: prefix
+        end -> the key of the messages it holds in this prompt."""
         for end in reversed(at):
             key = tuple(ids[:end])
             entry = self._entries.get(key)
             if entry is None:
                 continue
             self._entries.move_to_end(key)
+            self._label(key, (labels or {}).get(end))
             for (k, v), layer_k, layer_v in zip(entry, keys, values, strict=True):
                 layer_k[slot, :, :end] = k
                 layer_v[slot, :, :end] = v
             self.hit_tokens += end
+            self._publish()
             return end
         return 0
 
@@ -78,21 +95,59 @@ class PrefixCache:
         slot: int,
         keys: Sequence[torch.Tensor],
         values: Sequence[torch.Tensor],
+        label: int | None = None,
     ) -> None:
-        """Keep the KV of ``prefix``, which ``slot`` holds from position 0."""
+        """Keep the KV of ``prefix``, which ``slot`` holds from position 0; ``label``:
+        the key of the messages it holds, if known."""
         end = len(prefix)
         key = tuple(prefix)
-        if end > self.budget_tokens or key in self._entries:
+        if end > self.budget_tokens:
+            return
+        if key in self._entries:
+            if self._label(key, label):
+                self._publish()
             return
         while self._entries and self.tokens + end > self.budget_tokens:
             old, _ = self._entries.popitem(last=False)
+            self._labels.pop(old, None)
             self.tokens -= len(old)
         self._entries[key] = [
             (k[slot, :, :end].clone(), v[slot, :, :end].clone())
             for k, v in zip(keys, values, strict=True)
         ]
         self.tokens += end
+        self._label(key, label)
+        self._publish()
 
     def clear(self) -> None:
         self._entries.clear()
+        self._labels.clear()
         self.tokens = 0
+        self._publish()
+
+    def _label(self, key: tuple[int, ...], label: int | None) -> bool:
+        """Give entry ``key`` the key ``label`` (newest first); True if it was new."""
+        if label is None:
+            return False
+        labels = self._labels.setdefault(key, [])
+        if labels and labels[0] == label:
+            return False
+        if label in labels:
+            labels.remove(label)
+        labels.insert(0, label)
+        del labels[_MAX_LABELS:]
+        return True
+
+    def _publish(self) -> None:
+        """Swap in the keys held, most recently used first, if they changed. Runs on the
+        step loop's thread, the only one that changes the cache."""
+        held: dict[int, None] = {}
+        for key in reversed(self._entries):
+            for label in self._labels.get(key, ()):
+                held.setdefault(label)
+            if len(held) >= MAX_REPORTED:
+                break
+        keys = tuple(held)[:MAX_REPORTED]
+        version, before = self.published
+        if keys != before:
+            self.published = (version + 1, keys)

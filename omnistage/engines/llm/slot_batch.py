@@ -12,6 +12,8 @@ Same interface as ``kv_batch.HfBatch``; the worker drives either.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from omnistage.engines.llm.fast_llama import FastLlama, cache_index
@@ -46,9 +48,12 @@ class SlotBatch:
     def rows(self) -> int:
         return len(self.positions)
 
-    def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
+    def prefill(
+        self, ids: list[int], replay: int = 0, labels: Mapping[int, int] | None = None
+    ) -> torch.Tensor:
         """The next-token logits [vocab] of a prompt, its cache written to the next free
-        slot; ``admit`` makes it a row.
+        slot; ``admit`` makes it a row. ``labels``: prefix end -> the prefix key of the
+        chat messages it holds (see prefix_labels), kept with the cached prefixes.
 
         ``replay``: that many last tokens go through the decode path one at a time, as
         a run that generated them computed them (a resumed seeded request: a batched
@@ -59,7 +64,8 @@ class SlotBatch:
         slot = self.rows
         first = n - replay
         chunk_ends = cuts(ids[:first], self._turn_ends)
-        start = self.prefixes.restore(ids, chunk_ends, slot, self._keys, self._values)
+        labels = labels or {}
+        start = self.prefixes.restore(ids, chunk_ends, slot, self._keys, self._values, labels)
         self.prefill_cached = start
         for end in [*(c for c in chunk_ends if c > start), first]:
             logits = self._model.forward(
@@ -72,7 +78,7 @@ class SlotBatch:
                 head=end == first,
             )
             if end < first:
-                self.prefixes.store(ids[:end], slot, self._keys, self._values)
+                self.prefixes.store(ids[:end], slot, self._keys, self._values, labels.get(end))
             start = end
         # The staged slot alone, as row 0 of a one-slot cache.
         keys = [k[slot : slot + 1] for k in self._keys]

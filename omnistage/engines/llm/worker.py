@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -26,6 +26,7 @@ import torch
 
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
+from omnistage.engines.llm.prefix_cache import PrefixCache
 from omnistage.engines.llm.sampling import Sampler
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, use_threads
 from omnistage.protocol.enums import FinishReason, Modality
@@ -54,6 +55,8 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     # Prompt tokens whose KV came from the prefix cache (usage's cached_tokens).
     cached_tokens: int = 0
+    # Prompt prefix end -> the prefix key of the chat messages it holds (prefix_labels).
+    prefix_labels: dict[int, int] = field(default_factory=dict)
     # Logprobs of tokens whose text has not gone out yet (held back by detokenizing).
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     logprob_chars: int = 0  # text length of the tokens whose logprobs went out
@@ -71,6 +74,8 @@ class Batch(Protocol):
 
     # Prompt positions the last ``prefill`` took from a prefix cache (0 without one).
     prefill_cached: int
+    # The prefix cache, if the batch keeps one (the engine reports the keys it holds).
+    prefixes: PrefixCache | None
 
     @property
     def rows(self) -> int: ...
@@ -80,8 +85,11 @@ class Batch(Protocol):
         """Each row's next position id."""
         ...
 
-    def prefill(self, ids: list[int], replay: int = 0) -> torch.Tensor:
-        """Next-token logits [vocab] of a prompt, its cache staged for ``admit``.
+    def prefill(
+        self, ids: list[int], replay: int = 0, labels: Mapping[int, int] | None = None
+    ) -> torch.Tensor:
+        """Next-token logits [vocab] of a prompt, its cache staged for ``admit``; a
+        prefix cache keeps ``labels`` (prefix end -> prefix key) with its entries.
 
         ``replay``: compute that many last tokens as decode steps, as the run that
         generated them did (a resumed seeded request then draws the same); a batch that
@@ -218,7 +226,7 @@ class LlmWorker:
         return (len(self._running) + 1) * longest <= self.limits.max_kv_tokens
 
     def _prefill(self, seq: Sequence) -> None:
-        logits = self._batch.prefill(seq.prompt_ids, replay=seq.replay)
+        logits = self._batch.prefill(seq.prompt_ids, replay=seq.replay, labels=seq.prefix_labels)
         seq.cached_tokens = self._batch.prefill_cached
         token = seq.sampler.sample(logits, seq.prior_tokens)
         self._tick()
