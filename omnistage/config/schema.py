@@ -15,6 +15,7 @@ from pydantic import (
 
 from omnistage.config.devices import NO_PLACEMENT, devices_per_replica, parse_devices
 from omnistage.config.engine_args import ENGINE_ARGS
+from omnistage.control.balancing import POLICIES
 from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.params import decode, kind_of
@@ -98,6 +99,16 @@ class StageConfig(_Frozen):
     ray: RaySpec = Field(default_factory=RaySpec)
     # Scale the head's own replicas of this stage with its load; None: a fixed count.
     autoscaling: AutoscalingConfig | None = None
+    # How the head balances this stage's replicas (one of --omni-lb-policy's choices);
+    # None: --omni-lb-policy. E.g. cache-aware for an llm thinker, the default elsewhere.
+    lb_policy: str | None = None
+
+    @field_validator("lb_policy")
+    @classmethod
+    def _known_policy(cls, value: str | None) -> str | None:
+        if value is not None and value not in POLICIES:
+            raise ValueError(f"unknown policy {value!r}; expected one of {', '.join(POLICIES)}")
+        return value
 
     @field_validator("devices")
     @classmethod

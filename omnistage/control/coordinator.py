@@ -1,7 +1,8 @@
 """The coordinator: heartbeats in, replica state transitions out.
 
 Owns the replica table behind a lock shared with the master. Transitions are reported
-to one listener (the head's stage pools), always outside the lock.
+to one listener (the head's stage pools), always outside the lock; so are the prefix
+cache contents a heartbeat carries (``Heartbeat.cached_prefixes``), to another.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 from omnistage.control.replica_table import ReplicaEntry, ReplicaKey, ReplicaTable, Transition
 from omnistage.logs import Throttled
@@ -21,6 +23,16 @@ log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
 
 
+class PrefixReport(NamedTuple):
+    """A replica's heartbeat said what its prefix cache holds (protocol/prefix.py keys)."""
+
+    stage_id: int
+    replica_id: int
+    epoch: int
+    seq: int  # the heartbeat's: reports apply in order
+    keys: list[int]
+
+
 class Coordinator:
     def __init__(
         self,
@@ -30,7 +42,9 @@ class Coordinator:
         verifier: Verifier | None = None,
         signer: Signer | None = None,
         head_instance: str = "",
+        on_prefixes: Callable[[PrefixReport], None] | None = None,
     ) -> None:
+        self._on_prefixes = on_prefixes
         self._verifier = verifier
         # Acks are signed too: a forged "UNKNOWN" would make replicas leave.
         self._signer = signer
@@ -62,6 +76,14 @@ class Coordinator:
             )
             state = self._table.state_of((msg.stage_id, msg.replica_id), msg.epoch)
         self._emit([t] if t else [])
+        if msg.cached_prefixes is not None and state is not None and self._on_prefixes:
+            report = PrefixReport(
+                msg.stage_id, msg.replica_id, msg.epoch, msg.seq, msg.cached_prefixes
+            )
+            try:
+                self._on_prefixes(report)
+            except Exception:
+                log.exception("prefix report listener failed")
         if msg.status == ReplicaState.DOWN:
             return None  # it is leaving; nobody will read an answer
         ack = HeartbeatAck(state=state or ReplicaState.UNKNOWN, head_instance=self._head_instance)

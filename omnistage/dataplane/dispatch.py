@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from omnistage.control.balancing.prefix_index import RequestPrefix
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
@@ -39,6 +40,21 @@ class Dispatcher:
         self.order = graph.topological()
         # Stage-to-stage edges of dispatched requests whose chunks went replica to replica.
         self.direct_edges_total = 0
+        # Stages whose pool routes by prefix cache: only their requests need prefix keys.
+        self.cache_aware = frozenset(s for s, p in pools.items() if p.prefixes is not None)
+
+    def prefix_of(self, run: Run) -> RequestPrefix | None:
+        """The request's prefix keys, if a cache-aware stage of it reads its chat prompt
+        (computed once per request; None keeps the other stages' routing as it was)."""
+        if not run.prompt.messages:
+            return None
+        for sid in self.cache_aware & run.active:
+            if self._reads_prompt(run, sid):
+                return RequestPrefix.of(run.prompt.messages)
+        return None
+
+    def _reads_prompt(self, run: Run, sid: int) -> bool:
+        return self.graph.prompt_for(sid, bool(run.active.intersection(self.graph.upstream(sid))))
 
     def lacking_live(self, active: set[int]) -> bool:
         """Some stage in ``active`` has no live replica now."""
@@ -68,7 +84,10 @@ class Dispatcher:
         no free replica now."""
         got: list[tuple[int, ReplicaHandle]] = []
         for sid in group:
-            handle = self.pools[sid].try_acquire(run.request_id, run.affinity)
+            prefix = None
+            if run.prefix is not None and sid in self.cache_aware and self._reads_prompt(run, sid):
+                prefix = run.prefix
+            handle = self.pools[sid].try_acquire(run.request_id, run.affinity, prefix)
             if handle is None:
                 for s, h in got:
                     self.pools[s].release(h, run.request_id)

@@ -106,6 +106,8 @@ class Orchestrator:
             affinity=request.affinity,
             streamed=StreamedInput(rid) if request.input_streaming else None,
         )
+        if self.dispatcher.cache_aware:
+            run.prefix = self.dispatcher.prefix_of(run)
         self._runs[rid] = run
         self.started_total += 1
         self.latency.opened(run)
@@ -190,6 +192,10 @@ class Orchestrator:
         if chunk.finished:
             run.finished.add(sid)
             self.traces.stage_ended(run, sid, _OK)
+            usage = run.usage.get(sid)
+            if usage:  # per replica: how much of what it read its prefix cache had
+                handle.prompt_tokens_total += usage.get("prompt_tokens", 0)
+                handle.cached_tokens_total += usage.get("cached_tokens", 0)
             if not any(up == sid for up, _ in run.direct):
                 st.inputs.clear()  # nothing can make it run again: free what it kept
             self.pools[sid].release(handle, run.request_id)

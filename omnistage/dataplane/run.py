@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from omnistage.control.balancing.prefix_index import RequestPrefix
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.stage_pool import ReplicaHandle
 from omnistage.dataplane.streamed import StreamedInput
@@ -81,6 +82,9 @@ class Run:
     attempt: int = 0
     ack: bool = False  # final stages acknowledge their params first (AddRequest.ack)
     affinity: str = ""  # PipelineRequest.affinity: the key replicas stick to
+    # The chat prompt's prefix keys, for the cache-aware stages reading it (None: no
+    # such stage in the request, or no chat messages).
+    prefix: RequestPrefix | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     failed: bool = False
     # The input fed so far, when it is streamed (``PipelineRequest.input_streaming``),

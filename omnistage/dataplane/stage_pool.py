@@ -1,17 +1,23 @@
 """One pool per stage: its live replicas, their load, and the balancing policy.
 
 Lives on the head's event loop (no locks). The coordinator's transitions arrive here;
-``acquire`` waits, boundedly, for a replica when none is live.
+``acquire`` waits, boundedly, for a replica when none is live. With the cache-aware
+policy the pool also keeps the stage's prefix index (what each replica's prefix cache
+holds): fed by the replicas' reports and by the pool's own routing, emptied for a
+replica whose cache is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from omnistage.control.balancing import BalancingPolicy
+from omnistage.control.balancing import BalancingPolicy, CacheAwarePolicy, RouteReason
 from omnistage.control.balancing.affinity import AffinityMap
+from omnistage.control.balancing.cache_aware import load_bound
+from omnistage.control.balancing.prefix_index import PrefixIndex, RequestPrefix
 from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
 from omnistage.protocol.messages import ReplicaState
@@ -31,15 +37,30 @@ class ReplicaHandle:
     queue_length: int = 0  # from the last heartbeat
     requests: set[str] = field(default_factory=set)
     dispatched_total: int = 0
+    # From the usage of the requests it finished: prompt tokens, and of those the ones
+    # its prefix cache had (engines that report them).
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    prefixes_seq: int = -1  # the heartbeat seq of its last prefix report
 
 
 class StagePool:
     def __init__(
-        self, stage_id: int, name: str, policy: BalancingPolicy, max_waiting: int = 1024
+        self,
+        stage_id: int,
+        name: str,
+        policy: BalancingPolicy,
+        max_waiting: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stage_id = stage_id
         self.name = name
         self.policy = policy
+        # Only a cache-aware pool keeps a prefix index; the others route by load alone.
+        self._cache_policy = policy if isinstance(policy, CacheAwarePolicy) else None
+        self.prefixes = PrefixIndex(clock) if self._cache_policy is not None else None
+        # Routing decisions by reason (RouteReason's values).
+        self.decisions: dict[str, int] = dict.fromkeys(RouteReason, 0)
         # Requests allowed to wait for a free replica slot; more are refused (429), so
         # an overload costs memory in proportion to this, not to the offered load.
         self.max_waiting = max_waiting
@@ -74,6 +95,8 @@ class StagePool:
             if handle is None:
                 handle = _handle_from(e)
                 self.replicas[e.replica_id] = handle
+                if self.prefixes is not None:
+                    self.prefixes.drop(e.replica_id)  # a new incarnation: an empty cache
             handle.up = True
             self._wake()
             return set()
@@ -87,6 +110,9 @@ class StagePool:
         if t.new in (ReplicaState.DOWN, ReplicaState.ERROR):
             handle.requests.clear()
             handle.in_flight = 0
+            if self.prefixes is not None:
+                self.prefixes.drop(e.replica_id)
+            handle.prefixes_seq = -1
         if t.new == ReplicaState.DOWN:
             del self.replicas[e.replica_id]
         self._wake()
@@ -98,29 +124,72 @@ class StagePool:
         if handle is not None and handle.epoch == entry.epoch:
             handle.queue_length = entry.queue_length
 
-    def try_acquire(self, request_id: str, affinity: str = "") -> ReplicaHandle | None:
+    def report_prefixes(self, replica_id: int, epoch: int, seq: int, keys: list[int]) -> None:
+        """A replica's heartbeat said what its prefix cache holds (``seq``: the
+        heartbeat's, so a late report never replaces a newer one)."""
+        handle = self.replicas.get(replica_id)
+        if self.prefixes is None or handle is None or handle.epoch != epoch:
+            return
+        if not handle.up or seq <= handle.prefixes_seq:
+            return
+        handle.prefixes_seq = seq
+        self.prefixes.report(replica_id, keys)
+
+    def try_acquire(
+        self, request_id: str, affinity: str = "", prefix: RequestPrefix | None = None
+    ) -> ReplicaHandle | None:
         """Pick a live replica with spare capacity, or None if there is none now. With
-        an ``affinity`` key, the replica that took the key last, if it can."""
+        an ``affinity`` key, the replica that took the key last, if it can. ``prefix``:
+        the request's prefix keys, for a cache-aware pool (None: route by load)."""
         handle = self._sticky(affinity) if affinity else None
+        reason = RouteReason.AFFINITY
         if handle is None:
             candidates = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
             if not candidates:
                 return None
-            index = self.policy.choose(candidates) if len(candidates) > 1 else 0
+            index, reason = self._choose(candidates, prefix)
             handle = candidates[index]
+        self.decisions[reason] += 1
         if affinity:  # also on a sticky hit: keeps a live session's key from aging out
             self.affinity.record(affinity, handle.replica_id)
+        if prefix is not None and self.prefixes is not None:
+            # Its prefill will cache these: the next turn may come before a report does.
+            self.prefixes.routed(handle.replica_id, prefix.keys)
         handle.in_flight += 1
         handle.dispatched_total += 1
         handle.requests.add(request_id)
         return handle
 
+    def _choose(
+        self, candidates: list[ReplicaHandle], prefix: RequestPrefix | None
+    ) -> tuple[int, RouteReason]:
+        if len(candidates) == 1:
+            return 0, RouteReason.LOAD
+        policy, index = self._cache_policy, self.prefixes
+        if policy is None or index is None or prefix is None:
+            return self.policy.choose(candidates), RouteReason.LOAD
+        held = index.match(prefix.keys, prefix.weights)
+        if not held:
+            return policy.choose(candidates), RouteReason.LOAD
+        cached = [held.get(c.replica_id, 0) for c in candidates]
+        least = min(c.in_flight for c in candidates)
+        bound = load_bound(self._live_in_flight(), least)
+        return policy.choose_cached(candidates, cached, prefix.total, bound)
+
     def _sticky(self, key: str) -> ReplicaHandle | None:
         rid = self.affinity.preferred(key)
         handle = self.replicas.get(rid) if rid is not None else None
-        if handle is not None and handle.up and handle.in_flight < handle.capacity:
-            return handle
-        return None
+        if handle is None or not handle.up or handle.in_flight >= handle.capacity:
+            return None
+        # Loaded well past the others (the cache-aware bound): the session moves once
+        # rather than wait behind that replica's queue.
+        live = self._live_in_flight()
+        if len(live) > 1 and handle.in_flight + 1 > load_bound(live, min(live)):
+            return None
+        return handle
+
+    def _live_in_flight(self) -> Sequence[int]:
+        return [r.in_flight for r in self.replicas.values() if r.up]
 
     async def wait_capacity(self, deadline: float, wait_s: float) -> None:
         """Wait until the pool changes (a replica joins or frees a slot), up to

@@ -5,6 +5,14 @@ streamed prompt (``EngineRequest.prompt_chunks``) piece by piece as it arrives, 
 suffix. A downstream stage passes each upstream chunk through as soon as it arrives (so stages
 pipeline) and appends its suffix when its input ends. With ``chunk_delay_s`` and
 ``cpu_cost_ms`` tests and benchmarks shape the load the way a model would.
+
+With ``prefix_cache_entries`` / ``prefill_ms_per_char`` a source stage fakes an llm
+engine's prefix cache for chat prompts: it keeps the prefix keys (``protocol/prefix.py``)
+of the prompts it served, reports them (``cached_prefixes``), and before its first chunk
+spends CPU on the part of the prompt its longest cached prefix does not cover. Its usage
+then counts in the head's units, characters (``prefix_weights``): ``prompt_tokens`` is
+the prompt's weight and ``cached_tokens`` the weight of the cached prefix, so their ratio
+is exactly the cached share the head's routing aims at.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import codecs
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from itertools import islice
 
 from omnistage.config.engine_args import EchoArgs
 from omnistage.config.schema import StageConfig
@@ -20,6 +30,7 @@ from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_te
 from omnistage.protocol.enums import FinishReason
 from omnistage.protocol.errors import EngineError
 from omnistage.protocol.messages import Prompt
+from omnistage.protocol.prefix import MAX_REPORTED, prefix_keys, prefix_weights
 
 
 class EchoEngine(Engine):
@@ -29,6 +40,11 @@ class EchoEngine(Engine):
         super().__init__(stage)
         self.args = EchoArgs.model_validate(stage.engine_args)
         self.suffix = self.args.suffix if self.args.suffix is not None else f" [{stage.name}]"
+        self.prefix_cache = (
+            SimulatedPrefixCache(self.args.prefix_cache_entries)
+            if self.args.prefix_cache_entries
+            else None
+        )
 
     async def start(self) -> None:
         if self.args.start_delay_s:
@@ -36,10 +52,14 @@ class EchoEngine(Engine):
             self.starting = f"warming up for {self.args.start_delay_s:g}s"
             await asyncio.sleep(self.args.start_delay_s)
 
+    def cached_prefixes(self) -> tuple[int, tuple[int, ...]] | None:
+        return self.prefix_cache.snapshot if self.prefix_cache is not None else None
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         modality = self.stage.output_modality
         received: list[str] = []
         pieces: list[str]
+        prefill: dict[str, int] | None = None
         if request.prompt_chunks is not None:
             # A piece may end inside a character: decode across pieces.
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -55,6 +75,7 @@ class EchoEngine(Engine):
             text = self._prompt_text(request.prompt)
             await self._check(text)
             received.append(text)
+            prefill = self._prefill(request.prompt)
             pieces = split_even(text + self.suffix, self.args.num_chunks)
         else:
             async for item in request.inputs:
@@ -70,16 +91,35 @@ class EchoEngine(Engine):
         await self._work()
         # The last piece carries the end of the request: one message fewer per stage.
         words_in = len("".join(received).split())
+        usage = {
+            "prompt_tokens": words_in,
+            "completion_tokens": words_in + len(self.suffix.split()),
+        }
         yield EngineChunk(
             modality,
             text=pieces[-1],
             finished=True,
             finish_reason=FinishReason.STOP,
-            usage={
-                "prompt_tokens": words_in,
-                "completion_tokens": words_in + len(self.suffix.split()),
-            },
+            usage=usage if prefill is None else {**usage, **prefill},
         )
+
+    def _prefill(self, prompt: Prompt) -> dict[str, int] | None:
+        """The simulated prefill of a chat prompt: CPU for what the cache lacks, then the
+        prompt's prefixes cached. The usage it makes (in characters); None when neither
+        the cache nor the prefill cost is configured, or the prompt has no messages."""
+        args, cache = self.args, self.prefix_cache
+        if not prompt.messages or (cache is None and not args.prefill_ms_per_char):
+            return None
+        keys, weights = prefix_keys(prompt.messages), prefix_weights(prompt.messages)
+        hit = cache.longest(keys) if cache is not None else -1
+        cached = weights[hit] if hit >= 0 else 0
+        if args.prefill_ms_per_char:
+            # Blocks the loop, as a model's prefill holds the CPU (like cpu_cost_ms).
+            burn_cpu((weights[-1] - cached) * args.prefill_ms_per_char / 1000.0)
+        if cache is None:
+            return {"prompt_tokens": weights[-1]}
+        cache.add(keys)
+        return {"prompt_tokens": weights[-1], "cached_tokens": cached}
 
     def _prompt_text(self, prompt: Prompt) -> str:
         if self.args.echo_messages and prompt.messages:
@@ -98,6 +138,37 @@ class EchoEngine(Engine):
         if self.args.cpu_cost_ms:
             burn_cpu(self.args.cpu_cost_ms / 1000.0)
         self.progress += 1
+
+
+class SimulatedPrefixCache:
+    """The prefix keys of the last ``entries`` chat prefixes prefilled, least recently
+    used evicted first, as an llm engine's cache would hold them (every prefix of a
+    prompt that ends after a message; not the answer). ``snapshot`` is what the heartbeat
+    thread reads: a (version, keys most recent first) tuple replaced whole on each change.
+    """
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._keys: OrderedDict[int, None] = OrderedDict()
+        self.snapshot: tuple[int, tuple[int, ...]] = (0, ())
+
+    def longest(self, keys: Sequence[int]) -> int:
+        """The index of the longest of ``keys`` held, or -1."""
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i] in self._keys:
+                return i
+        return -1
+
+    def add(self, keys: Sequence[int]) -> None:
+        """Cache (or refresh) these prefixes; the longest ends up most recent."""
+        for key in keys:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+        while len(self._keys) > self.entries:
+            self._keys.popitem(last=False)
+        recent = tuple(islice(reversed(self._keys), MAX_REPORTED))
+        if recent != self.snapshot[1]:
+            self.snapshot = (self.snapshot[0] + 1, recent)
 
 
 def split_even(text: str, parts: int) -> list[str]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import zmq
 
 from omnistage.config.schema import DeployConfig
+from omnistage.control.coordinator import PrefixReport
 from omnistage.control.replica_table import Transition, routing_id
 from omnistage.control.slots import Slot
 from omnistage.dataplane.channels import DataChannels
@@ -140,6 +141,15 @@ class ReplicaEvents:
     def post_transition(self, t: Transition) -> None:
         """From the control thread, launcher threads or the loop itself."""
         self._call_soon(self._on_transition, t)
+
+    def post_prefixes(self, report: PrefixReport) -> None:
+        """From the control thread: a heartbeat's prefix cache contents, for the stage's
+        pool (which keeps them only with the cache-aware policy)."""
+        pool = self._pools.get(report.stage_id)
+        if pool is not None and pool.prefixes is not None:
+            self._call_soon(
+                pool.report_prefixes, report.replica_id, report.epoch, report.seq, report.keys
+            )
 
     # -- the loop (DataEvents) -------------------------------------------------------
 

@@ -20,6 +20,7 @@ import uvicorn
 
 from omnistage.api.app import create_app
 from omnistage.api.routes.realtime import RealtimeLimits
+from omnistage.control.coordinator import PrefixReport
 from omnistage.control.replica_table import Transition
 from omnistage.head import wiring
 from omnistage.head.api_servers import ApiServers
@@ -66,7 +67,9 @@ class Head:
         self.sockets = HeadSockets(opts)
         # Given to local replicas only (in their options): the key to head-local slots.
         local_key = secrets.token_hex(16)
-        self.state = control_state(opts, self.instance, local_key, self._post_transition)
+        self.state = control_state(
+            opts, self.instance, local_key, self._post_transition, self._post_prefixes
+        )
         self.slots, self.coordinator = self.state.slots, self.state.coordinator
         self.orchestrator = wiring.orchestrator(opts, self.sockets)
         self.pools = self.orchestrator.pools
@@ -249,6 +252,9 @@ class Head:
 
     def _post_transition(self, t: Transition) -> None:
         self.events.post_transition(t)
+
+    def _post_prefixes(self, report: PrefixReport) -> None:
+        self.events.post_prefixes(report)
 
     def _check_serving(self) -> None:
         # Start-up ends the moment every stage has a live replica (as /health sees it).

@@ -89,6 +89,8 @@ class HeadService:
                 h.queue_length,
                 h.dispatched_total,
                 nodes.get((h.stage_id, h.replica_id)),
+                h.prompt_tokens_total,
+                h.cached_tokens_total,
             )
             for sid, pool in sorted(self._pools.items())
             for _, h in sorted(pool.replicas.items())

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omnistage.control.coordinator import Coordinator
+from omnistage.control.coordinator import Coordinator, PrefixReport
 from omnistage.control.replica_table import ReplicaTable, Transition
 from omnistage.control.slots import SlotTable
 from omnistage.head.options import HeadOptions
@@ -25,10 +25,15 @@ class ControlState:
 
 
 def control_state(
-    opts: HeadOptions, instance: str, local_key: str, on_transition: Callable[[Transition], None]
+    opts: HeadOptions,
+    instance: str,
+    local_key: str,
+    on_transition: Callable[[Transition], None],
+    on_prefixes: Callable[[PrefixReport], None] | None = None,
 ) -> ControlState:
     """The slot table (the head's own replicas' slots pre-allocated and keyed by
-    ``local_key``) and the coordinator over a fresh replica table."""
+    ``local_key``) and the coordinator over a fresh replica table; ``on_prefixes`` gets
+    the prefix cache reports heartbeats carry (from the control thread)."""
     lock = threading.Lock()
     local = opts.local_replicas()
     slots = SlotTable(
@@ -43,6 +48,12 @@ def control_state(
     )
     table = ReplicaTable(time.monotonic, opts.heartbeat_timeout_s, opts.stall_timeout_s)
     coordinator = Coordinator(
-        table, lock, on_transition, opts.verifier(), opts.signer(), head_instance=instance
+        table,
+        lock,
+        on_transition,
+        opts.verifier(),
+        opts.signer(),
+        head_instance=instance,
+        on_prefixes=on_prefixes,
     )
     return ControlState(lock, slots, coordinator)

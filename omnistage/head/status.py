@@ -11,7 +11,7 @@ from typing import Any
 
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
-from omnistage.dataplane.stage_pool import StagePool
+from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.head.history import History
 from omnistage.protocol.messages import ReplicaState
 
@@ -46,6 +46,11 @@ def stages_status(
                 "output_modality": stage.output_modality,
                 "status": "ready" if pool.live() else "waiting",
                 "waiting": pool.waiting,
+                # The stage's balancing policy, and how many requests it placed for which
+                # reason (cache: the replica held more of the prompt's prefix; load: the
+                # policy's load rule; affinity: the session's last turn went there).
+                "lb_policy": pool.policy.name,
+                "routing": dict(pool.decisions),
                 "replicas": replicas,
                 # None: a fixed replica count (no ``autoscaling`` in the deploy config).
                 "autoscaling": (scaling or {}).get(stage.stage_id),
@@ -81,7 +86,22 @@ def _replica(
         "in_flight": live.in_flight if live else 0,
         "reported_in_flight": e.in_flight,
         "dispatched_total": live.dispatched_total if live else 0,
+        # Of the prompt tokens it read (its requests' usage), those its prefix cache had.
+        "prompt_tokens_total": live.prompt_tokens_total if live else 0,
+        "cached_tokens_total": live.cached_tokens_total if live else 0,
+        **_prefix_counts(pool, live),
         "progress": e.progress,
         "last_heartbeat_age_s": round(now - e.last_seen, 3),
         "restarts": restarts,
+    }
+
+
+def _prefix_counts(pool: StagePool, live: ReplicaHandle | None) -> dict[str, Any]:
+    """What a cache-aware stage's index holds for the replica: the keys it last reported
+    (None: it never reported) and those the head routed there and assumes cached."""
+    if pool.prefixes is None or live is None:
+        return {"cached_prefixes": None, "routed_prefixes": 0}
+    return {
+        "cached_prefixes": pool.prefixes.reported_count(live.replica_id),
+        "routed_prefixes": pool.prefixes.routed_count(live.replica_id),
     }

@@ -16,9 +16,12 @@ from omnistage.head.state import ControlState
 
 
 def orchestrator(opts: HeadOptions, sockets: HeadSockets) -> Orchestrator:
-    """The orchestrator over one stage pool per stage, each with its balancing policy."""
+    """The orchestrator over one stage pool per stage, each with its balancing policy
+    (the stage's ``lb_policy``, else --omni-lb-policy)."""
     pools = {
-        s.stage_id: StagePool(s.stage_id, s.name, make_policy(opts.lb_policy), opts.max_queue)
+        s.stage_id: StagePool(
+            s.stage_id, s.name, make_policy(s.lb_policy or opts.lb_policy), opts.max_queue
+        )
         for s in opts.config.stages
     }
     return Orchestrator(

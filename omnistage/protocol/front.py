@@ -126,6 +126,9 @@ class ReplicaStats(msgspec.Struct, array_like=True, frozen=True):
     dispatched_total: int
     # Where it runs when the backend placed it (a Ray node id); None: not known.
     node: str | None = None
+    # Prompt tokens of the requests it finished, and of those its prefix cache had.
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
 
 
 class FrontSnapshot(Tagged):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from omnistage.control.balancing import POLICIES, make_policy
+from omnistage.control.balancing import POLICIES, CacheAwarePolicy, make_policy
 from omnistage.control.balancing.least_queue import LeastQueueLengthPolicy
 from omnistage.control.balancing.power_of_two import PowerOfTwoPolicy
 from omnistage.control.balancing.random_policy import RandomPolicy
@@ -153,9 +153,15 @@ def test_power_of_two_breaks_in_flight_ties_with_queue_length():
 # -- registry ----------------------------------------------------------------------------
 
 
-def test_policies_has_exactly_the_four_names():
-    assert set(POLICIES) == {"random", "round-robin", "least-queue-length", "power-of-two"}
-    assert len(POLICIES) == 4
+def test_policies_has_exactly_the_five_names():
+    assert set(POLICIES) == {
+        "random",
+        "round-robin",
+        "least-queue-length",
+        "power-of-two",
+        "cache-aware",
+    }
+    assert len(POLICIES) == 5
 
 
 @pytest.mark.parametrize(
@@ -165,6 +171,7 @@ def test_policies_has_exactly_the_four_names():
         ("round-robin", RoundRobinPolicy),
         ("least-queue-length", LeastQueueLengthPolicy),
         ("power-of-two", PowerOfTwoPolicy),
+        ("cache-aware", CacheAwarePolicy),
     ],
 )
 def test_make_policy_builds_the_named_policy(name, cls):

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
+from omnistage.api.prometheus import Exposition
 from omnistage.api.remote import RemoteService
-from omnistage.api.routes.metrics import Exposition
 from omnistage.api.service import RequestCounts
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot

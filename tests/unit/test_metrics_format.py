@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
-from omnistage.api.routes.metrics import Exposition, format_value
+from omnistage.api.prometheus import Exposition, format_value
 from tests.unit.fakes import FakeService
 
 

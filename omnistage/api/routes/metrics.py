@@ -7,7 +7,6 @@ nothing here keeps its own series except the HTTP response counter below.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from fastapi import APIRouter, Request
@@ -15,6 +14,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnistage import __version__
+from omnistage.api.prometheus import CONTENT_TYPE, Exposition, Labels
 from omnistage.api.routes.common import service
 from omnistage.api.service import PipelineService
 from omnistage.dataplane.latency import Histogram, LatencySnapshot
@@ -22,68 +22,8 @@ from omnistage.protocol.front import RealtimeSnapshot
 from omnistage.protocol.messages import ReplicaState
 
 router = APIRouter()
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Listed even at 0 so every stage has a stable series per state.
 REPLICA_STATES = tuple(str(s) for s in ReplicaState if s != ReplicaState.UNKNOWN)
-
-Labels = dict[str, str]
-
-
-class Exposition:
-    """Builds the text format: one HELP and TYPE line per family, then its samples."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def family(
-        self, name: str, type_: str, help_: str, samples: list[tuple[Labels, float]]
-    ) -> None:
-        self._lines.append(f"# HELP {name} {escape_help(help_)}")
-        self._lines.append(f"# TYPE {name} {type_}")
-        for labels, value in samples:
-            self._lines.append(f"{name}{format_labels(labels)} {format_value(value)}")
-
-    def histogram(self, name: str, help_: str, samples: list[tuple[Labels, Histogram]]) -> None:
-        """A histogram family: cumulative ``_bucket`` series up to ``le="+Inf"`` (which
-        equals ``_count``), then ``_sum`` and ``_count``, per label set."""
-        self._lines.append(f"# HELP {name} {escape_help(help_)}")
-        self._lines.append(f"# TYPE {name} histogram")
-        for labels, hist in samples:
-            for le, n in hist.cumulative():
-                bucket = format_labels({**labels, "le": format_value(le)})
-                self._lines.append(f"{name}_bucket{bucket} {n}")
-            self._lines.append(f"{name}_sum{format_labels(labels)} {format_value(hist.sum)}")
-            self._lines.append(f"{name}_count{format_labels(labels)} {hist.count}")
-
-    def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
-
-
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def format_labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{escape_label(str(v))}"' for k, v in labels.items()) + "}"
-
-
-def format_value(value: float) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
 
 
 class ResponseCounterMiddleware:
@@ -198,6 +138,7 @@ def _head_metrics(out: Exposition, service: PipelineService) -> None:
         ],
     )
     _pool_metrics(out, service, names)
+    _routing_metrics(out, service, names)
     _autoscale_metrics(out, service, names)
     _latency_metrics(out, service.latency(), names)
 
@@ -222,6 +163,16 @@ def _pool_metrics(out: Exposition, service: PipelineService, names: dict[int, st
             "counter",
             "Requests dispatched to the replica (resets with a new incarnation).",
         ),
+        (
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens of the requests the replica finished, from their usage.",
+        ),
+        (
+            "cached_tokens_total",
+            "counter",
+            "Of the replica's prompt tokens, those its prefix cache held (cache hits).",
+        ),
     )
     for attr, type_, help_ in per_replica:
         out.family(
@@ -241,6 +192,22 @@ def _pool_metrics(out: Exposition, service: PipelineService, names: dict[int, st
         "gauge",
         "Requests waiting for a free replica slot of the stage.",
         [(_stage(sid, names), n) for sid, n in sorted(service.stage_waiting().items())],
+    )
+
+
+def _routing_metrics(out: Exposition, service: PipelineService, names: dict[int, str]) -> None:
+    """From /v1/omni/stages (read there so API server processes see the head's)."""
+    out.family(
+        "omnistage_routing_decisions_total",
+        "counter",
+        "Requests placed on a replica, by reason: cache (it held more of the prompt's "
+        "prefix), load (the balancing policy's load rule), affinity (the session's last "
+        "turn went there).",
+        [
+            ({**_stage(s["stage_id"], names), "reason": reason}, n)
+            for s in service.stages_status().get("stages", [])
+            for reason, n in sorted((s.get("routing") or {}).items())
+        ],
     )
 
 

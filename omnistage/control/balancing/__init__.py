@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import random
 
-from omnistage.control.balancing.base import BalancingPolicy, ReplicaLoad
+from omnistage.control.balancing.base import BalancingPolicy, ReplicaLoad, RouteReason
+from omnistage.control.balancing.cache_aware import CacheAwarePolicy
 from omnistage.control.balancing.least_queue import LeastQueueLengthPolicy
 from omnistage.control.balancing.power_of_two import PowerOfTwoPolicy
 from omnistage.control.balancing.random_policy import RandomPolicy
 from omnistage.control.balancing.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, type] = {
-    p.name: p for p in (RandomPolicy, RoundRobinPolicy, LeastQueueLengthPolicy, PowerOfTwoPolicy)
+    p.name: p
+    for p in (
+        RandomPolicy,
+        RoundRobinPolicy,
+        LeastQueueLengthPolicy,
+        PowerOfTwoPolicy,
+        CacheAwarePolicy,
+    )
 }
 
 
@@ -25,4 +33,11 @@ def make_policy(name: str, rng: random.Random | None = None) -> BalancingPolicy:
     return cls() if cls is RoundRobinPolicy else cls(rng)
 
 
-__all__ = ["POLICIES", "BalancingPolicy", "ReplicaLoad", "make_policy"]
+__all__ = [
+    "POLICIES",
+    "BalancingPolicy",
+    "CacheAwarePolicy",
+    "ReplicaLoad",
+    "RouteReason",
+    "make_policy",
+]

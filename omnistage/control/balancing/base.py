@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Protocol
+
+
+class RouteReason(enum.StrEnum):
+    """Why a request went to the replica it went to (counted per stage, shown in
+    /v1/omni/stages and /metrics)."""
+
+    CACHE = "cache"  # it held more of the prompt's prefix than another candidate
+    LOAD = "load"  # the policy's load rule (or the only candidate)
+    AFFINITY = "affinity"  # its session's last turn went there
 
 
 class ReplicaLoad(Protocol):
