@@ -47,10 +47,9 @@ class EchoArgs(_Args):
     echo_messages: bool = False
     # A simulated prefix cache, for routing tests and benchmarks: a source stage keeps
     # the last ``prefix_cache_entries`` chat prefixes it saw (keyed as an llm engine's,
-    # see protocol/prefix.py), and spends ``prefill_ms_per_char`` of CPU per character of
-    # the prompt not covered by its longest cached prefix (a prefill's cost). With either
-    # set, a chat prompt's usage counts characters, the head's unit: prompt_tokens is the
-    # prompt's weight and cached_tokens (with the cache) its cached prefix's.
+    # see protocol/prefix.py), and takes ``prefill_ms_per_char`` per character of the
+    # prompt not covered by its longest cached prefix, one prefill at a time (asleep:
+    # simulated replicas do not slow each other down).
     prefix_cache_entries: int = Field(default=0, ge=0, le=1_000_000)
     prefill_ms_per_char: float = Field(default=0.0, ge=0.0, le=100.0)
 

@@ -9,7 +9,8 @@ pipeline) and appends its suffix when its input ends. With ``chunk_delay_s`` and
 With ``prefix_cache_entries`` / ``prefill_ms_per_char`` a source stage fakes an llm
 engine's prefix cache for chat prompts: it keeps the prefix keys (``protocol/prefix.py``)
 of the prompts it served, reports them (``cached_prefixes``), and before its first chunk
-spends CPU on the part of the prompt its longest cached prefix does not cover. Its usage
+takes time (one prefill at a time) for the part of the prompt its longest cached prefix
+does not cover. Its usage
 then counts in the head's units, characters (``prefix_weights``): ``prompt_tokens`` is
 the prompt's weight and ``cached_tokens`` the weight of the cached prefix, so their ratio
 is exactly the cached share the head's routing aims at.
@@ -40,6 +41,7 @@ class EchoEngine(Engine):
         super().__init__(stage)
         self.args = EchoArgs.model_validate(stage.engine_args)
         self.suffix = self.args.suffix if self.args.suffix is not None else f" [{stage.name}]"
+        self._prefilling = asyncio.Lock()
         self.prefix_cache = (
             SimulatedPrefixCache(self.args.prefix_cache_entries)
             if self.args.prefix_cache_entries
@@ -75,7 +77,7 @@ class EchoEngine(Engine):
             text = self._prompt_text(request.prompt)
             await self._check(text)
             received.append(text)
-            prefill = self._prefill(request.prompt)
+            prefill = await self._prefill(request.prompt)
             pieces = split_even(text + self.suffix, self.args.num_chunks)
         else:
             async for item in request.inputs:
@@ -103,9 +105,9 @@ class EchoEngine(Engine):
             usage=usage if prefill is None else {**usage, **prefill},
         )
 
-    def _prefill(self, prompt: Prompt) -> dict[str, int] | None:
-        """The simulated prefill of a chat prompt: CPU for what the cache lacks, then the
-        prompt's prefixes cached. The usage it makes (in characters); None when neither
+    async def _prefill(self, prompt: Prompt) -> dict[str, int] | None:
+        """The simulated prefill of a chat prompt: time for what the cache lacks, then
+        the prompt's prefixes cached. The usage it makes (in characters); None when neither
         the cache nor the prefill cost is configured, or the prompt has no messages."""
         args, cache = self.args, self.prefix_cache
         if not prompt.messages or (cache is None and not args.prefill_ms_per_char):
@@ -114,8 +116,10 @@ class EchoEngine(Engine):
         hit = cache.longest(keys) if cache is not None else -1
         cached = weights[hit] if hit >= 0 else 0
         if args.prefill_ms_per_char:
-            # Blocks the loop, as a model's prefill holds the CPU (like cpu_cost_ms).
-            burn_cpu((weights[-1] - cached) * args.prefill_ms_per_char / 1000.0)
+            # One prefill at a time, as on a replica's own device, but asleep: many
+            # simulated replicas fit one small machine without slowing each other.
+            async with self._prefilling:
+                await asyncio.sleep((weights[-1] - cached) * args.prefill_ms_per_char / 1000.0)
         if cache is None:
             return {"prompt_tokens": weights[-1]}
         cache.add(keys)
