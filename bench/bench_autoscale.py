@@ -1,11 +1,14 @@
-"""Autoscaling: the time from a load step to the new replica serving.
+"""Autoscaling: the time from a load step to the new replica serving; and, with
+``--scenario ttft-step``, a load step against a time-to-first-token target, in-flight
+mode vs latency mode side by side (``autoscale_ttft.py``).
 
-A head serves one echo stage with ``autoscaling: {min_replicas: 1, max_replicas: 2}``.
-Each round: a step from no load to ``--clients`` closed-loop clients; ``/v1/omni/stages``
-is polled every 20 ms for when the head decided to scale up (the decision's own
-timestamp), when the new replica is UP, when the head first sent it a request, and when
-it first answered one (dispatched minus in flight > 0). Then the load ends and the round
-waits for the stage to drain back to one replica.
+Scenario ``new-replica`` (the default): a head serves one echo stage with
+``autoscaling: {min_replicas: 1, max_replicas: 2}``. Each round: a step from no load to
+``--clients`` closed-loop clients; ``/v1/omni/stages`` is polled every 20 ms for when the
+head decided to scale up (the decision's own timestamp), when the new replica is UP, when
+the head first sent it a request, and when it first answered one (dispatched minus in
+flight > 0). Then the load ends and the round waits for the stage to drain back to one
+replica.
 """
 
 import argparse
@@ -20,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import autoscale_ttft
 import common
 import httpx
 from common import HOST, ServerProcess, free_port
@@ -150,11 +154,25 @@ def one_round(port: int, args: argparse.Namespace) -> Round:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--scenario", choices=("new-replica", "ttft-step"), default="new-replica")
     p.add_argument("--rounds", type=int, default=3, help="load steps, each on the same head")
     p.add_argument("--clients", type=int, default=8, help="closed-loop clients in the step")
     p.add_argument("--chunk-delay", type=float, default=0.05, help="echo seconds per chunk")
     p.add_argument("--upscale-delay", type=float, default=0.0, help="upscale_delay_s")
     p.add_argument("--downscale-delay", type=float, default=1.0, help="downscale_delay_s")
+    t = p.add_argument_group("ttft-step")
+    t.add_argument("--target-ttft", type=float, default=0.3, help="target_p90_first_token_s")
+    t.add_argument(
+        "--inflight-targets",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=[4.0],
+        help="in-flight mode columns: target_inflight_per_replica, comma-separated",
+    )
+    t.add_argument("--capacity", type=int, default=2, help="max_inflight_per_replica")
+    t.add_argument("--max-replicas", type=int, default=6, help="max_replicas")
+    t.add_argument("--step-s", type=float, default=20.0, help="seconds of load")
+    t.add_argument("--latency-window", type=float, default=5.0, help="latency_window_s")
+    t.add_argument("--min-samples", type=int, default=10, help="latency_min_samples")
     p.add_argument(
         "--worker-backend",
         default="multi_process",
@@ -165,6 +183,8 @@ def main() -> int:
     common.add_common_args(p, health_timeout=90.0, request_timeout=30.0)
     args = p.parse_args()
     common.exit_on_sigterm()
+    if args.scenario == "ttft-step":
+        return autoscale_ttft.main(args)
     tmp = Path(tempfile.mkdtemp(prefix="omni-autoscale-"))
     config = tmp / "autoscale.yaml"
     config.write_text(

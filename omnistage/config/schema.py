@@ -50,18 +50,47 @@ class RaySpec(_Frozen):
         return value
 
 
+DEFAULT_INFLIGHT_TARGET = 4.0
+
+
 class AutoscalingConfig(_Frozen):
-    """A stage's replica count follows its load (in-flight plus waiting requests) within
-    [min_replicas, max_replicas]; see ``control.autoscale`` for the policy."""
+    """A stage's replica count follows its load within [min_replicas, max_replicas]: by
+    default in-flight plus waiting requests against ``target_inflight_per_replica``
+    (``control.autoscale``); with a latency target, the p90 of a latency over a sliding
+    window against that target (``control.latency_autoscale``)."""
 
     min_replicas: int = Field(default=1, ge=1)
     max_replicas: int = Field(ge=1)
     # The load one replica should carry: the stage wants ceil(load / this) replicas.
-    target_inflight_per_replica: float = Field(default=4.0, gt=0)
+    # In-flight mode only: None there becomes DEFAULT_INFLIGHT_TARGET (see _one_mode).
+    target_inflight_per_replica: float | None = Field(default=None, gt=0)
     # How long the load must stay above (below) what the replicas are sized for before
     # replicas are added (one is removed).
     upscale_delay_s: float = Field(default=5.0, ge=0)
     downscale_delay_s: float = Field(default=30.0, ge=0)
+    # Latency targets (seconds, p90 over latency_window_s); any one set: latency mode.
+    # Which a stage can measure: StageConfig._latency_targets_measurable.
+    target_p90_first_token_s: float | None = Field(default=None, gt=0)
+    target_p90_first_audio_s: float | None = Field(default=None, gt=0)
+    target_p90_queue_wait_s: float | None = Field(default=None, gt=0)
+    latency_window_s: float = Field(default=30.0, gt=0)
+    # Fewer samples than this in the window never add a replica: one slow request among
+    # a handful must not read as a missed target.
+    latency_min_samples: int = Field(default=20, ge=1)
+    # A missed target is blamed on load (and replicas added) only while requests wait
+    # (at the head, or queued in the replicas) or the replicas hold at least this
+    # fraction of their capacity (max_inflight_per_replica) in flight.
+    busy_fraction: float = Field(default=0.8, gt=0, le=1)
+
+    @property
+    def latency_targets(self) -> dict[str, float]:
+        """Latency family (``control.latency_autoscale.FAMILIES``) -> target p90 s."""
+        targets = {
+            "first_token": self.target_p90_first_token_s,
+            "first_audio": self.target_p90_first_audio_s,
+            "queue_wait": self.target_p90_queue_wait_s,
+        }
+        return {family: t for family, t in targets.items() if t is not None}
 
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalingConfig:
@@ -71,6 +100,26 @@ class AutoscalingConfig(_Frozen):
                 f"{self.max_replicas} is below min_replicas ({self.min_replicas})",
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> AutoscalingConfig:
+        if not self.latency_targets:
+            if self.target_inflight_per_replica is None:
+                # Filled in, not defaulted, so that the dump says which mode it is and
+                # validates again as the same (a replica checks its stage's config).
+                object.__setattr__(self, "target_inflight_per_replica", DEFAULT_INFLIGHT_TARGET)
+        elif self.target_inflight_per_replica is not None:
+            raise _located(
+                "target_inflight_per_replica",
+                "a stage scales either on in-flight requests or on latency targets: drop "
+                "this, or the target_p90_* keys",
+            )
+        return self
+
+    @property
+    def inflight_target(self) -> float:
+        """``target_inflight_per_replica`` of an in-flight mode stage."""
+        return self.target_inflight_per_replica or DEFAULT_INFLIGHT_TARGET
 
 
 class StageConfig(_Frozen):
@@ -152,6 +201,23 @@ class StageConfig(_Frozen):
                 f"[{scaling.min_replicas}, {scaling.max_replicas}]; `replicas` is the count "
                 "the stage starts with",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _latency_targets_measurable(self) -> StageConfig:
+        # The head times a stage's first token (audio) only on the chunks it receives of
+        # a final stage (outputs of others may go replica to replica); queue wait, the
+        # time to a dispatch, it times for every stage.
+        targets = self.autoscaling.latency_targets if self.autoscaling else {}
+        for family, modality in (("first_token", "text"), ("first_audio", "audio")):
+            if family in targets and not (self.final_output and self.output_modality == modality):
+                raise _located(
+                    f"autoscaling.target_p90_{family}_s",
+                    f"needs a stage with final_output: true and output_modality: {modality} "
+                    f"(stage {self.name!r} has final_output: "
+                    f"{str(self.final_output).lower()}, output_modality: "
+                    f"{self.output_modality}); target_p90_queue_wait_s suits any stage",
+                )
         return self
 
     @model_validator(mode="after")

@@ -1,4 +1,6 @@
-"""When to add or remove replicas of a stage: a small pure policy, injected clock.
+"""When to add or remove replicas of a stage: a small pure policy, injected clock. This
+is the in-flight mode, the default; a stage with a latency target scales with
+``control.latency_autoscale`` instead, which shares the pieces below the policy.
 
 Each tick the head gives the policy the stage's replica count and its load:
 
@@ -40,6 +42,30 @@ class Direction(enum.StrEnum):
     HOLD = "hold"
 
 
+class Cause(enum.StrEnum):
+    """Why a decision went the way it did: a short label for the metrics (the
+    ``reason`` string says it in words, with the figures)."""
+
+    MIN_REPLICAS = "min_replicas"  # up: below min_replicas
+    MAX_REPLICAS = "max_replicas"  # down: above max_replicas
+    INFLIGHT = "inflight"  # in-flight mode: load above (below) the target
+    LATENCY = "latency"  # latency mode, up: a target missed while the replicas are busy
+    HEADROOM = "headroom"  # latency mode, down: well under every target, load fits fewer
+    IDLE = "idle"  # latency mode, down: no requests
+    # Holds
+    WITHIN = "within"  # nothing to do
+    DELAY = "delay"  # wants a change, waiting out upscale_delay_s / downscale_delay_s
+    STARTING = "starting"  # replicas still loading: their effect is not measured yet
+    FEW_SAMPLES = "few_samples"  # a target may be missed, but too few samples to say
+    NOT_LOAD = "not_load"  # a target is missed, but the replicas are not busy
+    AT_MAX = "at_max"  # a target is missed under load, at max_replicas
+
+
+# Causes of a hold an operator wants to hear about (logged when a stage starts holding
+# for them): the stage misses its target and the autoscaler will not help.
+NOTABLE_HOLDS = frozenset({Cause.NOT_LOAD, Cause.AT_MAX})
+
+
 @dataclass(frozen=True)
 class Decision:
     direction: Direction
@@ -48,64 +74,122 @@ class Decision:
     desired: int  # what the load asks for, clamped to [min, max]
     load: int
     reason: str
+    cause: Cause = Cause.WITHIN
 
     @property
     def delta(self) -> int:
         return self.replicas - self.current
 
 
+@dataclass(frozen=True)
+class StageLoad:
+    """What the scaler reads of a stage each tick (its serving replicas only)."""
+
+    in_flight: int = 0  # sent to a replica and not finished
+    waiting: int = 0  # waiting at the head for a free replica slot
+    queued: int = 0  # accepted by a replica but not started (its heartbeats)
+    capacity: int = 0  # requests the serving replicas take at once, summed
+    serving: int = 0  # replicas UP among those counted
+
+    @property
+    def total(self) -> int:
+        return self.in_flight + self.waiting
+
+
+class Stayed:
+    """Since when a condition has held on every tick: one tick without it restarts the
+    clock, so a load that hovers around a boundary does not flap."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def hold(self, now: float) -> float:
+        """It holds this tick; returns for how long it has."""
+        if self.since is None:
+            self.since = now
+        return now - self.since
+
+    def reset(self, since: float | None = None) -> None:
+        self.since = since
+
+
+def out_of_bounds(spec: AutoscalingConfig, current: int) -> tuple[Direction, int, str] | None:
+    """Outside ``[min, max]`` (a replica that will not restart, headless replicas that
+    joined) the count is brought back at once, whatever the load says."""
+    if current < spec.min_replicas:
+        return Direction.UP, spec.min_replicas, f"below min_replicas {spec.min_replicas}"
+    if current > spec.max_replicas:
+        return Direction.DOWN, current - 1, f"above max_replicas {spec.max_replicas}"
+    return None
+
+
 class AutoscalePolicy:
+    """The in-flight mode (see the module docstring)."""
+
     def __init__(self, spec: AutoscalingConfig, clock: Callable[[], float]) -> None:
         self.spec = spec
         self._clock = clock
-        self._above_since: float | None = None  # desired > current since then
-        self._below_since: float | None = None  # desired < current since then
+        self._above = Stayed()  # desired > current
+        self._below = Stayed()  # desired < current
 
     def desired(self, load: int) -> int:
         s = self.spec
-        wanted = math.ceil(load / s.target_inflight_per_replica) if load > 0 else 0
+        wanted = math.ceil(load / s.inflight_target) if load > 0 else 0
         return max(s.min_replicas, min(s.max_replicas, wanted))
+
+    def step(self, current: int, load: StageLoad) -> Decision:
+        """The scaler's call (both modes have it): this mode reads the total load."""
+        return self.decide(current, load.total)
 
     def decide(self, current: int, load: int) -> Decision:
         s, now = self.spec, self._clock()
         desired = self.desired(load)
 
-        def decision(direction: Direction, replicas: int, reason: str) -> Decision:
-            return Decision(direction, current, replicas, desired, load, reason)
+        def decision(direction: Direction, replicas: int, reason: str, cause: Cause) -> Decision:
+            return Decision(direction, current, replicas, desired, load, reason, cause)
 
-        if current < s.min_replicas:
-            self._above_since = self._below_since = None
-            return decision(Direction.UP, s.min_replicas, f"below min_replicas {s.min_replicas}")
-        if current > s.max_replicas:
-            self._above_since = self._below_since = None
-            return decision(Direction.DOWN, current - 1, f"above max_replicas {s.max_replicas}")
-        per = s.target_inflight_per_replica
+        if (bounds := out_of_bounds(s, current)) is not None:
+            self._above.reset()
+            self._below.reset()
+            direction, replicas, reason = bounds
+            cause = Cause.MIN_REPLICAS if direction is Direction.UP else Cause.MAX_REPLICAS
+            return decision(direction, replicas, reason, cause)
+        per = s.inflight_target
         if desired > current:
-            self._below_since = None
-            since = self._above_since = self._above_since if self._above_since is not None else now
-            if now - since >= s.upscale_delay_s:
-                self._above_since = None
+            self._below.reset()
+            held = self._above.hold(now)
+            if held >= s.upscale_delay_s:
+                self._above.reset()
                 return decision(
                     Direction.UP,
                     desired,
-                    f"load {load} above {current} x {per:g} for {now - since:.1f}s "
+                    f"load {load} above {current} x {per:g} for {held:.1f}s "
                     f"(upscale_delay_s {s.upscale_delay_s:g})",
+                    Cause.INFLIGHT,
                 )
-            return decision(Direction.HOLD, current, f"load above target for {now - since:.1f}s")
+            return decision(
+                Direction.HOLD, current, f"load above target for {held:.1f}s", Cause.DELAY
+            )
         if desired < current:
-            self._above_since = None
-            since = self._below_since = self._below_since if self._below_since is not None else now
-            if now - since >= s.downscale_delay_s:
-                self._below_since = now  # the next step waits a whole delay again
+            self._above.reset()
+            held = self._below.hold(now)
+            if held >= s.downscale_delay_s:
+                self._below.reset(now)  # the next step waits a whole delay again
                 return decision(
                     Direction.DOWN,
                     current - 1,
                     f"load {load} needs {desired} replica(s) of {per:g}, below {current} for "
-                    f"{now - since:.1f}s (downscale_delay_s {s.downscale_delay_s:g})",
+                    f"{held:.1f}s (downscale_delay_s {s.downscale_delay_s:g})",
+                    Cause.INFLIGHT,
                 )
-            return decision(Direction.HOLD, current, f"load below target for {now - since:.1f}s")
-        self._above_since = self._below_since = None
-        return decision(Direction.HOLD, current, "load within target")
+            return decision(
+                Direction.HOLD, current, f"load below target for {held:.1f}s", Cause.DELAY
+            )
+        self._above.reset()
+        self._below.reset()
+        return decision(Direction.HOLD, current, "load within target", Cause.WITHIN)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ times themselves live in fields of ``Run`` and ``StageProgress`` (no allocation 
 chunk); the recorder only reads its clock when an event needs a timestamp, and a chunk
 that is neither a stage's first output nor its last costs a few attribute tests.
 
+It also feeds the sliding windows that latency-target autoscaling reads
+(``control.latency_window``), for the stages the autoscaler ``watch``es: queue wait at
+each dispatch, and a final stage's first token or first audio, timed from the request's
+start, at its first output.
+
 Pure state with an injected clock: the tests drive it with a fake one.
 """
 
@@ -17,6 +22,7 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
+from omnistage.control.latency_window import LatencyWindow
 from omnistage.dataplane.run import Run, StageProgress
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import OutputChunk
@@ -107,6 +113,21 @@ class LatencyRecorder:
         self.completion_tokens = dict.fromkeys(names, 0)
         self.audio_seconds = dict.fromkeys(names, 0.0)
         self._kinds: dict[frozenset[int], str] = {}
+        # Per family, the watched stages' windows; first outputs of the stages in
+        # ``_first_watched`` are looked at further (see ``watch``).
+        self.windows: dict[str, dict[int, LatencyWindow]] = {
+            f: {} for f in ("queue_wait", "first_token", "first_audio")
+        }
+        self._queue_windows = self.windows["queue_wait"]
+        self._first_watched: set[int] = set()
+
+    def watch(self, family: str, sid: int, window: LatencyWindow) -> None:
+        """Feed ``window`` with stage ``sid``'s ``family`` latencies from now on:
+        ``queue_wait``, or ``first_token`` / ``first_audio`` (request start to the
+        stage's first text / audio chunk, while it is a final stage of the request)."""
+        self.windows[family][sid] = window
+        if family != "queue_wait":
+            self._first_watched.add(sid)
 
     # -- events ------------------------------------------------------------------------
 
@@ -121,6 +142,9 @@ class LatencyRecorder:
         now = self.clock()
         since = run.opened_at if st.waiting_since is None else st.waiting_since
         self.stages["queue_wait"][sid].observe(now - since)
+        window = self._queue_windows.get(sid)
+        if window is not None:
+            window.observe(now, since, now - since)
         st.waiting_since = None
         st.dispatched_at = now
         st.first_at = None
@@ -132,6 +156,8 @@ class LatencyRecorder:
         if st.first_at is None and (chunk.text or chunk.data or chunk.finished):
             st.first_at = now = self.clock()
             self.stages["first_output"][sid].observe(now - st.dispatched_at)
+            if sid in self._first_watched and sid in run.finals and st.dispatches <= 1:
+                self._first_sample(run, sid, chunk, now)
         if sid in run.finals:
             if chunk.data and chunk.modality == _AUDIO:
                 self._audio(run, sid, chunk)
@@ -151,6 +177,18 @@ class LatencyRecorder:
     def done(self, run: Run) -> None:
         """Every stage of the request finished: its last final chunk arrived."""
         self._request("e2e", run, self.clock() - run.opened_at)
+
+    def _first_sample(self, run: Run, sid: int, chunk: OutputChunk, now: float) -> None:
+        """A watched final stage's first output: its first token or first audio (a
+        retried stage's first output after a re-dispatch is not sampled again)."""
+        if chunk.text and chunk.modality == _TEXT:
+            window = self.windows["first_token"].get(sid)
+        elif chunk.data and chunk.modality == _AUDIO:
+            window = self.windows["first_audio"].get(sid)
+        else:
+            return
+        if window is not None:
+            window.observe(now, run.opened_at, now - run.opened_at)
 
     def _audio(self, run: Run, sid: int, chunk: OutputChunk) -> None:
         meta = chunk.meta

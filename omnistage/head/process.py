@@ -94,6 +94,7 @@ class Head:
             self.pools,
             self.coordinator.snapshot,
             self.local,
+            latency=self.orchestrator.latency,
         )
         self.service = HeadService(
             opts,

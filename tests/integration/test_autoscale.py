@@ -168,8 +168,8 @@ def test_load_step_scales_to_max_and_back_to_one_without_losing_a_request(
         assert view["last_decision"]["direction"] == "down"
         metrics = head.client.get("/metrics").text
         assert (
-            'omnistage_autoscale_decisions_total{stage_id="0",stage="worker",direction="down"} 2'
-            in metrics
+            'omnistage_autoscale_decisions_total{stage_id="0",stage="worker",direction="down",'
+            'cause="inflight"} 2' in metrics
         )
         assert 'omnistage_autoscale_desired_replicas{stage_id="0",stage="worker"} 1' in metrics
         log = head.log()

@@ -318,8 +318,9 @@ def test_metrics_count_decisions_and_gauge_desired_replicas() -> None:
     with TestClient(create_app(head)) as client:
         text = client.get("/metrics").text
     labels = 'stage_id="0",stage="a"'
-    assert f'omnistage_autoscale_decisions_total{{{labels},direction="up"}} 1' in text
-    assert f'omnistage_autoscale_decisions_total{{{labels},direction="down"}} 0' in text
+    up, down = 'direction="up",cause="inflight"', 'direction="down",cause="inflight"'
+    assert f"omnistage_autoscale_decisions_total{{{labels},{up}}} 1" in text
+    assert f"omnistage_autoscale_decisions_total{{{labels},{down}}} 0" in text
     assert f"omnistage_autoscale_desired_replicas{{{labels}}} 3" in text
     assert f"omnistage_autoscale_replicas{{{labels}}} 1" in text
     assert f"omnistage_autoscale_load{{{labels}}} 6" in text
@@ -350,6 +351,12 @@ def test_config_defaults_and_starting_count() -> None:
         "target_inflight_per_replica": 4.0,
         "upscale_delay_s": 5.0,
         "downscale_delay_s": 30.0,
+        "target_p90_first_token_s": None,
+        "target_p90_first_audio_s": None,
+        "target_p90_queue_wait_s": None,
+        "latency_window_s": 30.0,
+        "latency_min_samples": 20,
+        "busy_fraction": 0.8,
     }
     assert _load({"min_replicas": 2, "max_replicas": 3}).replicas == 2  # starts at min
     assert _load({"max_replicas": 3}, replicas=3).replicas == 3

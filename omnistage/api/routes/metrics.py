@@ -222,19 +222,47 @@ def _autoscale_metrics(out: Exposition, service: PipelineService, names: dict[in
     out.family(
         "omnistage_autoscale_decisions_total",
         "counter",
-        "Autoscaling decisions applied, by direction (up: replicas added; down: one drained).",
+        "Autoscaling decisions applied, by direction (up: replicas added; down: one "
+        "drained) and cause (inflight; latency, headroom, idle; min_replicas, max_replicas).",
         [
-            ({**_stage(sid, names), "direction": direction}, a["decisions"][direction])
+            ({**_stage(sid, names), "direction": direction, "cause": cause}, n)
             for sid, a in scaling
-            for direction in ("up", "down")
+            for direction, by_cause in a["decisions_by_cause"].items()
+            for cause, n in by_cause.items()
         ],
     )
     out.family(
         "omnistage_autoscale_desired_replicas",
         "gauge",
-        "Replicas the stage's load asks for: ceil(load / target_inflight_per_replica), "
-        "clamped to [min_replicas, max_replicas].",
+        "Replicas the stage asks for: in-flight mode ceil(load / "
+        "target_inflight_per_replica), latency mode what the last check wanted; within "
+        "[min_replicas, max_replicas].",
         [(_stage(sid, names), a["desired"]) for sid, a in scaling],
+    )
+    windows = [
+        ({**_stage(sid, names), "family": family}, w)
+        for sid, a in scaling
+        for family, w in a["latency"].items()
+    ]
+    out.family(
+        "omnistage_autoscale_latency_p90_seconds",
+        "gauge",
+        "p90 of the stage's latency (queue_wait, first_token, first_audio) over its "
+        "autoscaling window, as the autoscaler last read it (latency mode: requests since "
+        "the last change); absent without samples.",
+        [(labels, w["p90_s"]) for labels, w in windows if w["p90_s"] is not None],
+    )
+    out.family(
+        "omnistage_autoscale_latency_samples",
+        "gauge",
+        "Samples behind omnistage_autoscale_latency_p90_seconds.",
+        [(labels, w["samples"]) for labels, w in windows],
+    )
+    out.family(
+        "omnistage_autoscale_latency_target_seconds",
+        "gauge",
+        "The stage's autoscaling target for the p90 of that latency.",
+        [(labels, w["target_p90_s"]) for labels, w in windows if w["target_p90_s"] is not None],
     )
     out.family(
         "omnistage_autoscale_replicas",
