@@ -113,16 +113,18 @@ class EchoEngine(Engine):
         if not prompt.messages or (cache is None and not args.prefill_ms_per_char):
             return None
         keys, weights = prefix_keys(prompt.messages), prefix_weights(prompt.messages)
-        hit = cache.longest(keys) if cache is not None else -1
-        cached = weights[hit] if hit >= 0 else 0
-        if args.prefill_ms_per_char:
-            # One prefill at a time, as on a replica's own device, but asleep: many
-            # simulated replicas fit one small machine without slowing each other.
-            async with self._prefilling:
+        # One prefill at a time, as on a replica's own device (but asleep: simulated
+        # replicas do not slow each other down); the cache is looked up when the prefill
+        # runs, so a prompt queued behind one with the same prefix finds it cached.
+        async with self._prefilling:
+            hit = cache.longest(keys) if cache is not None else -1
+            cached = weights[hit] if hit >= 0 else 0
+            if args.prefill_ms_per_char:
                 await asyncio.sleep((weights[-1] - cached) * args.prefill_ms_per_char / 1000.0)
+            if cache is not None:
+                cache.add(keys)
         if cache is None:
             return {"prompt_tokens": weights[-1]}
-        cache.add(keys)
         return {"prompt_tokens": weights[-1], "cached_tokens": cached}
 
     def _prompt_text(self, prompt: Prompt) -> str:

@@ -34,6 +34,9 @@ from omnistage.store.records import Job, JobKind, JobStatus
 
 log = logging.getLogger(__name__)
 
+# A renewal is also how a run learns that its job was cancelled or deleted: at least
+# this often, whatever the lease.
+RENEW_MAX_S = 2.0
 SWEEP_EVERY_S = 60.0  # expired media are looked for this often
 
 
@@ -170,15 +173,16 @@ class JobRunner:
         await self._finish(job, JobStatus.COMPLETED, result=result)
 
     async def _keep_lease(self, job: Job, progress: _Progress, work: asyncio.Task[Any]) -> None:
-        """Renew the lease every third of it, and pass progress on as it moves; stop the
-        work when the lease is gone (cancelled, deleted or taken over)."""
+        """Renew the lease every third of it (at most RENEW_MAX_S apart), and pass progress
+        on as it moves; stop the work when the lease is gone (cancelled, deleted or taken
+        over)."""
         s = self.settings
         renewed = self._clock()
         sent = 0  # the claim just set the lease: nothing to send until progress moves
         while True:
             await asyncio.sleep(s.progress_every_s)
             now = self._clock()
-            if progress.value == sent and now - renewed < s.lease_s / 3:
+            if progress.value == sent and now - renewed < min(s.lease_s / 3, RENEW_MAX_S):
                 continue
             sent = progress.value
             ok = await self.store.renew_lease(job.id, s.holder, now, s.lease_s, sent)
