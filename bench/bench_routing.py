@@ -2,8 +2,11 @@
 
 ``--conversations`` chats of ``--turns`` turns each share one system prompt; each turn
 sends the whole conversation so far (as chat clients do), ``--concurrency`` conversations
-at a time. For each balancing policy (cache-aware, least-queue-length, round-robin) and
-for one replica alone, a fresh head serves the same workload, and the run reports:
+at a time, with a seeded random pause between a chat's turns (``--think-ms``: without it
+closed-loop chats move in lockstep, and least-queue-length sends each turn back to the
+replica that just finished its previous one, by accident). For each balancing policy
+(cache-aware, least-queue-length, round-robin) and for one replica alone, a fresh head
+serves the same workload, and the run reports:
 
 - the cached share of the later turns' prompt tokens (usage ``cached_tokens`` over
   ``prompt_tokens``, turns 2 and on), as the replicas' prefix caches report it;
@@ -20,6 +23,7 @@ default; its usage reports the tokens its prefix cache served.
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import threading
@@ -99,7 +103,11 @@ def _conversation(
     client: httpx.Client, model: str, n: int, args: argparse.Namespace, run: Run
 ) -> None:
     messages: list[dict] = [{"role": "system", "content": SYSTEM}]
+    # A user reads and types between turns: seeded, so every policy sees the same pauses.
+    pauses = random.Random(n)
     for turn in range(1, args.turns + 1):
+        if turn > 1 and args.think_ms:
+            time.sleep(pauses.uniform(0, 2 * args.think_ms) / 1000)
         messages.append({"role": "user", "content": _user(n, turn)})
         try:
             answer, ttft, prompt, cached = _ask(client, model, messages, args.max_tokens)
@@ -238,6 +246,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8, help="conversations at a time")
     p.add_argument("--long-from", type=int, default=4, help="TTFT over turns from this one on")
     p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument(
+        "--think-ms", type=float, default=100.0, help="mean pause between a chat's turns"
+    )
     p.add_argument("--cache-entries", type=int, default=64, help="echo: prefixes kept")
     p.add_argument("--prefill-ms-per-char", type=float, default=0.05)
     p.add_argument("--chunk-delay", type=float, default=0.005, help="echo: s per chunk")
