@@ -95,6 +95,7 @@ class Head:
             self.coordinator.snapshot,
             self.local,
             latency=self.orchestrator.latency,
+            backlog=self._job_backlog,
         )
         self.service = HeadService(
             opts,
@@ -250,6 +251,10 @@ class Head:
                     pool.observe(entry)
 
     # -- callbacks -------------------------------------------------------------------
+
+    def _job_backlog(self, stage_id: int) -> int:
+        """Jobs queued in the store for the stage: load the autoscaler scales for."""
+        return self.jobs.backlog(stage_id) if self.jobs is not None else 0
 
     def _post_transition(self, t: Transition) -> None:
         self.events.post_transition(t)

@@ -97,8 +97,12 @@ class Scaler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         latency: LatencyRecorder | None = None,
+        backlog: Callable[[int], int] | None = None,
     ) -> None:
+        """``backlog(stage_id)``: work queued for the stage outside the head's pools
+        (jobs waiting in the store), counted as waiting load."""
         self._pools = pools
+        self._backlog = backlog
         self._entries = entries
         self._replicas = replicas
         self.interval_s = interval_s
@@ -150,7 +154,7 @@ class Scaler:
             owned = set(self._replicas.owned(sid))
             pool = self._pools[sid]
             counted = _counted(mine, owned, set(self._replicas.retiring(sid)))
-            load = _load(pool, mine, counted)
+            load = _load(pool, mine, counted, self._backlog(sid) if self._backlog else 0)
             d = st.policy.step(len(counted), load)
             st.replicas, st.load, st.desired = len(counted), load.total, d.desired
             self._observe(sid, st, d)
@@ -276,13 +280,16 @@ def _latency_view(st: _Stage, targets: dict[str, float]) -> dict[str, dict[str, 
     return out
 
 
-def _load(pool: StagePool, mine: list[ReplicaEntry], counted: set[int]) -> StageLoad:
-    """The stage's load over its serving replicas (the pool's UP handles)."""
+def _load(
+    pool: StagePool, mine: list[ReplicaEntry], counted: set[int], backlog: int = 0
+) -> StageLoad:
+    """The stage's load over its serving replicas (the pool's UP handles); ``backlog``
+    (jobs queued in the store) waits as the head's own waiting requests do."""
     up = [h for h in pool.replicas.values() if h.up]
     serving = sum(1 for e in mine if e.state == ReplicaState.UP and e.replica_id in counted)
     return StageLoad(
         in_flight=sum(h.in_flight for h in up),
-        waiting=pool.waiting,
+        waiting=pool.waiting + backlog,
         queued=sum(h.queue_length for h in up),
         capacity=sum(h.capacity for h in up),
         serving=serving,

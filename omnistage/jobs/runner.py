@@ -102,6 +102,9 @@ class JobRunner:
         self._clock = clock
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
+        # Jobs waiting in the store, by the stage that runs them, as of the last poll:
+        # load the stage does not see yet, for the autoscaler (``backlog``).
+        self._backlog: dict[int, int] = {}
         self.finished = 0  # jobs this runner completed or failed (for tests, stats)
 
     def wake(self) -> None:
@@ -110,6 +113,10 @@ class JobRunner:
 
     def running(self) -> list[str]:
         return list(self._running)
+
+    def backlog(self, stage_id: int) -> int:
+        """Jobs queued in the store for ``stage_id`` at the last poll (for any head)."""
+        return self._backlog.get(stage_id, 0)
 
     async def run(self) -> None:
         released = await self.store.release_leases(self.settings.holder)
@@ -143,6 +150,7 @@ class JobRunner:
                 if job is None:
                     break
                 self._start(handler, job)
+            self._backlog[handler.stage_id] = await self.store.queued_jobs(kind)
 
     def _start(self, handler: JobHandler, job: Job) -> None:
         if job.attempts > 1:

@@ -85,6 +85,9 @@ class Store(Protocol):
         """Make ``holder``'s running jobs runnable now: a restarted head under the same
         name releases what its previous run held (it cannot be running them)."""
 
+    async def queued_jobs(self, kind: JobKind) -> int:
+        """How many jobs of ``kind`` wait to be claimed (the autoscaler counts them)."""
+
     async def expired_jobs(self, now: float, limit: int = 100) -> list[Job]:
         """Finished jobs whose ``expires_at`` has passed (their media are due for removal)."""
 

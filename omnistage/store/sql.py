@@ -343,6 +343,18 @@ class SqlStore:
         with self._read() as conn:
             return [_job(row) for row in conn.execute(query).all()]
 
+    async def queued_jobs(self, kind: JobKind) -> int:
+        return await self._call(self._queued_jobs, kind)
+
+    def _queued_jobs(self, kind: JobKind) -> int:
+        query = (
+            sa.select(sa.func.count())
+            .select_from(jobs)
+            .where(jobs.c.kind == kind.value, jobs.c.status == JobStatus.QUEUED.value)
+        )
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
     # -- stored responses ------------------------------------------------------------
 
     async def put_response(self, response: StoredResponse) -> None:

@@ -459,3 +459,20 @@ def test_added_replicas_take_free_ids_and_retired_ones_are_drained_not_restarted
         assert local.add(0) == 1
 
     asyncio.run(scenario())
+
+
+def test_jobs_queued_in_the_store_count_as_waiting_load() -> None:
+    # One replica with 2 requests in flight (its target): no reason to scale, until 4
+    # jobs wait in the store for the stage.
+    config = _config(upscale_delay_s=0)
+    pools = {0: _pool_with({0: 2}), 1: _pool_with({})}
+    entries = [_entry(0, ReplicaState.UP)]
+    backlog = {0: 0}
+    replicas = FakeReplicas({0})
+    scaler = Scaler(
+        config, {0}, pools, lambda: entries, replicas, clock=FakeClock(), backlog=backlog.get
+    )
+    assert scaler.tick() == []
+    backlog[0] = 4
+    [d] = scaler.tick()
+    assert (d.direction, d.load, d.replicas) == (Direction.UP, 6, 3)

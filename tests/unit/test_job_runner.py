@@ -179,11 +179,13 @@ async def test_a_restarted_head_runs_again_what_its_dead_run_held(store: Store) 
 async def test_no_room_means_jobs_wait_queued(store: Store) -> None:
     await store.create_job(_job(0))
     handler = Handler()
-    task = asyncio.create_task(_runner(store, handler, room=0).run())
+    runner = _runner(store, handler, room=0)
+    task = asyncio.create_task(runner.run())
     await asyncio.sleep(0.2)
     task.cancel()
     job = await store.get_job("job0", None)
     assert handler.started == [] and job is not None and job.status == JobStatus.QUEUED
+    assert runner.backlog(0) == 1  # what the autoscaler sees waiting for the stage
 
 
 async def test_a_finished_jobs_media_expire_after_the_ttl(store: Store) -> None:
