@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,24 @@ def make_engine(url: sa.URL) -> tuple[sa.Engine, int]:
     return engine, 1 if memory else WORKERS
 
 
+def _use_wal(cursor: Any) -> None:
+    """Switch the file to WAL (it stays so: later connections find it done). Switching
+    needs the file to itself, and SQLite answers "database is locked" at once, without
+    its busy handler, while another process holds it (several starting together): retry
+    for as long as busy_timeout would have waited."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _configure_sqlite(engine: sa.Engine, wal: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -110,7 +130,7 @@ def _configure_sqlite(engine: sa.Engine, wal: bool) -> None:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys = ON")
         if wal:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _use_wal(cursor)
             # In WAL mode NORMAL survives a crash of any process (commits are in the WAL);
             # only a power loss may drop the last commits, never corrupt the file.
             cursor.execute("PRAGMA synchronous = NORMAL")
