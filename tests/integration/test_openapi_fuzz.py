@@ -23,6 +23,11 @@ API_KEY = "fuzz-key"
 # Health checks off: over real HTTP generation is "too slow" by Hypothesis' standards,
 # and negative bodies are filtered heavily; neither says anything about the server.
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+# Every operation of the schema is a subtest of one test function, so the suite's
+# per-test limit (120 s) bounds them all together; with the jobs, videos and stored
+# responses routes that took ~110 s here alone and over 120 s on a loaded CI machine.
+# The examples are bounded above; this only keeps a slow machine from failing them.
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
