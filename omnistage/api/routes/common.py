@@ -18,6 +18,7 @@ from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
+from omnistage.jobs.state import Persistence
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.messages import OutputChunk, TokenLogprob
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
@@ -39,6 +40,19 @@ def json_response(obj: object, status: int = 200) -> Response:
 def service(request: Request) -> PipelineService:
     """The head behind this app (see ``api.service``)."""
     return request.app.state.omni  # type: ignore[no-any-return]
+
+
+def stored(request: Request) -> Persistence | None:
+    """The store of jobs and responses the app was made with (None: nothing is kept)."""
+    return getattr(request.app.state, "persist", None)  # type: ignore[no-any-return]
+
+
+def persistence(request: Request) -> Persistence:
+    """The store, for routes that serve nothing without one (a 503 if there is none)."""
+    persist = stored(request)
+    if persist is None:
+        raise ApiError(503, "this server keeps no store", "server_error", code="no_store")
+    return persist
 
 
 def check_model(omni: PipelineService, model: str | None) -> None:

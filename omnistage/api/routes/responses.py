@@ -34,6 +34,7 @@ from omnistage.api.routes.common import (
     json_response,
     peeked,
     sse_response,
+    stored,
     text_call,
 )
 from omnistage.api.schemas.responses import ResponsesRequest
@@ -50,7 +51,7 @@ async def responses(request: Request) -> Response:
     body = await parse_body(request, ResponsesRequest)
     omni, text_stages = text_call(request, body, _refuse_unserved)
     sid = text_stages[0]  # the first final text stage answers, as a chat's first choice
-    persist: Persistence | None = getattr(request.app.state, "persist", None)
+    persist = stored(request)
     turn, asked = await Turn.of(persist, body, owner_of(request))
     shape = ResponseShape.of(body, turn.id, omni.served_model, turn.stored)
     if body.background:

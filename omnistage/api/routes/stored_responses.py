@@ -12,8 +12,7 @@ from starlette.responses import Response
 
 from omnistage.api.errors import ApiError
 from omnistage.api.owner import owner_of
-from omnistage.api.routes.common import json_response
-from omnistage.api.routes.videos import persistence
+from omnistage.api.routes.common import json_response, persistence
 from omnistage.jobs.state import Persistence
 from omnistage.store.records import JobKind, JobStatus, StoredResponse
 

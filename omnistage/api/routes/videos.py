@@ -29,13 +29,13 @@ from omnistage.api.routes.common import (
     check_model,
     engine_stages,
     json_response,
+    persistence,
     pick_stage,
     service,
 )
 from omnistage.api.schemas.videos import VideoCreateRequest
 from omnistage.config.engine_args import VideoArgs
 from omnistage.engines.video_params import video_job
-from omnistage.jobs.state import Persistence
 from omnistage.jobs.video import input_key, media_keys, video_object
 from omnistage.protocol.params import SEED_LIMIT
 from omnistage.store.records import Job, JobKind, JobStatus
@@ -45,13 +45,6 @@ router = APIRouter()
 POLL_AFTER_MS = 500
 MAX_REFERENCE_BYTES = 16 * 1024 * 1024
 _VARIANTS = {"video": ("video", "video/mp4"), "thumbnail": ("thumbnail", "image/png")}
-
-
-def persistence(request: Request) -> Persistence:
-    persist: Persistence | None = getattr(request.app.state, "persist", None)
-    if persist is None:
-        raise ApiError(503, "this server keeps no store", "server_error", code="no_store")
-    return persist
 
 
 def video_stage(request: Request, wanted: str | None = None) -> int:
