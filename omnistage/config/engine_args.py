@@ -69,7 +69,10 @@ class LlmArgs(_Args):
     max_kv_tokens: int = Field(default=16384, ge=256)
     # fast backend: prompt positions whose KV is kept for later prompts that start the
     # same way (a system turn, a conversation so far); ~46 KB each for SmolLM2.
-    prefix_cache_tokens: int = Field(default=1024, ge=0)
+    prefix_cache_tokens: int = Field(default=4096, ge=0)
+    # fast backend: keep each answer's KV too (a conversation's next prompt holds it);
+    # false keeps prompts' turns only, so an answer never depends on what ran before.
+    cache_answers: bool = True
     # Context window (prompt + completion); None: the model's own.
     max_model_len: int | None = Field(default=2048, ge=16)
     default_max_tokens: int = Field(default=256, ge=1)

@@ -40,11 +40,22 @@ def engine() -> Iterator[LlmEngine]:
 
 
 def _answer(engine: LlmEngine, prompt: Prompt, rid: str) -> str:
-    async def run() -> str:
-        request = EngineRequest(
-            rid, prompt, P.text({"temperature": 0, "max_tokens": 16}), _no_inputs()
-        )
-        return "".join([c.text async for c in engine.generate(request)])
+    return _answer_usage(engine, prompt, rid, max_tokens=16)[0]
+
+
+def _answer_usage(
+    engine: LlmEngine, prompt: Prompt, rid: str, max_tokens: int
+) -> tuple[str, str | None, dict[str, int]]:
+    """The greedy answer's text, finish reason and usage."""
+
+    async def run() -> tuple[str, str | None, dict[str, int]]:
+        params = P.text({"temperature": 0, "max_tokens": max_tokens})
+        chunks = [
+            c async for c in engine.generate(EngineRequest(rid, prompt, params, _no_inputs()))
+        ]
+        last = chunks[-1]
+        reason = last.finish_reason.value if last.finish_reason else None
+        return "".join(c.text for c in chunks), reason, dict(last.usage or {})
 
     return asyncio.run(run())
 
@@ -75,9 +86,20 @@ def _held(engine: LlmEngine, messages: list[ChatMessage]) -> list[int]:
     ]
 
 
-def test_a_chat_reports_the_keys_of_the_prefixes_it_cached(engine: LlmEngine) -> None:
+@pytest.fixture
+def turns_only(engine: LlmEngine) -> Iterator[PrefixCache]:
+    """The engine's cache, cleared, keeping prompts' turns but not answers."""
     cache = _cache(engine)
     cache.clear()
+    cache.answers = False
+    yield cache
+    cache.answers = True
+
+
+def test_a_chat_reports_the_keys_of_the_prefixes_it_cached(
+    engine: LlmEngine, turns_only: PrefixCache
+) -> None:
+    cache = turns_only
     version, keys = engine.cached_prefixes()  # type: ignore[misc]
     assert keys == ()
 
@@ -113,11 +135,10 @@ def test_a_chat_reports_the_keys_of_the_prefixes_it_cached(engine: LlmEngine) ->
     assert set(engine.cached_prefixes()[1]) == set(k[:4])  # type: ignore[index]
 
 
-def test_a_stage_system_prompt_holds_no_key(engine: LlmEngine) -> None:
+def test_a_stage_system_prompt_holds_no_key(engine: LlmEngine, turns_only: PrefixCache) -> None:
     # The stage's own system prompt replaces the template's: the client's messages
     # still take the keys the head computes from them alone.
-    cache = _cache(engine)
-    cache.clear()
+    cache = turns_only
     args: Any = engine.args
     engine.args = args.model_copy(update={"system_prompt": "You answer in one sentence."})
     try:
@@ -136,3 +157,35 @@ def test_a_stage_system_prompt_holds_no_key(engine: LlmEngine) -> None:
     for n, key in ((1, k[0]), (2, k[1])):
         ids = _prefix(engine, system + _turns(chat[:n]))
         assert ids in cache._entries and cache._labels[ids] == [key]
+
+
+def test_an_answer_is_kept_and_the_next_turn_starts_from_it(engine: LlmEngine) -> None:
+    cache = _cache(engine)
+    cache.clear()
+    assert cache.answers  # the default
+    first = [ChatMessage("user", "What is the capital of France?")]
+    reply, reason, _ = _answer_usage(engine, Prompt(messages=first), "a1", max_tokens=64)
+    assert reason == "stop", reply  # ended by its end of turn: the whole answer is there
+    # The entry holds the prompt and the answer, up to (not with) its end of turn, and
+    # takes the key the head computes for the messages with the answer.
+    answered = [*first, ChatMessage("assistant", reply)]
+    entry = _prefix(engine, _turns(answered))[:-1]
+    assert entry in cache._entries
+    key = prefix_keys(answered)[-1]
+    assert cache._labels[entry] == [key]
+    assert engine.cached_prefixes()[1][0] == key  # type: ignore[index]
+
+    # The next turn takes all of that from the cache: only its own question is computed.
+    second = [*answered, ChatMessage("user", "And what is its most famous tower called?")]
+    _, _, usage = _answer_usage(engine, Prompt(messages=second), "a2", max_tokens=8)
+    assert usage["cached_tokens"] == len(entry)
+
+    # Without answers kept, the same turn gets only the turns its own prefill cut.
+    cache.clear()
+    cache.answers = False
+    try:
+        _answer_usage(engine, Prompt(messages=first), "a3", max_tokens=64)
+        _, _, usage = _answer_usage(engine, Prompt(messages=second), "a4", max_tokens=8)
+    finally:
+        cache.answers = True
+    assert usage["cached_tokens"] < len(_prefix(engine, _turns(first)))

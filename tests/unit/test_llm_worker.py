@@ -46,6 +46,8 @@ class CountingBatch:
         # (prompt, replay, rows running when it came): the admissions, in order.
         self.prefills: list[tuple[list[int], int, int]] = []
         self.kept: list[list[int]] = []
+        # (ids, label, the row's cached length then): the answers it was asked to keep.
+        self.remembered: list[tuple[list[int], int | None, int]] = []
         self.labels: list[dict[int, int]] = []  # each prefill's prefix labels
         self.widest = 0  # the most rows one decode step served
         self.resets = 0
@@ -80,6 +82,9 @@ class CountingBatch:
     def advance(self, tokens: list[int]) -> None:
         self._last = list(tokens)
         self.positions = [p + 1 for p in self.positions]
+
+    def remember(self, row: int, ids: list[int], label: int | None = None) -> None:
+        self.remembered.append((list(ids), label, self.positions[row]))
 
     def keep(self, rows: list[int]) -> None:
         self.kept.append(list(rows))
@@ -174,6 +179,29 @@ def test_a_sequence_streams_a_chunk_per_token_and_stops_at_eos(thread: TorchThre
     assert out.last.usage == {"prompt_tokens": 2, "completion_tokens": 4, "cached_tokens": 0}
     assert not any(c.finished for c in out.chunks[:-1])
     assert batch.rows == 0 and worker.running == 0  # the finished row left the batch
+
+
+def test_an_answer_ended_by_its_end_of_turn_is_kept_with_its_key(thread: TorchThread) -> None:
+    batch = CountingBatch()
+    worker, _ = _worker(batch)
+    texts: list[str] = []
+
+    def key(text: str) -> int:
+        texts.append(text)
+        return 77
+
+    ended = _seq("a", [1, 10], answer_key=key)  # l m n o, then the end of turn
+    cut = _seq("b", [1, 10], max_tokens=2)  # ends by length: no end of turn
+    at_once = _seq("c", [1, EOS - 1])  # the end of turn first: no answer at all
+    for seq in (ended, cut, at_once):
+        worker.submit(seq)
+    worker.start(thread)
+    _wait(ended, cut, at_once)
+    worker.stop()
+    # Only the answer that ended its turn, with its prompt, labelled by its whole text
+    # (the client's next assistant message), and while its row held exactly those.
+    assert batch.remembered == [([1, 10, 11, 12, 13, 14], 77, 6)]
+    assert texts == ["lmno"]
 
 
 def test_max_tokens_and_the_model_window_end_a_sequence_by_length(thread: TorchThread) -> None:

@@ -56,6 +56,28 @@ def test_a_stored_prefix_is_restored_into_another_slot_and_the_longest_wins() ->
     assert cache.restore([7] * 20, [5, 12], 1, keys, values) == 0
 
 
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_kept_answer_is_found_one_short_of_the_cut_after_it(answers: bool) -> None:
+    cache = PrefixCache(budget_tokens=100, answers=answers)
+    keys, values = _caches()
+    system, question, answer = [1, 5, END], [1, 6, 7, END], [1, 8, 9, 10]
+    _fill(keys, values, slot=0, n=16, base=3.0)
+    cache.store(system, 0, keys, values)
+    # The row held the prompt and the answer's tokens, not the end of turn after them.
+    cache.store(system + question + answer, 0, keys, values, label=42)
+    nxt = system + question + answer + [END] + [1, 11, 12, 13, 14, END, 1, 12]
+    at = cuts(nxt, frozenset({END}))
+    assert at == [3, 7, 12]
+    got = cache.restore(nxt, at, 1, keys, values, labels={12: 43})
+    if answers:
+        assert got == 11 and cache.hit_tokens == 11
+        assert torch.equal(keys[0][1, :, :11], keys[0][0, :, :11])
+        # The entry takes the key the prompt gives the messages ending at that cut.
+        assert cache._labels[tuple(nxt[:11])] == [43, 42]
+    else:
+        assert got == 3  # only whole turns count
+
+
 def test_the_budget_evicts_the_least_recently_used() -> None:
     cache = PrefixCache(budget_tokens=10)
     keys, values = _caches()

@@ -86,7 +86,9 @@ def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Thinke
         eos |= _ids(json.loads(generation.read_text()).get("eos_token_id"))
     eos = _with_tokenizer_eos(eos, tokenizer)
     # End-of-turn tokens cut a prompt's prefill into turns (see prefix_cache).
-    batch = SlotBatch(model, args.max_num_seqs, eos, args.prefix_cache_tokens)
+    batch = SlotBatch(
+        model, args.max_num_seqs, eos, args.prefix_cache_tokens, answers=args.cache_answers
+    )
     return Thinker(
         backend="fast",
         batch=batch,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from omnistage.config.engine_args import LlmArgs
@@ -31,7 +31,7 @@ from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, cores, thread_ladder
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import ChatMessage, Prompt
 from omnistage.protocol.params import GenerationParams, StageParams
 from omnistage.protocol.prefix import prefix_keys
 
@@ -168,6 +168,9 @@ class LlmEngine(Engine):
             prompt_tokens=prompt_tokens,
             prior_tokens=done,
             prefix_labels=labels,
+            answer_key=self._answer_key(client)
+            if labels and not prior and not plan.offered
+            else None,
             # Seeded sampling draws by token index; the logits must match too (greedy
             # picks survive a batched prefill's rounding but for near-ties).
             replay=len(prior) if params.seed is not None and not params.greedy else 0,
@@ -248,6 +251,17 @@ class LlmEngine(Engine):
             return {}
         keys = prefix_keys(messages)
         return turn_labels(ids, frozenset(self._eos_ids), keys, turns - len(messages))
+
+    @staticmethod
+    def _answer_key(client: Prompt) -> Callable[[str], int]:
+        """The prefix key a conversation's next request gives its messages up to this
+        answer: the client sends the answer back as an assistant message's content."""
+        messages = list(client.messages or ())
+
+        def key(text: str) -> int:
+            return prefix_keys([*messages, ChatMessage("assistant", text)])[-1]
+
+        return key
 
     async def shutdown(self) -> None:
         if self._worker is not None:

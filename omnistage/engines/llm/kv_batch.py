@@ -59,6 +59,9 @@ class HfBatch:
         self._staged = (cache, n)
         return out.logits[0, -1]
 
+    def remember(self, row: int, ids: list[int], label: int | None = None) -> None:
+        """No prefix cache here: nothing is kept."""
+
     def admit(self, first_token: int) -> None:
         assert self._staged is not None
         cache, n = self._staged

@@ -14,6 +14,16 @@ numbers depend only on the tokens up to its end, and a cached prefix is the same
 a computed one. A request's answer is then the same whatever ran before it (the batch
 invariance exact resume relies on).
 
+Answers are kept too (``cache_answers``), and that part is not exact. A conversation's
+next prompt holds the previous answer, whose KV the decode steps computed one token at a
+time: a later prompt that finds the answer's entry computes the rest over those bits,
+and a replica without it prefills the answer, rounding differently. So with answers
+kept, a later turn's answer may differ from the one a cold replica gives (a near-tie at
+temperature 0). It pays where it matters: the answer is most of what a conversation's
+next prompt adds, and without it every turn prefills the previous answer again. An
+answer's entry holds the prompt and the answer's tokens but not the end-of-turn token
+that closed it (its KV is never computed), so it is found at a cut's position less one.
+
 Each entry carries the prefix keys (``protocol/prefix``) of the chat messages it holds,
 when the engine knows them (``prefix_labels``); the cache publishes the keys it holds,
 most recently used first, as one ``(version, keys)`` tuple that the heartbeat thread
@@ -52,8 +62,10 @@ class PrefixCache:
     """KV of prompt prefixes that end at a cut, least recently used out first, at most
     ``budget_tokens`` positions in all (0: nothing kept)."""
 
-    def __init__(self, budget_tokens: int) -> None:
+    def __init__(self, budget_tokens: int, answers: bool = False) -> None:
         self.budget_tokens = budget_tokens
+        # Restore from answers' entries too (``remember``), one position before a cut.
+        self.answers = answers
         self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]]
         self._entries = OrderedDict()
         self.tokens = 0  # positions held
@@ -72,22 +84,34 @@ class PrefixCache:
         labels: Mapping[int, int] | None = None,
     ) -> int:
         """Copy the longest cached prefix of ``ids`` that ends at one of the cuts ``at``
-        into ``slot`` of the per-layer caches; its length (0: none). ``labels``: prefix
-        end -> the key of the messages it holds in this prompt."""
-        for end in reversed(at):
-            key = tuple(ids[:end])
-            entry = self._entries.get(key)
-            if entry is None:
-                continue
-            self._entries.move_to_end(key)
-            self._label(key, (labels or {}).get(end))
-            for (k, v), layer_k, layer_v in zip(entry, keys, values, strict=True):
-                layer_k[slot, :, :end] = k
-                layer_v[slot, :, :end] = v
-            self.hit_tokens += end
-            self._publish()
-            return end
+        (or, for a kept answer, one position before it) into ``slot`` of the per-layer
+        caches; its length (0: none). ``labels``: prefix end -> the key of the messages
+        it holds in this prompt."""
+        for cut in reversed(at):
+            for end in (cut, cut - 1) if self.answers else (cut,):
+                key = tuple(ids[:end])
+                if key in self._entries:
+                    return self._restore(key, slot, keys, values, (labels or {}).get(cut))
         return 0
+
+    def _restore(
+        self,
+        key: tuple[int, ...],
+        slot: int,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        label: int | None,
+    ) -> int:
+        end = len(key)
+        entry = self._entries[key]
+        self._entries.move_to_end(key)
+        self._label(key, label)
+        for (k, v), layer_k, layer_v in zip(entry, keys, values, strict=True):
+            layer_k[slot, :, :end] = k
+            layer_v[slot, :, :end] = v
+        self.hit_tokens += end
+        self._publish()
+        return end
 
     def store(
         self,

@@ -29,12 +29,13 @@ class SlotBatch:
         max_rows: int,
         turn_ends: frozenset[int] = frozenset(),
         prefix_cache_tokens: int = 0,
+        answers: bool = False,
     ) -> None:
         self._model = model
         self._max_rows = max_rows
         # Prompts are prefilled in chunks cut after these tokens (see prefix_cache).
         self._turn_ends = turn_ends
-        self.prefixes = PrefixCache(prefix_cache_tokens)
+        self.prefixes = PrefixCache(prefix_cache_tokens, answers)
         self.prefill_cached = 0  # positions the last prefill took from the cache
         self.positions: list[int] = []  # next position (= cached length) of each row
         self.last_tokens: list[int] = []
@@ -67,7 +68,10 @@ class SlotBatch:
         labels = labels or {}
         start = self.prefixes.restore(ids, chunk_ends, slot, self._keys, self._values, labels)
         self.prefill_cached = start
-        for end in [*(c for c in chunk_ends if c > start), first]:
+        # From a kept answer (one short of its cut), the end-of-turn token goes with
+        # the next chunk: a one-token forward costs a whole forward's fixed overhead.
+        after = start + 1 if start and start not in chunk_ends else start
+        for end in [*(c for c in chunk_ends if c > after), first]:
             logits = self._model.forward(
                 torch.tensor(ids[start:end]),
                 torch.arange(start, end),
@@ -96,6 +100,13 @@ class SlotBatch:
         self._staged = n
         assert logits is not None
         return logits[0]
+
+    def remember(self, row: int, ids: list[int], label: int | None = None) -> None:
+        """Keep the KV of ``row``, which holds ``ids`` (a prompt and its answer), for
+        a later prompt that goes on from it (``label``: the key of those messages)."""
+        if self.prefixes.answers:
+            assert len(ids) <= self.positions[row], (len(ids), self.positions[row])
+            self.prefixes.store(ids, row, self._keys, self._values, label)
 
     def admit(self, first_token: int) -> None:
         self.positions.append(self._staged)

@@ -57,6 +57,9 @@ class Sequence:
     cached_tokens: int = 0
     # Prompt prefix end -> the prefix key of the chat messages it holds (prefix_labels).
     prefix_labels: dict[int, int] = field(default_factory=dict)
+    # The prefix key of the prompt's messages plus this answer (its text -> the key),
+    # for the answer's prefix cache entry; None: the answer is not labelled.
+    answer_key: Callable[[str], int] | None = None
     # Logprobs of tokens whose text has not gone out yet (held back by detokenizing).
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     logprob_chars: int = 0  # text length of the tokens whose logprobs went out
@@ -94,6 +97,11 @@ class Batch(Protocol):
         ``replay``: compute that many last tokens as decode steps, as the run that
         generated them did (a resumed seeded request then draws the same); a batch that
         cannot prefills them with the rest."""
+        ...
+
+    def remember(self, row: int, ids: list[int], label: int | None = None) -> None:
+        """Keep ``row``'s KV, which holds ``ids`` (a prompt and its answer), for a
+        later prompt that goes on from it, if the batch keeps a prefix cache."""
         ...
 
     def admit(self, first_token: int) -> None:
@@ -245,16 +253,17 @@ class LlmWorker:
         ]
         self._batch.advance(tokens)
         self._tick()
-        for seq, token, pos in zip(self._running, tokens, self._batch.positions, strict=True):
-            self._accept(seq, token, position=pos)
+        for row, (seq, token) in enumerate(zip(self._running, tokens, strict=True)):
+            self._accept(seq, token, position=self._batch.positions[row], row=row)
         # Finished rows leave before the next step (in _drop_aborted).
 
     def _tick(self) -> None:
         self.steps += 1
         self._on_step()
 
-    def _accept(self, seq: Sequence, token: int, position: int) -> bool:
-        """Record one sampled token; True while the sequence goes on."""
+    def _accept(self, seq: Sequence, token: int, position: int, row: int | None = None) -> bool:
+        """Record one sampled token (``row``: the sequence's batch row, once it has
+        one); True while the sequence goes on."""
         if seq.aborted:
             seq.done = True
             return False
@@ -262,6 +271,11 @@ class LlmWorker:
         delta = ""
         if token in self._eos:
             finish = FinishReason.STOP
+            if row is not None and seq.generated:
+                # The row holds the prompt and the whole answer, which a conversation's
+                # next prompt starts with; kept before the client hears of the end.
+                label = seq.answer_key(seq.detok.text) if seq.answer_key else None
+                self._batch.remember(row, seq.prompt_ids + seq.generated, label)
         else:
             seq.generated.append(token)
             if seq.token_text is not None:
