@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import common
+import machine_limits
 from common import HOST, ServerProcess, free_port
 
 from omnistage.config.load import load_config
@@ -42,6 +43,7 @@ TARGET_FAST_C1 = 60.0  # the fast thinker, served, c=1 tok/s
 TARGET_FAST_C8 = 200.0  # and c=8
 TARGET_SERVED_VS_DIRECT = 0.90  # served c=1 tok/s >= 90% of direct c=1
 TARGET_SCALING_C8 = 3.0  # served c=8 tok/s >= 3x served c=1
+TARGET_BANDWIDTH_C1 = 0.5  # direct c=1 reads >= 50% of the measured bandwidth limit
 TARGET_AUDIO_LAG_S = 0.5  # first audio <= first sentence + 0.5 s
 TARGET_RSS_BYTES = 2.5e9  # peak RSS of head + replicas < 2.5 GB
 TOPICS = (
@@ -54,7 +56,8 @@ AUDIO_PROMPT = "Tell me about the ocean in a few sentences."
 SENTENCE_END = re.compile(r"[.!?] |\n")
 
 
-Sample = tuple[float, int]  # seconds to the first non-empty text, completion tokens
+# Seconds to the first non-empty text, completion tokens, prompt tokens.
+Sample = tuple[float, int, int]
 
 
 @dataclass
@@ -68,7 +71,22 @@ class LoadResult:
     tok_s: float = 0.0
     ttft_mean_s: float = 0.0
     ttft_p50_s: float = 0.0
+    prompt_tokens: int = 0  # over the completed requests
     error: str | None = None
+
+
+@dataclass
+class StepBytes:
+    """What a fast-thinker decode step reads (see machine_limits)."""
+
+    weights: int  # whatever the batch
+    kv_per_position: int  # per cached position of every row
+
+    def at(self, r: LoadResult) -> float:
+        """Bytes of a mean step of ``r``: c rows, each at its mean length (the prompt
+        plus half the answer)."""
+        per = (r.prompt_tokens + r.tokens / 2) / max(r.completed, 1)
+        return self.weights + self.kv_per_position * per * r.concurrency
 
 
 @dataclass
@@ -102,8 +120,9 @@ async def closed_loop(
         for _ in range(c):
             tg.create_task(worker())
     res.wall_s = time.perf_counter() - start
-    ttfts = [ttft for ttft, _ in samples]
-    res.completed, res.tokens = len(samples), sum(k for _, k in samples)
+    ttfts = [ttft for ttft, _, _ in samples]
+    res.completed, res.tokens = len(samples), sum(k for _, k, _ in samples)
+    res.prompt_tokens = sum(p for _, _, p in samples)
     res.tok_s = res.tokens / res.wall_s
     if samples:
         res.ttft_mean_s, res.ttft_p50_s = statistics.fmean(ttfts), statistics.median(ttfts)
@@ -127,7 +146,9 @@ async def run_load(
 # -- DIRECT: the engine in this process ---------------------------------------------------
 
 
-async def run_direct(stage: StageConfig, args: argparse.Namespace) -> list[LoadResult]:
+async def run_direct(
+    stage: StageConfig, args: argparse.Namespace
+) -> tuple[list[LoadResult], StepBytes | None]:
     from omnistage.engines import build_engine
     from omnistage.engines.base import EngineRequest, StageInput
     from omnistage.protocol.messages import ChatMessage, Prompt
@@ -151,14 +172,22 @@ async def run_direct(stage: StageConfig, args: argparse.Namespace) -> list[LoadR
             if chunk.text and ttft is None:
                 ttft = time.perf_counter() - t0
             if chunk.finished:
-                tokens = (chunk.usage or {}).get("completion_tokens", 0)
-                return (ttft if ttft is not None else time.perf_counter() - t0), tokens
+                usage = chunk.usage or {}
+                tokens, prompt = usage.get("completion_tokens", 0), usage.get("prompt_tokens", 0)
+                return (ttft if ttft is not None else time.perf_counter() - t0), tokens, prompt
         raise RuntimeError("the engine's stream ended without a finished chunk")
 
     try:
         async with asyncio.timeout(args.health_timeout):
             await engine.start()
-        return await run_load("direct", one, args)
+        model = getattr(getattr(getattr(engine, "_worker", None), "_batch", None), "_model", None)
+        bytes_ = None
+        if model is not None and hasattr(model, "layers"):  # the fast backend's FastLlama
+            bytes_ = StepBytes(
+                machine_limits.weight_bytes_per_step(model),
+                machine_limits.kv_bytes_per_position(model),
+            )
+        return await run_load("direct", one, args), bytes_
     finally:
         await engine.shutdown()
 
@@ -231,7 +260,7 @@ async def run_served(port: int, args: argparse.Namespace) -> list[LoadResult]:
                 ttft = t - t0
         if usage is None or ttft is None:
             raise RuntimeError("no text or no usage in the stream")
-        return ttft, int(usage["completion_tokens"])
+        return ttft, int(usage["completion_tokens"]), int(usage.get("prompt_tokens", 0))
 
     return await run_load("served", one, args)
 
@@ -370,6 +399,8 @@ class ThinkerRun:
     direct: list[LoadResult]
     served: Served
     direct_rss: int = 0  # peak RSS of this process while the direct engine ran
+    step_bytes: StepBytes | None = None  # the direct engine's, if a fast thinker
+    bandwidth_c1: float | None = None  # direct c=1's fraction of the bandwidth limit
     targets: list[Any] = field(default_factory=list)
 
 
@@ -399,7 +430,7 @@ def measure(thinker: Thinker, args: argparse.Namespace) -> ThinkerRun:
         sampler = RssSampler(os.getpid(), {})
         sampler.start()
         try:
-            run.direct = asyncio.run(run_direct(stage, args))
+            run.direct, run.step_bytes = asyncio.run(run_direct(stage, args))
         except Exception as exc:
             for r in direct:
                 r.error = common.describe(exc, args.request_timeout)
@@ -417,10 +448,14 @@ def measure(thinker: Thinker, args: argparse.Namespace) -> ThinkerRun:
 
 def side_by_side(runs: list[ThinkerRun]) -> list[Any]:
     """One row per thinker: the figures docs/benchmarks.md quotes."""
-    print("\n=== thinkers side by side (tok/s, TTFT p50; first audio median; peak RSS)")
+    print(
+        "\n=== thinkers side by side (tok/s, TTFT p50; first audio median; peak RSS; direct "
+        "c=1's share of the bandwidth limit)"
+    )
     print(
         f"{'thinker':<13} {'direct c1':>9} {'c8':>6} {'served c1':>9} {'c8':>6} "
-        f"{'TTFT c1':>8} {'c8':>7} {'1st audio':>9} {'RSS direct':>10} {'served':>7}"
+        f"{'TTFT c1':>8} {'c8':>7} {'1st audio':>9} {'RSS direct':>10} {'served':>7} "
+        f"{'bw c1':>6}"
     )
     for run in runs:
         by = {(r.mode, r.concurrency): r for r in [*run.direct, *run.served.loads]}
@@ -439,7 +474,8 @@ def side_by_side(runs: list[ThinkerRun]) -> list[Any]:
         print(
             f"{run.name:<13} {tok('direct', 1):>9} {tok('direct', 8):>6} {tok('served', 1):>9} "
             f"{tok('served', 8):>6} {ttft(1):>8} {ttft(8):>7} {first:>9} "
-            f"{run.direct_rss / 1e6:>8,.0f}MB {served_rss / 1e6:>5,.0f}MB"
+            f"{run.direct_rss / 1e6:>8,.0f}MB {served_rss / 1e6:>5,.0f}MB "
+            f"{'-' if run.bandwidth_c1 is None else f'{run.bandwidth_c1:.0%}':>6}"
         )
     goals = []
     fast = next((r for r in runs if r.name == "fast"), None)
@@ -453,6 +489,31 @@ def side_by_side(runs: list[ThinkerRun]) -> list[Any]:
             print(f"  {goal:<42} {shown:>8}  {'PASS' if met else 'MISS'}")
             goals.append({"goal": goal, "value": value, "met": met})
     return goals
+
+
+def bandwidth(run: ThinkerRun, limits: machine_limits.MachineLimits) -> float | None:
+    """Print what the direct runs read per second against the machine's limit; the
+    fraction at c=1 (None: not a fast thinker, or no complete c=1 run)."""
+    if run.step_bytes is None:
+        return None
+    print(f"\n== against the memory bandwidth limit ({limits.read_gbs:.1f} GB/s)")
+    mb = run.step_bytes.weights / 1e6
+    print(f"  weights read per step {mb:.1f} MB; KV {run.step_bytes.kv_per_position} B/position")
+    out = None
+    for r in run.direct:
+        if r.completed != r.requests or not r.tok_s:
+            continue
+        steps = r.tok_s / r.concurrency  # every row gains a token a step
+        step = run.step_bytes.at(r)
+        gbs = steps * step / 1e9
+        ms = 1e3 / steps
+        print(
+            f"  direct c={r.concurrency}: {step / 1e6:.1f} MB a step, {ms:.1f} ms a step, "
+            f"{gbs:.1f} GB/s = {gbs / limits.read_gbs:.0%} of the limit"
+        )
+        if r.concurrency == 1:
+            out = gbs / limits.read_gbs
+    return out
 
 
 def report(run: ThinkerRun, args: argparse.Namespace) -> list[Any]:
@@ -488,9 +549,12 @@ def report(run: ThinkerRun, args: argparse.Namespace) -> list[Any]:
         total = None if served.error else rss["total"] / 1e9  # not a failed start's
         print(f"  {'total':<8} {rss['total'] / 1e6:>8,.0f} MB  (peak of the sum)")
 
+    fraction = run.bandwidth_c1 = bandwidth(run, args.limits)
     by = {(r.mode, r.concurrency): r for r in loads if r.completed == r.requests and r.tok_s}
     a, b, c = by.get(("direct", 1)), by.get(("served", 1)), by.get(("served", 8))
     goals = [
+        (f"direct c=1 bandwidth fraction >= {TARGET_BANDWIDTH_C1}",
+         fraction, TARGET_BANDWIDTH_C1, 1),
         (f"served c=1 / direct c=1 tok/s >= {TARGET_SERVED_VS_DIRECT}",
          b.tok_s / a.tok_s if a and b else None, TARGET_SERVED_VS_DIRECT, 1),
         (f"served c=8 / served c=1 tok/s >= {TARGET_SCALING_C8}",
@@ -539,6 +603,9 @@ def main() -> int:
         flush=True,
     )
     common.exit_on_sigterm()  # so that the finally blocks stop the engine and the server
+    # The machine's limits first, on an idle CPU: the runs are compared against them.
+    args.limits = machine_limits.measure(os.cpu_count() or 1)
+    print(f"machine: {args.limits.line()}", flush=True)
     runs = []
     for thinker in thinkers:
         run = measure(thinker, args)
@@ -546,11 +613,16 @@ def main() -> int:
         runs.append(run)
     goals = side_by_side(runs)
     if args.json:
-        sections: dict[str, Any] = {"thinkers": {}, "targets": goals}
+        sections: dict[str, Any] = {
+            "thinkers": {},
+            "targets": goals,
+            "machine": asdict(args.limits),
+        }
         for run in runs:
             section = {**asdict(run.served), "direct": [asdict(r) for r in run.direct]}
             section["served"] = section.pop("loads")
             section |= {"engine_args": run.engine_args, "direct_rss": run.direct_rss}
+            section["step_bytes"] = asdict(run.step_bytes) if run.step_bytes else None
             sections["thinkers"][run.name] = section | {"targets": run.targets}
         common.write_json(args.json, args, sections)
     return 0
