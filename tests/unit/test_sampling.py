@@ -65,3 +65,29 @@ def test_frequency_penalty_discourages_repeats() -> None:
     logits = torch.tensor([2.0, 1.9])
     s = Sampler(SamplingParams(temperature=0, frequency_penalty=1.0), 2, torch.device("cpu"))
     assert [s.sample(logits) for _ in range(3)] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_the_nucleus_from_the_top_candidates_draws_as_a_whole_vocabulary_sort(
+    top_p: float,
+) -> None:
+    from omnistage.engines.llm.sampling import NUCLEUS_CANDIDATES, _draw, nucleus, nucleus_full
+
+    gen = torch.Generator().manual_seed(7)
+    fallbacks = 0
+    for case in range(40):
+        # Peaked to flat; bfloat16 logits as the fast thinker gives them (many ties).
+        spread = (0.5, 2.0, 6.0, 12.0)[case % 4]
+        logits = (torch.randn(49152, generator=gen) * spread).to(torch.bfloat16).float()
+        probs = torch.softmax(logits / 0.7, dim=-1)
+        fast, fast_order = nucleus(probs, top_p)
+        full, full_order = nucleus_full(probs, top_p)
+        fallbacks += fast.shape[0] != NUCLEUS_CANDIDATES
+        kept = int((full > 0).sum())
+        assert torch.equal(fast[:kept], full[:kept])
+        assert torch.equal(fast_order[:kept], full_order[:kept])
+        assert not fast[kept:].any()
+        for u in (0.0, 0.1, 0.37, 0.5, 0.81, 0.999999):
+            assert int(fast_order[_draw(fast, u)]) == int(full_order[_draw(full, u)])
+    # Both paths ran: peaked rows from the candidates, flat ones by the full sort.
+    assert 0 < fallbacks < 40

@@ -119,6 +119,40 @@ def _draw(probs: torch.Tensor, u: float) -> int:
     return min(index, probs.shape[0] - 1)
 
 
+# A top-p nucleus is looked for among this many most likely tokens first: sorting the
+# whole vocabulary (49,152 for SmolLM2) per row per step cost more than the draw.
+NUCLEUS_CANDIDATES = 256
+
+
+def nucleus_full(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vocabulary sorted by probability (stable: bfloat16 logits tie often, and
+    the order must not vary) with the mass outside the top-p nucleus zeroed, and the
+    token of each position."""
+    probs, order = torch.sort(probs, descending=True, stable=True)
+    # Keep the smallest prefix whose mass reaches top_p (always the first).
+    drop = torch.cumsum(probs, dim=-1) - probs > top_p
+    return probs.masked_fill(drop, 0.0), order
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nucleus_full``'s nucleus, in the same order, from the ``NUCLEUS_CANDIDATES``
+    most likely tokens when they hold it: then only those are returned (the rest would
+    be zeros). They hold it when it ends above the least of them, so that no token
+    tied with one of it was left out; otherwise the whole vocabulary is sorted."""
+    if probs.shape[-1] <= NUCLEUS_CANDIDATES:
+        return nucleus_full(probs, top_p)
+    values, ids = torch.topk(probs, NUCLEUS_CANDIDATES)
+    # Ties in the order a stable sort of the whole vocabulary gives: by token id.
+    ids, by_id = torch.sort(ids)
+    values, by_value = torch.sort(values[by_id], descending=True, stable=True)
+    ids = ids[by_value]
+    keep = torch.cumsum(values, dim=-1) - values <= top_p
+    last = int(keep.sum()) - 1  # the nucleus is a prefix: keep is true, then false
+    if last == NUCLEUS_CANDIDATES - 1 or not values[last] > values[-1]:
+        return nucleus_full(probs, top_p)
+    return values.masked_fill(~keep, 0.0), ids
+
+
 class Sampler:
     """Sampling state of one sequence: the counts penalties need, an
     optional grammar constraint, and the logprobs of the last token when asked."""
@@ -201,11 +235,7 @@ class Sampler:
             probs = torch.softmax(logits, dim=-1)
             order = None
             if p.top_p < 1.0:
-                # Stable: bfloat16 logits tie often, and the order must not vary.
-                probs, order = torch.sort(probs, descending=True, stable=True)
-                # Keep the smallest prefix whose mass reaches top_p (always the first).
-                drop = torch.cumsum(probs, dim=-1) - probs > p.top_p
-                probs = probs.masked_fill(drop, 0.0)
+                probs, order = nucleus(probs, p.top_p)
             token = _draw(probs, self._uniform(generated))
             if order is not None:
                 token = int(order[token])
