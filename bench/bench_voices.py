@@ -106,8 +106,13 @@ class Answer:
         }
 
 
-async def ask(port: int, text: str, max_tokens: int) -> Answer:
+async def ask(port: int, text: str, max_tokens: int, greedy: bool = False) -> Answer:
     body = chat_body(text, max_tokens, audio=True)
+    if not greedy:
+        # The pipeline's own sampling (temperature 0.7, top-p 0.9), as users get it; a
+        # seed per question keeps runs comparable.
+        del body["temperature"]
+        body["seed"] = sum(map(ord, text))
     answer = Answer(time.perf_counter())
     async for t, ev in sse_events(port, body):
         for choice in ev["choices"]:
@@ -216,7 +221,7 @@ async def client(port: int, i: int, args: argparse.Namespace, level: Level) -> N
         text = QUESTIONS[(i * args.per_client + j) % len(QUESTIONS)]
         try:
             async with asyncio.timeout(args.request_timeout):
-                level.answers.append(await ask(port, text, args.max_tokens))
+                level.answers.append(await ask(port, text, args.max_tokens, args.greedy))
         except Exception as exc:
             level.failed += 1
             level.errors.append(common.describe(exc, args.request_timeout))
@@ -243,7 +248,7 @@ async def measure(server: ServerProcess, args: argparse.Namespace) -> list[Level
     print(f"warm-up: {args.warmup} requests", flush=True)
     for i in range(args.warmup):
         async with asyncio.timeout(args.request_timeout):
-            await ask(server.port, QUESTIONS[i % len(QUESTIONS)], args.max_tokens)
+            await ask(server.port, QUESTIONS[i % len(QUESTIONS)], args.max_tokens, args.greedy)
     levels = []
     for n in args.levels:
         print(f"{n} clients at once, {args.per_client} requests each", flush=True)
@@ -333,6 +338,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests, one at a time")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
     p.add_argument("--serve-args", default="", help="extra arguments for omnistage serve")
+    p.add_argument(
+        "--greedy", action="store_true", help="temperature 0 (default: the pipeline's sampling)"
+    )
     common.add_common_args(p, health_timeout=300.0, request_timeout=120.0)
     args = p.parse_args()
     args.levels = [int(x) for x in args.levels.split(",")]
