@@ -11,7 +11,6 @@ after for the server's VAD to hear the end of the turn.
 
 from __future__ import annotations
 
-import re
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from omnistage.realtime.resample import resample
 from tests.browser import chromium, require_chromium, wait
 from tests.integration.harness import HeadProc
+from tests.speech import heard_as
 
 pytestmark = pytest.mark.slow
 require_chromium("the talk page test")
@@ -82,15 +82,6 @@ def _turns(browser: Any, role: str) -> list[dict[str, Any]]:
     )
 
 
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z]+", text.lower()))
-
-
-def _words_heard(said: str) -> int:
-    """How many of QUESTION's words the transcript ``said`` has."""
-    return len(_words(QUESTION) & _words(said))
-
-
 def _status(browser: Any) -> str:
     return browser.find_element(By.ID, "status").text
 
@@ -122,9 +113,7 @@ def _talk_and_check_the_answer(browser: Any) -> None:
     user = wait(browser, heard, ANSWER_TIMEOUT_S, "the user's transcript")
     said = " ".join(t["text"] for t in user)
     print(f"user transcript: {said!r}")
-    # Whisper tiny on a loaded CI machine has heard "France" as "friends": ask for the
-    # question's words, one of them allowed to be misheard, not for a perfect transcript.
-    assert _words_heard(said) >= len(_words(QUESTION)) - 1, said
+    assert heard_as(said, QUESTION), said
     answer = wait(browser, answered, ANSWER_TIMEOUT_S, "the assistant's transcript")
     print(f"assistant transcript: {answer[0]['text']!r}")
     chunks = int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-audio-chunks"))
