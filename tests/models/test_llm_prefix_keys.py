@@ -78,11 +78,12 @@ def _turns(messages: list[ChatMessage]) -> list[dict[str, str]]:
 
 def _held(engine: LlmEngine, messages: list[ChatMessage]) -> list[int]:
     """The keys of ``messages``' prefixes (the first k) whose exact tokens the cache
-    holds, checked against its entries."""
-    entries = _cache(engine)._entries
+    holds (in an entry of their own or a longer one that extends them), checked against
+    its entries."""
+    covers = _cache(engine)._covers
     keys = prefix_keys(messages)
     return [
-        key for k, key in enumerate(keys) if _prefix(engine, _turns(messages[: k + 1])) in entries
+        key for k, key in enumerate(keys) if _prefix(engine, _turns(messages[: k + 1])) in covers
     ]
 
 
@@ -156,7 +157,8 @@ def test_a_stage_system_prompt_holds_no_key(engine: LlmEngine, turns_only: Prefi
     system = [{"role": "system", "content": "You answer in one sentence."}]
     for n, key in ((1, k[0]), (2, k[1])):
         ids = _prefix(engine, system + _turns(chat[:n]))
-        assert ids in cache._entries and cache._labels[ids] == [key]
+        owner = cache._covers[ids]
+        assert owner[: len(ids)] == ids and key in cache._labels[owner]
 
 
 def test_an_answer_is_kept_and_the_next_turn_starts_from_it(engine: LlmEngine) -> None:
@@ -170,7 +172,7 @@ def test_an_answer_is_kept_and_the_next_turn_starts_from_it(engine: LlmEngine) -
     # takes the key the head computes for the messages with the answer.
     answered = [*first, ChatMessage("assistant", reply)]
     entry = _prefix(engine, _turns(answered))[:-1]
-    assert entry in cache._entries
+    assert entry in cache._entries and len(cache._entries) == 1  # the system turn inside
     key = prefix_keys(answered)[-1]
     assert cache._labels[entry] == [key]
     assert engine.cached_prefixes()[1][0] == key  # type: ignore[index]

@@ -135,9 +135,9 @@ def test_the_same_tokens_can_hold_several_keys() -> None:
     assert cache.published[1] == (8, 7)
     assert cache.restore([1, 2, 3, 4], [3], 1, keys, values, {3: 7}) == 3
     assert cache.published[1] == (7, 8)
-    for label in range(20):  # a bounded number per entry
+    for label in range(100):  # a bounded number per entry
         cache.store([1, 2, 3], 0, keys, values, label=label)
-    assert len(cache.published[1]) <= 4
+    assert len(cache.published[1]) <= 64
 
 
 def test_at_most_max_reported_keys_are_published(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,3 +149,36 @@ def test_at_most_max_reported_keys_are_published(monkeypatch: pytest.MonkeyPatch
     for i in range(5):
         cache.store([50 + i], 0, keys, values, label=i)
     assert cache.published[1] == (4, 3, 2)
+
+
+def test_a_conversation_holds_one_entry_that_serves_its_earlier_prefixes() -> None:
+    cache = PrefixCache(budget_tokens=100, answers=True, turn_ends=frozenset({END}))
+    keys, values = _caches()
+    _fill(keys, values, slot=0, n=30, base=5.0)
+    system, q1, a1, q2, a2 = [1, 5, END], [1, 6, END], [1, 7, 8], [1, 9, END], [1, 3, 4]
+    cache.store(system, 0, keys, values)  # a first turn's prefill
+    cache.store(system + q1 + a1, 0, keys, values, label=1)  # its answer
+    assert len(cache._entries) == 1 and cache.tokens == 9  # the system turn is inside
+    # The next turn's answer takes the first's entry over, and its key.
+    turn2 = system + q1 + a1 + [END] + q2 + a2
+    cache.store(turn2, 0, keys, values, label=2)
+    assert list(cache._entries) == [tuple(turn2)] and cache.tokens == len(turn2)
+    assert cache.published[1] == (2, 1)
+    # Every earlier prefix at a turn's end is still served, from the one entry.
+    for prefix in (system, system + q1, system + q1 + a1 + [END]):
+        ids = [*prefix, 60, 61]
+        slot_keys, slot_values = _caches()
+        assert cache.restore(ids, [len(prefix)], 1, slot_keys, slot_values) == len(prefix)
+        assert torch.equal(slot_keys[1][1, :, : len(prefix)], keys[1][0, :, : len(prefix)])
+    # Storing a prefix it holds adds nothing; another conversation adds its own entry,
+    # sharing nothing but the system turn (served by whichever entry has it).
+    cache.store(system + q1, 0, keys, values)
+    assert cache.tokens == len(turn2)
+    other = [*system, 1, 40, END, 1, 41, 42]
+    cache.store(other, 0, keys, values, label=3)
+    assert len(cache._entries) == 2 and cache.tokens == len(turn2) + len(other)
+    # Evicting the conversation's entry drops its prefixes but not the other's.
+    cache.store(list(range(200, 200 + 100 - len(other))), 0, keys, values)
+    assert tuple(turn2) not in cache._entries
+    assert cache.restore([*system + q1, 9], [3, 6], 1, keys, values) == 3  # from the other
+    assert cache.published[1] == (3,)

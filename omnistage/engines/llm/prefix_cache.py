@@ -46,9 +46,10 @@ from omnistage.protocol.prefix import MAX_REPORTED
 # cut before a kept one is kept too, so the chunks of a cached prefix are the same in
 # every prompt that has it.
 MIN_LAST_CHUNK = 8
-# Keys kept per entry: the same tokens can hold different messages (a client's system
-# message that reads as the stage's own system prompt), each with its key.
-_MAX_LABELS = 4
+# Keys kept per entry: an entry holds each message prefix of a conversation, and the
+# same tokens can hold different messages (a client's system message that reads as the
+# stage's own system prompt), each with its key.
+_MAX_LABELS = 64
 
 
 def cuts(ids: Sequence[int], turn_ends: frozenset[int]) -> list[int]:
@@ -59,15 +60,27 @@ def cuts(ids: Sequence[int], turn_ends: frozenset[int]) -> list[int]:
 
 
 class PrefixCache:
-    """KV of prompt prefixes that end at a cut, least recently used out first, at most
-    ``budget_tokens`` positions in all (0: nothing kept)."""
+    """KV of prompt prefixes that end at a cut (and of answers), least recently used
+    out first, at most ``budget_tokens`` positions in all (0: nothing kept).
 
-    def __init__(self, budget_tokens: int, answers: bool = False) -> None:
+    An entry also serves every shorter prefix of it that ends at a turn's end: a
+    conversation's entries would otherwise each repeat the one before (turn t's holds
+    all of turn t - 1's), so a new entry takes over the entries it extends, and the
+    positions a conversation holds grow with its length, not with its square.
+    ``turn_ends``: the end-of-turn tokens (none: each entry serves its own key only).
+    """
+
+    def __init__(
+        self, budget_tokens: int, answers: bool = False, turn_ends: frozenset[int] = frozenset()
+    ) -> None:
         self.budget_tokens = budget_tokens
         # Restore from answers' entries too (``remember``), one position before a cut.
         self.answers = answers
+        self._turn_ends = turn_ends
         self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]]
         self._entries = OrderedDict()
+        # A prefix (at a turn's end, or a whole entry) -> the entry that holds it.
+        self._covers: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.tokens = 0  # positions held
         self.hit_tokens = 0  # prefill positions not computed thanks to the cache
         self._labels: dict[tuple[int, ...], list[int]] = {}  # entry -> its keys, newest first
@@ -89,26 +102,27 @@ class PrefixCache:
         it holds in this prompt."""
         for cut in reversed(at):
             for end in (cut, cut - 1) if self.answers else (cut,):
-                key = tuple(ids[:end])
-                if key in self._entries:
-                    return self._restore(key, slot, keys, values, (labels or {}).get(cut))
+                owner = self._covers.get(tuple(ids[:end]))
+                if owner is not None:
+                    label = (labels or {}).get(cut)
+                    return self._restore(owner, end, slot, keys, values, label)
         return 0
 
     def _restore(
         self,
-        key: tuple[int, ...],
+        owner: tuple[int, ...],
+        end: int,
         slot: int,
         keys: Sequence[torch.Tensor],
         values: Sequence[torch.Tensor],
         label: int | None,
     ) -> int:
-        end = len(key)
-        entry = self._entries[key]
-        self._entries.move_to_end(key)
-        self._label(key, label)
+        entry = self._entries[owner]
+        self._entries.move_to_end(owner)
+        self._label(owner, label)
         for (k, v), layer_k, layer_v in zip(entry, keys, values, strict=True):
-            layer_k[slot, :, :end] = k
-            layer_v[slot, :, :end] = v
+            layer_k[slot, :, :end] = k[:, :end]
+            layer_v[slot, :, :end] = v[:, :end]
         self.hit_tokens += end
         self._publish()
         return end
@@ -125,26 +139,68 @@ class PrefixCache:
         the key of the messages it holds, if known."""
         end = len(prefix)
         key = tuple(prefix)
-        if end > self.budget_tokens:
-            return
-        if key in self._entries:
-            if self._label(key, label):
+        owner = self._covers.get(key)
+        if owner is not None:  # held already, by its own entry or a longer one
+            self._entries.move_to_end(owner)
+            if self._label(owner, label):
                 self._publish()
             return
+        if end > self.budget_tokens:
+            return
+        ends = self._ends(key)
+        # The entries this one extends: it holds all they do (a conversation's last
+        # turn, the answer before it), so their keys and prefixes move to it.
+        taken: list[int] = []
+        for e in ends[:-1]:
+            for shorter in (key[:e], key[: e - 1]):
+                if shorter in self._entries:
+                    taken.extend(self._drop(shorter))
         while self._entries and self.tokens + end > self.budget_tokens:
-            old, _ = self._entries.popitem(last=False)
-            self._labels.pop(old, None)
-            self.tokens -= len(old)
+            old = next(iter(self._entries))
+            self._drop(old)
         self._entries[key] = [
             (k[slot, :, :end].clone(), v[slot, :, :end].clone())
             for k, v in zip(keys, values, strict=True)
         ]
         self.tokens += end
+        for e in ends:  # the newest holder: a hit keeps it the most recently used
+            self._covers[key[:e]] = key
+        for old_label in reversed(taken):
+            self._label(key, old_label)
         self._label(key, label)
         self._publish()
 
+    def _ends(self, key: tuple[int, ...]) -> list[int]:
+        """The prefix lengths an entry for ``key`` serves: after each end of turn in it,
+        and the whole."""
+        ends = [i + 1 for i, token in enumerate(key[:-1]) if token in self._turn_ends]
+        return [*ends, len(key)]
+
+    def _drop(self, key: tuple[int, ...]) -> list[int]:
+        """Remove entry ``key``; its labels (newest first)."""
+        del self._entries[key]
+        self.tokens -= len(key)
+        for e in self._ends(key):
+            prefix = key[:e]
+            if self._covers.get(prefix) == key:
+                # Another entry may hold it too (every conversation has the system turn).
+                heir = next((k for k in reversed(self._entries) if self._holds(k, prefix)), None)
+                if heir is None:
+                    del self._covers[prefix]
+                else:
+                    self._covers[prefix] = heir
+        return self._labels.pop(key, [])
+
+    def _holds(self, key: tuple[int, ...], prefix: tuple[int, ...]) -> bool:
+        """Whether entry ``key`` serves ``prefix``."""
+        n = len(prefix)
+        if n > len(key) or key[:n] != prefix:
+            return False
+        return n == len(key) or key[n - 1] in self._turn_ends
+
     def clear(self) -> None:
         self._entries.clear()
+        self._covers.clear()
         self._labels.clear()
         self.tokens = 0
         self._publish()

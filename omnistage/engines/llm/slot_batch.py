@@ -35,7 +35,7 @@ class SlotBatch:
         self._max_rows = max_rows
         # Prompts are prefilled in chunks cut after these tokens (see prefix_cache).
         self._turn_ends = turn_ends
-        self.prefixes = PrefixCache(prefix_cache_tokens, answers)
+        self.prefixes = PrefixCache(prefix_cache_tokens, answers, turn_ends)
         self.prefill_cached = 0  # positions the last prefill took from the cache
         self.positions: list[int] = []  # next position (= cached length) of each row
         self.last_tokens: list[int] = []
