@@ -153,7 +153,10 @@ def _serve(args: argparse.Namespace, replicas: int, policy: str) -> tuple[Server
         overrides = {"0": {"replicas": replicas, "engine_args": engine_args}}
         pipeline = "echo-1stage"
     else:
-        overrides = {"0": {"replicas": replicas}}  # the thinker; text-only turns
+        # The thinker; text-only turns.
+        overrides = {"0": {"replicas": replicas}}
+        if args.cache_tokens is not None:
+            overrides["0"]["engine_args"] = {"prefix_cache_tokens": args.cache_tokens}
         pipeline = "voice"
     cmd = [sys.executable, "-m", "omnistage", "serve", pipeline, "--host", HOST]
     cmd += ["--port", str(port), "--omni-lb-policy", policy]
@@ -250,6 +253,12 @@ def main() -> None:
         "--think-ms", type=float, default=100.0, help="mean pause between a chat's turns"
     )
     p.add_argument("--cache-entries", type=int, default=64, help="echo: prefixes kept")
+    p.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=None,
+        help="llm: prefix_cache_tokens per replica (default: the engine's)",
+    )
     p.add_argument("--prefill-ms-per-char", type=float, default=0.05)
     p.add_argument("--chunk-delay", type=float, default=0.005, help="echo: s per chunk")
     p.add_argument(

@@ -181,7 +181,7 @@ def test_a_sequence_streams_a_chunk_per_token_and_stops_at_eos(thread: TorchThre
     assert batch.rows == 0 and worker.running == 0  # the finished row left the batch
 
 
-def test_an_answer_ended_by_its_end_of_turn_is_kept_with_its_key(thread: TorchThread) -> None:
+def test_a_whole_answer_is_kept_with_its_key(thread: TorchThread) -> None:
     batch = CountingBatch()
     worker, _ = _worker(batch)
     texts: list[str] = []
@@ -191,16 +191,20 @@ def test_an_answer_ended_by_its_end_of_turn_is_kept_with_its_key(thread: TorchTh
         return 77
 
     ended = _seq("a", [1, 10], answer_key=key)  # l m n o, then the end of turn
-    cut = _seq("b", [1, 10], max_tokens=2)  # ends by length: no end of turn
+    cut = _seq("b", [1, 5], max_tokens=3)  # g h i, cut by max_tokens
     at_once = _seq("c", [1, EOS - 1])  # the end of turn first: no answer at all
     for seq in (ended, cut, at_once):
         worker.submit(seq)
     worker.start(thread)
     _wait(ended, cut, at_once)
     worker.stop()
-    # Only the answer that ended its turn, with its prompt, labelled by its whole text
-    # (the client's next assistant message), and while its row held exactly those.
-    assert batch.remembered == [([1, 10, 11, 12, 13, 14], 77, 6)]
+    # Each answer with its prompt, labelled by its whole text (the client's next
+    # assistant message), while its row held exactly those: a cut answer's row has all
+    # but its last token (sampled, never fed back).
+    assert sorted(batch.remembered) == [
+        ([1, 5, 6, 7], None, 4),
+        ([1, 10, 11, 12, 13, 14], 77, 6),
+    ]
     assert texts == ["lmno"]
 
 

@@ -182,3 +182,15 @@ def test_a_conversation_holds_one_entry_that_serves_its_earlier_prefixes() -> No
     assert tuple(turn2) not in cache._entries
     assert cache.restore([*system + q1, 9], [3, 6], 1, keys, values) == 3  # from the other
     assert cache.published[1] == (3,)
+
+
+def test_an_answer_cut_by_max_tokens_is_found_two_short_of_the_cut_after_it() -> None:
+    cache = PrefixCache(budget_tokens=100, answers=True, turn_ends=frozenset({END}))
+    keys, values = _caches()
+    _fill(keys, values, slot=0, n=16, base=3.0)
+    prompt, answer = [1, 5, END, 1, 6, END, 1], [7, 8, 9]
+    # The row held the prompt and the answer but its last token.
+    cache.store(prompt + answer[:-1], 0, keys, values, label=5)
+    nxt = prompt + answer + [END] + [1, 11, 12, 13, 14, 15, END, 1, 12]
+    at = cuts(nxt, frozenset({END}))
+    assert cache.restore(nxt, at, 1, keys, values) == len(prompt) + 2

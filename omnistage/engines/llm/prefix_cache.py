@@ -97,11 +97,12 @@ class PrefixCache:
         labels: Mapping[int, int] | None = None,
     ) -> int:
         """Copy the longest cached prefix of ``ids`` that ends at one of the cuts ``at``
-        (or, for a kept answer, one position before it) into ``slot`` of the per-layer
+        (or, for a kept answer, one position before it, or two for an answer that
+        max_tokens cut: its last token's KV was never computed) into ``slot`` of the per-layer
         caches; its length (0: none). ``labels``: prefix end -> the key of the messages
         it holds in this prompt."""
         for cut in reversed(at):
-            for end in (cut, cut - 1) if self.answers else (cut,):
+            for end in (cut, cut - 1, cut - 2) if self.answers else (cut,):
                 owner = self._covers.get(tuple(ids[:end]))
                 if owner is not None:
                     label = (labels or {}).get(cut)
@@ -152,7 +153,7 @@ class PrefixCache:
         # turn, the answer before it), so their keys and prefixes move to it.
         taken: list[int] = []
         for e in ends[:-1]:
-            for shorter in (key[:e], key[: e - 1]):
+            for shorter in (key[:e], key[: e - 1], key[: e - 2]):
                 if shorter in self._entries:
                     taken.extend(self._drop(shorter))
         while self._entries and self.tokens + end > self.budget_tokens:

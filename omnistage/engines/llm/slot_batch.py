@@ -68,9 +68,9 @@ class SlotBatch:
         labels = labels or {}
         start = self.prefixes.restore(ids, chunk_ends, slot, self._keys, self._values, labels)
         self.prefill_cached = start
-        # From a kept answer (one short of its cut), the end-of-turn token goes with
-        # the next chunk: a one-token forward costs a whole forward's fixed overhead.
-        after = start + 1 if start and start not in chunk_ends else start
+        # From a kept answer (one or two short of its cut), the rest of it goes with the
+        # next chunk: a forward of a token or two costs a whole forward's fixed overhead.
+        after = start + 2 if start and start not in chunk_ends else start
         for end in [*(c for c in chunk_ends if c > after), first]:
             logits = self._model.forward(
                 torch.tensor(ids[start:end]),

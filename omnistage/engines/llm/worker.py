@@ -269,13 +269,12 @@ class LlmWorker:
             return False
         finish: FinishReason | None = None
         delta = ""
+        # What the row holds when the answer is whole: the answer's every token, or all
+        # but the last when max_tokens cut it (the last was sampled, never fed back).
+        held = None
         if token in self._eos:
             finish = FinishReason.STOP
-            if row is not None and seq.generated:
-                # The row holds the prompt and the whole answer, which a conversation's
-                # next prompt starts with; kept before the client hears of the end.
-                label = seq.answer_key(seq.detok.text) if seq.answer_key else None
-                self._batch.remember(row, seq.prompt_ids + seq.generated, label)
+            held = seq.generated
         else:
             seq.generated.append(token)
             if seq.token_text is not None:
@@ -286,6 +285,7 @@ class LlmWorker:
                 finish = FinishReason.STOP  # a complete grammar allows nothing but the end
             elif len(seq.generated) >= seq.max_tokens or position + 1 >= self.limits.max_model_len:
                 finish = FinishReason.LENGTH
+                held = seq.generated[:-1]
         if finish is None:
             if delta:
                 # Usage so far rides along: a retry then knows how many tokens the
@@ -295,16 +295,20 @@ class LlmWorker:
                 seq.deliver(chunk)
             return True
         seq.done = True
-        seq.deliver(
-            EngineChunk(
-                Modality.TEXT,
-                text=delta + seq.detok.finish(),
-                finished=True,
-                finish_reason=finish,
-                usage=_usage(seq),
-                logprobs=_take_logprobs(seq, final=True),
-            )
+        last = EngineChunk(
+            Modality.TEXT,
+            text=delta + seq.detok.finish(),
+            finished=True,
+            finish_reason=finish,
+            usage=_usage(seq),
+            logprobs=_take_logprobs(seq, final=True),
         )
+        if row is not None and held:
+            # A conversation's next prompt starts with this prompt and answer: kept
+            # (labelled with the text the client got) before the client hears the end.
+            label = seq.answer_key(seq.detok.text) if seq.answer_key else None
+            self._batch.remember(row, seq.prompt_ids + held, label)
+        seq.deliver(last)
         return False
 
     def _fail_all(self, exc: BaseException) -> None:
