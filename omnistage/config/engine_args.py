@@ -121,6 +121,11 @@ class TtsArgs(_Args):
     # Streamed text: speak an answer's opening phrase ("The capital of France") before
     # its first sentence is complete, not only an opening clause ending in a comma.
     first_phrase: bool = True
+    # The voice's randomness (VITS draws noise on every synthesis): None keeps the
+    # voice's own; 0 and 0 say the same text the same way every time (tests that
+    # transcribe what they said need that).
+    noise_scale: float | None = Field(default=None, ge=0.0, le=2.0)
+    noise_w_scale: float | None = Field(default=None, ge=0.0, le=2.0)
 
 
 # CTranslate2's compute types (what its quantization guide lists).

@@ -53,6 +53,7 @@ class TtsEngine(Engine):
         self.catalog: VoiceCatalog | None = None
         self._loads: dict[str, asyncio.Future[PiperVoice]] = {}
         self._slots = PrioritySlots(self.args.max_concurrent)
+        self._noise = (self.args.noise_scale, self.args.noise_w_scale)
         self._waiting = 0
         # Seconds the default voice took to load, and its warm-up synthesis.
         self.load_time_s: float | None = None
@@ -214,7 +215,9 @@ class TtsEngine(Engine):
         stop = threading.Event()
         try:
             work = asyncio.ensure_future(
-                asyncio.to_thread(_synthesize_blocking, voice, text, length_scale, stop)
+                asyncio.to_thread(
+                    _synthesize_blocking, voice, text, length_scale, stop, self._noise
+                )
             )
         except BaseException:
             self._slots.release()
@@ -265,12 +268,20 @@ def _piper_voice(voice: VoiceInfo, threads: int) -> PiperVoice:
 
 
 def _synthesize_blocking(
-    voice: PiperVoice, text: str, length_scale: float, stop: threading.Event
+    voice: PiperVoice,
+    text: str,
+    length_scale: float,
+    stop: threading.Event,
+    noise: tuple[float | None, float | None] = (None, None),
 ) -> bytes:
     from piper import SynthesisConfig
 
     # Relative to the voice's own pace (its config's length_scale, usually 1).
-    config = SynthesisConfig(length_scale=length_scale * voice.config.length_scale)
+    config = SynthesisConfig(
+        length_scale=length_scale * voice.config.length_scale,
+        noise_scale=noise[0],
+        noise_w_scale=noise[1],
+    )
     pcm = bytearray()
     # Piper yields one AudioChunk per sentence espeak finds in the text.
     for audio in voice.synthesize(text, syn_config=config):

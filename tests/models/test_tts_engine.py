@@ -161,6 +161,23 @@ async def test_speed_two_is_clearly_shorter(engine: TtsEngine):
 
 @pytest.mark.slow
 @module_loop
+async def test_without_noise_a_text_is_said_the_same_way_every_time(engine: TtsEngine):
+    # The voice's own noise makes each take differ; noise 0 makes them identical.
+    noisy = [pcm_of(await collect(engine, speak("What is the capital of France?"))) for _ in "ab"]
+    assert noisy[0] != noisy[1]
+    quiet = TtsEngine(stage(noise_scale=0.0, noise_w_scale=0.0))
+    await quiet.start()
+    try:
+        takes = [
+            pcm_of(await collect(quiet, speak("What is the capital of France?"))) for _ in "ab"
+        ]
+    finally:
+        await quiet.shutdown()
+    assert takes[0] == takes[1] and len(takes[0]) > 0
+
+
+@pytest.mark.slow
+@module_loop
 async def test_streamed_input_is_spoken_sentence_by_sentence(engine: TtsEngine):
     first_audio = asyncio.Event()
     input_done = False
