@@ -21,8 +21,9 @@ and a replica without it prefills the answer, rounding differently. So with answ
 kept, a later turn's answer may differ from the one a cold replica gives (a near-tie at
 temperature 0). It pays where it matters: the answer is most of what a conversation's
 next prompt adds, and without it every turn prefills the previous answer again. An
-answer's entry holds the prompt and the answer's tokens but not the end-of-turn token
-that closed it (its KV is never computed), so it is found at a cut's position less one.
+answer's entry holds the prompt and the answer's tokens but not what was never fed back
+(the end-of-turn token that closed it; for an answer max_tokens cut, its last token), so
+it is found up to ``ANSWER_GAP`` positions before a cut.
 
 Each entry carries the prefix keys (``protocol/prefix``) of the chat messages it holds,
 when the engine knows them (``prefix_labels``); the cache publishes the keys it holds,
@@ -46,6 +47,9 @@ from omnistage.protocol.prefix import MAX_REPORTED
 # cut before a kept one is kept too, so the chunks of a cached prefix are the same in
 # every prompt that has it.
 MIN_LAST_CHUNK = 8
+# How far before a cut a kept answer's entry may end: 1 (its end-of-turn token's KV is
+# never computed) or 2 (max_tokens cut it: its last token was sampled, never fed back).
+ANSWER_GAP = 2
 # Keys kept per entry: an entry holds each message prefix of a conversation, and the
 # same tokens can hold different messages (a client's system message that reads as the
 # stage's own system prompt), each with its key.
@@ -97,12 +101,12 @@ class PrefixCache:
         labels: Mapping[int, int] | None = None,
     ) -> int:
         """Copy the longest cached prefix of ``ids`` that ends at one of the cuts ``at``
-        (or, for a kept answer, one position before it, or two for an answer that
-        max_tokens cut: its last token's KV was never computed) into ``slot`` of the per-layer
-        caches; its length (0: none). ``labels``: prefix end -> the key of the messages
-        it holds in this prompt."""
+        (or, for a kept answer, up to ``ANSWER_GAP`` positions before it) into ``slot``
+        of the per-layer caches; its length (0: none). ``labels``: prefix end -> the key
+        of the messages it holds in this prompt."""
+        gap = ANSWER_GAP if self.answers else 0
         for cut in reversed(at):
-            for end in (cut, cut - 1, cut - 2) if self.answers else (cut,):
+            for end in range(cut, cut - gap - 1, -1):
                 owner = self._covers.get(tuple(ids[:end]))
                 if owner is not None:
                     label = (labels or {}).get(cut)
@@ -153,7 +157,7 @@ class PrefixCache:
         # turn, the answer before it), so their keys and prefixes move to it.
         taken: list[int] = []
         for e in ends[:-1]:
-            for shorter in (key[:e], key[: e - 1], key[: e - 2]):
+            for shorter in (key[: e - back] for back in range(ANSWER_GAP + 1)):
                 if shorter in self._entries:
                     taken.extend(self._drop(shorter))
         while self._entries and self.tokens + end > self.budget_tokens:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from omnistage.engines.llm.fast_llama import FastLlama, cache_index
-from omnistage.engines.llm.prefix_cache import PrefixCache, cuts
+from omnistage.engines.llm.prefix_cache import ANSWER_GAP, PrefixCache, cuts
 
 _CHUNK = 256  # capacity grows by this many positions
 
@@ -70,7 +70,7 @@ class SlotBatch:
         self.prefill_cached = start
         # From a kept answer (one or two short of its cut), the rest of it goes with the
         # next chunk: a forward of a token or two costs a whole forward's fixed overhead.
-        after = start + 2 if start and start not in chunk_ends else start
+        after = start + ANSWER_GAP if start and start not in chunk_ends else start
         for end in [*(c for c in chunk_ends if c > after), first]:
             logits = self._model.forward(
                 torch.tensor(ids[start:end]),
