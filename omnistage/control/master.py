@@ -1,4 +1,8 @@
-"""The master: answers registrations on the ROUTER at -oma:-omp.
+"""The master: answers registrations on the ROUTER at -oma:-omp, and head probes.
+
+A registration is one frame (the seed's msgpack map); a ``HeadProbe`` is a tagged
+message (``[tag, body(, stamp)]``), answered with this head's instance id so that a
+replica whose heartbeats go unanswered learns at once that a new head took the address.
 
 Handles one message at a time on the control thread, which makes slot allocation
 race-free under concurrent registrations. Bad input gets an ``{"error": ...}`` reply and
@@ -16,10 +20,11 @@ from omnistage.control.slots import Slot, SlotTable
 from omnistage.logs import Throttled
 from omnistage.net import tcp_url
 from omnistage.protocol import codec
-from omnistage.protocol.auth import Verifier
+from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError, RegistrationError
-from omnistage.protocol.messages import PROTOCOL_VERSION
+from omnistage.protocol.messages import PROTOCOL_VERSION, HeadProbe, HeadProbeReply
 from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
+from omnistage.protocol.tags import TAGS
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
@@ -35,6 +40,8 @@ class HeadAddresses:
     coordinator: str
 
 
+_PROBE = TAGS[HeadProbe]
+
 OnRegister = Callable[[Slot, RegisterRequest], None]
 
 
@@ -46,8 +53,10 @@ class Master:
         on_register: OnRegister,
         lock: threading.Lock,
         verifier: Verifier | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self._verifier = verifier
+        self._signer = signer
         self._slots = slots
         self._addresses = addresses
         self._on_register = on_register
@@ -60,6 +69,8 @@ class Master:
         if len(frames) < 2:
             _bad_input.warning("registration with %d frame(s) dropped", len(frames))
             return None
+        if len(frames) >= 3 and frames[1] == _PROBE:
+            return self._probe(frames)
         identity, body = frames[0], frames[-1]
         # A REQ client puts an empty delimiter first; echo it back so REQ works too.
         envelope = [identity, b""] if len(frames) >= 3 and frames[1] == b"" else [identity]
@@ -69,6 +80,15 @@ class Master:
             _bad_input.warning("registration refused: %s", exc)
             return [*envelope, codec.encode_register_reply(ErrorReply(error=str(exc)))]
         return [*envelope, codec.encode_register_reply(reply)]
+
+    def _probe(self, frames: list[bytes]) -> list[bytes] | None:
+        try:
+            codec.decode_signed(frames[1:], self._verifier, HeadProbe)
+        except ProtocolError as exc:
+            _bad_input.warning("head probe dropped: %s", exc)
+            return None
+        reply = HeadProbeReply(head_instance=self._slots.instance)
+        return [frames[0], *codec.sign(codec.encode(reply), self._signer)]
 
     def _register(self, body: bytes) -> RegisterReply:
         req = codec.decode_register_request(body, self._verifier)

@@ -37,7 +37,14 @@ def control_plane(
     opts: HeadOptions, state: ControlState, sockets: HeadSockets, events: ReplicaEvents
 ) -> tuple[Master, ControlPlane]:
     """The master, handshake and coordinator on the control thread's sockets."""
-    master = Master(state.slots, sockets.addresses, events.on_register, state.lock, opts.verifier())
+    master = Master(
+        state.slots,
+        sockets.addresses,
+        events.on_register,
+        state.lock,
+        opts.verifier(),
+        opts.signer(),
+    )
     handshake = HandshakeServer(state.slots, state.lock, events.init_for, opts.verifier())
     control = ControlPlane(state.coordinator.tick)
     control.add(sockets.master, master.handle)

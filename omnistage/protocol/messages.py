@@ -228,6 +228,24 @@ class Shutdown(Tagged):
     reason: str
 
 
+class HeadProbe(Tagged):
+    """Replica -> master, while the head leaves its heartbeats unanswered: which head
+    answers at the master's address now? A head killed and started again binds the
+    same -oma:-omp but new coordinator ports, so the replica's beats go nowhere; the
+    probe lets it see the new head within a heartbeat interval of its start, instead of
+    waiting out ``lost_after_s``."""
+
+    stage_id: int
+    replica_id: int
+
+
+class HeadProbeReply(Tagged):
+    """Master -> replica: the instance id of the head now listening (a replica
+    registered with another instance registers again at once)."""
+
+    head_instance: str
+
+
 class Ping(Tagged):
     """Head -> replica, ignored by the replica: a send that fails (ROUTER_MANDATORY)
     proves the replica's connection is gone."""

@@ -6,7 +6,14 @@ CPU) still reports in: the head must not mistake busy for dead.
 The head answers every heartbeat with a HeartbeatAck. The replica decides the head is
 lost, and calls ``on_lost`` once, when the head says it does not know this incarnation
 (a restarted head, or a newer registration took the slot), says it is ERROR for a
-reason heartbeats do not cure, or has not answered for ``HeartbeatSpec.lost_after_s``.
+reason heartbeats do not cure, or has not answered for ``HeartbeatSpec.lost_after_s``,
+or when a *new* head answers at the master's address. A head killed and started again
+listens on the same -oma:-omp but on new coordinator ports, so beats go nowhere; once
+acks are overdue the thread asks the master which head is there (``HeadProbe``, every
+half interval while they stay overdue), and a new instance id means register again now:
+the replica is back with a restarted head within a second of its start, not after
+``lost_after_s``. A head that is only slow answers with the instance we know, and the
+replica waits as before.
 
 A beat carries the prefix keys the engine's cache holds (``Engine.cached_prefixes``)
 when they changed since the last beat that carried them, on the first beat of a
@@ -28,7 +35,14 @@ import zmq
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import HandshakeInit, Heartbeat, HeartbeatAck, ReplicaState
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    HeadProbe,
+    HeadProbeReply,
+    Heartbeat,
+    HeartbeatAck,
+    ReplicaState,
+)
 from omnistage.protocol.prefix import MAX_REPORTED
 from omnistage.protocol.registration import RegisterReply
 
@@ -37,6 +51,10 @@ log = logging.getLogger(__name__)
 # Beats between two that carry the cached prefix keys even if unchanged: at the default
 # 1 s interval, a head that missed a change (a dropped beat) catches up within 10 s.
 FULL_EVERY = 10
+
+# Acks this many intervals overdue: ask the master which head is there. Acks come
+# milliseconds after each beat, so 1.5 intervals of silence is already unusual.
+PROBE_AFTER_INTERVALS = 1.5
 
 
 @dataclass(frozen=True)
@@ -57,10 +75,19 @@ class HeartbeatSpec:
     interval_s: float
     # No answer from the head for this long: it is lost.
     lost_after_s: float = 10.0
+    # The master we registered with, and the instance id of the head that took us
+    # (None / "": no probing while acks are overdue).
+    master: str | None = None
+    head_instance: str = ""
 
     @classmethod
     def of(
-        cls, stage_id: int, reply: RegisterReply, init: HandshakeInit, lost_after_s: float = 10.0
+        cls,
+        stage_id: int,
+        reply: RegisterReply,
+        init: HandshakeInit,
+        lost_after_s: float = 10.0,
+        master: str | None = None,
     ) -> HeartbeatSpec:
         """For the registration ``reply`` whose handshake answered ``init``."""
         return cls(
@@ -70,6 +97,8 @@ class HeartbeatSpec:
             epoch=reply.epoch,
             interval_s=init.heartbeat_interval_s,
             lost_after_s=lost_after_s,
+            master=master,
+            head_instance=reply.head_instance or "",
         )
 
 
@@ -126,6 +155,9 @@ class HeartbeatThread:
         # beats ago (None: none yet, so the first beat carries them).
         self._prefixes_sent: int | None = None
         self._beats_since_prefixes = 0
+        self._probe: zmq.Socket | None = None  # to the master, once acks are overdue
+        self._next_probe = 0.0
+        self._poller = zmq.Poller()
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -148,6 +180,7 @@ class HeartbeatThread:
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.SNDHWM, 16)
         sock.connect(self._spec.address)
+        self._poller.register(sock, zmq.POLLIN)
         self._last_ack = self._clock()
         try:
             while True:
@@ -161,6 +194,8 @@ class HeartbeatThread:
             # Without a goodbye (leaving a lost head), queued beats must not reach the
             # head later and revive the incarnation we abandoned.
             sock.close(linger=500 if self._send_down else 0)
+            if self._probe is not None:
+                self._probe.close(linger=0)
 
     def _wait_acks(self, sock: zmq.Socket) -> None:
         """Until the next beat is due (or a kick): read acks, judge the head."""
@@ -169,8 +204,12 @@ class HeartbeatThread:
             left = deadline - self._clock()
             if left <= 0:
                 break
-            if sock.poll(int(min(left, 0.05) * 1000) or 1):
+            self._probe_if_due()
+            ready = dict(self._poller.poll(int(min(left, 0.05) * 1000) or 1))
+            if sock in ready:
                 self._read_ack(sock.recv_multipart())
+            if self._probe is not None and self._probe in ready:
+                self._read_probe_reply(self._probe.recv_multipart())
         self._kick.clear()
         silent = self._clock() - self._last_ack
         if silent > self._spec.lost_after_s:
@@ -188,6 +227,41 @@ class HeartbeatThread:
             self._lose("the head does not know this replica (it restarted or replaced us)")
         elif ack.state == ReplicaState.ERROR:
             self._lose("the head marked this replica ERROR and will not route to it", True)
+
+    def _overdue(self) -> bool:
+        silent = self._clock() - self._last_ack
+        return silent > PROBE_AFTER_INTERVALS * self._spec.interval_s
+
+    def _probe_if_due(self) -> None:
+        spec = self._spec
+        if spec.master is None or not spec.head_instance or not self._overdue():
+            return
+        now = self._clock()
+        if now < self._next_probe:
+            return
+        self._next_probe = now + spec.interval_s / 2
+        if self._probe is None:
+            self._probe = self._ctx.socket(zmq.DEALER)
+            self._probe.setsockopt(zmq.LINGER, 0)
+            # Probes to a head that is down queue here; a few are enough.
+            self._probe.setsockopt(zmq.SNDHWM, 4)
+            self._probe.connect(spec.master)
+            self._poller.register(self._probe, zmq.POLLIN)
+        probe = HeadProbe(stage_id=spec.stage_id, replica_id=spec.replica_id)
+        try:
+            self._probe.send_multipart(codec.sign(codec.encode(probe), self._signer), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # not connected yet: the next probe tries again
+
+    def _read_probe_reply(self, frames: list[bytes]) -> None:
+        try:
+            reply = codec.decode_signed(frames, self._verifier, HeadProbeReply)
+        except ProtocolError as exc:
+            log.warning("ignored a bad head probe answer: %s", exc)
+            return
+        # A late answer after the acks came back says nothing about the head now.
+        if reply.head_instance != self._spec.head_instance and self._overdue():
+            self._lose("a new head answers at the master (the head restarted)")
 
     def _lose(self, why: str, failed: bool = False) -> None:
         if not self._lost and not self._stop.is_set():

@@ -17,6 +17,7 @@ import msgspec
 import zmq
 
 from omnistage.logs import Throttled
+from omnistage.net import tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
@@ -55,6 +56,7 @@ class HeadSession:
         self._init = init
         self._address = address
         self._binds_sockets = opts.binds_sockets
+        self._master = tcp_url(opts.master_host, opts.master_port)
         # Peers need their own CURVE server keys, which replicas do not hold: with CURVE
         # on, every input comes through the head.
         self._peers_enabled = not opts.curve_keys
@@ -95,7 +97,13 @@ class HeadSession:
         runner.bind(reply.replica_id, reply.epoch, self)
         self.heartbeat = HeartbeatThread(
             self._ctx,
-            HeartbeatSpec.of(stage_id, reply, init, lost_after_s=2 * init.heartbeat_timeout_s),
+            HeartbeatSpec.of(
+                stage_id,
+                reply,
+                init,
+                lost_after_s=2 * init.heartbeat_timeout_s,
+                master=self._master,
+            ),
             Reports(
                 load=self._load_report,
                 status=status,

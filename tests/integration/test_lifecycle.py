@@ -163,6 +163,41 @@ def test_headless_replicas_rejoin_a_restarted_head_without_restarting(
         head.stop()
 
 
+def test_a_head_killed_and_started_again_at_once_gets_its_replicas_back_by_probe(
+    tmp_path: Path,
+) -> None:
+    # Heartbeat timeout 30 s: the replicas would give up on the dead head only after
+    # 60 s of silence. They are back with the new head long before, because it answers
+    # their probes at the master's address with a new instance id.
+    flags = ("echo-1stage", "--stage-id", "0", "--omni-heartbeat-timeout", "30")
+    head = HeadProc(tmp_path, *flags)
+    replica: Proc | None = None
+    second: HeadProc | None = None
+    try:
+        head.wait_healthy()
+        replica = headless(tmp_path, head, 0, "--omni-dp-size-local", "2")
+        wait_for(lambda: len(head.up_replicas(0)) == 3, 20, what="two headless replicas UP")
+        pids = {r["pid"] for r in head.up_replicas(0) if not r["local"]}
+        head.signal(signal.SIGKILL)
+        head.wait(5)
+        killed = time.monotonic()
+        second = HeadProc(
+            tmp_path, *flags, "-oma", "127.0.0.1", "-omp", str(head.master_port), name="head2"
+        )
+        second.wait_healthy()
+        wait_for(lambda: len(second.up_replicas(0)) == 3, 20, what="replicas rejoined")
+        assert time.monotonic() - killed < 30, "the probe, not the 60 s silence, brought them"
+        assert {r["pid"] for r in second.up_replicas(0) if not r["local"]} == pids
+        assert replica.log().count("a new head answers at the master") == 2
+        assert second.chat("after the restart").status_code == 200
+    finally:
+        if replica is not None:
+            replica.stop()
+        if second is not None:
+            second.stop()
+        head.stop()
+
+
 def test_sigterm_to_a_headless_replica_reports_down_and_exits_cleanly(tmp_path: Path) -> None:
     head = HeadProc(tmp_path, "echo-1stage", "--stage-id", "0")
     replica: Proc | None = None

@@ -27,6 +27,8 @@ from omnistage.protocol.messages import (
     AddRequest,
     ChatMessage,
     HandshakeInit,
+    HeadProbe,
+    HeadProbeReply,
     Heartbeat,
     HeartbeatAck,
     Hello,
@@ -75,6 +77,8 @@ SAMPLES: dict[type, msgspec.Struct] = {
     Abort: Abort(request_id="req-9"),
     Shutdown: Shutdown(reason="head exiting"),
     HeartbeatAck: HeartbeatAck(state="UNKNOWN", head_instance="0123456789ab"),
+    HeadProbe: HeadProbe(stage_id=1, replica_id=3),
+    HeadProbeReply: HeadProbeReply(head_instance="0123456789ab"),
     Ping: Ping(),
     OutputChunk: OutputChunk(
         request_id="req-1",

@@ -4,14 +4,24 @@ beat carries, how acks decide the head is lost, and the DOWN goodbye."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
 
+from omnistage.control.master import HeadAddresses, Master
+from omnistage.control.slots import SlotTable
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
-from omnistage.protocol.messages import HandshakeInit, Heartbeat, HeartbeatAck, ReplicaState
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    HeadProbe,
+    HeadProbeReply,
+    Heartbeat,
+    HeartbeatAck,
+    ReplicaState,
+)
 from omnistage.protocol.registration import RegisterReply
 from omnistage.replica.heartbeat import (
     FULL_EVERY,
@@ -158,6 +168,107 @@ def test_the_head_is_lost_once(
         head.router.close()
     assert len(lost) == 1
     assert why in lost[0][0] and lost[0][1] is failed
+
+
+def _master(ctx: zmq.Context, instance: str) -> FakeRouter:
+    """A real master (token "t") of a head with ``instance`` id, on loopback."""
+    addresses = HeadAddresses("tcp://a:1", "tcp://a:2", "tcp://a:3", "tcp://a:4")
+    master = Master(
+        SlotTable([2], instance=instance),
+        addresses,
+        lambda slot, req: None,
+        threading.Lock(),
+        Verifier("t"),
+        Signer("t"),
+    )
+    return FakeRouter(ctx, master.handle)
+
+
+@pytest.mark.parametrize(("instance", "lost"), [("head-b", True), ("head-a", False)])
+def test_silent_acks_ask_the_master_which_head_is_there(
+    ctx: zmq.Context, instance: str, lost: bool
+) -> None:
+    # The coordinator we registered with is gone (no acks); the master's address now
+    # answers as ``instance``. A new head: register again at once, long before
+    # lost_after_s. The same head (only slow to ack): keep waiting.
+    silent = Coordinator(ctx, None, token="t")
+    master = _master(ctx, instance)
+    gone = threading.Event()
+    why: list[str] = []
+    spec = HeartbeatSpec(
+        silent.address,
+        2,
+        5,
+        9,
+        interval_s=0.05,
+        lost_after_s=30.0,
+        master=f"tcp://127.0.0.1:{master.port}",
+        head_instance="head-a",
+    )
+
+    def on_lost(reason: str, failed: bool) -> None:
+        why.append(reason)
+        gone.set()
+
+    beats = HeartbeatThread(
+        ctx,
+        spec,
+        Reports(load=lambda: LoadReport(0, 0, 0)),
+        signer=Signer("t"),
+        verifier=Verifier("t"),
+        on_lost=on_lost,
+    )
+    beats.start()
+    try:
+        if lost:
+            assert gone.wait(5)
+            assert why == ["a new head answers at the master (the head restarted)"]
+        else:
+            deadline = time.monotonic() + 5
+            while len(master.received) < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(master.received) >= 4, "several probes answered"
+            assert not gone.is_set()
+    finally:
+        beats.stop(send_down=False)
+        silent.router.close()
+        master.close()
+
+
+def test_answered_acks_send_no_probes(ctx: zmq.Context) -> None:
+    head = Coordinator(ctx, ReplicaState.UP)
+    master = _master(ctx, "head-b")
+    spec = HeartbeatSpec(
+        head.address, 2, 5, 9, 0.02, 30.0, f"tcp://127.0.0.1:{master.port}", "head-a"
+    )
+    beats = HeartbeatThread(ctx, spec, Reports(load=lambda: LoadReport(0, 0, 0)))
+    beats.start()
+    try:
+        head.wait_for(10)
+    finally:
+        beats.stop(send_down=False)
+        head.router.close()
+        master.close()
+    assert master.received == []
+
+
+def test_the_master_answers_only_signed_probes_with_its_instance(ctx: zmq.Context) -> None:
+    addresses = HeadAddresses("tcp://a:1", "tcp://a:2", "tcp://a:3", "tcp://a:4")
+    master = Master(
+        SlotTable([2], instance="head-b"),
+        addresses,
+        lambda slot, req: None,
+        threading.Lock(),
+        Verifier("t"),
+        Signer("t"),
+    )
+    probe = codec.encode(HeadProbe(stage_id=2, replica_id=5))
+    assert master.handle([b"peer", *probe]) is None  # unsigned: dropped
+    assert master.handle([b"peer", *codec.sign(probe, Signer("other"))]) is None
+    reply = master.handle([b"peer", *codec.sign(probe, Signer("t"))])
+    assert reply is not None and reply[0] == b"peer"
+    answer = codec.decode_signed(reply[1:], Verifier("t"), HeadProbeReply)
+    assert answer.head_instance == "head-b"
 
 
 def test_a_forged_ack_is_ignored(ctx: zmq.Context) -> None:
