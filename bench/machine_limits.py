@@ -103,11 +103,11 @@ def weight_bytes_per_step(model: Any) -> int:
     """Bytes of weights a fast-thinker (``fast_llama.FastLlama``) decode step reads
     whatever its batch: every layer's int4 matrices, scales and norms, and the LM head's
     int4 first pass (the embedding rows and the head's refined rows are a few KB)."""
-    total = _nbytes(model.norm) + _nbytes(model.head._coarse.packed, model.head._coarse.scales)
+    total = _nbytes(model.norm) + model.head._coarse.nbytes
     for layer in model.layers:
         total += _nbytes(layer.attn_norm, layer.mlp_norm)
         for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            total += _nbytes(lin.packed, lin.scales)
+            total += lin.nbytes
     return total
 
 

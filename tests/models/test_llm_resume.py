@@ -156,20 +156,34 @@ OTHERS = (
 
 @pytest.fixture(scope="module")
 def seeded(engine: LlmEngine) -> list[EngineChunk]:
-    chunks = _run(engine, _request(**SEEDED))
+    # The cuts must include one inside a word. Which seeds give such an answer depends
+    # on the CPU's kernels (ours or torch's int4 matmul round differently), so take the
+    # first seed from 7 that does; SEEDED then says it for every test here.
+    for seed in range(7, 27):
+        SEEDED["seed"] = seed
+        chunks = _run(engine, _request(**SEEDED))
+        if _mid_word(chunks):
+            break
     last = chunks[-1]
     assert last.finished and last.finish_reason == "length"
     return chunks
 
 
+def _mid_word(chunks: list[EngineChunk]) -> list[int]:
+    """Chunk boundaries inside a word (the next chunk goes on without a space)."""
+    # The last chunk finishes the request: a cut there leaves nothing to resume.
+    return [
+        i
+        for i in range(1, len(chunks) - 1)
+        if chunks[i - 1].text[-1:].isalpha() and chunks[i].text[:1].isalpha()
+    ]
+
+
 def _cuts(chunks: list[EngineChunk]) -> list[int]:
     """Chunk boundaries to resume at (what a client can have received): early, middle,
-    late, and one inside a word (the next chunk goes on without a space)."""
-    # The last chunk finishes the request: a cut there leaves nothing to resume.
+    late, and one inside a word."""
     inner = list(range(1, len(chunks) - 1))
-    mid_word = [
-        i for i in inner if chunks[i - 1].text[-1:].isalpha() and chunks[i].text[:1].isalpha()
-    ]
+    mid_word = _mid_word(chunks)
     assert mid_word, [c.text for c in chunks]
     picks = {inner[len(inner) // 5], inner[len(inner) // 2], inner[4 * len(inner) // 5]}
     return sorted(picks | {mid_word[len(mid_word) // 2]})
@@ -229,7 +243,9 @@ def test_seeded_resume_is_exact_among_other_sequences(
 
 
 def test_penalties_count_the_delivered_tokens_on_resume(engine: LlmEngine) -> None:
-    params = {**SEEDED, "frequency_penalty": 1.5, "presence_penalty": 0.5}
+    # Seed 7 whatever ``seeded`` chose: a resume from text re-tokenizes what was
+    # delivered, and this cut is known to re-tokenize as generated.
+    params = {**SEEDED, "seed": 7, "frequency_penalty": 1.5, "presence_penalty": 0.5}
     chunks = _run(engine, _request(**params))
     full = _text(chunks)
     cut = len(chunks) // 2

@@ -14,13 +14,16 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnistage import envs
 from omnistage.config.engine_args import LlmArgs
 from omnistage.engines.llm import weights
 from omnistage.engines.llm.worker import Batch
 from omnistage.protocol.errors import EngineError
+
+if TYPE_CHECKING:
+    from omnistage.engines.llm.int4_kernel import Int4Kernel
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +80,14 @@ def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Thinke
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = FastLlama(directory)
+    model = FastLlama(directory, _int4_kernel(args.int4_kernel))
     _give_back_freed_memory()
-    log.info("loaded %s (fast, int4) in %.2fs", directory.name, time.monotonic() - started)
+    log.info(
+        "loaded %s (fast, int4 on %s's kernel) in %.2fs",
+        directory.name,
+        model.kernel,
+        time.monotonic() - started,
+    )
     eos = _ids(config.get("eos_token_id"))
     generation = directory / "generation_config.json"
     if generation.exists():
@@ -98,6 +106,21 @@ def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Thinke
         window=model.shape.max_positions,
         eos_ids=eos,
     )
+
+
+def _int4_kernel(choice: str) -> Int4Kernel | None:
+    """Our int4 kernel, per the ``int4_kernel`` engine arg (None: torch's)."""
+    from omnistage.engines.llm import int4_kernel
+
+    if choice == "torch":
+        return None
+    kernel = int4_kernel.load()
+    if isinstance(kernel, str):
+        if choice == "omnistage":
+            raise EngineError(f"int4_kernel omnistage cannot run here: {kernel}")
+        log.info("int4 matmuls on torch's kernel (ours cannot run here: %s)", kernel)
+        return None
+    return kernel
 
 
 def _give_back_freed_memory() -> None:

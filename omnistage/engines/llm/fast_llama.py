@@ -3,13 +3,14 @@
 Decoding a 135M model one token at a time is bound by memory bandwidth and by per-op
 overhead, not by arithmetic. fp32 weights are ~540 MB a token; these are ~85 MB:
 every projection is int4 in groups of 32 along the input (the grid the Q4_1 GGUF
-already ships, so re-quantizing it loses nothing but the scales' rounding to bfloat16)
-run by torch's CPU int4 kernel, and the tied embedding / LM head keeps its GGUF tensor's
-Q8_0 values (see ``TiedTable``). The kernels take bfloat16 activations; the residual
-stream, norms, RoPE, attention and the logits stay float32. Per layer a step is ~20
-ops: q/k/v and gate/up are one matmul each, RoPE is one complex multiply (q/k rows are
-permuted at load so each head's rotated halves are interleaved pairs; q.k is unchanged
-under the same permutation of both).
+already ships, so re-quantizing it loses nothing but the scales' rounding), and the
+tied embedding / LM head keeps its GGUF tensor's Q8_0 values (see ``TiedTable``).
+The int4 matmuls run on our kernel where the CPU has AVX512-VNNI (``int4_kernel``:
+int8 activations per group, ~2x torch's at one row, ~3x at eight), else on torch's
+(bfloat16 activations). The residual stream, norms, RoPE, attention and the logits
+stay float32. Per layer a step is ~20 ops: q/k/v and gate/up are one matmul each, RoPE
+is one complex multiply (q/k rows are permuted at load so each head's rotated halves
+are interleaved pairs; q.k is unchanged under the same permutation of both).
 
 The KV cache and the running batch are ``slot_batch.SlotBatch``.
 """
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention
 
 GROUP = 32  # int4 group size along the input dimension
 
@@ -80,29 +83,59 @@ _ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries of a bi
 
 
 class Int4Linear:
-    """y = x @ W.T with W in int4, asymmetric per group of 32 inputs (the Q4_1 grid; the
-    kernel keeps scales and zero points in bfloat16)."""
+    """y = x @ W.T with W in int4, asymmetric per group of 32 inputs (the Q4_1 grid),
+    float32 in and out.
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        packed, scales = [], []
+    Run by our kernel (``int4_kernel``, scales in float16, activations quantized to int8
+    per group inside it) where given one, else by torch's CPU int4 kernel (scales and
+    zero points in bfloat16, activations rounded to bfloat16 around it).
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, kernel: Int4Kernel | None = None, coarse: bool = False
+    ) -> None:
+        """``coarse``: our kernel may round activations to ~8 bits (a shortlist's pass)."""
+        self._kernel = kernel
+        self._coarse = coarse
+        self.out_features = weight.shape[0]
+        packed: list = []
+        scales: list[torch.Tensor] = []
         for block in weight.split(_ROWS):
             n, k = block.shape
             groups = block.float().reshape(n, k // GROUP, GROUP)
             lo, hi = groups.amin(-1), groups.amax(-1)
             scale = ((hi - lo) / 15).clamp_min(1e-12)
             q = torch.round((groups - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp_(0, 15)
-            packed.append(
-                torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                    q.to(torch.int32).reshape(n, k), 1
-                )
-            )
+            q = q.to(torch.int32).reshape(n, k)
+            if kernel is not None:
+                packed.append(kernel.pack(q, scale, lo))
+                continue
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             # The kernel computes (q - 8) * scale + zero.
             scales.append(torch.stack([scale, lo + 8 * scale], -1))
-        self.packed = torch.cat(packed)
-        self.scales = torch.cat(scales).transpose(0, 1).contiguous().to(torch.bfloat16)
+        if kernel is not None:
+            # _ROWS is a multiple of the kernel's 16-column blocks: the blocks' bytes,
+            # scales and lows simply follow one another.
+            self.packed = tuple(torch.cat(part) for part in zip(*packed, strict=True))
+        else:
+            self.packed = torch.cat(packed)
+            self.scales = torch.cat(scales).transpose(0, 1).contiguous().to(torch.bfloat16)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales)
+    @property
+    def nbytes(self) -> int:
+        """Bytes a call reads: packed weights and their scales."""
+        if self._kernel is not None:
+            return sum(t.numel() * t.element_size() for t in self.packed)
+        return self.packed.numel() + self.scales.numel() * 2
+
+    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T, or ``into`` += x @ W.T (``into`` contiguous)."""
+        if self._kernel is not None:
+            return self._kernel.matmul(x, self.packed, self.out_features, into, self._coarse)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16), self.packed, GROUP, self.scales
+        ).float()
+        return out if into is None else into.add_(out)
 
 
 class TiedTable:
@@ -118,7 +151,7 @@ class TiedTable:
 
     REFINE = 64
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, kernel: Int4Kernel | None = None) -> None:
         k = weight.shape[1]
         q, scale = [], []
         for block in weight.split(_ROWS):
@@ -129,7 +162,7 @@ class TiedTable:
         self._q = torch.cat(q)  # [rows, k/32, 32]
         self._scale = torch.cat(scale)  # [rows, k/32, 1]
         self._k = k
-        self._coarse = Int4Linear(weight)
+        self._coarse = Int4Linear(weight, kernel, coarse=True)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Exact float32 rows."""
@@ -137,7 +170,7 @@ class TiedTable:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """[n, vocab] float32 logits of float32 hidden states [n, hidden]."""
-        logits = self._coarse(x.to(torch.bfloat16)).float()
+        logits = self._coarse(x)
         best = torch.topk(logits, self.REFINE, dim=-1, sorted=False).indices  # [n, R]
         exact = torch.bmm(self.rows(best), x.unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, best, exact)
@@ -190,15 +223,17 @@ def _interleave_rope_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.T
 class FastLlama:
     """Weights and forward passes; the KV cache is the caller's."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, kernel: Int4Kernel | None = None) -> None:
+        """``kernel``: our int4 kernel (None: torch's)."""
         config = json.loads((directory / "config.json").read_text())
+        self.kernel = "omnistage" if kernel is not None else "torch"
         self.config = config
         self.shape = s = LlamaShape.of(config)
         t = _Tensors(directory)
         embed = t["embed_tokens.weight"]
         head = t["lm_head.weight"] if "lm_head.weight" in t else embed  # noqa: SIM401
-        self.embed = TiedTable(embed)
-        self.head = self.embed if head is embed else TiedTable(head)
+        self.embed = TiedTable(embed, kernel)
+        self.head = self.embed if head is embed else TiedTable(head, kernel)
         self.norm = t["norm.weight"]
         self.layers = []
         for i in range(s.layers):
@@ -210,16 +245,20 @@ class FastLlama:
             self.layers.append(
                 _Layer(
                     attn_norm=t[p + "input_layernorm.weight"],
-                    qkv=Int4Linear(torch.cat([q, k, v])),
-                    o=Int4Linear(t[p + "self_attn.o_proj.weight"]),
+                    qkv=Int4Linear(torch.cat([q, k, v]), kernel),
+                    o=Int4Linear(t[p + "self_attn.o_proj.weight"], kernel),
                     mlp_norm=t[p + "post_attention_layernorm.weight"],
-                    gate_up=Int4Linear(torch.cat([gate, up])),
-                    down=Int4Linear(t[p + "mlp.down_proj.weight"]),
+                    gate_up=Int4Linear(torch.cat([gate, up]), kernel),
+                    down=Int4Linear(t[p + "mlp.down_proj.weight"], kernel),
                 )
             )
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2).float() / s.head_dim))
         angles = torch.outer(torch.arange(s.max_positions).float(), inv)
         self.rope = torch.polar(torch.ones_like(angles), angles)  # [positions, head_dim/2]
+        # Our kernels run a decode step's whole layer (see ``_decode_fused``).
+        self._kernel = kernel
+        self._fused = kernel is not None and fits_attention(s.head_dim, s.heads, s.kv_heads)
+        self._rope_cs = torch.view_as_real(self.rope).contiguous()  # [positions, hd/2, 2]
 
     def forward(
         self,
@@ -246,6 +285,8 @@ class FastLlama:
         from position ``prefill_start`` (the slot ``prefill_slot`` holds the ones
         before), cached there; logits of the last one only.
         """
+        if self._fused and prefill_slot is None:
+            return self._decode_fused(ids, positions, keys, values, head)
         s = self.shape
         n = ids.shape[0]
         chunk_mask = None
@@ -256,10 +297,9 @@ class FastLlama:
         h = self.embed.rows(ids)  # [n, hidden] float32
         rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
         qk_width = (s.heads + s.kv_heads) * s.head_dim
-        bf16 = torch.bfloat16
         for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
-            x = F.rms_norm(h, (s.hidden,), layer.attn_norm, s.eps).to(bf16)
-            qkv = layer.qkv(x).float()
+            x = F.rms_norm(h, (s.hidden,), layer.attn_norm, s.eps)
+            qkv = layer.qkv(x)
             pairs = qkv[:, :qk_width].reshape(n, -1, s.head_dim // 2, 2)
             qk = torch.view_as_real(torch.view_as_complex(pairs) * rot)
             q = qk[:, : s.heads].reshape(n, s.heads, s.head_dim)
@@ -279,14 +319,41 @@ class FastLlama:
                 attn = F.scaled_dot_product_attention(
                     q, layer_k[:n, :, :length], layer_v[:n, :, :length], attn_mask=mask
                 ).reshape(n, -1)
-            h = h + layer.o(attn.to(bf16)).float()
-            x = F.rms_norm(h, (s.hidden,), layer.mlp_norm, s.eps).to(bf16)
+            h = h + layer.o(attn)
+            x = F.rms_norm(h, (s.hidden,), layer.mlp_norm, s.eps)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h = h + layer.down(F.silu(gate) * up).float()
+            h = h + layer.down(F.silu(gate) * up)
         if not head:
             return None
         last = h if prefill_slot is None else h[-1:]
         return self.head.logits(F.rms_norm(last, (s.hidden,), self.norm, s.eps))
+
+    def _decode_fused(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        head: bool,
+    ) -> torch.Tensor | None:
+        """``forward``'s decode on our kernels: five calls a layer (norms, attention with
+        its RoPE and cache write, the SiLU gate) around the four matmuls, two of which
+        add into the residual stream in place; ``forward``'s ``slots``/``mask``/``length``
+        follow from ``positions`` (row i is slot i and sees positions 0..positions[i])."""
+        kernel, s = self._kernel, self.shape
+        assert kernel is not None
+        h = self.embed.rows(ids).contiguous()  # [n, hidden] float32
+        at = positions.to(torch.int64).contiguous()
+        for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
+            x = kernel.rms_norm(h, layer.attn_norm, s.eps)
+            qkv = layer.qkv(x)
+            attn = kernel.decode_attention(qkv, at, layer_k, layer_v, s.heads, self._rope_cs)
+            layer.o(attn, into=h)
+            x = kernel.rms_norm(h, layer.mlp_norm, s.eps)
+            layer.down(kernel.silu_mul(layer.gate_up(x)), into=h)
+        if not head:
+            return None
+        return self.head.logits(kernel.rms_norm(h, self.norm, s.eps))
 
 
 def cache_index(positions: torch.Tensor, shape: LlamaShape, capacity: int) -> torch.Tensor:

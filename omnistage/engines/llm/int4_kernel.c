@@ -1,0 +1,347 @@
+/* y[M, N] = x[M, K] @ W[N, K]^T, W in 4 bits per weight in groups of 32 along K
+ * (w = q * scale + lo, q in 0..15: the Q4_1 grid), for AVX512-VNNI CPUs.
+ *
+ * Why our own: torch's CPU int4 kernel (_weight_int4pack_mm_for_cpu) unpacks the
+ * weights again for every row of x, so 8 rows cost ~4x one row, and one row reads
+ * ~10 GB/s where the memory gives ~20. Here each row of x is quantized per group of
+ * 32 to two int8 parts (see quantize_rows; one part is llama.cpp's Q8_1), the weights
+ * of a 16-column block are unpacked once per group into registers and multiplied with
+ * up to 8 rows by VPDPBUSD (u8 x s8, 64 products an instruction), and the group's
+ * int32 sums are scaled into float accumulators:
+ *   sum_k w_k x_k ~ scale * sx * sum_k q_k xq_k + lo * sx * sum_k xq_k
+ * (xq the two parts joined: RES * hi + lo).
+ *
+ * Layout (made by int4_kernel.py's pack): for each block b of 16 columns and group g,
+ * 256 bytes: 4 steps s of 64 bytes; byte j*4+t of step s holds q[16b+j][32g+8s+t] in
+ * its low nibble and q[16b+j][32g+8s+4+t] in its high nibble. Scales and lows are
+ * float16, [N/16][K/32][16]. Single-threaded: the engine runs its decode step on one
+ * thread on a shared CPU (see torch_threads.py); N, K: multiples of 16 and 32.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP 32
+#define NB 16
+#define MR 4
+#ifndef PREFETCH
+#define PREFETCH 2048 /* bytes ahead of the weights being read */
+#endif
+
+/* Each group of 32 values of a row as two int8 parts: x ~ d * hi + (d / RES) * lo, hi
+ * the values rounded to steps of d = max|x| / 127, lo the rounding error rounded to
+ * steps of d / RES. One part alone is ~8 bits a value: enough to flip SmolLM2's 0.08
+ * near-tie on "the capital of France" to "L'Etoile"; the two give ~15 bits (more than
+ * bfloat16), for twice the multiplies, which only show from ~4 rows up. Stored per
+ * row as [k] hi then [k] lo; ``sx`` is d / RES and ``sumx`` the sum of the parts. */
+#define RES 254
+static void quantize_rows(const float *x, int m_rows, int k, int two, int8_t *xq, float *sx,
+                          float *sumx) {
+    const int groups = k / GROUP;
+    for (int m = 0; m < m_rows; m++) {
+        for (int g = 0; g < groups; g++) {
+            const float *xg = x + (size_t)m * k + (size_t)g * GROUP;
+            __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+            float d = amax / 127.0f;
+            __m512 vd = _mm512_set1_ps(d);
+            __m512 inv = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+            __m512 inv_lo = _mm512_set1_ps(d > 0.0f ? RES / d : 0.0f);
+            __m512i ha = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
+            __m512i hb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+            /* What the first part missed (at most d / 2), in steps of d / RES. */
+            __m512 ra = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ha), vd, a);
+            __m512 rb = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(hb), vd, b);
+            /* One part only (``two`` 0): the second is zero and never read. */
+            __m512i la = two ? _mm512_cvtps_epi32(_mm512_mul_ps(ra, inv_lo)) : _mm512_setzero_si512();
+            __m512i lb = two ? _mm512_cvtps_epi32(_mm512_mul_ps(rb, inv_lo)) : _mm512_setzero_si512();
+            int8_t *hi = xq + (size_t)m * 2 * k + (size_t)g * GROUP;
+            int8_t *lo = hi + k;
+            _mm_storeu_si128((__m128i *)hi, _mm512_cvtsepi32_epi8(ha));
+            _mm_storeu_si128((__m128i *)(hi + 16), _mm512_cvtsepi32_epi8(hb));
+            _mm_storeu_si128((__m128i *)lo, _mm512_cvtsepi32_epi8(la));
+            _mm_storeu_si128((__m128i *)(lo + 16), _mm512_cvtsepi32_epi8(lb));
+            sx[m * groups + g] = d / RES;
+            /* The sum of the quantized values, not of x: the rounding errors then cancel
+             * in lo * sum + scale * sum(q * xq) as in sum((q * scale + lo) * xq), where
+             * the exact sum would leave lo * sum(errors) (measured: 2.4x the error). */
+            int hsum = _mm512_reduce_add_epi32(_mm512_add_epi32(ha, hb));
+            int lsum = _mm512_reduce_add_epi32(_mm512_add_epi32(la, lb));
+            sumx[m * groups + g] = (d / RES) * (float)(RES * hsum + lsum);
+        }
+    }
+}
+
+/* Rows [0, mr) of x against nb (1 or 2) column blocks from block b. The two parts of
+ * x feed separate int32 accumulators, and with few rows two blocks go side by side:
+ * VPDPBUSD takes ~5 cycles before its result can be added to again, so one
+ * accumulator per row would leave the core waiting at one or two rows. */
+static inline __attribute__((always_inline)) void tile(
+    const int mr, const int nb, const int k, const int n, const int b, const uint8_t *w,
+    const uint16_t *scale, const uint16_t *lo, const int8_t *xq, const float *sx,
+    const float *sumx, float *y, const int accumulate, const int two) {
+    const int groups = k / GROUP;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 accf[2][MR];
+    for (int j = 0; j < nb; j++)
+        for (int i = 0; i < mr; i++) accf[j][i] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512i acc_hi[2][MR], acc_lo[2][MR];
+        for (int j = 0; j < nb; j++)
+            for (int i = 0; i < mr; i++) {
+                acc_hi[j][i] = _mm512_setzero_si512();
+                acc_lo[j][i] = _mm512_setzero_si512();
+            }
+        for (int s = 0; s < 4; s++) {
+            for (int j = 0; j < nb; j++) {
+                const uint8_t *ws = w + ((size_t)(b + j) * groups + g) * 256 + s * 64;
+                /* The hardware prefetcher alone left one row at ~half the memory's speed. */
+                _mm_prefetch((const char *)(ws + PREFETCH), _MM_HINT_T0);
+                __m512i v = _mm512_loadu_si512((const void *)ws);
+                __m512i wl = _mm512_and_si512(v, low4);
+                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                for (int i = 0; i < mr; i++) {
+                    const int8_t *xs = xq + (size_t)i * 2 * k + (size_t)g * GROUP + s * 8;
+                    int32_t hi1, hi2, lo1, lo2;
+                    memcpy(&hi1, xs, 4);
+                    memcpy(&hi2, xs + 4, 4);
+                    memcpy(&lo1, xs + k, 4);
+                    memcpy(&lo2, xs + k + 4, 4);
+                    acc_hi[j][i] = _mm512_dpbusd_epi32(acc_hi[j][i], wl, _mm512_set1_epi32(hi1));
+                    acc_hi[j][i] = _mm512_dpbusd_epi32(acc_hi[j][i], wh, _mm512_set1_epi32(hi2));
+                    if (two) {
+                        acc_lo[j][i] = _mm512_dpbusd_epi32(acc_lo[j][i], wl, _mm512_set1_epi32(lo1));
+                        acc_lo[j][i] = _mm512_dpbusd_epi32(acc_lo[j][i], wh, _mm512_set1_epi32(lo2));
+                    }
+                }
+            }
+        }
+        for (int j = 0; j < nb; j++) {
+            const size_t at = ((size_t)(b + j) * groups + g) * NB;
+            __m512 vs = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + at)));
+            __m512 vl = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(lo + at)));
+            for (int i = 0; i < mr; i++) {
+                /* |dot| <= 15 * 32 * (127 * RES + 127): fits int32. */
+                __m512i dot = _mm512_add_epi32(
+                    _mm512_mullo_epi32(acc_hi[j][i], _mm512_set1_epi32(RES)), acc_lo[j][i]);
+                __m512 rowscale = _mm512_mul_ps(vs, _mm512_set1_ps(sx[i * groups + g]));
+                accf[j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), rowscale, accf[j][i]);
+                accf[j][i] = _mm512_fmadd_ps(vl, _mm512_set1_ps(sumx[i * groups + g]), accf[j][i]);
+            }
+        }
+    }
+    for (int j = 0; j < nb; j++)
+        for (int i = 0; i < mr; i++) {
+            float *at = y + (size_t)i * n + (size_t)(b + j) * NB;
+            _mm512_storeu_ps(at, accumulate ? _mm512_add_ps(_mm512_loadu_ps(at), accf[j][i]) : accf[j][i]);
+        }
+}
+
+/* Column blocks outermost, so a block's weights (a few KB) are read from memory once
+ * and stay in L1 while each tile of up to 4 rows uses them; a call per (rows, blocks)
+ * shape with constant arguments, so the accumulators are registers (at most 12 of 32:
+ * more rows or blocks at once spilled them, measured 2x slower at 4 rows). */
+static void rows_blocks(int mr, int nb, int k, int n, int b, const uint8_t *w,
+                        const uint16_t *scale, const uint16_t *lo, const int8_t *xq,
+                        const float *sx, const float *sumx, float *y, int accumulate, int two) {
+#define TILE(R, B, T) \
+    case R * 100 + B * 10 + T: tile(R, B, k, n, b, w, scale, lo, xq, sx, sumx, y, accumulate, T); break;
+    switch (mr * 100 + nb * 10 + (two ? 1 : 0)) {
+        TILE(1, 1, 1) TILE(1, 2, 1) TILE(2, 1, 1) TILE(2, 2, 1) TILE(3, 1, 1) TILE(4, 1, 1)
+        TILE(1, 1, 0) TILE(1, 2, 0) TILE(2, 1, 0) TILE(2, 2, 0) TILE(3, 1, 0) TILE(4, 1, 0)
+    }
+#undef TILE
+}
+
+/* y = x W^T, or y += x W^T with ``accumulate`` (a residual add for free). ``two`` 0
+ * quantizes x to one int8 part only (half the multiplies, ~8 bits): for a pass whose
+ * result is only a shortlist (the LM head's, see fast_llama.TiedTable). Returns 0, or
+ * -1 when a working buffer could not be allocated. */
+int omni_int4_matmul(const float *x, int m_rows, int k, const uint8_t *w, const uint16_t *scale,
+                     const uint16_t *lo, int n, float *y, int accumulate, int two) {
+    const int groups = k / GROUP;
+    int8_t *xq = malloc((size_t)m_rows * 2 * k);
+    float *sx = malloc(sizeof(float) * (size_t)m_rows * groups * 2);
+    if (xq == NULL || sx == NULL) {
+        free(xq);
+        free(sx);
+        return -1;
+    }
+    float *sumx = sx + (size_t)m_rows * groups;
+    quantize_rows(x, m_rows, k, two, xq, sx, sumx);
+    const int blocks = n / NB;
+    /* Two blocks side by side where a tile has one or two rows (see tile). */
+    const int nb = m_rows <= 2 ? 2 : 1;
+    for (int b = 0; b < blocks; b += nb) {
+        const int here = b + nb <= blocks ? nb : 1;
+        for (int m0 = 0; m0 < m_rows; m0 += MR) {
+            const int mr = m_rows - m0 < MR ? m_rows - m0 : MR;
+            rows_blocks(mr, here, k, n, b, w, scale, lo, xq + (size_t)m0 * 2 * k,
+                        sx + (size_t)m0 * groups, sumx + (size_t)m0 * groups, y + (size_t)m0 * n,
+                        accumulate, two);
+        }
+    }
+    free(xq);
+    free(sx);
+    return 0;
+}
+
+/* ---- the rest of a decode step's layer: few calls instead of ~20 small torch ops ---- */
+
+/* out[r] = x[r] / rms(x[r]) * weight, rows of ``hidden`` (a multiple of 16) floats. */
+void omni_rms_norm(const float *x, int rows, int hidden, const float *weight, float eps,
+                   float *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * hidden;
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < hidden; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / hidden + eps);
+        __m512 vi = _mm512_set1_ps(inv);
+        for (int i = 0; i < hidden; i += 16)
+            _mm512_storeu_ps(out + (size_t)r * hidden + i,
+                             _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), vi),
+                                           _mm512_loadu_ps(weight + i)));
+    }
+}
+
+/* e^x for x <= 0 (softmax after subtracting the max): 2^(x log2 e) as 2^i * 2^f with a
+ * degree-6 polynomial for 2^f on [-0.5, 0.5] (relative error ~2e-7). */
+static inline __m512 exp_neg(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 i = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, i), _mm512_set1_ps(0.69314718055994531f));
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, i);
+}
+
+/* out[r] = silu(gate) * up, row r of ``gate_up`` being [gate (width), up (width)]. */
+void omni_silu_mul(const float *gate_up, int rows, int width, float *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + (size_t)r * 2 * width, *u = g + width;
+        float *o = out + (size_t)r * width;
+        for (int i = 0; i < width; i += 16) {
+            __m512 v = _mm512_loadu_ps(g + i);
+            /* silu(v) = v / (1 + e^-v), with e^-|v| so the exponent never overflows. */
+            __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(v)));
+            __m512 one = _mm512_set1_ps(1.0f);
+            __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+            /* sigmoid: 1 / (1 + e) for v >= 0, e / (1 + e) for v < 0 */
+            __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(neg, one, e), _mm512_add_ps(one, e));
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(v, sig), _mm512_loadu_ps(u + i)));
+        }
+    }
+}
+
+/* One decode step's attention for ``rows`` rows (row r is cache slot r, at position
+ * positions[r], attending to positions 0..positions[r]):
+ *   qkv [rows, (heads + 2 kv_heads) * hd]: the q/k/v projection, q and k rows permuted
+ *     so each head's rotated pairs are adjacent (see fast_llama);
+ *   rope [positions, hd/2, 2]: cos and sin per position and pair;
+ *   kcache, vcache [slots, kv_heads, capacity, hd]: the layer's cache, where this
+ *     step's k (rotated) and v are written;
+ *   out [rows, heads * hd].
+ * hd: a multiple of 16 up to MAX_HD; heads / kv_heads up to MAX_GROUP (int4_kernel.py
+ * checks both). Returns 0, or -1 when a working buffer could not be allocated. */
+#define MAX_HD 128
+#define MAX_GROUP 8
+int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, int hd,
+                          const float *rope, const int64_t *positions, float *kcache,
+                          float *vcache, int capacity, float *out) {
+    const int group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = malloc(sizeof(float) * (size_t)capacity * group);
+    float *q = malloc(sizeof(float) * (size_t)heads * hd);
+    if (scores == NULL || q == NULL) {
+        free(scores);
+        free(q);
+        return -1;
+    }
+    for (int r = 0; r < rows; r++) {
+        const int64_t pos = positions[r];
+        const float *cs = rope + (size_t)pos * hd;
+        const float *row = qkv + (size_t)r * width;
+        /* RoPE on q (scaled here once) and k; k and v into the cache at pos. */
+        for (int h = 0; h < heads + kv_heads; h++) {
+            const float *src = row + (size_t)h * hd;
+            float *dst = h < heads ? q + (size_t)h * hd
+                                   : kcache + (((size_t)r * kv_heads + (h - heads)) * capacity + pos) * hd;
+            const float mul = h < heads ? scale : 1.0f;
+            for (int i = 0; i < hd; i += 2) {
+                float a = src[i], b = src[i + 1], c = cs[i], s = cs[i + 1];
+                dst[i] = (a * c - b * s) * mul;
+                dst[i + 1] = (a * s + b * c) * mul;
+            }
+        }
+        for (int h = 0; h < kv_heads; h++)
+            memcpy(vcache + (((size_t)r * kv_heads + h) * capacity + pos) * hd,
+                   row + (size_t)(heads + kv_heads + h) * hd, sizeof(float) * hd);
+        const int length = (int)pos + 1;
+        for (int h = 0; h < kv_heads; h++) {
+            const float *kh = kcache + ((size_t)r * kv_heads + h) * capacity * hd;
+            const float *vh = vcache + ((size_t)r * kv_heads + h) * capacity * hd;
+            /* The group's query heads share this kv head: each k row is read once. */
+            for (int t = 0; t < length; t++) {
+                const float *kt = kh + (size_t)t * hd;
+                for (int g = 0; g < group; g++) {
+                    const float *qg = q + (size_t)(h * group + g) * hd;
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int i = 0; i < hd; i += 16)
+                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + i), _mm512_loadu_ps(kt + i), acc);
+                    scores[(size_t)g * capacity + t] = _mm512_reduce_add_ps(acc);
+                }
+            }
+            float inv[MAX_GROUP];
+            for (int g = 0; g < group; g++) {
+                float *sg = scores + (size_t)g * capacity;
+                float top = sg[0];
+                for (int t = 1; t < length; t++) top = sg[t] > top ? sg[t] : top;
+                __m512 vtop = _mm512_set1_ps(top), vsum = _mm512_setzero_ps();
+                int t = 0;
+                for (; t + 16 <= length; t += 16) {
+                    __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sg + t), vtop));
+                    _mm512_storeu_ps(sg + t, e);
+                    vsum = _mm512_add_ps(vsum, e);
+                }
+                if (t < length) {
+                    __mmask16 m = (__mmask16)((1u << (length - t)) - 1);
+                    __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + t), vtop));
+                    _mm512_mask_storeu_ps(sg + t, m, e);
+                    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+                }
+                inv[g] = 1.0f / _mm512_reduce_add_ps(vsum);
+            }
+            /* Each v row once, for every query head of the group. */
+            __m512 acc[MAX_GROUP][MAX_HD / 16];
+            for (int g = 0; g < group; g++)
+                for (int c = 0; c < hd / 16; c++) acc[g][c] = _mm512_setzero_ps();
+            for (int u = 0; u < length; u++) {
+                const float *vu = vh + (size_t)u * hd;
+                for (int c = 0; c < hd / 16; c++) {
+                    __m512 v = _mm512_loadu_ps(vu + c * 16);
+                    for (int g = 0; g < group; g++)
+                        acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(size_t)g * capacity + u]), v, acc[g][c]);
+                }
+            }
+            for (int g = 0; g < group; g++) {
+                float *o = out + (size_t)r * heads * hd + (size_t)(h * group + g) * hd;
+                for (int c = 0; c < hd / 16; c++)
+                    _mm512_storeu_ps(o + c * 16, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
+            }
+        }
+    }
+    free(scores);
+    free(q);
+    return 0;
+}

@@ -1,0 +1,227 @@
+"""Our CPU kernels (``int4_kernel.c``) for CPUs with AVX512-VNNI: the int4 matmul, and
+the rest of a decode step's layer (RMS norm, SiLU-gate, RoPE + KV write + attention),
+built with the machine's C compiler on first use, kept in the cache directory, called
+through ctypes (~3 us a call, against ~20 small torch ops a layer it replaces).
+
+Why not a torch C++ extension: compiling against torch's headers takes about a minute
+on two cores, this plain C file well under a second, so a replica's first start does
+not wait on it. The kernel is single-threaded and uses no OpenMP: a second OpenMP
+runtime in the process would fight torch's (see ``torch_threads``). ctypes lets go of
+the GIL during the call.
+
+Where the CPU lacks the instructions or no compiler is found, ``load`` says why and the
+caller keeps torch's own int4 kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnistage import envs
+
+log = logging.getLogger(__name__)
+
+GROUP = 32  # weights per scale along the input dimension
+BLOCK = 16  # output columns the kernel computes together (one AVX512 register)
+_SOURCE = Path(__file__).with_name("int4_kernel.c")
+_FLAGS = (
+    "-O3",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mavx512vnni",
+    "-mf16c",
+    "-mfma",
+    "-shared",
+    "-fPIC",
+)
+# /proc/cpuinfo names of what the flags above let the compiler use.
+_NEEDED = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+class Int4Kernel:
+    """The loaded library: ``pack`` weights once, then ``matmul`` per call."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        self._matmul = _bind(lib.omni_int4_matmul, ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32)
+        self._rms_norm = _bind(lib.omni_rms_norm, ptr, i32, i32, ptr, f32, ptr, returns=None)
+        self._silu_mul = _bind(lib.omni_silu_mul, ptr, i32, i32, ptr, returns=None)
+        self._attention = _bind(
+            lib.omni_decode_attention, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr
+        )
+
+    def pack(
+        self, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Weights ``q`` [n, k] (0..15) with per-group ``scale`` and ``lo`` [n, k/32]
+        (w = q * scale + lo) in the kernel's layout; ``n`` a multiple of 16."""
+        n, k = q.shape
+        blocks, groups = n // BLOCK, k // GROUP
+        # K index = 32 g + 8 s + 4 half + t; bytes ordered (block, g, s, column, t).
+        parts = q.to(torch.uint8).reshape(blocks, BLOCK, groups, 4, 2, 4)
+        parts = parts.permute(0, 2, 3, 1, 5, 4)  # block, g, s, column, t, half
+        packed = (parts[..., 0] | (parts[..., 1] << 4)).contiguous().reshape(-1)
+
+        def per_block(t: torch.Tensor) -> torch.Tensor:
+            t = t.reshape(blocks, BLOCK, groups).transpose(1, 2)
+            return t.to(torch.float16).contiguous().reshape(-1)
+
+        return packed, per_block(scale), per_block(lo)
+
+    def matmul(
+        self,
+        x: torch.Tensor,
+        packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        n: int,
+        into: torch.Tensor | None = None,
+        coarse: bool = False,
+    ) -> torch.Tensor:
+        """float32 [m, n] = float32 ``x`` [m, k] times the packed weights' transpose;
+        with ``into`` (float32 [m, n], contiguous) the product is added to it.
+        ``coarse``: x to ~8 bits instead of ~15 (relative error ~5e-3 against ~2e-5),
+        for a shortlist that is then computed exactly."""
+        x = _floats(x)
+        m, k = x.shape
+        w, scale, lo = packed
+        y = torch.empty(m, n, dtype=torch.float32) if into is None else into
+        args = (x.data_ptr(), m, k, w.data_ptr(), scale.data_ptr(), lo.data_ptr(), n)
+        if self._matmul(*args, y.data_ptr(), into is not None, not coarse) != 0:
+            raise MemoryError("int4 kernel: no memory for its working buffers")
+        return y
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = _floats(x)
+        out = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, out.data_ptr())
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of rows [gate, up]."""
+        gate_up = _floats(gate_up)
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, width, dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+        return out
+
+    def decode_attention(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        heads: int,
+        rope: torch.Tensor,
+    ) -> torch.Tensor:
+        """RoPE, this step's K/V into the cache, and attention, for one new token per
+        row (row r in slot r of ``keys``/``values`` [slots, kv_heads, capacity, hd], at
+        ``positions[r]``, an int64 tensor); ``rope`` [positions, hd/2, 2] (cos, sin)."""
+        qkv = _floats(qkv)
+        if not (keys.is_contiguous() and values.is_contiguous()):
+            raise ValueError("decode_attention needs contiguous caches")
+        kv_heads, capacity, hd = keys.shape[1], keys.shape[2], keys.shape[3]
+        rows = qkv.shape[0]
+        out = torch.empty(rows, heads * hd, dtype=torch.float32)
+        code = self._attention(
+            qkv.data_ptr(),
+            rows,
+            heads,
+            kv_heads,
+            hd,
+            rope.data_ptr(),
+            positions.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            capacity,
+            out.data_ptr(),
+        )
+        if code != 0:
+            raise MemoryError("decode attention: no memory for its working buffers")
+        return out
+
+
+def fits_attention(head_dim: int, heads: int, kv_heads: int) -> bool:
+    """Whether ``decode_attention`` takes this shape (int4_kernel.c's MAX_HD and
+    MAX_GROUP, and whole AVX512 registers per head)."""
+    return (
+        head_dim % 16 == 0 and head_dim <= 128 and heads % kv_heads == 0 and heads <= 8 * kv_heads
+    )
+
+
+def _floats(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        return x.float().contiguous()
+    return x
+
+
+def _bind(fn: Any, *argtypes: Any, returns: Any = ctypes.c_int) -> Any:
+    fn.argtypes = list(argtypes)
+    fn.restype = returns
+    return fn
+
+
+@functools.cache
+def load() -> Int4Kernel | str:
+    """The kernel, or why it cannot run here (built once per machine and source)."""
+    missing = [f for f in _NEEDED if f not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    try:
+        path = _build()
+        return Int4Kernel(ctypes.CDLL(str(path)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return str(exc)
+
+
+def _build() -> Path:
+    source = _SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = Path(envs.cache_dir()).expanduser() / "kernels" / f"int4_{digest}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) to build it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Replicas starting together may build at once: each writes its own file and the
+    # rename makes one of them the library, whole.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"building {_SOURCE.name} failed: {done.stderr.strip()[-400:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built the int4 kernel into %s", target)
+    return target

@@ -1,0 +1,162 @@
+"""Our CPU kernels (int4_kernel.c) against plain torch: the int4 matmul, RMS norm, the
+SiLU gate and a decode step's attention with its RoPE and cache write. Skipped, saying
+why, on a CPU without AVX512-VNNI or a machine without a C compiler."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from omnistage.config.engine_args import LlmArgs  # noqa: E402
+from omnistage.engines.llm import backends, int4_kernel  # noqa: E402
+from omnistage.engines.llm.fast_llama import Int4Linear  # noqa: E402
+from omnistage.protocol.errors import EngineError  # noqa: E402
+
+_KERNEL = int4_kernel.load()
+needs_kernel = pytest.mark.skipif(isinstance(_KERNEL, str), reason=f"no int4 kernel: {_KERNEL}")
+
+
+def _quantized(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (0..15), scale and lo per group of 32, and the weights they stand for (with
+    scale and lo rounded to float16 as the kernel keeps them)."""
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    groups = w.reshape(n, k // 32, 32)
+    lo = groups.amin(-1)
+    scale = ((groups.amax(-1) - lo) / 15).clamp_min(1e-12)
+    q = torch.round((groups - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp(0, 15)
+    exact = q * scale.half().float().unsqueeze(-1) + lo.half().float().unsqueeze(-1)
+    return q.reshape(n, k), scale, lo, exact.reshape(n, k)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (48, 64)])
+def test_the_matmul_matches_the_dequantized_weights(rows: int, n: int, k: int) -> None:
+    assert not isinstance(_KERNEL, str)
+    q, scale, lo, exact = _quantized(n, k)
+    packed = _KERNEL.pack(q, scale, lo)
+    x = torch.randn(rows, k)
+    reference = x.double() @ exact.double().T
+    # Two int8 parts per activation: far closer than bfloat16 activations (~2e-3).
+    assert _rel(_KERNEL.matmul(x, packed, n), reference) < 1e-4
+    # One part (the LM head's shortlist pass): ~8 bits.
+    assert _rel(_KERNEL.matmul(x, packed, n, coarse=True), reference) < 2e-2
+    into = torch.randn(rows, n)
+    before = into.clone()
+    out = _KERNEL.matmul(x, packed, n, into=into)
+    assert out is into
+    assert _rel(into - before, reference) < 1e-4
+
+
+@needs_kernel
+def test_a_zero_row_and_a_constant_group_are_exact() -> None:
+    assert not isinstance(_KERNEL, str)
+    q, scale, lo, exact = _quantized(32, 64)
+    x = torch.zeros(2, 64)
+    x[1, :32] = 0.5  # one group all equal, the other all zero
+    out = _KERNEL.matmul(x, _KERNEL.pack(q, scale, lo), 32)
+    assert torch.equal(out[0], torch.zeros(32))
+    assert torch.allclose(out[1], (x[1].double() @ exact.double().T).float(), atol=1e-5)
+
+
+@needs_kernel
+def test_int4_linear_on_our_kernel_matches_torchs_within_bfloat16() -> None:
+    assert not isinstance(_KERNEL, str)
+    w = torch.randn(960, 576) * 0.05
+    x = torch.randn(4, 576)
+    ours, theirs = Int4Linear(w, _KERNEL)(x), Int4Linear(w)(x)
+    # The same grid; theirs rounds activations (and scales) to bfloat16.
+    assert _rel(ours, theirs) < 1e-2
+
+
+@needs_kernel
+def test_rms_norm_and_the_silu_gate_match_torch() -> None:
+    assert not isinstance(_KERNEL, str)
+    x, weight = torch.randn(3, 576) * 3, torch.rand(576) + 0.5
+    expected = F.rms_norm(x, (576,), weight, 1e-5)
+    assert torch.allclose(_KERNEL.rms_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(3, 2 * 1536) * 6  # large |gate| too: e^-gate must not overflow
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    assert torch.allclose(_KERNEL.silu_mul(gate_up), expected, rtol=1e-5, atol=1e-5)
+
+
+def _rotated(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
+    """RoPE on adjacent pairs (2i, 2i + 1) with cs [hd/2, 2] (cos, sin)."""
+    a, b = x[..., 0::2], x[..., 1::2]
+    c, s = cs[:, 0], cs[:, 1]
+    return torch.stack([a * c - b * s, a * s + b * c], -1).reshape(x.shape)
+
+
+@needs_kernel
+@pytest.mark.parametrize("lengths", [[1], [37, 5, 130]])
+def test_decode_attention_writes_the_cache_and_matches_sdpa(lengths: list[int]) -> None:
+    assert not isinstance(_KERNEL, str)
+    heads, kv, hd, capacity = 9, 3, 64, 160
+    rows = len(lengths)
+    keys, values = torch.randn(rows, kv, capacity, hd), torch.randn(rows, kv, capacity, hd)
+    angles = torch.rand(capacity, hd // 2) * 6
+    rope = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).contiguous()
+    qkv = torch.randn(rows, (heads + 2 * kv) * hd)
+    positions = torch.tensor([n - 1 for n in lengths])
+    old_k, old_v = keys.clone(), values.clone()
+    out = _KERNEL.decode_attention(qkv, positions, keys, values, heads, rope)
+    for r, length in enumerate(lengths):
+        p = length - 1
+        q = _rotated(qkv[r, : heads * hd].reshape(heads, hd), rope[p])
+        k_new = _rotated(qkv[r, heads * hd : (heads + kv) * hd].reshape(kv, hd), rope[p])
+        v_new = qkv[r, (heads + kv) * hd :].reshape(kv, hd)
+        assert torch.allclose(keys[r, :, p], k_new, atol=1e-6)
+        assert torch.equal(values[r, :, p], v_new)
+        # Nothing else in the cache moved.
+        keys[r, :, p], values[r, :, p] = old_k[r, :, p], old_v[r, :, p]
+        expected = F.scaled_dot_product_attention(
+            q.view(kv, heads // kv, 1, hd),
+            torch.cat([old_k[r, :, :p], k_new.unsqueeze(1)], 1).unsqueeze(1),
+            torch.cat([old_v[r, :, :p], v_new.unsqueeze(1)], 1).unsqueeze(1),
+        ).reshape(-1)
+        assert torch.allclose(out[r], expected, atol=1e-5)
+    assert torch.equal(keys, old_k) and torch.equal(values, old_v)
+
+
+def test_the_engine_arg_picks_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert backends._int4_kernel("torch") is None
+    monkeypatch.setattr(int4_kernel, "load", lambda: "the CPU lacks avx512_vnni")
+    assert backends._int4_kernel("auto") is None  # torch's, said in the log
+    with pytest.raises(EngineError, match="the CPU lacks avx512_vnni"):
+        backends._int4_kernel("omnistage")
+    with pytest.raises(ValueError):
+        LlmArgs(int4_kernel="fastest")
+
+
+def test_a_cpu_without_the_instructions_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: {"avx512f", "fma"})
+    int4_kernel.load.cache_clear()
+    try:
+        why = int4_kernel.load()
+    finally:
+        int4_kernel.load.cache_clear()
+    assert isinstance(why, str) and "avx512_vnni" in why and "avx512bw" in why
+
+
+def test_a_failed_build_is_named_and_leaves_no_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: set(int4_kernel._NEEDED))
+    monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    int4_kernel.load.cache_clear()
+    try:
+        why = int4_kernel.load()
+    finally:
+        int4_kernel.load.cache_clear()
+    assert isinstance(why, str) and "building int4_kernel.c failed" in why
+    assert list((tmp_path / "kernels").iterdir()) == []
