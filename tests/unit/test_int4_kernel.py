@@ -160,3 +160,42 @@ def test_a_failed_build_is_named_and_leaves_no_library(
         int4_kernel.load.cache_clear()
     assert isinstance(why, str) and "building int4_kernel.c failed" in why
     assert list((tmp_path / "kernels").iterdir()) == []
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3])
+def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int) -> None:
+    assert not isinstance(_KERNEL, str)
+    from omnistage.engines.llm.fast_llama import LlamaShape
+
+    shape = LlamaShape(2, 64, 4, 2, 16, 128, 100, 1e-5, 10000.0, 64)
+    widths = [(96 + 32, 64), (64, 64), (256, 64), (64, 128)]  # qkv, o, gate_up, down
+    layers, weights = [], []
+    for _ in range(shape.layers):
+        packs = [_KERNEL.pack(*_quantized(n, k)[:3]) for n, k in widths]
+        norms = (torch.rand(64) + 0.5, torch.rand(64) + 0.5)
+        layers.append((*norms, packs))
+        weights.append((norms, packs))
+    table = _KERNEL.layer_table(layers)
+    capacity = 32
+    caches = [[torch.randn(rows, 2, capacity, 16) for _ in range(2)] for _ in range(2)]
+    angles = torch.rand(64, 8) * 6
+    rope = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).contiguous()
+    positions = torch.tensor([5 + 7 * r for r in range(rows)])
+    h0 = torch.randn(rows, 64)
+
+    h = h0.clone()
+    keys, values = [c[0].clone() for c in caches], [c[1].clone() for c in caches]
+    _KERNEL.decode_layers(h, table, keys, values, shape, rope, positions)
+
+    expected = h0.clone()
+    k_ref, v_ref = [c[0].clone() for c in caches], [c[1].clone() for c in caches]
+    for i, ((attn_norm, mlp_norm), (qkv, o, gate_up, down)) in enumerate(weights):
+        x = _KERNEL.rms_norm(expected, attn_norm, shape.eps)
+        qkv_out = _KERNEL.matmul(x, qkv, 128)
+        attn = _KERNEL.decode_attention(qkv_out, positions, k_ref[i], v_ref[i], 4, rope)
+        _KERNEL.matmul(attn, o, 64, into=expected)
+        x = _KERNEL.rms_norm(expected, mlp_norm, shape.eps)
+        _KERNEL.matmul(_KERNEL.silu_mul(_KERNEL.matmul(x, gate_up, 256)), down, 64, into=expected)
+    assert torch.equal(h, expected)
+    assert all(torch.equal(a, b) for a, b in zip(keys + values, k_ref + v_ref, strict=True))

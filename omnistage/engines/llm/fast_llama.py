@@ -259,6 +259,19 @@ class FastLlama:
         self._kernel = kernel
         self._fused = kernel is not None and fits_attention(s.head_dim, s.heads, s.kv_heads)
         self._rope_cs = torch.view_as_real(self.rope).contiguous()  # [positions, hd/2, 2]
+        self._layer_table = None
+        if self._fused:
+            assert kernel is not None
+            self._layer_table = kernel.layer_table(
+                [
+                    (
+                        layer.attn_norm,
+                        layer.mlp_norm,
+                        [lin.packed for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)],
+                    )
+                    for layer in self.layers
+                ]
+            )
 
     def forward(
         self,
@@ -336,21 +349,14 @@ class FastLlama:
         values: Sequence[torch.Tensor],
         head: bool,
     ) -> torch.Tensor | None:
-        """``forward``'s decode on our kernels: five calls a layer (norms, attention with
-        its RoPE and cache write, the SiLU gate) around the four matmuls, two of which
-        add into the residual stream in place; ``forward``'s ``slots``/``mask``/``length``
-        follow from ``positions`` (row i is slot i and sees positions 0..positions[i])."""
+        """``forward``'s decode on our kernels: every layer in one call (see
+        ``Int4Kernel.decode_layers``); ``forward``'s ``slots``/``mask``/``length`` follow
+        from ``positions`` (row i is slot i and sees positions 0..positions[i])."""
         kernel, s = self._kernel, self.shape
-        assert kernel is not None
+        assert kernel is not None and self._layer_table is not None
         h = self.embed.rows(ids).contiguous()  # [n, hidden] float32
         at = positions.to(torch.int64).contiguous()
-        for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
-            x = kernel.rms_norm(h, layer.attn_norm, s.eps)
-            qkv = layer.qkv(x)
-            attn = kernel.decode_attention(qkv, at, layer_k, layer_v, s.heads, self._rope_cs)
-            layer.o(attn, into=h)
-            x = kernel.rms_norm(h, layer.mlp_norm, s.eps)
-            layer.down(kernel.silu_mul(layer.gate_up(x)), into=h)
+        kernel.decode_layers(h, self._layer_table, keys, values, s, self._rope_cs, at)
         if not head:
             return None
         return self.head.logits(kernel.rms_norm(h, self.norm, s.eps))

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,11 @@ class Int4Kernel:
         self._silu_mul = _bind(lib.omni_silu_mul, ptr, i32, i32, ptr, returns=None)
         self._attention = _bind(
             lib.omni_decode_attention, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr
+        )
+        self._layers = _bind(
+            lib.omni_decode_layers,
+            *(ptr, i32, i32, ptr, ptr, ptr),
+            *(i32, i32, i32, i32, i32, i32, f32, ptr, ptr),
         )
 
     def pack(
@@ -161,6 +167,75 @@ class Int4Kernel:
         if code != 0:
             raise MemoryError("decode attention: no memory for its working buffers")
         return out
+
+    def layer_table(self, layers: list[LayerWeights]) -> ctypes.Array[_Layer]:
+        """The C table of every layer's weights, for ``decode_layers`` (the tensors must
+        outlive it: the model holds them)."""
+        table = (_Layer * len(layers))()
+        for entry, (attn_norm, mlp_norm, linears) in zip(table, layers, strict=True):
+            entry.attn_norm, entry.mlp_norm = attn_norm.data_ptr(), mlp_norm.data_ptr()
+            for i, (w, scale, lo) in enumerate(linears):
+                entry.w[i], entry.scale[i], entry.lo[i] = (
+                    w.data_ptr(),
+                    scale.data_ptr(),
+                    lo.data_ptr(),
+                )
+        return table
+
+    def decode_layers(
+        self,
+        h: torch.Tensor,
+        table: ctypes.Array[_Layer],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        shape: Any,
+        rope: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        """The residual stream ``h`` (float32 [rows, hidden], contiguous) through every
+        layer of a decode step, in place, in one call: per layer the RMS norms, the four
+        matmuls, RoPE with the K/V write and attention (as ``decode_attention``), the
+        SiLU gate and the residual adds. ``shape``: the model's ``LlamaShape``."""
+        if not all(t.is_contiguous() for t in (*keys, *values)):
+            raise ValueError("decode_layers needs contiguous caches")
+        layers = len(table)
+        key_ptrs = (ctypes.c_void_p * layers)(*(k.data_ptr() for k in keys))
+        value_ptrs = (ctypes.c_void_p * layers)(*(v.data_ptr() for v in values))
+        code = self._layers(
+            h.data_ptr(),
+            h.shape[0],
+            layers,
+            table,
+            key_ptrs,
+            value_ptrs,
+            keys[0].shape[2],
+            shape.hidden,
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.intermediate,
+            shape.eps,
+            rope.data_ptr(),
+            positions.data_ptr(),
+        )
+        if code != 0:
+            raise MemoryError("decode layers: no memory for their working buffers")
+
+
+# (attn_norm, mlp_norm, [(packed, scale, lo) of qkv, o, gate_up, down])
+LayerWeights = tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, ...]]]
+
+
+class _Layer(ctypes.Structure):
+    """int4_kernel.c's omni_layer."""
+
+    _fields_ = [
+        ("attn_norm", ctypes.c_void_p),
+        ("mlp_norm", ctypes.c_void_p),
+        ("w", ctypes.c_void_p * 4),
+        ("scale", ctypes.c_void_p * 4),
+        ("lo", ctypes.c_void_p * 4),
+    ]
 
 
 def fits_attention(head_dim: int, heads: int, kv_heads: int) -> bool:
