@@ -22,6 +22,10 @@ Handler = Callable[[list[bytes]], list[bytes] | None]
 # stays bounded by peers x _RCVHWM x _MAX_CONTROL_BYTES.
 _RCVHWM = 1_000
 _MAX_CONTROL_BYTES = 1024 * 1024
+# Connections waiting to be accepted on each listening socket (the kernel caps it at
+# net.core.somaxconn). libzmq's default of 100 overflows when thousands of replicas
+# (re)connect at once, and each dropped connection retries after 1, 3, 7, 15 s.
+LISTEN_BACKLOG = 4096
 
 
 def bind_router(ctx: zmq.Context, url: str) -> tuple[zmq.Socket, str]:
@@ -30,6 +34,7 @@ def bind_router(ctx: zmq.Context, url: str) -> tuple[zmq.Socket, str]:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, _RCVHWM)
     sock.setsockopt(zmq.MAXMSGSIZE, _MAX_CONTROL_BYTES)
+    sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
     if url.endswith(":0"):
         port = sock.bind_to_random_port(url[: -len(":0")])
         return sock, f"{url[: -len(':0')]}:{port}"

@@ -16,6 +16,7 @@ from typing import Protocol
 import msgspec
 import zmq
 
+from omnistage.control.plane import LISTEN_BACKLOG
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
@@ -59,6 +60,8 @@ class DataChannels:
         self.output.setsockopt(zmq.LINGER, 0)
         self.output.setsockopt(zmq.RCVHWM, 100_000)
         self.output.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
+        for sock in (self.input, self.output):
+            sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
         in_port = self.input.bind_to_random_port(f"tcp://{bind_host}")
         out_port = self.output.bind_to_random_port(f"tcp://{bind_host}")
         self.input_url = f"tcp://{bind_host}:{in_port}"
