@@ -44,15 +44,16 @@ def bind_router(ctx: zmq.Context, url: str) -> tuple[zmq.Socket, str]:
 
 class ControlPlane:
     def __init__(self, tick: Callable[[], None], tick_interval_s: float = 0.1) -> None:
-        self._handlers: list[tuple[zmq.Socket, Handler]] = []
+        self._handlers: list[tuple[zmq.Socket, Handler, int]] = []
         self._tick = tick
         self._tick_interval_s = tick_interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omni-control", daemon=True)
 
-    def add(self, sock: zmq.Socket, handler: Handler) -> None:
-        """Attach a bound socket; must be called before ``start``."""
-        self._handlers.append((sock, handler))
+    def add(self, sock: zmq.Socket, handler: Handler, batch: int = 256) -> None:
+        """Attach a bound socket; must be called before ``start``. ``batch``: messages
+        served from it before the others get a turn."""
+        self._handlers.append((sock, handler, batch))
 
     def start(self) -> None:
         self._thread.start()
@@ -60,15 +61,15 @@ class ControlPlane:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        for sock, _ in self._handlers:
+        for sock, _, _ in self._handlers:
             sock.close(linger=0)
 
     def _run(self) -> None:
         poller = zmq.Poller()
         by_socket = {}
-        for sock, handler in self._handlers:
+        for sock, handler, batch in self._handlers:
             poller.register(sock, zmq.POLLIN)
-            by_socket[sock] = handler
+            by_socket[sock] = (handler, batch)
         timeout_ms = int(self._tick_interval_s * 1000)
         next_tick = time.monotonic()
         while not self._stop.is_set():
@@ -79,7 +80,7 @@ class ControlPlane:
                     return
                 raise
             for sock in events:
-                self._serve_one(sock, by_socket[sock])
+                self._serve_one(sock, *by_socket[sock])
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self._tick_interval_s
                 try:
@@ -87,9 +88,9 @@ class ControlPlane:
                 except Exception:
                     log.exception("control tick failed")
 
-    def _serve_one(self, sock: zmq.Socket, handler: Handler) -> None:
+    def _serve_one(self, sock: zmq.Socket, handler: Handler, batch: int) -> None:
         # Drain what is queued, bounded so one busy socket cannot starve the others.
-        for _ in range(256):
+        for _ in range(batch):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

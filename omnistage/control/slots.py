@@ -17,6 +17,7 @@ gets its previous auto-assigned id back, with a new epoch, instead of a fresh id
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,13 @@ class SlotTable:
         self._local_key = local_key
         self._stage_ids = set(stage_ids)
         self._slots: dict[tuple[int, int], Slot] = {}
+        # Auto-assignment without scanning every slot (a registration storm of thousands
+        # of replicas made that the head's control thread's main cost, under the lock the
+        # heartbeats need): per stage, a heap of ids whose slot may be vacant (checked
+        # when popped; a slot that becomes vacant is pushed again) and the lowest id no
+        # slot has (slots are never removed, so it only grows).
+        self._maybe_vacant: dict[int, list[int]] = {sid: [] for sid in stage_ids}
+        self._lowest_unused: dict[int, int] = {sid: 0 for sid in stage_ids}
         self.instance = instance
         self._epoch = epoch_base
         local = {(sid, rid) for sid, rids in (head_local or {}).items() for rid in rids}
@@ -59,9 +67,10 @@ class SlotTable:
             if count < 0:
                 raise ValueError(f"preallocated[{sid}] must be >= 0, got {count}")
             for rid in range(count):
-                self._slots[(sid, rid)] = Slot(sid, rid, head_local=(sid, rid) in local)
+                self._add(Slot(sid, rid, head_local=(sid, rid) in local))
         for sid, rid in local:
-            self._slots.setdefault((sid, rid), Slot(sid, rid, head_local=True))
+            if (sid, rid) not in self._slots:
+                self._add(Slot(sid, rid, head_local=True))
 
     @property
     def stage_ids(self) -> set[int]:
@@ -98,7 +107,7 @@ class SlotTable:
                     f"replica id {rid} of stage {req.stage_id} is reserved for the head's "
                     "own replica; register without a replica id to get one assigned"
                 )
-        slot = self._slots.setdefault((req.stage_id, rid), Slot(req.stage_id, rid))
+        slot = self._slots.get((req.stage_id, rid)) or self._add(Slot(req.stage_id, rid))
         self._epoch += 1
         slot.filled = True
         slot.epoch = self._epoch
@@ -119,6 +128,7 @@ class SlotTable:
         slot = self._slots.get((stage_id, replica_id))
         if slot is not None and slot.epoch == epoch:
             slot.filled = False
+            self._vacated(slot)
 
     def reserve_local(self, stage_id: int, taken: set[int]) -> int:
         """The lowest replica id of the stage for one more of the head's own replicas,
@@ -130,7 +140,8 @@ class SlotTable:
             if rid not in taken and (slot is None or not slot.filled or slot.head_local):
                 break
             rid += 1
-        self._slots.setdefault((stage_id, rid), Slot(stage_id, rid)).head_local = True
+        slot = self._slots.get((stage_id, rid)) or self._add(Slot(stage_id, rid))
+        slot.head_local = True
         return rid
 
     def unreserve(self, stage_id: int, replica_id: int) -> None:
@@ -139,6 +150,7 @@ class SlotTable:
         slot = self._slots.get((stage_id, replica_id))
         if slot is not None:
             slot.head_local = False
+            self._vacated(slot)
 
     def is_current(self, stage_id: int, replica_id: int, epoch: int) -> bool:
         slot = self._slots.get((stage_id, replica_id))
@@ -160,14 +172,27 @@ class SlotTable:
         return rid
 
     def _next_free_replica_id(self, stage_id: int) -> int:
-        used: set[int] = set()
-        for (sid, rid), slot in sorted(self._slots.items()):
-            if sid != stage_id:
-                continue
-            used.add(rid)
+        """The lowest vacant slot's id (not filled, not the head's), else the lowest id
+        no slot has; the vacant slot stays a candidate until it is filled."""
+        heap = self._maybe_vacant.setdefault(stage_id, [])
+        while heap:
+            slot = self._slots[(stage_id, heap[0])]
             if not slot.filled and not slot.head_local:
-                return rid
-        rid = 0
-        while rid in used:
-            rid += 1
-        return rid
+                return slot.replica_id
+            heapq.heappop(heap)  # taken since it was pushed; pushed again if vacated
+        return self._lowest_unused.get(stage_id, 0)
+
+    def _add(self, slot: Slot) -> Slot:
+        sid, rid = slot.stage_id, slot.replica_id
+        self._slots[(sid, rid)] = slot
+        if rid == self._lowest_unused.get(sid, 0):
+            nxt = rid + 1
+            while (sid, nxt) in self._slots:
+                nxt += 1
+            self._lowest_unused[sid] = nxt
+        self._vacated(slot)
+        return slot
+
+    def _vacated(self, slot: Slot) -> None:
+        if not slot.filled and not slot.head_local:
+            heapq.heappush(self._maybe_vacant.setdefault(slot.stage_id, []), slot.replica_id)

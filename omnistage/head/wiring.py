@@ -47,8 +47,11 @@ def control_plane(
     )
     handshake = HandshakeServer(state.slots, state.lock, events.init_for, opts.verifier())
     control = ControlPlane(state.coordinator.tick)
-    control.add(sockets.master, master.handle)
-    control.add(sockets.handshake, handshake.handle)
+    # Registrations and handshakes a few at a time between rounds of heartbeats: in a
+    # storm of thousands of replicas registering at once, beats queued behind hundreds
+    # of registrations aged past the timeout and healthy replicas were marked ERROR.
+    control.add(sockets.master, master.handle, batch=32)
+    control.add(sockets.handshake, handshake.handle, batch=32)
     control.add(sockets.coordinator, state.coordinator.handle)
     return master, control
 

@@ -225,3 +225,47 @@ def test_rejoining_the_same_head_instance_gets_the_old_id_back():
     assert again.replica_id == first_id and again.epoch > first_epoch
     other = table.register(_req(0, previous_head="head-b", previous_replica_id=0))
     assert other.replica_id == 2  # another head's id means nothing here
+
+
+def _scan_for_auto_id(table: SlotTable, stage_id: int) -> int:
+    """The seed's rule by brute force: the lowest vacant slot (not filled, not the
+    head's), else the lowest id no slot has."""
+    slots = {s.replica_id: s for s in table.slots() if s.stage_id == stage_id}
+    for rid in sorted(slots):
+        if not slots[rid].filled and not slots[rid].head_local:
+            return rid
+    rid = 0
+    while rid in slots:
+        rid += 1
+    return rid
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_auto_assignment_follows_the_rule_through_any_history(seed: int) -> None:
+    # The table finds the id without scanning its slots; it must agree with a scan after
+    # any mix of registrations, explicit ids, releases and the head's reservations.
+    import random
+
+    rng = random.Random(seed)
+    table = SlotTable([0, 1], preallocated={0: 3}, head_local={0: [1]})
+    for _ in range(400):
+        sid = rng.choice([0, 1])
+        op = rng.random()
+        filled = [s for s in table.slots() if s.stage_id == sid and s.filled]
+        if op < 0.45:
+            expected = _scan_for_auto_id(table, sid)
+            assert table.register(auto(sid)).replica_id == expected
+        elif op < 0.55:
+            rid = rng.randrange(12)
+            slot = table.get(sid, rid)
+            if slot is None or not slot.head_local:
+                table.register(RegisterRequest(stage_id=sid, replica_id=rid))
+        elif op < 0.85 and filled:
+            slot = rng.choice(filled)
+            table.release(sid, slot.replica_id, slot.epoch)
+        elif op < 0.93:
+            table.reserve_local(sid, taken=set())
+        else:
+            local = [s for s in table.slots() if s.stage_id == sid and s.head_local]
+            if local:
+                table.unreserve(sid, rng.choice(local).replica_id)
