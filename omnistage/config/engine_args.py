@@ -77,9 +77,10 @@ class LlmArgs(_Args):
     max_model_len: int | None = Field(default=2048, ge=16)
     default_max_tokens: int = Field(default=256, ge=1)
     # fast backend: which int4 matmul. "auto": ours (built with the machine's C
-    # compiler on first start) where the CPU has AVX512-VNNI, else torch's; "omnistage"
-    # insists on ours (an error where it cannot run); "torch": torch's.
-    int4_kernel: str = Field(default="auto", pattern="^(auto|omnistage|torch)$")
+    # compiler on first start) where the CPU has AVX512-VNNI (the whole decode step)
+    # or AVX2 (the matmul), else torch's; "omnistage" insists on ours (an error where
+    # it cannot run); "avx512-vnni" / "avx2" that variant of ours; "torch": torch's.
+    int4_kernel: str = Field(default="auto", pattern="^(auto|omnistage|torch|avx512-vnni|avx2)$")
     torch_threads: int | None = Field(default=None, ge=1)
     cache_dir: str | None = None
     # Put before the client's messages when they have no system message of their own

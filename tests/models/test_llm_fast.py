@@ -17,7 +17,7 @@ import torch
 
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
-from omnistage.engines.llm import weights
+from omnistage.engines.llm import int4_kernel, weights
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.engines.llm.fast_llama import FastLlama
 from omnistage.engines.llm.slot_batch import SlotBatch
@@ -129,8 +129,26 @@ def fp32() -> Any:
     return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
 
 
-def test_next_token_choices_agree_with_the_fp32_model(engine: LlmEngine, fp32: Any) -> None:
-    fast = FastLlama(weights.local_model_dir("smollm2"))
+def _kernels() -> list[str]:
+    """torch's int4 kernel, and each of ours this CPU runs."""
+    flags = int4_kernel.cpu_flags()
+    ours = [v.name for v in int4_kernel.VARIANTS if all(f in flags for f in v.needs)]
+    return ["torch", *ours]
+
+
+def _kernel(name: str) -> int4_kernel.Int4Kernel | None:
+    if name == "torch":
+        return None
+    kernel = int4_kernel.load_variant(name)
+    assert not isinstance(kernel, str), kernel
+    return kernel
+
+
+@pytest.mark.parametrize("kernel", _kernels())
+def test_next_token_choices_agree_with_the_fp32_model(
+    engine: LlmEngine, fp32: Any, kernel: str
+) -> None:
+    fast = FastLlama(weights.local_model_dir("smollm2"), _kernel(kernel))
     tokenizer = engine.tokenizer
     agree = total = 0
     for question in QUESTIONS:
@@ -152,6 +170,19 @@ def test_next_token_choices_agree_with_the_fp32_model(engine: LlmEngine, fp32: A
                 agree += int(batch.prefill(ids[:n]).argmax()) == int(expected[n - 1].argmax())
                 total += 1
     assert agree / total >= 0.9, (agree, total)
+
+
+@pytest.mark.parametrize("kernel", [k for k in _kernels() if k != "avx512-vnni"])
+def test_every_int4_kernel_answers_the_capital_of_france(kernel: str) -> None:
+    # The module's engine runs the default (ours, the best variant here); the others
+    # are what other CPUs get.
+    eng = _engine(int4_kernel=kernel)
+    asyncio.run(eng.start())
+    try:
+        chunks = asyncio.run(_collect(eng, _request(QUESTIONS[0], max_tokens=24)))
+        assert "Paris" in _text(chunks)
+    finally:
+        asyncio.run(eng.shutdown())
 
 
 def test_the_transformers_backend_is_still_selectable() -> None:

@@ -15,8 +15,16 @@ from omnistage.engines.llm import backends, int4_kernel  # noqa: E402
 from omnistage.engines.llm.fast_llama import Int4Linear  # noqa: E402
 from omnistage.protocol.errors import EngineError  # noqa: E402
 
-_KERNEL = int4_kernel.load()
+_KERNEL = int4_kernel.load_variant("avx512-vnni")
+if not isinstance(_KERNEL, str) and not _KERNEL.fused:
+    _KERNEL = "not the fused variant"
 needs_kernel = pytest.mark.skipif(isinstance(_KERNEL, str), reason=f"no int4 kernel: {_KERNEL}")
+
+
+def _runnable() -> list[str]:
+    """The variants this CPU runs (their matmuls are tested alike)."""
+    flags = int4_kernel.cpu_flags()
+    return [v.name for v in int4_kernel.VARIANTS if all(f in flags for f in v.needs)]
 
 
 def _quantized(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,24 +44,38 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-@needs_kernel
+@pytest.mark.parametrize("variant", _runnable())
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (48, 64)])
-def test_the_matmul_matches_the_dequantized_weights(rows: int, n: int, k: int) -> None:
-    assert not isinstance(_KERNEL, str)
+def test_the_matmul_matches_the_dequantized_weights(
+    variant: str, rows: int, n: int, k: int
+) -> None:
+    kernel = int4_kernel.load_variant(variant)
+    assert not isinstance(kernel, str), kernel
     q, scale, lo, exact = _quantized(n, k)
-    packed = _KERNEL.pack(q, scale, lo)
+    packed = kernel.pack(q, scale, lo)
     x = torch.randn(rows, k)
     reference = x.double() @ exact.double().T
     # Two int8 parts per activation: far closer than bfloat16 activations (~2e-3).
-    assert _rel(_KERNEL.matmul(x, packed, n), reference) < 1e-4
+    assert _rel(kernel.matmul(x, packed, n), reference) < 1e-4
     # One part (the LM head's shortlist pass): ~8 bits.
-    assert _rel(_KERNEL.matmul(x, packed, n, coarse=True), reference) < 2e-2
+    assert _rel(kernel.matmul(x, packed, n, coarse=True), reference) < 2e-2
     into = torch.randn(rows, n)
     before = into.clone()
-    out = _KERNEL.matmul(x, packed, n, into=into)
+    out = kernel.matmul(x, packed, n, into=into)
     assert out is into
     assert _rel(into - before, reference) < 1e-4
+
+
+def test_the_variants_agree_to_float_rounding() -> None:
+    kernels = [int4_kernel.load_variant(name) for name in _runnable()]
+    if len(kernels) < 2:
+        pytest.skip(f"one variant runs here ({_runnable()})")
+    q, scale, lo, _ = _quantized(960, 576)
+    x = torch.randn(5, 576)
+    outs = [k.matmul(x, k.pack(q, scale, lo), 960) for k in kernels if not isinstance(k, str)]
+    # The same integer sums; only the float accumulation's rounding may differ.
+    assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
@@ -133,32 +155,50 @@ def test_the_engine_arg_picks_the_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
     assert backends._int4_kernel("auto") is None  # torch's, said in the log
     with pytest.raises(EngineError, match="the CPU lacks avx512_vnni"):
         backends._int4_kernel("omnistage")
+    monkeypatch.setattr(int4_kernel, "load_variant", lambda name: f"{name}: the CPU lacks it")
+    with pytest.raises(EngineError, match="int4_kernel avx2 cannot run here: avx2: the CPU"):
+        backends._int4_kernel("avx2")
+    assert LlmArgs(int4_kernel="avx2").int4_kernel == "avx2"
     with pytest.raises(ValueError):
         LlmArgs(int4_kernel="fastest")
 
 
-def test_a_cpu_without_the_instructions_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: {"avx512f", "fma"})
+def _fresh_load() -> int4_kernel.Int4Kernel | str:
     int4_kernel.load.cache_clear()
+    int4_kernel.load_variant.cache_clear()
     try:
-        why = int4_kernel.load()
+        return int4_kernel.load()
     finally:
         int4_kernel.load.cache_clear()
+        int4_kernel.load_variant.cache_clear()
+
+
+def test_a_cpu_without_the_instructions_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: {"avx512f", "fma"})
+    why = _fresh_load()
     assert isinstance(why, str) and "avx512_vnni" in why and "avx512bw" in why
+    assert "avx2: the CPU lacks avx2, f16c" in why
+
+
+def test_a_cpu_with_avx2_only_gets_the_matmul_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    if "avx2" not in _runnable():
+        pytest.skip("this CPU cannot run the avx2 variant")
+    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    kernel = _fresh_load()
+    assert not isinstance(kernel, str), kernel
+    assert (kernel.variant, kernel.fused) == ("avx2", False)
 
 
 def test_a_failed_build_is_named_and_leaves_no_library(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: set(int4_kernel._NEEDED))
+    needs = {f for v in int4_kernel.VARIANTS for f in v.needs}
+    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: needs)
     monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a compiler that fails
-    int4_kernel.load.cache_clear()
-    try:
-        why = int4_kernel.load()
-    finally:
-        int4_kernel.load.cache_clear()
+    why = _fresh_load()
     assert isinstance(why, str) and "building int4_kernel.c failed" in why
+    assert "building int4_kernel_avx2.c failed" in why
     assert list((tmp_path / "kernels").iterdir()) == []
 
 

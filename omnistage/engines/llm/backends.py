@@ -114,10 +114,13 @@ def _int4_kernel(choice: str) -> Int4Kernel | None:
 
     if choice == "torch":
         return None
-    kernel = int4_kernel.load()
+    if choice in ("auto", "omnistage"):
+        kernel = int4_kernel.load()
+    else:
+        kernel = int4_kernel.load_variant(choice)
     if isinstance(kernel, str):
-        if choice == "omnistage":
-            raise EngineError(f"int4_kernel omnistage cannot run here: {kernel}")
+        if choice != "auto":
+            raise EngineError(f"int4_kernel {choice} cannot run here: {kernel}")
         log.info("int4 matmuls on torch's kernel (ours cannot run here: %s)", kernel)
         return None
     return kernel

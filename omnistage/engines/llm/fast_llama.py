@@ -226,7 +226,7 @@ class FastLlama:
     def __init__(self, directory: Path, kernel: Int4Kernel | None = None) -> None:
         """``kernel``: our int4 kernel (None: torch's)."""
         config = json.loads((directory / "config.json").read_text())
-        self.kernel = "omnistage" if kernel is not None else "torch"
+        self.kernel = f"omnistage ({kernel.variant})" if kernel is not None else "torch"
         self.config = config
         self.shape = s = LlamaShape.of(config)
         t = _Tensors(directory)
@@ -257,7 +257,9 @@ class FastLlama:
         self.rope = torch.polar(torch.ones_like(angles), angles)  # [positions, head_dim/2]
         # Our kernels run a decode step's whole layer (see ``_decode_fused``).
         self._kernel = kernel
-        self._fused = kernel is not None and fits_attention(s.head_dim, s.heads, s.kv_heads)
+        self._fused = (
+            kernel is not None and kernel.fused and fits_attention(s.head_dim, s.heads, s.kv_heads)
+        )
         self._rope_cs = torch.view_as_real(self.rope).contiguous()  # [positions, hd/2, 2]
         self._layer_table = None
         if self._fused:

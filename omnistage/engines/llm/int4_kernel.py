@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +36,39 @@ log = logging.getLogger(__name__)
 
 GROUP = 32  # weights per scale along the input dimension
 BLOCK = 16  # output columns the kernel computes together (one AVX512 register)
-_SOURCE = Path(__file__).with_name("int4_kernel.c")
-_FLAGS = (
-    "-O3",
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512dq",
-    "-mavx512vnni",
-    "-mf16c",
-    "-mfma",
-    "-shared",
-    "-fPIC",
+_COMMON_FLAGS = ("-O3", "-shared", "-fPIC")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernels: its C file, compiler flags and the /proc/cpuinfo flags
+    of what those let the compiler use; ``fused``: it has the whole decode step."""
+
+    name: str
+    source: Path
+    flags: tuple[str, ...]
+    needs: tuple[str, ...]
+    fused: bool
+
+
+_HERE = Path(__file__).parent
+# Best first: ``load`` takes the first the CPU can run.
+VARIANTS = (
+    Variant(
+        "avx512-vnni",
+        _HERE / "int4_kernel.c",
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"),
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"),
+        fused=True,
+    ),
+    Variant(
+        "avx2",
+        _HERE / "int4_kernel_avx2.c",
+        ("-mavx2", "-mfma", "-mf16c"),
+        ("avx2", "fma", "f16c"),
+        fused=False,
+    ),
 )
-# /proc/cpuinfo names of what the flags above let the compiler use.
-_NEEDED = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma")
 
 
 def cpu_flags() -> set[str]:
@@ -64,11 +83,16 @@ def cpu_flags() -> set[str]:
 
 
 class Int4Kernel:
-    """The loaded library: ``pack`` weights once, then ``matmul`` per call."""
+    """The loaded library: ``pack`` weights once, then ``matmul`` per call; with
+    ``fused``, the decode step's other functions too (``decode_layers`` and its parts)."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, variant: Variant) -> None:
         ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        self.variant = variant.name
+        self.fused = variant.fused
         self._matmul = _bind(lib.omni_int4_matmul, ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32)
+        if not variant.fused:
+            return
         self._rms_norm = _bind(lib.omni_rms_norm, ptr, i32, i32, ptr, f32, ptr, returns=None)
         self._silu_mul = _bind(lib.omni_silu_mul, ptr, i32, i32, ptr, returns=None)
         self._attention = _bind(
@@ -260,21 +284,36 @@ def _bind(fn: Any, *argtypes: Any, returns: Any = ctypes.c_int) -> Any:
 
 @functools.cache
 def load() -> Int4Kernel | str:
-    """The kernel, or why it cannot run here (built once per machine and source)."""
-    missing = [f for f in _NEEDED if f not in cpu_flags()]
+    """The best kernel this CPU runs, or why none can (built once per machine and
+    source)."""
+    why = []
+    for variant in VARIANTS:
+        kernel = load_variant(variant.name)
+        if not isinstance(kernel, str):
+            return kernel
+        why.append(f"{variant.name}: {kernel}")
+    return "; ".join(why)
+
+
+@functools.cache
+def load_variant(name: str) -> Int4Kernel | str:
+    """One variant, or why it cannot run here."""
+    variant = next(v for v in VARIANTS if v.name == name)
+    flags = cpu_flags()
+    missing = [f for f in variant.needs if f not in flags]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
     try:
-        path = _build()
-        return Int4Kernel(ctypes.CDLL(str(path)))
+        return Int4Kernel(ctypes.CDLL(str(_build(variant))), variant)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return str(exc)
 
 
-def _build() -> Path:
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = Path(envs.cache_dir()).expanduser() / "kernels" / f"int4_{digest}.so"
+def _build(variant: Variant) -> Path:
+    source = variant.source.read_bytes()
+    flags = (*_COMMON_FLAGS, *variant.flags)
+    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    target = Path(envs.cache_dir()).expanduser() / "kernels" / f"int4_{variant.name}_{digest}.so"
     if target.exists():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -287,16 +326,17 @@ def _build() -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"],
+            [compiler, *flags, "-o", tmp, str(variant.source), "-lm"],
             capture_output=True,
             text=True,
             timeout=120,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"building {_SOURCE.name} failed: {done.stderr.strip()[-400:]}")
+            name = variant.source.name
+            raise RuntimeError(f"building {name} failed: {done.stderr.strip()[-400:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    log.info("built the int4 kernel into %s", target)
+    log.info("built the int4 kernel (%s) into %s", variant.name, target)
     return target
