@@ -170,10 +170,10 @@ def test_the_head_is_lost_once(
     assert why in lost[0][0] and lost[0][1] is failed
 
 
-def _master(ctx: zmq.Context, instance: str) -> FakeRouter:
-    """A real master (token "t") of a head with ``instance`` id, on loopback."""
+def _master_of(instance: str) -> Master:
+    """A real master (token "t") of a head with ``instance`` id."""
     addresses = HeadAddresses("tcp://a:1", "tcp://a:2", "tcp://a:3", "tcp://a:4")
-    master = Master(
+    return Master(
         SlotTable([2], instance=instance),
         addresses,
         lambda slot, req: None,
@@ -181,7 +181,11 @@ def _master(ctx: zmq.Context, instance: str) -> FakeRouter:
         Verifier("t"),
         Signer("t"),
     )
-    return FakeRouter(ctx, master.handle)
+
+
+def _master(ctx: zmq.Context, instance: str) -> FakeRouter:
+    """That master on loopback."""
+    return FakeRouter(ctx, _master_of(instance).handle)
 
 
 @pytest.mark.parametrize(("instance", "lost"), [("head-b", True), ("head-a", False)])
@@ -253,15 +257,7 @@ def test_answered_acks_send_no_probes(ctx: zmq.Context) -> None:
 
 
 def test_the_master_answers_only_signed_probes_with_its_instance(ctx: zmq.Context) -> None:
-    addresses = HeadAddresses("tcp://a:1", "tcp://a:2", "tcp://a:3", "tcp://a:4")
-    master = Master(
-        SlotTable([2], instance="head-b"),
-        addresses,
-        lambda slot, req: None,
-        threading.Lock(),
-        Verifier("t"),
-        Signer("t"),
-    )
+    master = _master_of("head-b")
     probe = codec.encode(HeadProbe(stage_id=2, replica_id=5))
     assert master.handle([b"peer", *probe]) is None  # unsigned: dropped
     assert master.handle([b"peer", *codec.sign(probe, Signer("other"))]) is None

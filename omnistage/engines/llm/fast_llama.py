@@ -255,15 +255,12 @@ class FastLlama:
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2).float() / s.head_dim))
         angles = torch.outer(torch.arange(s.max_positions).float(), inv)
         self.rope = torch.polar(torch.ones_like(angles), angles)  # [positions, head_dim/2]
-        # Our kernels run a decode step's whole layer (see ``_decode_fused``).
+        # Our kernels run a decode step's layers in one call (see ``_decode_fused``)
+        # where the variant has them and the shape fits: then there is a layer table.
         self._kernel = kernel
-        self._fused = (
-            kernel is not None and kernel.fused and fits_attention(s.head_dim, s.heads, s.kv_heads)
-        )
         self._rope_cs = torch.view_as_real(self.rope).contiguous()  # [positions, hd/2, 2]
         self._layer_table = None
-        if self._fused:
-            assert kernel is not None
+        if kernel is not None and kernel.fused and fits_attention(s.head_dim, s.heads, s.kv_heads):
             self._layer_table = kernel.layer_table(
                 [
                     (
@@ -300,7 +297,7 @@ class FastLlama:
         from position ``prefill_start`` (the slot ``prefill_slot`` holds the ones
         before), cached there; logits of the last one only.
         """
-        if self._fused and prefill_slot is None:
+        if self._layer_table is not None and prefill_slot is None:
             return self._decode_fused(ids, positions, keys, values, head)
         s = self.shape
         n = ids.shape[0]
