@@ -11,6 +11,11 @@ fi
 if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# The thinker's int4 kernel is built with the machine's C compiler (without one it runs
+# on torch's kernel and the kernel's own tests skip): CI tests it.
+if ! command -v cc >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq gcc >/dev/null
+fi
 # The store's tests run a real PostgreSQL server (tests/postgres.py: Debian's binaries).
 if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && [ "$(id -u)" = 0 ] \
   && command -v apt-get >/dev/null; then
