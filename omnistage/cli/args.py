@@ -141,7 +141,7 @@ class Bound:
 
 BOUNDS = (
     Bound("--stage-id", 0),
-    Bound("--omni-dp-size-local", 1),
+    Bound("--omni-dp-size-local", 0),
     Bound("--omni-heartbeat-timeout", 0, strict=True),
     Bound("--drain-timeout", 0),
     Bound("--stage-init-timeout", 0, strict=True),
@@ -185,6 +185,8 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
             raise UsageError(f"{port} must be in 0..65535, got {value}")
     _check_roles(args)
     _check_head_only(args)
+    if args.omni_join is not None:
+        join_address(args.omni_join)
     stall = stall_timeout(args)
     _check_timeouts(args.omni_heartbeat_timeout, stall)
     _check_curve_keys(args)
@@ -215,6 +217,10 @@ def _check_roles(args: argparse.Namespace) -> None:
         raise UsageError("--omni-replica-binds-sockets requires --headless")
     if args.omni_dp_size_local != 1 and args.stage_id is None:
         raise UsageError("--omni-dp-size-local != 1 requires --stage-id")
+    if args.omni_dp_size_local == 0 and args.headless:
+        # A head may run none (every replica headless: a fleet of heads); a headless
+        # process that runs none would do nothing.
+        raise UsageError("--omni-dp-size-local must be >= 1 with --headless")
 
 
 def _check_head_only(args: argparse.Namespace) -> None:
@@ -228,6 +234,22 @@ def _check_head_only(args: argparse.Namespace) -> None:
         raise UsageError(
             "--worker-backend ray is for the head; a --headless replica runs as a process"
         )
+    if args.omni_join is not None:
+        raise UsageError(
+            "--omni-join is for a head; a --headless replica finds the fleet's heads "
+            "through the one at -oma/-omp"
+        )
+
+
+def join_address(value: str) -> tuple[str, int]:
+    """--omni-join HOST:PORT (IPv6 as [HOST]:PORT), checked."""
+    host, sep, port = value.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(
+            f"--omni-join must be HOST:PORT (another head's -oma and -omp), got {value!r}"
+        )
+    return host, int(port)
 
 
 def _check_timeouts(heartbeat: float, stall: float) -> None:

@@ -288,6 +288,14 @@ DISTRIBUTED_FLAGS = (
         help="replicas of --stage-id to run in this process tree (default %(default)s)",
     ),
     flag(
+        "--omni-join",
+        metavar="HOST:PORT",
+        default=None,
+        help="head: join the fleet of the head whose master is at HOST:PORT (its -oma "
+        "and -omp): serve the same API with the same replicas, so that either head "
+        "can die (see docs/distributed.md, 'Several heads')",
+    ),
+    flag(
         "--omni-auth-token",
         metavar="TOKEN",
         env=envs.auth_token,

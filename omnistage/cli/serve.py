@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from omnistage import aio, tracing
-from omnistage.cli.args import UsageError, validate
+from omnistage.cli.args import UsageError, join_address, validate
 from omnistage.config.devices import DevicesError
 from omnistage.config.load import load_config
 from omnistage.logs import setup_logging
+from omnistage.net import tcp_url
 from omnistage.protocol.errors import ConfigError
 from omnistage.replica.options import ReplicaOptions
 
@@ -168,4 +169,5 @@ def head_options(args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         worker_backend=args.worker_backend,
         ray_address=args.ray_address,
+        join=tcp_url(*join_address(args.omni_join)) if args.omni_join else None,
     )

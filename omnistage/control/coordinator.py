@@ -43,7 +43,10 @@ class Coordinator:
         signer: Signer | None = None,
         head_instance: str = "",
         on_prefixes: Callable[[PrefixReport], None] | None = None,
+        heads: Callable[[], list[str]] | None = None,
     ) -> None:
+        """``heads``: the fleet's heads, told to replicas in every ack (``head.fleet``)."""
+        self._heads = heads
         self._on_prefixes = on_prefixes
         self._verifier = verifier
         # Acks are signed too: a forged "UNKNOWN" would make replicas leave.
@@ -73,6 +76,7 @@ class Coordinator:
                 msg.progress,
                 msg.seq,
                 msg.detail,
+                msg.others,
             )
             state = self._table.state_of((msg.stage_id, msg.replica_id), msg.epoch)
         self._emit([t] if t else [])
@@ -86,7 +90,11 @@ class Coordinator:
                 log.exception("prefix report listener failed")
         if msg.status == ReplicaState.DOWN:
             return None  # it is leaving; nobody will read an answer
-        ack = HeartbeatAck(state=state or ReplicaState.UNKNOWN, head_instance=self._head_instance)
+        ack = HeartbeatAck(
+            state=state or ReplicaState.UNKNOWN,
+            head_instance=self._head_instance,
+            heads=self._heads() if self._heads is not None else [],
+        )
         return [frames[0], *codec.sign(codec.encode(ack), self._signer)]
 
     def tick(self) -> None:

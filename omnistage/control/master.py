@@ -3,6 +3,7 @@
 A registration is one frame (the seed's msgpack map); a ``HeadProbe`` is a tagged
 message (``[tag, body(, stamp)]``), answered with this head's instance id so that a
 replica whose heartbeats go unanswered learns at once that a new head took the address.
+Another head's ``HeadAnnounce`` (a fleet of heads) is answered by ``head.fleet``.
 
 Handles one message at a time on the control thread, which makes slot allocation
 race-free under concurrent registrations. Bad input gets an ``{"error": ...}`` reply and
@@ -22,7 +23,7 @@ from omnistage.net import tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError, RegistrationError
-from omnistage.protocol.messages import PROTOCOL_VERSION, HeadProbe, HeadProbeReply
+from omnistage.protocol.messages import PROTOCOL_VERSION, HeadAnnounce, HeadProbe, HeadProbeReply
 from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
 from omnistage.protocol.tags import TAGS
 
@@ -41,6 +42,7 @@ class HeadAddresses:
 
 
 _PROBE = TAGS[HeadProbe]
+_ANNOUNCE = TAGS[HeadAnnounce]
 
 OnRegister = Callable[[Slot, RegisterRequest], None]
 
@@ -54,7 +56,10 @@ class Master:
         lock: threading.Lock,
         verifier: Verifier | None = None,
         signer: Signer | None = None,
+        announce: Callable[[list[bytes]], list[bytes] | None] | None = None,
     ) -> None:
+        """``announce`` answers another head's ``HeadAnnounce`` (``head.fleet``)."""
+        self._announce = announce
         self._verifier = verifier
         self._signer = signer
         self._slots = slots
@@ -71,6 +76,8 @@ class Master:
             return None
         if len(frames) >= 3 and frames[1] == _PROBE:
             return self._probe(frames)
+        if len(frames) >= 3 and frames[1] == _ANNOUNCE and self._announce is not None:
+            return self._announce(frames)
         identity, body = frames[0], frames[-1]
         # A REQ client puts an empty delimiter first; echo it back so REQ works too.
         envelope = [identity, b""] if len(frames) >= 3 and frames[1] == b"" else [identity]

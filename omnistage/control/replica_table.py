@@ -49,6 +49,8 @@ class ReplicaEntry:
     # When progress last moved (or the replica last held no work): the stall clock.
     progress_at: float = 0.0
     starting: str = ""  # while STARTING: what the engine's start is doing
+    # Requests it holds for the fleet's other heads (Heartbeat.others).
+    others: int = 0
 
     @property
     def key(self) -> ReplicaKey:
@@ -165,6 +167,7 @@ class ReplicaTable:
         progress: int,
         seq: int,
         detail: str = "",
+        others: int = 0,
     ) -> Transition | None:
         """Record a heartbeat; stale epochs and out-of-order sequence numbers are ignored."""
         entry = self._current(key, epoch)
@@ -180,6 +183,7 @@ class ReplicaTable:
             entry.progress_at = entry.last_seen
         entry.queue_length = queue_length
         entry.in_flight = in_flight
+        entry.others = others
         entry.progress = progress
         if status == ReplicaState.DOWN:
             if entry.state != ReplicaState.DOWN:

@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _OK = Outcome.OK
 
+# A stage refused as BUSY (replicas shared by several heads) is dispatched again after
+# this pause, up to this many times per stage and request: a few heartbeats' worth.
+BUSY_PAUSE_S = 0.02
+MAX_BUSY = 200
+
 
 class Orchestrator:
     def __init__(
@@ -67,6 +72,7 @@ class Orchestrator:
         self._runs: dict[str, Run] = {}
         self.started_total = 0
         self.retried_total = 0
+        self.busy_total = 0  # dispatches a replica refused as full (several heads)
         self.forwarded_chunks_total = 0  # chunks the head passed on between stages
         names = {s: st.name for s, st in graph.stages.items()}
         # The observers, shared with the dispatcher (it times and traces dispatches).
@@ -177,7 +183,10 @@ class Orchestrator:
         if chunk.data:
             st.data_chunks += 1
         if chunk.error:
-            if chunk.error_kind == ErrorKind.BAD_REQUEST:
+            if chunk.error_kind == ErrorKind.BUSY:
+                self.pools[sid].busy(handle)
+                self._retry(run, sid, "replica full with other heads' requests", busy=True)
+            elif chunk.error_kind == ErrorKind.BAD_REQUEST:
                 run.fail(BadRequestError(chunk.error, chunk.error_param, chunk.error_code))
             else:
                 run.fail(StageFailedError(sid, self._name(sid), chunk.error))
@@ -255,20 +264,30 @@ class Orchestrator:
             if run is not None and not run.failed:
                 self._retry(run, sid, reason)
 
-    def _retry(self, run: Run, failed: int, reason: str) -> None:
+    def _retry(self, run: Run, failed: int, reason: str, busy: bool = False) -> None:
         """Dispatch ``failed``'s part of ``run`` again, with every stage joined to it by
-        a direct edge, as a new attempt; or fail the request."""
+        a direct edge, as a new attempt; or fail the request. ``busy``: the replica
+        refused it as full (several heads share it), which is not a failure: it does not
+        count against --omni-max-retries, and the dispatch waits a moment first."""
         st = run.progress(failed)
-        if st.retries >= self.max_retries:
+        if busy:
+            st.busy += 1
+            self.busy_total += 1
+            if st.busy > MAX_BUSY:
+                run.fail(StageOverloadedError(failed, self._name(failed), reason))
+                return
+        elif st.retries >= self.max_retries:
             detail = f"{reason}; gave up after {st.retries} retries (--omni-max-retries)"
             self.traces.stage_ended(run, failed, Outcome.REPLICA_LOST)
             run.fail(StageFailedError(failed, self._name(failed), detail))
             return
-        st.retries += 1
-        self.retried_total += 1
+        if not busy:
+            st.retries += 1
+            self.retried_total += 1
         # A final stage that finished has delivered everything: it never runs again.
         group = restart_group(run, failed) - (run.finished & run.finals)
-        log.info(
+        log.log(
+            logging.DEBUG if busy else logging.INFO,
             "request %s: stage %d (%s) %s; retry %d of %d%s",
             run.request_id,
             failed,
@@ -295,16 +314,20 @@ class Orchestrator:
             self.latency.waiting(progress)
             if sid in hidden:
                 progress.restart_hidden()
-        if self.dispatcher.try_acquire(run, group) is None:
+        if not busy and self.dispatcher.try_acquire(run, group) is None:
             self.dispatcher.send_group(run, group)
             return
-        retry = self._dispatch_again(run, group, failed, reason)
+        retry = self._dispatch_again(run, group, failed, reason, BUSY_PAUSE_S if busy else 0.0)
         task = asyncio.get_running_loop().create_task(retry)
         run.tasks.add(task)
         task.add_done_callback(run.tasks.discard)
 
-    async def _dispatch_again(self, run: Run, group: set[int], failed: int, why: str) -> None:
+    async def _dispatch_again(
+        self, run: Run, group: set[int], failed: int, why: str, pause_s: float = 0.0
+    ) -> None:
         try:
+            if pause_s:
+                await asyncio.sleep(pause_s)
             await self.dispatcher.dispatch(run, group)
         except (StageUnavailableError, StageOverloadedError) as exc:
             # A retry that found no replica in time.

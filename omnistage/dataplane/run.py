@@ -35,6 +35,7 @@ class StageProgress:
     tokens: int = 0  # completion tokens so far, when the stage's chunks say
     next_seq: int = 0
     retries: int = 0
+    busy: int = 0  # BUSY refusals (replicas shared by several heads)
     dispatches: int = 0
     # The run attempt this stage's current dispatch belongs to (see AddRequest.attempt).
     attempt: int = 0

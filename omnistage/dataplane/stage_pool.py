@@ -35,6 +35,9 @@ class ReplicaHandle:
     up: bool = True
     in_flight: int = 0  # the head's live count: sent and not yet finished
     queue_length: int = 0  # from the last heartbeat
+    # Requests it holds for the fleet's other heads (last heartbeat), or its capacity
+    # after a BUSY refusal until the next heartbeat says better.
+    others: int = 0
     requests: set[str] = field(default_factory=set)
     dispatched_total: int = 0
     # From the usage of the requests it finished: prompt tokens, and of those the ones
@@ -123,6 +126,15 @@ class StagePool:
         handle = self.replicas.get(entry.replica_id)
         if handle is not None and handle.epoch == entry.epoch:
             handle.queue_length = entry.queue_length
+            freed = entry.others < handle.others
+            handle.others = entry.others
+            if freed:
+                self._wake()  # room the other heads left: requests waiting may take it
+
+    def busy(self, handle: ReplicaHandle) -> None:
+        """It refused a request as full with other heads' work: route elsewhere until
+        its next heartbeat says how much the other heads hold."""
+        handle.others = max(handle.others, handle.capacity)
 
     def report_prefixes(self, replica_id: int, epoch: int, seq: int, keys: list[int]) -> None:
         """A replica's heartbeat said what its prefix cache holds (``seq``: the
@@ -144,7 +156,7 @@ class StagePool:
         handle = self._sticky(affinity) if affinity else None
         reason = RouteReason.AFFINITY
         if handle is None:
-            candidates = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
+            candidates = self._candidates()
             if not candidates:
                 return None
             index, reason = self._choose(candidates, prefix)
@@ -159,6 +171,14 @@ class StagePool:
         handle.dispatched_total += 1
         handle.requests.add(request_id)
         return handle
+
+    def _candidates(self) -> list[ReplicaHandle]:
+        """Live replicas with room: counting the fleet's other heads' requests where
+        any has room so counted, else by this head's own count (what the others hold
+        is a heartbeat old; a replica still full refuses, and the request moves on)."""
+        free = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
+        shared = [r for r in free if r.in_flight + r.others < r.capacity]
+        return shared or free
 
     def _choose(
         self, candidates: list[ReplicaHandle], prefix: RequestPrefix | None

@@ -73,8 +73,11 @@ class ReplicaEvents:
         *,
         history: History,
         on_serving: Callable[[], None],
+        heads: Callable[[], list[str]] = list,
     ) -> None:
-        """``on_serving``: called on the loop each time a replica comes UP."""
+        """``on_serving``: called on the loop each time a replica comes UP; ``heads``:
+        the fleet's heads, for the handshake (``HandshakeInit.heads``)."""
+        self._heads = heads
         self._history = history
         self._opts = opts
         self._config: DeployConfig = opts.config
@@ -136,6 +139,7 @@ class ReplicaEvents:
             heartbeat_interval_s=self._opts.heartbeat_interval_s,
             stage_init_timeout_s=self._opts.stage_init_timeout_s,
             heartbeat_timeout_s=self._opts.heartbeat_timeout_s,
+            heads=self._heads(),
         )
 
     def post_transition(self, t: Transition) -> None:

@@ -51,6 +51,7 @@ class HeadOptions:
     otlp_traces_endpoint: str | None = None  # None: the OTEL_* variables decide (tracing)
     worker_backend: str = "multi_process"  # or "ray": the head's replicas are Ray actors
     ray_address: str | None = None  # --ray-address; None: start a local Ray instance
+    join: str | None = None  # --omni-join: another head's master (tcp://HOST:PORT)
 
     @property
     def model_names(self) -> tuple[str, ...]:

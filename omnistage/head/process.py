@@ -65,10 +65,17 @@ class Head:
         # Set once every stage has had a live replica: start-up is over.
         self._serving = threading.Event()
         self.sockets = HeadSockets(opts)
+        # The other heads of its fleet (--omni-join), told to replicas with every ack.
+        self.fleet = wiring.fleet(opts, self.sockets.master_url, self.instance)
         # Given to local replicas only (in their options): the key to head-local slots.
         local_key = secrets.token_hex(16)
         self.state = control_state(
-            opts, self.instance, local_key, self._post_transition, self._post_prefixes
+            opts,
+            self.instance,
+            local_key,
+            self._post_transition,
+            self._post_prefixes,
+            heads=self.fleet.heads,
         )
         self.slots, self.coordinator = self.state.slots, self.state.coordinator
         self.orchestrator = wiring.orchestrator(opts, self.sockets)
@@ -81,8 +88,9 @@ class Head:
             self.orchestrator,
             history=history,
             on_serving=self._check_serving,
+            heads=self.fleet.heads,
         )
-        control = wiring.control_plane(opts, self.state, self.sockets, self.events)
+        control = wiring.control_plane(opts, self.state, self.sockets, self.events, self.fleet)
         self.master, self.control = control
         hooks = LocalHooks(self._serving.is_set, self._fail_soon, history.restarted)
         self.local = LocalReplicas(
@@ -105,6 +113,7 @@ class Head:
             history=history,
             scaling=self.scaler.status,
             nodes=self.local.nodes,
+            heads=self.fleet.snapshot,
         )
         self.frontends, self.api_servers = self._api_servers()
         self.persist: Persistence | None = None  # opened as the head starts (run)
@@ -136,6 +145,7 @@ class Head:
         self.events.attach(loop)
         self.sockets.channels.start(self.events)
         self.control.start()
+        self.fleet.start()
         self._log_start()
         name = head_name(self.opts.port)
         runner = build_runner(self.persist, self.service, self.pools, name, self.opts.job_lease_s)
@@ -288,6 +298,7 @@ class Head:
         await asyncio.sleep(0.05)  # let the Shutdown messages leave
         await self.local.stop()
         await channels.stop()
+        self.fleet.stop()
         self.control.stop()
         self.sockets.close()
         if self.persist is not None:

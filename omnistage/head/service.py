@@ -31,7 +31,10 @@ class HeadService:
         history: History | None = None,
         scaling: Callable[[], dict[int, dict[str, Any]]] | None = None,
         nodes: Callable[[], dict[tuple[int, int], str]] | None = None,
+        heads: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
+        """``heads``: the fleet's heads (``HeadFleet.snapshot``), this one first."""
+        self._heads = heads
         self._opts = opts
         self.config = opts.config
         self.graph = orchestrator.graph
@@ -68,11 +71,17 @@ class HeadService:
                 "master_address": self._master_url,
                 "lb_policy": self._opts.lb_policy,
                 "heartbeat_timeout_s": self._opts.heartbeat_timeout_s,
+                # The fleet's heads (--omni-join), this one first; [] when alone.
+                "heads": self._fleet_heads(),
             },
             history=self.history,
             scaling=self._scaling() if self._scaling is not None else None,
             nodes=self._nodes(),
         )
+
+    def _fleet_heads(self) -> list[dict[str, object]]:
+        rows = self._heads() if self._heads is not None else []
+        return rows if len(rows) > 1 else []
 
     def replica_entries(self) -> list[ReplicaEntry]:
         return self._coordinator.snapshot()
@@ -116,4 +125,5 @@ class HeadService:
             o.retried_total,
             o.direct_edges_total,
             o.forwarded_chunks_total,
+            o.busy_total,
         )

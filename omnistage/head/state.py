@@ -30,10 +30,12 @@ def control_state(
     local_key: str,
     on_transition: Callable[[Transition], None],
     on_prefixes: Callable[[PrefixReport], None] | None = None,
+    heads: Callable[[], list[str]] | None = None,
 ) -> ControlState:
     """The slot table (the head's own replicas' slots pre-allocated and keyed by
     ``local_key``) and the coordinator over a fresh replica table; ``on_prefixes`` gets
-    the prefix cache reports heartbeats carry (from the control thread)."""
+    the prefix cache reports heartbeats carry (from the control thread); ``heads`` the
+    fleet's heads, which every heartbeat ack tells the replica."""
     lock = threading.Lock()
     local = opts.local_replicas()
     slots = SlotTable(
@@ -55,5 +57,6 @@ def control_state(
         opts.signer(),
         head_instance=instance,
         on_prefixes=on_prefixes,
+        heads=heads,
     )
     return ControlState(lock, slots, coordinator)

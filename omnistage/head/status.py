@@ -85,6 +85,8 @@ def _replica(
         "queue_length": e.queue_length,
         "in_flight": live.in_flight if live else 0,
         "reported_in_flight": e.in_flight,
+        # What it holds for the fleet's other heads (0 with one head).
+        "other_heads_in_flight": e.others,
         "dispatched_total": live.dispatched_total if live else 0,
         # Of the prompt tokens it read (its requests' usage), those its prefix cache had.
         "prompt_tokens_total": live.prompt_tokens_total if live else 0,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from omnistage.control.balancing import make_policy
+from omnistage.control.fleet import FleetView
 from omnistage.control.handshake import HandshakeServer
 from omnistage.control.master import Master
 from omnistage.control.plane import ControlPlane
@@ -10,9 +13,11 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head.events import ReplicaEvents
+from omnistage.head.fleet import HeadFleet
 from omnistage.head.options import HeadOptions
 from omnistage.head.sockets import HeadSockets
 from omnistage.head.state import ControlState
+from omnistage.net import detect_local_address, split_tcp_url, tcp_url
 
 
 def orchestrator(opts: HeadOptions, sockets: HeadSockets) -> Orchestrator:
@@ -34,9 +39,14 @@ def orchestrator(opts: HeadOptions, sockets: HeadSockets) -> Orchestrator:
 
 
 def control_plane(
-    opts: HeadOptions, state: ControlState, sockets: HeadSockets, events: ReplicaEvents
+    opts: HeadOptions,
+    state: ControlState,
+    sockets: HeadSockets,
+    events: ReplicaEvents,
+    fleet: HeadFleet,
 ) -> tuple[Master, ControlPlane]:
-    """The master, handshake and coordinator on the control thread's sockets."""
+    """The master (answering other heads' announcements too), handshake and coordinator
+    on the control thread's sockets."""
     master = Master(
         state.slots,
         sockets.addresses,
@@ -44,6 +54,7 @@ def control_plane(
         state.lock,
         opts.verifier(),
         opts.signer(),
+        announce=fleet.answer,
     )
     handshake = HandshakeServer(state.slots, state.lock, events.init_for, opts.verifier())
     control = ControlPlane(state.coordinator.tick)
@@ -54,6 +65,26 @@ def control_plane(
     control.add(sockets.handshake, handshake.handle, batch=32)
     control.add(sockets.coordinator, state.coordinator.handle)
     return master, control
+
+
+def fleet(opts: HeadOptions, master_url: str, instance: str) -> HeadFleet:
+    """This head's view of its fleet: it announces itself at ``master_url`` (a
+    wildcard bind host replaced by this host's address) and joins --omni-join."""
+    host, port = split_tcp_url(master_url)
+    if host in ("0.0.0.0", "::", "*", ""):
+        # Any host the kernel routes from: the join target's route, else the default one
+        # (a UDP connect sends nothing).
+        toward = split_tcp_url(opts.join)[0] if opts.join else "192.0.2.1"
+        master_url = tcp_url(detect_local_address(toward, 9), port)
+    view = FleetView(master_url, instance, time.monotonic, opts.heartbeat_timeout_s)
+    return HeadFleet(
+        view,
+        opts.heartbeat_interval_s,
+        opts.join,
+        signer=opts.signer(),
+        verifier=opts.verifier(),
+        curve_keys=opts.curve_keys,
+    )
 
 
 def local_stages(opts: HeadOptions) -> set[int]:

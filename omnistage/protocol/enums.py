@@ -73,10 +73,13 @@ class FinishReason(enum.StrEnum):
 
 class ErrorKind(enum.StrEnum):
     """Whose fault an error chunk is: BAD_REQUEST is the client's (a 4xx, e.g. a prompt
-    longer than the context window); SERVER is ours."""
+    longer than the context window); SERVER is ours; BUSY is nobody's (see below)."""
 
     BAD_REQUEST = "bad_request"
     SERVER = "server"
+    # The replica is full with other heads' requests (several heads share it): the
+    # head dispatches the request again, elsewhere or later; not a failure.
+    BUSY = "busy"
 
 
 class EngineName(enum.StrEnum):

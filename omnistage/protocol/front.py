@@ -112,6 +112,7 @@ class RequestCounts(msgspec.Struct, array_like=True, frozen=True):
     retried_total: int
     direct_edges_total: int = 0
     forwarded_chunks_total: int = 0
+    busy_total: int = 0
 
 
 class ReplicaStats(msgspec.Struct, array_like=True, frozen=True):

@@ -67,6 +67,10 @@ class HandshakeInit(Tagged):
     # The head's --omni-heartbeat-timeout: how long the replica may go without a
     # HeartbeatAck before it decides the head is gone and registers again.
     heartbeat_timeout_s: float = 5.0
+    # The fleet's heads (each master's ``tcp://HOST:PORT``, this head first) when this head
+    # serves with others (--omni-join); empty when it is alone. The replica registers
+    # with each of them too (``HeadAnnounce``).
+    heads: list[str] = []
 
 
 class Ready(Tagged):
@@ -246,6 +250,24 @@ class HeadProbeReply(Tagged):
     head_instance: str
 
 
+class HeadAnnounce(Tagged):
+    """Head -> another head's master, every heartbeat interval: "I am a head of your
+    fleet, here is my master, and the heads I know". The first one is --omni-join; the
+    rest keep the fleet's view of its heads whole and alive (gossip, no leader)."""
+
+    master: str  # tcp://HOST:PORT, where replicas register with the sender
+    instance: str
+    heads: list[str]
+
+
+class HeadAnnounceReply(Tagged):
+    """Master -> announcing head: this head's master, instance and the heads it knows."""
+
+    master: str
+    instance: str
+    heads: list[str]
+
+
 class Ping(Tagged):
     """Head -> replica, ignored by the replica: a send that fails (ROUTER_MANDATORY)
     proves the replica's connection is gone."""
@@ -348,6 +370,9 @@ class Heartbeat(Tagged):
     # used first, at most MAX_REPORTED; None: unchanged since the last heartbeat that
     # carried them (or the engine keeps no prefix cache). The head replaces its view.
     cached_prefixes: list[int] | None = None
+    # Requests the replica holds for the fleet's other heads (0 with one head): each
+    # head counts these against the replica's capacity, so heads do not overload it.
+    others: int = 0
 
 
 class HeartbeatAck(Tagged):
@@ -361,3 +386,5 @@ class HeartbeatAck(Tagged):
 
     state: ReplicaState
     head_instance: str
+    # As ``HandshakeInit.heads``, now: how a replica learns of heads that join later.
+    heads: list[str] = []

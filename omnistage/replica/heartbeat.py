@@ -62,6 +62,7 @@ class LoadReport:
     queue_length: int
     in_flight: int
     progress: int
+    others: int = 0  # requests held for the fleet's other heads
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,13 @@ class HeartbeatThread:
         signer: Signer | None = None,
         verifier: Verifier | None = None,
         on_lost: Callable[[str, bool], None] | None = None,
+        on_heads: Callable[[list[str]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``on_heads``: the fleet's heads, each time an ack's list differs from the
+        last one (``HeartbeatAck.heads``)."""
+        self._on_heads = on_heads
+        self._heads: list[str] = []
         self._ctx = ctx
         self._spec = spec
         self._reports = reports
@@ -223,6 +229,10 @@ class HeartbeatThread:
             return
         self._last_ack = self._clock()
         self.head_instance = ack.head_instance
+        if ack.heads != self._heads:
+            self._heads = ack.heads
+            if self._on_heads is not None:
+                self._on_heads(list(ack.heads))
         if ack.state == ReplicaState.UNKNOWN:
             self._lose("the head does not know this replica (it restarted or replaced us)")
         elif ack.state == ReplicaState.ERROR:
@@ -286,6 +296,7 @@ class HeartbeatThread:
             in_flight=load.in_flight,
             progress=load.progress,
             seq=self._seq,
+            others=load.others,
             detail=self._reports.detail() if status == ReplicaState.STARTING else "",
         )
         version = None

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import zmq
 
 from omnistage.config.load import apply_stage_overrides
@@ -48,6 +49,9 @@ class Joiner:
         self.address: str | None = None  # advertised; kept across rejoins
         self.reply: RegisterReply | None = None
         self._head_instance = ""
+        # Set once the replica serves other heads of a fleet under its id: registering
+        # again (the first head restarted) asks for that id, not a new one.
+        self.keep_id = False
 
     async def join(self) -> tuple[HandshakeInit, Engine]:
         """Register, handshake and load the engine, all within --stage-init-timeout."""
@@ -99,6 +103,8 @@ class Joiner:
         ports = tuple(free_ports(3, address)) if o.binds_sockets else None
         previous = (self._head_instance, self.replica_id) if self._head_instance else None
         req = registration(o, address, ports, previous)
+        if self.keep_id and self.replica_id >= 0:
+            req = msgspec.structs.replace(req, replica_id=self.replica_id)
         reply = await asyncio.to_thread(register, self._link, req, timeout_s)
         self.replica_id, self._head_instance, self.reply = (
             reply.replica_id,

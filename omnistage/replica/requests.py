@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omnistage import tracing
 from omnistage.aio import Mailbox
@@ -24,6 +24,9 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Ping, Shutdown
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
 from omnistage.replica.streamed import InputPieces, prompt_piece
+
+if TYPE_CHECKING:
+    from omnistage.replica.fleet import Admission
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,11 @@ _STOP = FinishReason.STOP
 # travel on another connection). They wait this long, at most this many requests' worth.
 EARLY_TTL_S = 60.0
 EARLY_MAX_REQUESTS = 10_000
+
+
+class ReplicaBusy(Exception):
+    def __init__(self) -> None:
+        super().__init__("replica full with other heads' requests")
 
 
 class Outlet(Protocol):
@@ -81,6 +89,9 @@ class RequestRunner:
         self.replica_id = self.epoch = 0
         self.chunks_sent = 0
         self.pieces_taken = 0  # of streamed inputs (heartbeat progress)
+        # Shared with the runners of the fleet's other heads (``replica.fleet``); None
+        # while the replica serves one head.
+        self.admission: Admission | None = None
 
     def bind(self, replica_id: int, epoch: int, outlet: Outlet) -> None:
         """Serve a head as this incarnation; outputs leave through ``outlet``."""
@@ -152,6 +163,11 @@ class RequestRunner:
             else:
                 replay = ReplayFilter(len(msg.resume.text), msg.resume.data_chunks)
         self._outputs.start_at(rid, seq)
+        if self.admission is not None and self.admission.full(self.engine.capacity):
+            # Full with other heads' requests: this head dispatches it again.
+            self._send(self._refusal(rid, running, seq, ReplicaBusy()))
+            _end_span(running, 1, Outcome.REJECTED)
+            return
         if msg.ack:
             try:
                 self.engine.check(msg.params)
@@ -243,6 +259,8 @@ class RequestRunner:
         if isinstance(exc, BadRequestError):
             final.error_kind, final.error_param = ErrorKind.BAD_REQUEST, exc.param
             final.error_code = exc.code
+        elif isinstance(exc, ReplicaBusy):
+            final.error_kind = ErrorKind.BUSY
         return final
 
     def _chunk(

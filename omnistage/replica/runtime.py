@@ -27,6 +27,7 @@ from omnistage.engines.base import Engine
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import OmniError
 from omnistage.protocol.messages import HandshakeInit, ReplicaState
+from omnistage.replica.fleet import Admission, OtherHead
 from omnistage.replica.join import Joiner
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.requests import RequestRunner
@@ -52,6 +53,11 @@ class ReplicaRuntime:
         self._join_task: asyncio.Task[tuple[HandshakeInit, Engine]] | None = None
         self._runner: RequestRunner | None = None
         self._session: HeadSession | None = None
+        # The fleet's other heads (a headless replica serves them all): master URL ->
+        # link; and the first head's own URL as it names itself in its list of heads.
+        self._admission = Admission()
+        self._others: dict[str, OtherHead] = {}
+        self._first_head = ""
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -71,6 +77,8 @@ class ReplicaRuntime:
             await self._close()
             return 0
         self._runner = RequestRunner(self.opts.stage_id, engine, self._on_shutdown_message)
+        self._runner.admission = self._admission
+        self._admission.runners.append(self._runner)
         try:
             while not self._stopping.is_set():
                 await self._serve(init)
@@ -107,8 +115,11 @@ class ReplicaRuntime:
             self._on_head_lost,
             signer=self._signer,
             verifier=self._verifier,
+            on_heads=self._heads_from_first,
         )
         log.info("ready (capacity %d)", self._runner.engine.capacity)
+        if init.heads:
+            self._learn_heads("", init.heads)
         stop = asyncio.ensure_future(self._stopping.wait())
         lost = asyncio.ensure_future(self._head_lost.wait())
         await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -126,6 +137,9 @@ class ReplicaRuntime:
         self._session = None
 
     async def _close(self) -> None:
+        others = list(self._others.values())
+        self._others.clear()
+        await asyncio.gather(*(link.stop() for link in others), return_exceptions=True)
         if self._runner is not None:
             await self._runner.cancel_all()
             if self._session is not None:
@@ -139,6 +153,47 @@ class ReplicaRuntime:
         log.info("stopped")
 
     # -- signals, drain, a lost head ---------------------------------------------------
+
+    # -- the fleet's other heads -----------------------------------------------------------
+
+    def _heads_from_first(self, heads: list[str]) -> None:
+        """Heartbeat thread: the first head's list of the fleet's heads changed."""
+        self._loop.call_soon_threadsafe(self._learn_heads, "", heads)
+
+    def _learn_heads(self, source: str, heads: list[str]) -> None:
+        """A head (``source``: its master URL; "" for the first head) named the fleet's
+        heads, itself first: serve each one not served yet."""
+        if not heads or not self.opts.rejoin or self._stopping.is_set():
+            return  # a local replica serves only the head that runs it
+        if not source:
+            self._first_head = heads[0]
+        for master in heads:
+            if master in self._others or master == self._first_head:
+                continue
+            link = OtherHead(
+                self._ctx,
+                self.opts,
+                master,
+                identity=self._identity,
+                engine=self._engine,
+                admission=self._admission,
+                status=self._status,
+                on_heads=self._learn_heads,
+                signer=self._signer,
+                verifier=self._verifier,
+            )
+            self._others[master] = link
+            # Its id is the fleet's now: a rejoin of the first head must keep it.
+            self._joiner.keep_id = True
+            link.start()
+
+    def _identity(self) -> tuple[int, str]:
+        assert self._joiner.address is not None
+        return self._joiner.replica_id, self._joiner.address
+
+    def _engine(self) -> Engine:
+        assert self._runner is not None
+        return self._runner.engine
 
     def _status(self) -> ReplicaState:
         return ReplicaState.DRAINING if self._draining else ReplicaState.UP
@@ -160,17 +215,19 @@ class ReplicaRuntime:
             len(self._runner.requests),
             self.opts.drain_timeout_s,
         )
-        if self._session is not None and self._session.heartbeat is not None:
-            self._session.heartbeat.beat_now()  # the head stops sending new work at once
+        sessions = [self._session, *(link.session for link in self._others.values())]
+        for session in sessions:
+            if session is not None and session.heartbeat is not None:
+                session.heartbeat.beat_now()  # the heads stop sending new work at once
         self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
         assert self._runner is not None
         deadline = time.monotonic() + self.opts.drain_timeout_s
-        while self._runner.requests and time.monotonic() < deadline:
+        while self._admission.in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self._runner.requests:
-            log.warning("drain timeout: %d request(s) cut short", len(self._runner.requests))
+        if self._admission.in_flight():
+            log.warning("drain timeout: %d request(s) cut short", self._admission.in_flight())
         self._stopping.set()
 
     def _on_shutdown_message(self, reason: str) -> None:

@@ -47,16 +47,18 @@ class HeadSession:
         reply: RegisterReply,
         init: HandshakeInit,
         address: str,
+        master: str | None = None,
     ) -> None:
         """``reply`` and ``init``: this head's registration and handshake answers;
-        ``address``: the host this replica advertised to it."""
+        ``address``: the host this replica advertised to it; ``master``: that head's
+        master URL (default: -oma/-omp)."""
         self._ctx = ctx
         self._runner = runner
         self._reply = reply
         self._init = init
         self._address = address
         self._binds_sockets = opts.binds_sockets
-        self._master = tcp_url(opts.master_host, opts.master_port)
+        self._master = master or tcp_url(opts.master_host, opts.master_port)
         # Peers need their own CURVE server keys, which replicas do not hold: with CURVE
         # on, every input comes through the head.
         self._peers_enabled = not opts.curve_keys
@@ -76,8 +78,10 @@ class HeadSession:
         *,
         signer: Signer | None = None,
         verifier: Verifier | None = None,
+        on_heads: Callable[[list[str]], None] | None = None,
     ) -> None:
-        """Connect (or bind), say READY, start reading and heartbeating."""
+        """Connect (or bind), say READY, start reading and heartbeating; ``on_heads``
+        (heartbeat thread) hears the fleet's heads when this head's list changes."""
         reply, init, runner = self._reply, self._init, self._runner
         stage_id = runner.stage_id
         self._in = self._ctx.socket(zmq.DEALER)
@@ -112,6 +116,7 @@ class HeadSession:
             signer=signer,
             verifier=verifier,
             on_lost=on_lost,
+            on_heads=on_heads,
         )
         ready = Ready(
             stage_id=stage_id,
@@ -221,12 +226,14 @@ class HeadSession:
             self._runner.feed(chunk)
 
     def _load_report(self) -> LoadReport:
-        engine = self._runner.engine
+        runner = self._runner
+        engine = runner.engine
         return LoadReport(
             queue_length=engine.queue_length,
-            in_flight=len(self._runner.requests),
+            in_flight=len(runner.requests),
+            others=runner.admission.others(runner) if runner.admission is not None else 0,
             # Pieces of streamed input count: a request listening is not a stalled one.
-            progress=engine.progress + self._runner.chunks_sent + self._runner.pieces_taken,
+            progress=engine.progress + runner.chunks_sent + runner.pieces_taken,
         )
 
 

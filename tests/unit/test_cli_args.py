@@ -77,7 +77,11 @@ def test_a_value_outside_the_choices_is_one_line_naming_flag_and_value(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--omni-dp-size-local", "0"], "--omni-dp-size-local must be >= 1, got 0"),
+        (["--omni-dp-size-local", "-1"], "--omni-dp-size-local must be >= 0, got -1"),
+        (["--headless", "--stage-id", "0", *M, "--omni-dp-size-local", "0"], "must be >= 1 with"),
+        (["--headless", "--stage-id", "0", *M, "--omni-join", "h:1"], "--omni-join is for a head"),
+        (["--omni-join", "nohost"], "--omni-join must be HOST:PORT"),
+        (["--omni-join", "h:70000"], "--omni-join must be HOST:PORT"),
         (["--omni-heartbeat-timeout", "-3"], "--omni-heartbeat-timeout must be > 0, got -3"),
         (["--stage-init-timeout", "0"], "--stage-init-timeout must be > 0, got 0"),
         (["--omni-stage-wait-timeout", "0"], "--omni-stage-wait-timeout must be > 0, got 0"),

@@ -27,6 +27,8 @@ from omnistage.protocol.messages import (
     AddRequest,
     ChatMessage,
     HandshakeInit,
+    HeadAnnounce,
+    HeadAnnounceReply,
     HeadProbe,
     HeadProbeReply,
     Heartbeat,
@@ -76,7 +78,15 @@ SAMPLES: dict[type, msgspec.Struct] = {
     ),
     Abort: Abort(request_id="req-9"),
     Shutdown: Shutdown(reason="head exiting"),
-    HeartbeatAck: HeartbeatAck(state="UNKNOWN", head_instance="0123456789ab"),
+    HeartbeatAck: HeartbeatAck(
+        state="UNKNOWN", head_instance="0123456789ab", heads=["10.0.0.1:5000", "10.0.0.2:5000"]
+    ),
+    HeadAnnounce: HeadAnnounce(
+        master="10.0.0.2:5000", instance="ba9876543210", heads=["10.0.0.1:5000"]
+    ),
+    HeadAnnounceReply: HeadAnnounceReply(
+        master="10.0.0.1:5000", instance="0123456789ab", heads=["10.0.0.2:5000"]
+    ),
     HeadProbe: HeadProbe(stage_id=1, replica_id=3),
     HeadProbeReply: HeadProbeReply(head_instance="0123456789ab"),
     Ping: Ping(),

@@ -17,7 +17,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.protocol import codec
-from omnistage.protocol.errors import StageFailedError
+from omnistage.protocol.errors import StageFailedError, StageOverloadedError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import (
     Abort,
@@ -476,3 +476,41 @@ async def test_edges_out_of_a_final_stage_stay_with_the_head() -> None:
         ([], True),
     ]
     stream.close()
+
+
+async def test_a_busy_refusal_is_dispatched_again_elsewhere_without_spending_a_retry() -> None:
+    # Several heads share the replicas: replica 0 refused as full with other heads' work.
+    head = Head("echo-1stage", {0: 2}, max_retries=0)
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
+    first = head.replica_of(0)
+    head.channels.take()
+    head.out(0, first, 0, "", finished=True, error="full", error_kind="busy")
+    await until(lambda: any(isinstance(m, AddRequest) for _, m in head.channels.sent))
+    second = head.replica_of(0)
+    assert second != first  # it looks full until its next heartbeat says otherwise
+    assert head.pools[0].replicas[first].others == head.pools[0].replicas[first].capacity
+    (add_msg,) = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
+    assert add_msg.attempt == 1
+    assert add_msg.resume is not None and add_msg.resume.seq == 1  # after the refusal
+    head.out(0, second, 1, "hi [echo]", finished=True, attempt=1)
+    chunks = await collect(stream)
+    assert "".join(c.text for c in chunks) == "hi [echo]"
+    assert (head.orch.retried_total, head.orch.busy_total) == (0, 1)
+    assert head.slots_in_use() == 0
+
+
+async def test_a_stage_refused_busy_without_end_fails_as_overloaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("omnistage.dataplane.orchestrator.MAX_BUSY", 3)
+    monkeypatch.setattr("omnistage.dataplane.orchestrator.BUSY_PAUSE_S", 0.001)
+    head = Head("echo-1stage", {0: 1})
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
+    for attempt in range(4):
+        await until(lambda: "r1" in head.pools[0].replicas[0].requests)
+        seq = attempt  # each refusal took one number
+        head.out(0, 0, seq, "", finished=True, error="full", error_kind="busy", attempt=attempt)
+    with pytest.raises(StageOverloadedError):
+        await collect(stream)
+    assert head.orch.busy_total == 4
+    assert head.slots_in_use() == 0

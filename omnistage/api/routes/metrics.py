@@ -97,6 +97,13 @@ _REQUEST_COUNTS = (
         "retried_total",
     ),
     (
+        "omnistage_busy_refusals_total",
+        "counter",
+        "Stage dispatches a replica refused as full with other heads' requests "
+        "(several heads), and sent again.",
+        "busy_total",
+    ),
+    (
         "omnistage_direct_edges_total",
         "counter",
         "Stage-to-stage edges of dispatched requests whose chunks went replica to replica.",
