@@ -156,6 +156,20 @@ def _header(data: dict[str, Any], url: str | None, color: bool) -> list[str]:
     return [line, f"health {health}{tail}"]
 
 
+def _heads(data: dict[str, Any], color: bool) -> list[str]:
+    """The fleet's heads (--omni-join), this one first; nothing for a head alone."""
+    heads = data.get("heads") or []
+    if not heads:
+        return []
+    parts = []
+    for h in heads:
+        state = str(h.get("state", "?"))
+        where = str(h.get("address", "?")).removeprefix("tcp://")
+        mark = " (this)" if h.get("self") else ""
+        parts.append(f"{where}{mark} {_paint(state, state, color)}")
+    return [f"heads {len(heads)}: " + ", ".join(parts)]
+
+
 def _live_voice(data: dict[str, Any]) -> list[str]:
     """One line on the live voice sessions, once there has been one (a head without
     them, or that never had a session, shows none)."""
@@ -296,7 +310,8 @@ def render(
     stages = sorted(stages_json["stages"], key=lambda s: s["stage_id"])
     names = {s["stage_id"]: s["name"] for s in stages}
     from_metrics = waiting_from_metrics(metrics_text) if metrics_text else {}
-    lines = _header(stages_json, url, color) + _live_voice(stages_json)
+    lines = _header(stages_json, url, color) + _heads(stages_json, color)
+    lines += _live_voice(stages_json)
     for stage in _graph_order(stages):
         waiting = stage.get("waiting", from_metrics.get(stage["stage_id"]))
         lines += ["", *_stage_block(stage, names, waiting, color)]

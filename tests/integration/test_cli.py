@@ -35,7 +35,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
             ["--headless", "--stage-id", "1", *M, "--stage-overrides", '{"1": {"x": 1}}'],
             "unknown stage field(s) x",
         ),
-        (["--omni-dp-size-local", "0"], "--omni-dp-size-local must be >= 1, got 0"),
+        (["--omni-dp-size-local", "-1"], "--omni-dp-size-local must be >= 0, got -1"),
         (["--omni-dp-size-local", "2"], "--omni-dp-size-local != 1 requires --stage-id"),
         (["--omni-heartbeat-timeout", "0"], "--omni-heartbeat-timeout must be > 0"),
         (["--omni-heartbeat-timeout", "-3"], "--omni-heartbeat-timeout must be > 0"),

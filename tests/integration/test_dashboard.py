@@ -203,3 +203,31 @@ def test_the_live_voice_panel_appears_with_a_session_and_counts_it(
         assert panel.is_displayed() and shown("voice_sessions") == "1"
     finally:
         head.stop()
+
+
+def test_the_heads_of_a_fleet_show_in_the_header_and_a_killed_one_goes_down(
+    tmp_path: Path, browser: Any
+) -> None:
+    flags = ("echo-1stage", "--stage-id", "0", "--omni-dp-size-local", "0")
+    first = HeadProc(tmp_path, *flags, name="first")
+    second = None
+    try:
+        first.wait_http()
+        join = ("--omni-join", f"127.0.0.1:{first.master_port}")
+        second = HeadProc(tmp_path, *flags, *join, name="second")
+        second.wait_http()
+        browser.get(f"{second.url}/dashboard")
+        me, other = f"127.0.0.1:{second.master_port}", f"127.0.0.1:{first.master_port}"
+
+        def heads(b: Any) -> Any:
+            el = b.find_element(By.ID, "heads")
+            return el.is_displayed() and el.text
+
+        _wait(browser, lambda b: other in (heads(b) or ""), 10, "both heads shown")
+        assert heads(browser).startswith(f"heads: {me} (this) UP")
+        first.signal(signal.SIGKILL)
+        _wait(browser, lambda b: f"{other} DOWN" in (heads(b) or ""), 15, "the killed head DOWN")
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()

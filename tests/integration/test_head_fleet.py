@@ -311,3 +311,37 @@ def _proxy_up(url: str) -> bool:
         return httpx.get(f"{url}/models", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_joined_heads_on_one_postgresql_store_share_stored_responses_and_jobs(
+    tmp_path: Path, postgres: Any
+) -> None:
+    store = ("--store-url", postgres.new_database(), "--media-url", str(tmp_path / "media"))
+    a = fleet_head(tmp_path, "a", *store)
+    b = replicas = None
+    try:
+        a.wait_http()
+        b = fleet_head(tmp_path, "b", *store, join=a)
+        replicas = headless(tmp_path, a, 0)
+        wait_up(1, a, b)
+        first = a.client.post("/v1/responses", json={"input": "turn one"}).json()
+        # Read back, and continued, through the other head.
+        assert b.client.get(f"/v1/responses/{first['id']}").json()["id"] == first["id"]
+        r = b.client.post(
+            "/v1/responses", json={"input": "turn two", "previous_response_id": first["id"]}
+        )
+        assert r.status_code == 200, r.text
+        second = a.client.get(f"/v1/responses/{r.json()['id']}").json()
+        assert second["previous_response_id"] == first["id"]
+        assert second["output"][0]["content"][0]["text"] == "turn two [echo]"
+        # A background response queued through one head is visible, done, at the other.
+        job = b.client.post("/v1/responses", json={"input": "later", "background": True})
+        rid = job.json()["id"]
+        wait_for(
+            lambda: a.client.get(f"/v1/responses/{rid}").json()["status"] == "completed",
+            30,
+            0.2,
+            "the job completed, seen from the other head",
+        )
+    finally:
+        stop_all(replicas, b, a)

@@ -250,3 +250,14 @@ def test_a_replica_placed_by_ray_shows_its_node() -> None:
     frame = render(placed, None, NOW, color=False)
     assert "127.0.0.1 (local) node c0ffee12" in _line_of(frame, "thinker/0")
     assert "node" not in _line_of(render(CAPTURED, None, NOW, color=False), "thinker/0")
+
+
+def test_the_fleets_heads_show_under_the_header_and_a_lone_head_shows_none() -> None:
+    assert "heads" not in render(CAPTURED, None, NOW, color=False)
+    data = copy.deepcopy(CAPTURED)
+    data["heads"] = [
+        {"address": "tcp://10.0.0.1:5000", "instance": "a", "state": "UP", "self": True},
+        {"address": "tcp://10.0.0.2:5000", "instance": "b", "state": "DOWN", "self": False},
+    ]
+    frame = render(data, None, NOW, color=False)
+    assert "heads 2: 10.0.0.1:5000 (this) UP, 10.0.0.2:5000 DOWN" in frame.splitlines()
