@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable
 
 import msgspec
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from omnistage.protocol import codec
 
@@ -40,6 +41,14 @@ def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         sock.send(frame, more if i < last else flags)
+
+
+def monitor_event(frames: list[bytes]) -> int:
+    """The event number of a socket monitor's message (0 for a malformed one)."""
+    try:
+        return int(parse_monitor_message(frames)["event"])
+    except (ValueError, KeyError, TypeError):
+        return 0
 
 
 class Pump:

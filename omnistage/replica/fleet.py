@@ -103,6 +103,7 @@ class OtherHead:
         self._link = MasterLink(ctx, host, port, signer, self._cancel)
         self.session: HeadSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._last_error = ""
 
     @property
     def connected(self) -> bool:
@@ -123,10 +124,17 @@ class OtherHead:
             try:
                 reply, init = await asyncio.to_thread(self._join)
             except OmniError as exc:
-                log.debug("head %s: %s", self.master, exc)
+                if self._stop.is_set():
+                    return
+                # Said once per kind of trouble, not every attempt: a head that is down
+                # (no answer) or that refuses us (an id its own replica holds, say).
+                if str(exc) != self._last_error:
+                    self._last_error = str(exc)
+                    log.warning("cannot serve head %s yet: %s", self.master, exc)
                 if await self._stopped_within(RETRY_S):
                     return
                 continue
+            self._last_error = ""
             await self._serve(reply, init)
 
     async def _serve(self, reply: RegisterReply, init: HandshakeInit) -> None:

@@ -13,7 +13,11 @@ acks are overdue the thread asks the master which head is there (``HeadProbe``, 
 half interval while they stay overdue), and a new instance id means register again now:
 the replica is back with a restarted head within a second of its start, not after
 ``lost_after_s``. A head that is only slow answers with the instance we know, and the
-replica waits as before.
+replica waits as before. A head whose process died closed our heartbeat connection: a
+socket monitor sees that, and once the connection has stayed closed for an interval and
+acks are overdue, the head is lost (a dead head's requests are dropped within about two
+seconds, not ``lost_after_s``); a slow head keeps its connections, and a network blip
+is reconnected within that interval.
 
 A beat carries the prefix keys the engine's cache holds (``Engine.cached_prefixes``)
 when they changed since the last beat that carried them, on the first beat of a
@@ -45,6 +49,7 @@ from omnistage.protocol.messages import (
 )
 from omnistage.protocol.prefix import MAX_REPORTED
 from omnistage.protocol.registration import RegisterReply
+from omnistage.zmqio import monitor_event
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +167,8 @@ class HeartbeatThread:
         self._prefixes_sent: int | None = None
         self._beats_since_prefixes = 0
         self._probe: zmq.Socket | None = None  # to the master, once acks are overdue
+        # When the heartbeat connection closed and has not come back (None: connected).
+        self._closed_at: float | None = None
         self._next_probe = 0.0
         self._poller = zmq.Poller()
         self._thread = threading.Thread(target=self._run, name="omni-heartbeat", daemon=True)
@@ -185,8 +192,11 @@ class HeartbeatThread:
         # A DOWN heartbeat queued at exit still gets a moment to leave.
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.SNDHWM, 16)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._poller.register(monitor, zmq.POLLIN)
         sock.connect(self._spec.address)
         self._poller.register(sock, zmq.POLLIN)
+        self._monitor = monitor
         self._last_ack = self._clock()
         try:
             while True:
@@ -197,6 +207,8 @@ class HeartbeatThread:
             if self._send_down:
                 self._beat(sock, ReplicaState.DOWN)
         finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
             # Without a goodbye (leaving a lost head), queued beats must not reach the
             # head later and revive the incarnation we abandoned.
             sock.close(linger=500 if self._send_down else 0)
@@ -214,12 +226,26 @@ class HeartbeatThread:
             ready = dict(self._poller.poll(int(min(left, 0.05) * 1000) or 1))
             if sock in ready:
                 self._read_ack(sock.recv_multipart())
+            if self._monitor in ready:
+                self._read_monitor(self._monitor.recv_multipart())
             if self._probe is not None and self._probe in ready:
                 self._read_probe_reply(self._probe.recv_multipart())
         self._kick.clear()
-        silent = self._clock() - self._last_ack
+        now = self._clock()
+        silent = now - self._last_ack
         if silent > self._spec.lost_after_s:
             self._lose(f"no answer from the head for {silent:.1f}s")
+        closed = self._closed_at
+        if closed is not None and now - closed >= self._spec.interval_s and self._overdue():
+            self._lose(f"the head closed its connection {now - closed:.1f}s ago (it died)")
+
+    def _read_monitor(self, frames: list[bytes]) -> None:
+        event = monitor_event(frames)
+        if event == zmq.EVENT_DISCONNECTED:
+            if self._closed_at is None:
+                self._closed_at = self._clock()
+        elif event == zmq.EVENT_CONNECTED:
+            self._closed_at = None
 
     def _read_ack(self, frames: list[bytes]) -> None:
         try:

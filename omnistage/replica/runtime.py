@@ -162,11 +162,16 @@ class ReplicaRuntime:
 
     def _learn_heads(self, source: str, heads: list[str]) -> None:
         """A head (``source``: its master URL; "" for the first head) named the fleet's
-        heads, itself first: serve each one not served yet."""
-        if not heads or not self.opts.rejoin or self._stopping.is_set():
+        heads, itself first: serve each one not served yet. The first head's list is
+        the reference: a head it no longer names (forgotten, down for long) and that we
+        are not connected to is let go."""
+        if not self.opts.rejoin or self._stopping.is_set():
             return  # a local replica serves only the head that runs it
         if not source:
-            self._first_head = heads[0]
+            self._first_head = heads[0] if heads else self._first_head
+            for master in [m for m, link in self._others.items() if m not in heads]:
+                if not self._others[master].connected:
+                    self._loop.create_task(self._others.pop(master).stop())
         for master in heads:
             if master in self._others or master == self._first_head:
                 continue

@@ -58,7 +58,7 @@ def wait_up(count: int, *heads: HeadProc) -> None:
     """Until every head serves HTTP and has ``count`` replicas of stage 0 UP."""
     for head in heads:
         head.wait_http()
-        wait_for(lambda h=head: len(h.up_replicas(0)) == count, 20, what=f"{count} UP")
+        wait_for(lambda h=head: len(h.up_replicas(0)) == count, 60, what=f"{count} UP")
 
 
 def stop_all(*procs: Proc | None) -> None:

@@ -93,9 +93,7 @@ def test_a_voice_head_killed_costs_the_other_nothing_and_is_served_again(tmp_pat
             30,
             what="a's answer dropped by the thinker",
         )
-        again = _head(
-            tmp_path, "a2", "-oma", "127.0.0.1", "-omp", str(a.master_port), port=a.port
-        )
+        again = _head(tmp_path, "a2", "-oma", "127.0.0.1", "-omp", str(a.master_port), port=a.port)
         again.wait_healthy(300)
         assert _spoken(again.url) is None
         assert _spoken(b.url) is None

@@ -357,3 +357,62 @@ def test_a_new_registration_sends_the_keys_at_once(ctx: zmq.Context) -> None:
         first = next(x for x in got[since:] if x.seq == 1)
         assert first.cached_prefixes == [1, 2, 3]
     head.router.close()
+
+
+def test_a_head_whose_connection_closed_is_lost_long_before_the_silence_timeout(
+    ctx: zmq.Context,
+) -> None:
+    # The head's process died: its coordinator's socket is closed, so is our connection.
+    head = Coordinator(ctx, ReplicaState.UP)
+    gone = threading.Event()
+    why: list[str] = []
+
+    def on_lost(reason: str, failed: bool) -> None:
+        why.append(reason)
+        gone.set()
+
+    spec = HeartbeatSpec(head.address, 2, 5, 9, interval_s=0.05, lost_after_s=30.0)
+    beats = HeartbeatThread(ctx, spec, Reports(load=lambda: LoadReport(0, 0, 0)), on_lost=on_lost)
+    beats.start()
+    try:
+        head.wait_for(3)
+        assert not gone.is_set()
+        closed = time.monotonic()
+        head.router.close()
+        assert gone.wait(5)
+        assert time.monotonic() - closed < 5
+        assert len(why) == 1 and "closed its connection" in why[0]
+    finally:
+        beats.stop(send_down=False)
+
+
+def test_the_fleets_heads_in_acks_are_told_once_per_change(ctx: zmq.Context) -> None:
+    head = Coordinator(ctx, ReplicaState.UP)
+    lists = [["tcp://a:1", "tcp://b:1"]]
+    original = head._answer
+
+    def answer(frames: list[bytes]) -> list[bytes] | None:
+        reply = original(frames)
+        if reply is None:
+            return None
+        ack = codec.decode_frames(reply[1:])
+        ack.heads = lists[-1]
+        return [reply[0], *codec.encode(ack)]
+
+    head.router._answer = answer
+    told: list[list[str]] = []
+    beats = HeartbeatThread(
+        ctx,
+        _spec(head.address),
+        Reports(load=lambda: LoadReport(0, 0, 0)),
+        on_heads=told.append,
+    )
+    beats.start()
+    try:
+        head.wait_for(5)
+        lists.append(["tcp://a:1", "tcp://b:1", "tcp://c:1"])
+        head.wait_for(len(head.beats) + 5)
+    finally:
+        beats.stop(send_down=False)
+        head.router.close()
+    assert told == lists
