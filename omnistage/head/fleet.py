@@ -160,6 +160,11 @@ class HeadFleet:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
+            if not poller.sockets:
+                # Alone: nothing to read. (zmq's poll of no sockets returns at once: it
+                # would spin a core.)
+                self._stop.wait(left)
+                return
             for sock, _ in poller.poll(int(min(left, 0.1) * 1000) or 1):
                 try:
                     reply = codec.decode_signed(

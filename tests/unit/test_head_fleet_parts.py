@@ -4,12 +4,15 @@ the stage pool's view of what other heads hold on a replica."""
 
 from __future__ import annotations
 
+import time
+
 from omnistage.config.schema import StageConfig
 from omnistage.control.balancing import make_policy
 from omnistage.control.fleet import FleetView, PeerChange
 from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.engines import build_engine
+from omnistage.head.fleet import HeadFleet
 from omnistage.protocol.enums import ErrorKind
 from omnistage.protocol.messages import AddRequest, Prompt, Reason, ReplicaState
 from omnistage.replica.fleet import Admission
@@ -146,3 +149,15 @@ async def test_the_pool_routes_around_what_other_heads_hold_and_falls_back_when_
     assert handle.others == handle.capacity
     pool.observe(_entry(0, others=0))
     assert handle.others == 0
+
+
+def test_a_head_alone_idles_without_spinning() -> None:
+    # No --omni-join and no peer: the announcing thread has nothing to poll. It must
+    # sleep, not spin on an empty poller (which returns at once).
+    fleet = HeadFleet(FleetView(A, "inst-a", time.monotonic, 5.0), interval_s=0.05)
+    before = time.process_time()
+    fleet.start()
+    time.sleep(0.5)
+    fleet.stop()
+    used = time.process_time() - before
+    assert used < 0.2, f"the announcing thread used {used:.2f} CPU-s in 0.5 s"
