@@ -217,7 +217,7 @@ class ReplicaRuntime:
         log.info(
             "received %s; draining %d request(s) for up to %gs (again to stop now)",
             signal.Signals(sig).name,
-            len(self._runner.requests),
+            self._admission.in_flight(),
             self.opts.drain_timeout_s,
         )
         sessions = [self._session, *(link.session for link in self._others.values())]
