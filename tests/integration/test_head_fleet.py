@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,18 +89,23 @@ def echo_config(tmp: Path, **stage: Any) -> str:
 def test_heads_joined_into_a_fleet_share_its_replicas_under_one_set_of_ids(
     tmp_path: Path,
 ) -> None:
-    a = fleet_head(tmp_path, "a", *TOKEN)
+    # Everything signed (token) and encrypted (CURVE), as a fleet across hosts would be.
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "omnistage", "curve-keys", str(keys)], check=True)
+    secure = (*TOKEN, "--omni-curve-keys", str(keys))
+    a = fleet_head(tmp_path, "a", *secure)
     b = c = rogue = replicas = None
     try:
         a.wait_http()
-        b = fleet_head(tmp_path, "b", *TOKEN, join=a)
+        b = fleet_head(tmp_path, "b", *secure, join=a)
         # The third joins through the second: it learns the first from it.
         b.wait_http()
-        c = fleet_head(tmp_path, "c", *TOKEN, join=b)
+        c = fleet_head(tmp_path, "c", *secure, join=b)
         c.wait_http()
         # A head without the fleet's secret is not heard.
-        rogue = fleet_head(tmp_path, "rogue", "--omni-auth-token", "wrong", join=a)
-        replicas = headless(tmp_path, a, 0, "--omni-dp-size-local", "2", *TOKEN)
+        wrong = ("--omni-auth-token", "wrong", "--omni-curve-keys", str(keys))
+        rogue = fleet_head(tmp_path, "rogue", *wrong, join=a)
+        replicas = headless(tmp_path, a, 0, "--omni-dp-size-local", "2", *secure)
         everyone = {url_of(h): "UP" for h in (a, b, c)}
         for head in (a, b, c):
             wait_for(lambda h=head: heads_of(h) == everyone, 20, what=f"{head.url} sees 3 heads")
