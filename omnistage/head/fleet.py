@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import zmq
 
@@ -41,7 +40,6 @@ class HeadFleet:
         signer: Signer | None = None,
         verifier: Verifier | None = None,
         curve_keys: str | None = None,
-        on_change: Callable[[PeerChange], None] | None = None,
     ) -> None:
         self.view = view
         self.lock = threading.Lock()
@@ -50,7 +48,6 @@ class HeadFleet:
         self._signer = signer
         self._verifier = verifier
         self._curve_keys = curve_keys
-        self._on_change = on_change
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._heads: list[str] = []
@@ -132,7 +129,7 @@ class HeadFleet:
     def _targets(self) -> list[str]:
         with self.lock:
             peers = self.view.peers()
-        if self._join and self._join not in peers and not peers:
+        if self._join and not peers:
             return [self._join]  # not answered yet: keep asking the head we were told
         return peers
 
@@ -182,5 +179,3 @@ class HeadFleet:
             log.info("head %s (instance %s) is UP in the fleet", change.address, change.instance)
         else:
             log.warning("head %s is DOWN (not heard from)", change.address)
-        if self._on_change is not None:
-            self._on_change(change)
