@@ -22,7 +22,7 @@ from omnistage.logs import Throttled
 from omnistage.net import tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
-from omnistage.protocol.errors import ProtocolError, RegistrationError
+from omnistage.protocol.errors import IdConflict, ProtocolError, RegistrationError
 from omnistage.protocol.messages import PROTOCOL_VERSION, HeadAnnounce, HeadProbe, HeadProbeReply
 from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
 from omnistage.protocol.tags import TAGS
@@ -45,6 +45,8 @@ _PROBE = TAGS[HeadProbe]
 _ANNOUNCE = TAGS[HeadAnnounce]
 
 OnRegister = Callable[[Slot, RegisterRequest], None]
+# (stage, replica id, epoch) of a slot its replica left by registering under another id.
+OnMoved = Callable[[int, int, int], None]
 
 
 class Master:
@@ -57,9 +59,13 @@ class Master:
         verifier: Verifier | None = None,
         signer: Signer | None = None,
         announce: Callable[[list[bytes]], list[bytes] | None] | None = None,
+        on_moved: OnMoved | None = None,
     ) -> None:
-        """``announce`` answers another head's ``HeadAnnounce`` (``head.fleet``)."""
+        """``announce`` answers another head's ``HeadAnnounce`` (``head.fleet``);
+        ``on_moved``: a replica registered again under another id, and its old slot is
+        to be let go at once rather than after a heartbeat timeout."""
         self._announce = announce
+        self._on_moved = on_moved
         self._verifier = verifier
         self._signer = signer
         self._slots = slots
@@ -85,7 +91,8 @@ class Master:
             reply = self._register(body)
         except (ProtocolError, RegistrationError) as exc:
             _bad_input.warning("registration refused: %s", exc)
-            return [*envelope, codec.encode_register_reply(ErrorReply(error=str(exc)))]
+            held_by = exc.held_by if isinstance(exc, IdConflict) else None
+            return [*envelope, codec.encode_register_reply(ErrorReply(str(exc), held_by))]
         return [*envelope, codec.encode_register_reply(reply)]
 
     def _probe(self, frames: list[bytes]) -> list[bytes] | None:
@@ -108,8 +115,18 @@ class Master:
                 f"{PROTOCOL_VERSION} (upgrade the replica or the head so they match)"
             )
         with self._lock:
+            old = self._slots.held(req.stage_id, req.replica_instance)
+            moved = (old.replica_id, old.epoch) if old is not None else None
             slot = self._slots.register(req)
         self._on_register(slot, req)
+        if moved and moved[0] != slot.replica_id and self._on_moved is not None:
+            log.info(
+                "stage %d replica %d registered again as replica %d",
+                slot.stage_id,
+                moved[0],
+                slot.replica_id,
+            )
+            self._on_moved(slot.stage_id, *moved)
         log.info(
             "stage %d replica %d registered (epoch %d, from %s)",
             slot.stage_id,

@@ -13,6 +13,10 @@ a restarted head never reissues an epoch the previous one used.
 
 A replica rejoining the same head instance (``previous_head`` equals ``instance``)
 gets its previous auto-assigned id back, with a new epoch, instead of a fresh id.
+
+One rule of our own, for a fleet of heads: an explicit id that another head assigned
+(``assigned_id``) does not take over a slot another live replica process holds (the
+seed's rule would let two replicas share the id); it is refused with ``IdConflict``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnistage.protocol.errors import RegistrationError
+from omnistage.protocol.errors import IdConflict, RegistrationError
 from omnistage.protocol.registration import RegisterRequest
 
 
@@ -38,6 +42,7 @@ class Slot:
     binds_sockets: bool = False
     replica_ports: tuple[int, int, int] | None = None
     coordinator_addresses: dict[str, str | None] = field(default_factory=dict)
+    instance: str | None = None  # the replica process's (our replicas send it)
 
 
 class SlotTable:
@@ -62,6 +67,8 @@ class SlotTable:
         self._lowest_unused: dict[int, int] = {sid: 0 for sid in stage_ids}
         self.instance = instance
         self._epoch = epoch_base
+        # (stage, replica process instance) -> the id it registered under last.
+        self._by_instance: dict[tuple[int, str], int] = {}
         local = {(sid, rid) for sid, rids in (head_local or {}).items() for rid in rids}
         for sid, count in (preallocated or {}).items():
             if count < 0:
@@ -103,15 +110,26 @@ class SlotTable:
             rid = req.replica_id
             reserved = self._slots.get((req.stage_id, rid))
             if reserved is not None and reserved.head_local and not self._is_local(req):
-                raise RegistrationError(
+                raise IdConflict(
                     f"replica id {rid} of stage {req.stage_id} is reserved for the head's "
-                    "own replica; register without a replica id to get one assigned"
+                    "own replica; register without a replica id to get one assigned",
+                    held_by="",
+                )
+            if req.assigned_id and self._held_by_another(reserved, req.replica_instance):
+                assert reserved is not None and reserved.instance is not None
+                raise IdConflict(
+                    f"replica id {rid} of stage {req.stage_id} is held here by another "
+                    f"replica (from {reserved.bind_address or '?'})",
+                    held_by=reserved.instance,
                 )
         slot = self._slots.get((req.stage_id, rid)) or self._add(Slot(req.stage_id, rid))
         self._epoch += 1
         slot.filled = True
         slot.epoch = self._epoch
         slot.stage_config = req.stage_config
+        slot.instance = req.replica_instance
+        if req.replica_instance:
+            self._by_instance[(req.stage_id, req.replica_instance)] = rid
         slot.bind_address = req.replica_bind_address
         slot.binds_sockets = binds
         slot.replica_ports = ports if binds else None  # type: ignore[assignment]
@@ -122,12 +140,22 @@ class SlotTable:
         }
         return slot
 
+    def held(self, stage_id: int, instance: str | None) -> Slot | None:
+        """The filled slot a replica process (``instance``) holds in the stage, if any."""
+        if not instance:
+            return None
+        rid = self._by_instance.get((stage_id, instance))
+        slot = self._slots.get((stage_id, rid)) if rid is not None else None
+        return slot if slot is not None and slot.filled and slot.instance == instance else None
+
     def release(self, stage_id: int, replica_id: int, epoch: int) -> None:
         """The replica left for good (DOWN): auto-assignment may hand out its id again,
         so ids stay small as replicas come and go. A newer registration is left alone."""
         slot = self._slots.get((stage_id, replica_id))
         if slot is not None and slot.epoch == epoch:
             slot.filled = False
+            if slot.instance and self._by_instance.get((stage_id, slot.instance)) == replica_id:
+                del self._by_instance[(stage_id, slot.instance)]
             self._vacated(slot)
 
     def reserve_local(self, stage_id: int, taken: set[int]) -> int:
@@ -155,6 +183,16 @@ class SlotTable:
     def is_current(self, stage_id: int, replica_id: int, epoch: int) -> bool:
         slot = self._slots.get((stage_id, replica_id))
         return slot is not None and slot.filled and slot.epoch == epoch
+
+    @staticmethod
+    def _held_by_another(slot: Slot | None, instance: str | None) -> bool:
+        return (
+            slot is not None
+            and slot.filled
+            and bool(instance)
+            and slot.instance is not None
+            and slot.instance != instance
+        )
 
     def _is_local(self, req: RegisterRequest) -> bool:
         # Without a key (tests, embedding) head-local slots are reserved only from

@@ -129,6 +129,12 @@ class ReplicaEvents:
             self._handshake_sock.connect(urls[0])
             self._call_soon(self._channels.connect_replica, urls[1], urls[2])
 
+    def on_moved(self, stage_id: int, replica_id: int, epoch: int) -> None:
+        """Control thread: a replica registered again under another id (its id was
+        another replica's at another head): its old slot is DOWN now, and what it held
+        there is dispatched again."""
+        self._coordinator.mark((stage_id, replica_id), epoch, ReplicaState.DOWN, Reason.MOVED)
+
     def init_for(self, stage_id: int) -> HandshakeInit:
         """What a replica of ``stage_id`` needs to serve."""
         return HandshakeInit(

@@ -129,8 +129,12 @@ class HeadFleet:
     def _targets(self) -> list[str]:
         with self.lock:
             peers = self.view.peers()
-        if self._join and not peers:
-            return [self._join]  # not answered yet: keep asking the head we were told
+        if self._join and self._join not in peers:
+            # Keep asking the head we were told to join until it is a peer, even when
+            # another head found us first: that one may be of another fleet, which the
+            # join merges with ours. (Named otherwise than it names itself, say a host
+            # name for an address, it is asked every round: one message more.)
+            return [*peers, self._join]
         return peers
 
     def _connect(self, ctx: zmq.Context, address: str, poller: zmq.Poller) -> zmq.Socket:

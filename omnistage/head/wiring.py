@@ -55,6 +55,7 @@ def control_plane(
         opts.verifier(),
         opts.signer(),
         announce=fleet.answer,
+        on_moved=events.on_moved,
     )
     handshake = HandshakeServer(state.slots, state.lock, events.init_for, opts.verifier())
     control = ControlPlane(state.coordinator.tick)

@@ -8,7 +8,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from omnistage.protocol.auth import AuthStamp, Signer, Verifier, decode_stamp, encode_stamp
-from omnistage.protocol.errors import ProtocolError
+from omnistage.protocol.errors import IdConflict, ProtocolError
 from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
 from omnistage.protocol.tags import TAGS
 
@@ -220,12 +220,15 @@ def encode_register_reply(reply: RegisterReply | ErrorReply) -> bytes:
 
 
 def decode_register_reply(body: bytes) -> RegisterReply:
-    """Decode the master's reply; an error reply becomes a ProtocolError with its text."""
+    """Decode the master's reply; an error reply becomes a ProtocolError with its text
+    (an ``IdConflict`` when it names the replica holding the id asked for)."""
     try:
         raw = _raw_decoder.decode(body)
     except _DECODE_ERRORS as exc:
         raise ProtocolError(f"undecodable registration reply: {_why(exc)}") from None
     if isinstance(raw, dict) and "error" in raw:
+        if isinstance(raw.get("held_by"), str):
+            raise IdConflict(str(raw["error"]), raw["held_by"])
         raise ProtocolError(str(raw["error"]))
     try:
         return msgspec.convert(raw, RegisterReply)

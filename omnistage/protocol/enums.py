@@ -42,6 +42,9 @@ class Reason(enum.StrEnum):
     SHUT_DOWN = "replica shut down"
     DRAINING = "draining before shutdown"
     HEARTBEATS_RESUMED = "heartbeats resumed"
+    # -> DOWN: the same replica process registered again under another id (its id was
+    # taken at another head of the fleet).
+    MOVED = "registered again under another id"
     # Failures (-> ERROR). Only HEARTBEAT_TIMEOUT is forgiven when heartbeats return.
     HEARTBEAT_TIMEOUT = "no heartbeat within --omni-heartbeat-timeout"
     STALLED = "engine made no progress with work in hand within --omni-stall-timeout"

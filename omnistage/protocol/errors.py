@@ -24,6 +24,15 @@ class RegistrationError(OmniError):
     """The master refused or did not answer a registration."""
 
 
+class IdConflict(RegistrationError):
+    """A head refused a fleet-assigned replica id another replica holds there.
+    ``held_by``: that replica's instance ("" for a head's own replica)."""
+
+    def __init__(self, message: str, held_by: str) -> None:
+        super().__init__(message)
+        self.held_by = held_by
+
+
 class HandshakeError(OmniError):
     """HELLO/READY did not complete (timeout, refusal, engine failure)."""
 

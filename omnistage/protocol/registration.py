@@ -39,6 +39,15 @@ class RegisterRequest(msgspec.Struct, omit_defaults=True):
     # The head's secret for its own local replicas (from their environment): only a
     # registration carrying it may fill a head-local slot.
     local_key: str | None = None
+    # Our replicas' own extensions for a fleet of heads. ``replica_instance``: random per
+    # replica process, so a head tells replicas apart and sees one registering again
+    # under a new id (its old slot is then let go at once). ``assigned_id``: the
+    # replica_id was assigned by another head of the fleet, not given by the operator:
+    # a head refuses it while another live replica holds that id here (``ErrorReply.
+    # held_by``), where the seed's rule (an explicit id takes the slot over) would let
+    # two replicas share one id.
+    replica_instance: str | None = None
+    assigned_id: bool | None = None
 
 
 class RegisterReply(msgspec.Struct):
@@ -55,5 +64,8 @@ class RegisterReply(msgspec.Struct):
     head_instance: str = ""
 
 
-class ErrorReply(msgspec.Struct):
+class ErrorReply(msgspec.Struct, omit_defaults=True):
     error: str
+    # A refused ``assigned_id``: the instance of the replica holding that id here, or ""
+    # when the head keeps the id for a replica of its own.
+    held_by: str | None = None

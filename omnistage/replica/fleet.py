@@ -23,17 +23,22 @@ import threading
 import time
 from collections.abc import Callable
 
-import msgspec
 import zmq
 
 from omnistage.engines.base import Engine
 from omnistage.net import free_ports, split_tcp_url
 from omnistage.protocol.auth import Signer, Verifier
-from omnistage.protocol.errors import OmniError
+from omnistage.protocol.errors import IdConflict, OmniError
 from omnistage.protocol.messages import HandshakeInit, ReplicaState
 from omnistage.protocol.registration import RegisterReply
 from omnistage.replica.options import ReplicaOptions
-from omnistage.replica.register import MasterLink, handshake, register, registration
+from omnistage.replica.register import (
+    MasterLink,
+    handshake,
+    register,
+    registration,
+    with_fleet_id,
+)
 from omnistage.replica.requests import RequestRunner
 from omnistage.replica.session import HeadSession
 
@@ -80,12 +85,14 @@ class OtherHead:
         admission: Admission,
         status: Callable[[], ReplicaState],
         on_heads: Callable[[str, list[str]], None],
+        on_conflict: Callable[[str, IdConflict], None],
         signer: Signer | None = None,
         verifier: Verifier | None = None,
     ) -> None:
         """``master``: that head's master URL; ``identity``: (replica id, advertised
         address) as the first head has them now; ``on_heads``: the heads this head
-        names (called on the loop)."""
+        names (called on the loop); ``on_conflict``: this head refused our id, another
+        replica holds it there (called on the loop; the link keeps trying)."""
         self.master = master
         self._ctx = ctx
         self._opts = opts
@@ -94,6 +101,7 @@ class OtherHead:
         self._admission = admission
         self._status = status
         self._on_heads = on_heads
+        self._on_conflict = on_conflict
         self._signer = signer
         self._verifier = verifier
         host, port = split_tcp_url(master)
@@ -126,6 +134,8 @@ class OtherHead:
             except OmniError as exc:
                 if self._stop.is_set():
                     return
+                if isinstance(exc, IdConflict):
+                    self._on_conflict(self.master, exc)
                 # Said once per kind of trouble, not every attempt: a head that is down
                 # (no answer) or that refuses us (an id its own replica holds, say).
                 if str(exc) != self._last_error:
@@ -179,7 +189,7 @@ class OtherHead:
         replica_id, address = self._identity()
         o = self._opts
         ports = tuple(free_ports(3, address)) if o.binds_sockets else None
-        req = msgspec.structs.replace(registration(o, address, ports), replica_id=replica_id)
+        req = with_fleet_id(o, registration(o, address, ports), replica_id)
         reply = register(self._link, req, REGISTER_WAIT_S)
         deadline = time.monotonic() + REGISTER_WAIT_S
         init = handshake(

@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
-import msgspec
 import zmq
 
 from omnistage.config.load import apply_stage_overrides
@@ -19,12 +18,19 @@ from omnistage.engines.base import Engine
 from omnistage.logs import tag_logs
 from omnistage.net import detect_local_address, free_ports, is_loopback
 from omnistage.protocol.auth import Signer
-from omnistage.protocol.errors import OmniError
+from omnistage.protocol.errors import IdConflict, OmniError
 from omnistage.protocol.messages import HandshakeInit, ReplicaState
 from omnistage.protocol.registration import RegisterReply
 from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
 from omnistage.replica.options import ReplicaOptions
-from omnistage.replica.register import MasterLink, handshake, register, registration
+from omnistage.replica.register import (
+    MasterLink,
+    gives_way,
+    handshake,
+    register,
+    registration,
+    with_fleet_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,13 @@ class Joiner:
         # again (the first head restarted) asks for that id, not a new one.
         self.keep_id = False
 
+    def new_id(self) -> None:
+        """Register next time for a new id: the one we have is another replica's at
+        another head of the fleet. (The first head keeps our old slot until the new
+        registration arrives, so it cannot hand the same id back.)"""
+        self.keep_id = False
+        self._head_instance = ""
+
     async def join(self) -> tuple[HandshakeInit, Engine]:
         """Register, handshake and load the engine, all within --stage-init-timeout."""
         deadline = time.monotonic() + self._opts.stage_init_timeout_s
@@ -68,6 +81,12 @@ class Joiner:
             try:
                 init = await self._register_and_handshake(max(2.0, 2 * high))
                 break
+            except IdConflict as exc:
+                if gives_way(self._opts, exc):
+                    log.warning("%s; registering for a new id", exc)
+                    self.new_id()
+                    continue
+                log.info("rejoin refused (%s); trying again in %.1fs", exc, delay)
             except OmniError as exc:
                 log.info("rejoin failed (%s); trying again in %.1fs", exc, delay)
             await self._sleep(delay)
@@ -104,7 +123,7 @@ class Joiner:
         previous = (self._head_instance, self.replica_id) if self._head_instance else None
         req = registration(o, address, ports, previous)
         if self.keep_id and self.replica_id >= 0:
-            req = msgspec.structs.replace(req, replica_id=self.replica_id)
+            req = with_fleet_id(o, req, self.replica_id)
         reply = await asyncio.to_thread(register, self._link, req, timeout_s)
         self.replica_id, self._head_instance, self.reply = (
             reply.replica_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 import time
@@ -16,12 +17,22 @@ import zmq
 from omnistage.net import connectable_url, tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer
-from omnistage.protocol.errors import HandshakeError, ProtocolError, RegistrationError
+from omnistage.protocol.errors import (
+    HandshakeError,
+    IdConflict,
+    ProtocolError,
+    RegistrationError,
+)
 from omnistage.protocol.messages import PROTOCOL_VERSION, HandshakeInit, Hello
 from omnistage.protocol.registration import RegisterReply, RegisterRequest
 from omnistage.replica.options import ReplicaOptions
 
 _Msg = TypeVar("_Msg", bound=msgspec.Struct)
+
+# This replica process, as the heads of a fleet tell replicas apart (registration's
+# ``replica_instance``). Hex, so two instances compare as strings: when two replicas
+# were given the same id by two heads, the greater one registers again for a new id.
+INSTANCE = secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,25 @@ def registration(
         previous_head=previous_head,
         previous_replica_id=previous_id,
         local_key=opts.local_key,
+        replica_instance=INSTANCE,
     )
+
+
+def gives_way(opts: ReplicaOptions, conflict: IdConflict) -> bool:
+    """Whether this replica registers again for a new id, given that ``conflict.
+    held_by`` holds its id at some head: a head's own replica always keeps its id; of
+    two replicas, the one with the greater instance moves (both see the conflict, so
+    exactly one of them does). An operator's id (--replica-id) never moves: it waits
+    for the other to go."""
+    return opts.replica_id < 0 and (not conflict.held_by or conflict.held_by < INSTANCE)
+
+
+def with_fleet_id(opts: ReplicaOptions, req: RegisterRequest, replica_id: int) -> RegisterRequest:
+    """``req`` asking for the id this replica has in the fleet. An operator's id
+    (--replica-id) keeps the seed's rule, taking its slot over; an id a head assigned
+    is refused where another replica holds it (``IdConflict``)."""
+    assigned = opts.replica_id < 0 or None
+    return msgspec.structs.replace(req, replica_id=replica_id, assigned_id=assigned)
 
 
 def wire_map(req: RegisterRequest) -> dict[str, Any]:

@@ -25,11 +25,12 @@ import zmq
 from omnistage import curve
 from omnistage.engines.base import Engine
 from omnistage.protocol.auth import Signer, Verifier
-from omnistage.protocol.errors import OmniError
+from omnistage.protocol.errors import IdConflict, OmniError
 from omnistage.protocol.messages import HandshakeInit, ReplicaState
 from omnistage.replica.fleet import Admission, OtherHead
 from omnistage.replica.join import Joiner
 from omnistage.replica.options import ReplicaOptions
+from omnistage.replica.register import gives_way
 from omnistage.replica.requests import RequestRunner
 from omnistage.replica.session import HeadSession
 
@@ -58,6 +59,7 @@ class ReplicaRuntime:
         self._admission = Admission()
         self._others: dict[str, OtherHead] = {}
         self._first_head = ""
+        self._moving = False  # leaving our id for a new one (``_on_conflict``)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -92,6 +94,7 @@ class ReplicaRuntime:
                 self._failed_by_head = False
                 try:
                     init, self._runner.engine = await self._join_task
+                    self._moving = False
                 except asyncio.CancelledError:
                     break
                 except (OmniError, TimeoutError) as exc:
@@ -184,6 +187,7 @@ class ReplicaRuntime:
                 admission=self._admission,
                 status=self._status,
                 on_heads=self._learn_heads,
+                on_conflict=self._on_conflict,
                 signer=self._signer,
                 verifier=self._verifier,
             )
@@ -191,6 +195,21 @@ class ReplicaRuntime:
             # Its id is the fleet's now: a rejoin of the first head must keep it.
             self._joiner.keep_id = True
             link.start()
+
+    def _on_conflict(self, master: str, conflict: IdConflict) -> None:
+        """Head ``master`` holds our id for another replica: two heads gave it out at
+        once. The replica that gives way (``gives_way``) leaves every head and registers
+        with its first head for a new id; the other keeps trying until it is free."""
+        if self._moving or not gives_way(self.opts, conflict) or self._session is None:
+            return
+        log.warning("head %s: %s; registering for a new id", master, conflict)
+        self._moving = True
+        self._joiner.new_id()
+        others = list(self._others.values())
+        self._others.clear()
+        for link in others:
+            self._loop.create_task(link.stop())
+        self._head_lost.set()
 
     def _identity(self) -> tuple[int, str]:
         assert self._joiner.address is not None

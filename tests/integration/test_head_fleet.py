@@ -123,6 +123,40 @@ def test_heads_joined_into_a_fleet_share_its_replicas_under_one_set_of_ids(
         stop_all(replicas, rogue, c, b, a)
 
 
+def test_two_heads_that_gave_out_the_same_id_merge_into_one_set_of_ids(tmp_path: Path) -> None:
+    # Two fleets of one head each, each with a replica it named 0; then a third head
+    # joins both (b has been announcing to c's address all along): every replica now
+    # serves every head, and the two replicas holding 0 must not share it.
+    c_master = free_port()
+    a = fleet_head(tmp_path, "a")
+    b = fleet_head(tmp_path, "b", "--omni-join", f"127.0.0.1:{c_master}")
+    c = r1 = r2 = None
+    try:
+        wait_up(0, a, b)
+        r1 = headless(tmp_path, a, 0)
+        r2 = headless(tmp_path, b, 0)
+        wait_up(1, a, b)
+        assert [r["replica_id"] for r in a.up_replicas(0)] == [0]
+        assert [r["replica_id"] for r in b.up_replicas(0)] == [0]
+        c = fleet_head(tmp_path, "c", join=a, master_port=c_master)
+        everyone = {url_of(h): "UP" for h in (a, b, c)}
+        for head in (a, b, c):
+            wait_for(lambda h=head: heads_of(h) == everyone, 20, what=f"{head.url} sees 3 heads")
+        for head in (a, b, c):
+            wait_for(lambda h=head: len(h.up_replicas(0)) == 2, 30, what="both replicas UP")
+        wait_for(
+            lambda: replicas_of(a) == replicas_of(b) == replicas_of(c), 20, what="one set of ids"
+        )
+        assert {rid for rid, _ in replicas_of(a)} == {0, 1}
+        # Exactly one of the two gave its id up (the other kept it).
+        moved = [p for p in (r1, r2) if "registering for a new id" in p.log()]
+        assert len(moved) == 1, [p.log()[-2000:] for p in (r1, r2)]
+        for i, head in enumerate((a, b, c)):
+            assert head.chat(f"through head {i}").status_code == 200
+    finally:
+        stop_all(r1, r2, c, b, a)
+
+
 def test_a_head_killed_under_load_costs_the_other_nothing_and_is_served_again_on_restart(
     tmp_path: Path,
 ) -> None:

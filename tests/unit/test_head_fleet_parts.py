@@ -4,18 +4,34 @@ the stage pool's view of what other heads hold on a replica."""
 
 from __future__ import annotations
 
+import threading
 import time
+
+import pytest
 
 from omnistage.config.schema import StageConfig
 from omnistage.control.balancing import make_policy
 from omnistage.control.fleet import FleetView, PeerChange
+from omnistage.control.master import HeadAddresses, Master
 from omnistage.control.replica_table import ReplicaEntry, Transition
+from omnistage.control.slots import SlotTable
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.engines import build_engine
 from omnistage.head.fleet import HeadFleet
+from omnistage.protocol import codec
 from omnistage.protocol.enums import ErrorKind
-from omnistage.protocol.messages import AddRequest, Prompt, Reason, ReplicaState
+from omnistage.protocol.errors import IdConflict
+from omnistage.protocol.messages import (
+    AddRequest,
+    HeadAnnounce,
+    Prompt,
+    Reason,
+    ReplicaState,
+)
+from omnistage.protocol.registration import RegisterReply, RegisterRequest
 from omnistage.replica.fleet import Admission
+from omnistage.replica.options import ReplicaOptions
+from omnistage.replica.register import INSTANCE, gives_way, wire_map
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import FakeClock, others_done, until
 from tests.unit.test_request_runner import Recorder
@@ -161,3 +177,76 @@ def test_a_head_alone_idles_without_spinning() -> None:
     fleet.stop()
     used = time.process_time() - before
     assert used < 0.2, f"the announcing thread used {used:.2f} CPU-s in 0.5 s"
+
+
+def test_a_head_keeps_announcing_to_its_join_target_when_another_head_found_it_first() -> None:
+    # B (of another fleet) announced to us before we reached C, the head we were told to
+    # join: C must still hear from us, or the two fleets never merge.
+    fleet = HeadFleet(FleetView(A, "inst-a", FakeClock(), 5.0), interval_s=1.0, join=C)
+    assert fleet._targets() == [C]
+    fleet.answer([b"id", *codec.sign(codec.encode(HeadAnnounce(B, "inst-b", [])), None)])
+    assert fleet._targets() == [B, C]
+    fleet.answer([b"id", *codec.sign(codec.encode(HeadAnnounce(C, "inst-c", [B])), None)])
+    assert fleet._targets() == [B, C]  # C is a peer now: asked once, as a peer
+
+
+# -- replica ids across heads: a conflict, and the replica that gives way -------------------
+
+
+def _master(moved: list[tuple[int, int, int]]) -> Master:
+    addresses = HeadAddresses("tcp://h:1", "tcp://h:2", "tcp://h:3", "tcp://h:4")
+    return Master(
+        SlotTable([0]),
+        addresses,
+        lambda slot, req: None,
+        threading.Lock(),
+        on_moved=lambda *args: moved.append(args),
+    )
+
+
+def _ask(master: Master, req: RegisterRequest) -> RegisterReply:
+    frames = master.handle([b"peer", codec.encode_register_request(wire_map(req), None)])
+    assert frames is not None and frames[0] == b"peer"
+    return codec.decode_register_reply(frames[-1])
+
+
+def test_a_head_refuses_an_id_another_head_gave_out_and_names_its_holder() -> None:
+    moved: list[tuple[int, int, int]] = []
+    master = _master(moved)
+    auto = RegisterRequest(stage_id=0, replica_id=-1, replica_instance="bbbb")
+    assert _ask(master, auto).replica_id == 0
+    # Another replica was given id 0 by another head at the same time.
+    other = RegisterRequest(stage_id=0, replica_id=0, replica_instance="aaaa", assigned_id=True)
+    with pytest.raises(IdConflict) as err:
+        _ask(master, other)
+    assert err.value.held_by == "bbbb"
+    assert moved == []
+
+
+def test_a_replica_registering_again_under_a_new_id_lets_its_old_slot_go_at_once() -> None:
+    moved: list[tuple[int, int, int]] = []
+    master = _master(moved)
+    req = RegisterRequest(stage_id=0, replica_id=-1, replica_instance="bbbb")
+    first = _ask(master, req)
+    # It gives way: a fresh registration while its old slot is still filled.
+    second = _ask(master, req)
+    assert second.replica_id != first.replica_id
+    assert moved == [(0, first.replica_id, first.epoch)]
+    # A replica registering for the same id again (a rejoin) has not moved.
+    _ask(master, RegisterRequest(stage_id=0, replica_id=second.replica_id, replica_instance="bbbb"))
+    assert len(moved) == 1
+
+
+def _opts(replica_id: int = -1) -> ReplicaOptions:
+    return ReplicaOptions(stage_id=0, master_host="127.0.0.1", master_port=1, replica_id=replica_id)
+
+
+def test_of_two_replicas_given_one_id_exactly_one_gives_way() -> None:
+    lower, higher = sorted([INSTANCE, "0" * len(INSTANCE), "f" * len(INSTANCE)])[::2]
+    # Seen from this process: a holder with a lower instance keeps the id, we move.
+    assert gives_way(_opts(), IdConflict("held", held_by=lower))
+    assert not gives_way(_opts(), IdConflict("held", held_by=higher))
+    # A head's own replica always keeps its id; an operator's id (--replica-id) waits.
+    assert gives_way(_opts(), IdConflict("reserved", held_by=""))
+    assert not gives_way(_opts(replica_id=3), IdConflict("held", held_by=lower))
+    assert not gives_way(_opts(replica_id=3), IdConflict("reserved", held_by=""))

@@ -18,7 +18,14 @@ from omnistage.protocol.errors import HandshakeError, RegistrationError
 from omnistage.protocol.messages import PROTOCOL_VERSION, HandshakeInit, Hello
 from omnistage.protocol.registration import RegisterReply, RegisterRequest
 from omnistage.replica.options import ReplicaOptions
-from omnistage.replica.register import MasterLink, handshake, register, registration, wire_map
+from omnistage.replica.register import (
+    INSTANCE,
+    MasterLink,
+    handshake,
+    register,
+    registration,
+    wire_map,
+)
 
 Answer = Callable[[list[bytes]], list[bytes] | None]
 
@@ -86,6 +93,7 @@ def test_a_plain_registration_sends_the_seed_keys_and_no_unset_extensions() -> N
         "replica_bind_address": "10.0.0.5",
         "replica_binds_sockets": False,
         "protocol_version": PROTOCOL_VERSION,
+        "replica_instance": INSTANCE,  # this process's, for a fleet of heads
     }
 
 

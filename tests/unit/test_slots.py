@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage.control.slots import SlotTable
-from omnistage.protocol.errors import RegistrationError
+from omnistage.protocol.errors import IdConflict, RegistrationError
 from omnistage.protocol.registration import AUTO_ASSIGN_REPLICA_ID, RegisterRequest
 
 
@@ -269,3 +269,58 @@ def test_auto_assignment_follows_the_rule_through_any_history(seed: int) -> None
             local = [s for s in table.slots() if s.stage_id == sid and s.head_local]
             if local:
                 table.unreserve(sid, rng.choice(local).replica_id)
+
+
+# -- a fleet of heads: ids another head assigned -------------------------------------------
+
+
+def fleet_id(rid: int, instance: str, stage_id: int = 0) -> RegisterRequest:
+    """A replica asking a head for the id another head of the fleet gave it."""
+    return RegisterRequest(
+        stage_id=stage_id, replica_id=rid, replica_instance=instance, assigned_id=True
+    )
+
+
+def test_an_assigned_id_held_by_another_live_replica_is_refused_naming_the_holder():
+    table = SlotTable([0])
+    table.register(RegisterRequest(stage_id=0, replica_id=-1, replica_instance="b"))
+    with pytest.raises(IdConflict) as err:
+        table.register(fleet_id(0, "a"))
+    assert err.value.held_by == "b" and "held here by another replica" in str(err.value)
+    assert table.get(0, 0).instance == "b"  # untouched
+
+
+def test_an_assigned_id_is_taken_when_free_released_or_held_by_the_same_replica():
+    table = SlotTable([0])
+    assert table.register(fleet_id(3, "a")).replica_id == 3  # free
+    assert table.register(fleet_id(3, "a")).replica_id == 3  # the same replica again
+    slot = table.register(RegisterRequest(stage_id=0, replica_id=-1, replica_instance="b"))
+    table.release(0, slot.replica_id, slot.epoch)  # b left: its id is free
+    assert table.register(fleet_id(slot.replica_id, "c")).instance == "c"
+
+
+def test_an_operators_explicit_id_still_takes_the_slot_over_as_in_the_seed():
+    table = SlotTable([0])
+    table.register(RegisterRequest(stage_id=0, replica_id=2, replica_instance="old"))
+    # A restarted replica with --replica-id 2: no assigned_id, so the seed's rule.
+    slot = table.register(RegisterRequest(stage_id=0, replica_id=2, replica_instance="new"))
+    assert slot.instance == "new"
+
+
+def test_an_assigned_id_a_head_keeps_for_its_own_replica_is_a_conflict_with_no_holder():
+    table = SlotTable([0], head_local={0: [0]}, local_key="k")
+    with pytest.raises(IdConflict) as err:
+        table.register(fleet_id(0, "a"))
+    assert err.value.held_by == ""
+
+
+def test_held_names_the_slot_a_replica_process_holds_until_it_is_released():
+    table = SlotTable([0, 1])
+    first = table.register(RegisterRequest(stage_id=0, replica_id=-1, replica_instance="a"))
+    assert table.held(0, "a") is first and table.held(1, "a") is None
+    assert table.held(0, None) is None and table.held(0, "zz") is None
+    # Registering again for a new id while the old slot is still filled: a new id.
+    again = table.register(RegisterRequest(stage_id=0, replica_id=-1, replica_instance="a"))
+    assert again.replica_id != first.replica_id and table.held(0, "a") is again
+    table.release(0, again.replica_id, again.epoch)
+    assert table.held(0, "a") is None
