@@ -163,9 +163,9 @@ def head_cmd(http_port: int, master_port: int, join: int | None) -> list[str]:
     return cmd
 
 
-def headless_cmd(master_port: int) -> list[str]:
+def headless_cmd(master_port: int, replicas: int = REPLICAS) -> list[str]:
     cmd = [sys.executable, "-m", "omnistage", "serve", "--headless", "--stage-id", "0"]
-    return [*cmd, "-oma", HOST, "-omp", str(master_port), "--omni-dp-size-local", str(REPLICAS)]
+    return [*cmd, "-oma", HOST, "-omp", str(master_port), "--omni-dp-size-local", str(replicas)]
 
 
 # -- small HTTP helpers (urllib: no client state to share between threads) -----------------
@@ -263,16 +263,20 @@ class Fleet:
     http: list[int]
     master: list[int]
     heads: list[Proc]
-    replicas: Proc
+    headless: list[Proc]  # one headless process (one per head when the heads are separate)
 
     def all(self) -> list[Proc]:
-        return [*self.heads, self.replicas]
+        return [*self.heads, *self.headless]
 
 
-def start_fleet(n_heads: int, logdir: Path, timeout: float, join_nobody: bool = False) -> Fleet:
+def start_fleet(
+    n_heads: int, logdir: Path, timeout: float, join_nobody: bool = False, replicas: int = 1
+) -> Fleet:
     """``n_heads`` heads (the second and later joined to the first) and the headless
     process; returns once every head has both replicas UP and sees every head UP.
     ``join_nobody``: the first head gets ``--omni-join`` to a port nobody listens on."""
+    if n_heads < 0:  # -n: n separate deployments, one head and one replica each
+        return start_separate(-n_heads, logdir, timeout, replicas)
     http = [free_port() for _ in range(n_heads)]
     master = [free_port() for _ in range(n_heads)]
     nobody = free_port() if join_nobody else None
@@ -282,7 +286,7 @@ def start_fleet(n_heads: int, logdir: Path, timeout: float, join_nobody: bool = 
     for i in range(1, n_heads):
         heads.append(Proc(f"head-{'abcd'[i]}", head_cmd(http[i], master[i], master[0]), logdir))
     replicas = Proc("headless", headless_cmd(master[0]), logdir)
-    fleet = Fleet(http, master, heads, replicas)
+    fleet = Fleet(http, master, heads, [replicas])
     # A head alone lists no heads (/v1/omni/stages has "heads": [] then).
     everyone = {master_url(m): "UP" for m in master} if n_heads > 1 else {}
     for port in http:
@@ -292,6 +296,29 @@ def start_fleet(n_heads: int, logdir: Path, timeout: float, join_nobody: bool = 
             return len(up_replicas(stages)) == REPLICAS and head_states(stages) == everyone
 
         wait_until(ready, timeout, f"{REPLICAS} replicas and {n_heads} heads UP", fleet.all())
+    return fleet
+
+
+def start_separate(n: int, logdir: Path, timeout: float, replicas: int) -> Fleet:
+    """The control for two joined heads: ``n`` deployments that know nothing of each
+    other, each a head with one headless replica, so the machine runs as many heads and
+    replica processes as the joined fleet does, and the heads share its cores the same way."""
+    http = [free_port() for _ in range(n)]
+    master = [free_port() for _ in range(n)]
+    heads = [
+        Proc(f"head-{'abcd'[i]}", head_cmd(http[i], master[i], None), logdir) for i in range(n)
+    ]
+    headless = [
+        Proc(f"headless-{'abcd'[i]}", headless_cmd(master[i], replicas), logdir) for i in range(n)
+    ]
+    fleet = Fleet(http, master, heads, headless)
+    for port in http:
+
+        def ready(port: int = port) -> bool:
+            stages = get_json(port, "/v1/omni/stages")
+            return len(up_replicas(stages)) == replicas and head_states(stages) == {}
+
+        wait_until(ready, timeout, "its replica UP", fleet.all())
     return fleet
 
 
@@ -314,6 +341,7 @@ class Setup:
     heads: int
     join_nobody: bool = False  # the lone head given --omni-join to a port nobody has
     half: bool = False  # at half the concurrency: what each of two heads gets
+    replicas: int = 1  # separate deployments (heads < 0): replicas each
 
 
 SETUPS = (
@@ -321,6 +349,10 @@ SETUPS = (
     Setup("1 head*", 1, True),
     Setup("1 head* c/2", 1, True, True),
     Setup("2 heads", 2),
+    # Two deployments unaware of each other (heads=-2): what sharing the cores costs
+    # two heads, fleet or not. Joined heads above this pay for the fleet itself.
+    Setup("2 separate", -2),
+    Setup("2 separate x2", -2, replicas=REPLICAS),
 )
 
 
@@ -400,22 +432,29 @@ class Snapshot:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.replica_pids = descendants(fleet.replicas.pid)
-        if len(self.replica_pids) < REPLICAS:
+        self.replica_pids = self._replicas()
+        # (A headless process with one replica runs it in its own process: no child.)
+        if len(fleet.headless) == 1 and len(self.replica_pids) < REPLICAS:
             raise RuntimeError(f"{len(self.replica_pids)} replica processes, not {REPLICAS}")
 
+    def _replicas(self) -> list[int]:
+        return [pid for h in self.fleet.headless for pid in descendants(h.pid)]
+
     def snapshot(self) -> list[float]:
-        if descendants(self.fleet.replicas.pid) != self.replica_pids:
+        if self._replicas() != self.replica_pids:
             raise RuntimeError("the replica processes changed during the run")
         heads = [cpu_tree(h.pid) for h in self.fleet.heads]
-        return [*heads, sum(cpu_seconds(p) for p in [self.fleet.replicas.pid, *self.replica_pids])]
+        parents = [h.pid for h in self.fleet.headless]
+        return [*heads, sum(cpu_seconds(p) for p in [*parents, *self.replica_pids])]
 
 
 def load_run(setup: Setup, rnd: int, args: argparse.Namespace, logdir: Path) -> LoadRun:
     run = LoadRun(setup.name, setup.heads, rnd)
     fleet = None
     try:
-        fleet = start_fleet(setup.heads, logdir, args.health_timeout, setup.join_nobody)
+        fleet = start_fleet(
+            setup.heads, logdir, args.health_timeout, setup.join_nobody, setup.replicas
+        )
         snap = Snapshot(fleet)
         # The heads at rest (heartbeats, announcements): one second, after a settle.
         time.sleep(0.5)
@@ -517,7 +556,8 @@ def report_load(runs: list[LoadRun], args: argparse.Namespace) -> dict[str, Any]
             "without the busy loop flagged below;\n   "
             f"c/2: at c={max(1, args.concurrency // 2)}, the load each of two heads gets "
             "(a head's CPU per request\n   depends on its load: a busier loop handles more "
-            "per wake-up)"
+            "per wake-up);\n   2 separate: two deployments unaware of each other, a head and a "
+            "headless replica each,\n   sharing the machine as the two joined heads do"
         )
     for r in runs:
         if r.error is not None:
@@ -531,7 +571,7 @@ def report_load(runs: list[LoadRun], args: argparse.Namespace) -> dict[str, Any]
                 )
     out: dict[str, Any] = {"runs": [asdict(r) for r in runs]}
     two = meds.get("2 heads")
-    for one in ("1 head", "1 head*", "1 head* c/2"):
+    for one in ("1 head", "1 head*", "1 head* c/2", "2 separate"):
         if two is None or one not in meds:
             continue
         ratio = two.heads_cpu_ms / meds[one].heads_cpu_ms
@@ -962,7 +1002,7 @@ def fleet_part(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
     finally:
         # In reverse: haproxy, the replicas, then the heads (the restarted one first).
         heads += [p for p in Proc.started if p.name == "head-a-again"]
-        stop_procs([*heads, fleet.replicas, *([proxy] if proxy else [])])
+        stop_procs([*heads, *fleet.headless, *([proxy] if proxy else [])])
     return out
 
 
@@ -998,6 +1038,7 @@ def main() -> int:
         action="store_true",
         help="keep part 2's clients running through haproxy during the restarts",
     )
+    p.add_argument("--setups", help="part 1: only these setups (comma-separated names)")
     p.add_argument("--parts", default="1,2", help="1 (one head vs two), 2 (kill + restart)")
     p.add_argument("--quick", action="store_true", help="short runs: about a minute")
     p.add_argument("--keep-logs", metavar="DIR", help="copy the processes' logs there")
@@ -1020,6 +1061,7 @@ def main() -> int:
                 load_run(setup, rnd, args, logdir)
                 for rnd in range(1, args.rounds + 1)
                 for setup in SETUPS  # alternating: drift hits all alike
+                if not args.setups or setup.name in args.setups.split(",")
             ]
             results["heads"] = report_load(runs, args)
             failed |= all(r.error is not None for r in runs)
