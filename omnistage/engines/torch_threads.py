@@ -79,8 +79,11 @@ class ThreadTuner:
     The best count depends on the shape (one row or eight, a 64x64 image or a 512x512
     one: small steps are overhead that threads do not share), so each shape (``rows``)
     has its own count and its own schedule of trials, and steps are only compared
-    within a shape. A shape starts at one thread, the count that is never far off: on a
-    busy machine more threads can be very slow, and it takes a few steps to know. A
+    within a shape. A new shape starts on the count of the nearest shape seen (seven
+    rows behave as eight: a batch that grows and shrinks makes many shapes, and each
+    would otherwise wait its own ``period`` steps before its first trial), the first at
+    one thread, the count that is never far off: on a busy machine more threads can be
+    very slow, and it takes a few steps to know. A
     trial starts after ``window`` steps of the shape and is dropped if the shape changes
     during it. It ends lost as soon as one of its steps takes ``abort`` times the
     baseline, so a wrong guess costs one slow step. A lost trial doubles the wait before
@@ -122,9 +125,15 @@ class ThreadTuner:
         return shape.period if shape else self._min_period
 
     def count_for(self, rows: int) -> int:
-        """The count a shape runs on now (one thread for a shape not seen yet)."""
+        """The count a shape runs on now (a shape not seen yet: where it would start)."""
         shape = self._shapes.get(rows)
-        return shape.count if shape else self.ladder[0]
+        return shape.count if shape else self._start_count(rows)
+
+    def _start_count(self, rows: int) -> int:
+        if not self._shapes:
+            return self.ladder[0]
+        nearest = min(self._shapes, key=lambda seen: (abs(seen - rows), seen))
+        return self._shapes[nearest].count
 
     def observe(self, rows: int, seconds: float) -> int:
         """Record one step that took ``seconds`` on the count last returned; the count
@@ -160,7 +169,8 @@ class ThreadTuner:
         if shape is None:
             if len(self._shapes) >= self._max_shapes:
                 del self._shapes[next(iter(self._shapes))]
-            shape = self._shapes[rows] = _ShapeState(self.ladder[0], self._min_period)
+            start = self._start_count(rows)
+            shape = self._shapes[rows] = _ShapeState(start, self._min_period)
         return shape
 
     def _observe_trial(self, rows: int, seconds: float) -> int:

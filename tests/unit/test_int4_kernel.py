@@ -71,6 +71,28 @@ def test_the_matmul_matches_the_dequantized_weights(
     assert _rel(into - before, reference) < 1e-4
 
 
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("n", [48, 960])
+def test_the_matmul_on_a_team_of_threads_gives_the_same_bits(rows: int, n: int) -> None:
+    assert not isinstance(_KERNEL, str)
+    q, scale, lo, _ = _quantized(n, 576)
+    packed = _KERNEL.pack(q, scale, lo)
+    x = torch.randn(rows, 576)
+    one = _KERNEL.matmul(x, packed, n)
+    into = torch.randn(rows, n)
+    one_into = _KERNEL.matmul(x, packed, n, into=into.clone(), coarse=True)
+    try:
+        for threads in (2, 3, 5):  # 48 columns: fewer units than 5 threads
+            _KERNEL.threads = threads
+            assert torch.equal(_KERNEL.matmul(x, packed, n), one)
+            assert torch.equal(
+                _KERNEL.matmul(x, packed, n, into=into.clone(), coarse=True), one_into
+            )
+    finally:
+        _KERNEL.threads = 1
+
+
 def test_the_variants_agree_to_float_rounding() -> None:
     kernels = [int4_kernel.load_variant(name) for name in _runnable()]
     if len(kernels) < 2:
@@ -207,8 +229,11 @@ def test_a_failed_build_is_named_and_leaves_no_library(
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 3])
-def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 3, 5])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int, threads: int) -> None:
+    # On a team of threads too (each a share of every matmul's columns and of the
+    # attention's rows, more threads than rows included): the same bits.
     assert not isinstance(_KERNEL, str)
     from omnistage.engines.llm.fast_llama import LlamaShape
 
@@ -225,12 +250,12 @@ def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int) -> None:
     caches = [[torch.randn(rows, 2, capacity, 16) for _ in range(2)] for _ in range(2)]
     angles = torch.rand(64, 8) * 6
     rope = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).contiguous()
-    positions = torch.tensor([5 + 7 * r for r in range(rows)])
+    positions = torch.tensor([5 + 5 * r for r in range(rows)])  # < capacity
     h0 = torch.randn(rows, 64)
 
     h = h0.clone()
     keys, values = [c[0].clone() for c in caches], [c[1].clone() for c in caches]
-    _KERNEL.decode_layers(h, table, keys, values, shape, rope, positions)
+    _KERNEL.decode_layers(h, table, keys, values, shape, rope, positions, threads)
 
     expected = h0.clone()
     k_ref, v_ref = [c[0].clone() for c in caches], [c[1].clone() for c in caches]

@@ -86,18 +86,32 @@ def test_each_shape_learns_its_own_count() -> None:
         count = tuner.observe(rows, times[(rows, count)])
     assert tuner.count_for(1) == 1
     assert tuner.count_for(8) == 2
-    assert tuner.count_for(3) == 1  # not seen: one thread
+    # Not seen: the nearest seen shape's count.
+    assert tuner.count_for(3) == 1 and tuner.count_for(6) == 2
+
+
+def test_a_new_shape_starts_on_the_nearest_seen_shapes_count() -> None:
+    tuner = ThreadTuner((1, 2), window=4, period=4)
+    assert tuner.count_for(5) == 1  # nothing seen yet: one thread
+    count = tuner.count
+    while tuner.count_for(8) != 2:
+        count = tuner.observe(8, {1: 0.030, 2: 0.020}[count])
+    # Seven rows, never seen: on eight rows' two threads from its first step.
+    assert tuner.observe(7, 0.019) == 2
+    assert tuner.count_for(7) == 2 and tuner.moves == 1
 
 
 def test_a_new_shapes_first_step_on_another_count_is_not_its_sample() -> None:
     tuner = ThreadTuner((1, 2), window=4, period=4)
+    assert [tuner.observe(1, 0.010) for _ in range(3)] == [1, 1, 1]  # one row, no trial yet
     count = tuner.count
     while tuner.count_for(8) != 2:
         count = tuner.observe(8, {1: 0.030, 2: 0.020}[count])
-    # A one-row step that ran on eight rows' two threads: switch to one, drop it.
-    assert tuner.observe(1, 0.5) == 1
-    # The one-row shape then needs its own full window before its first trial.
-    assert [tuner.observe(1, 0.010) for _ in range(4)] == [1, 1, 1, 2]
+    # A two-row step that ran on eight rows' two threads, though two rows start on
+    # one row's one thread (the nearest): switch to one, drop it.
+    assert tuner.observe(2, 0.5) == 1
+    # The two-row shape then needs its own full window before its first trial.
+    assert [tuner.observe(2, 0.010) for _ in range(4)] == [1, 1, 1, 2]
 
 
 def test_an_empty_ladder_is_an_error() -> None:

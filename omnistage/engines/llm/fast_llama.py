@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention
+from omnistage.engines.torch_threads import use_threads
 
 GROUP = 32  # int4 group size along the input dimension
 
@@ -271,6 +272,20 @@ class FastLlama:
                     for layer in self.layers
                 ]
             )
+
+    def use_threads(self, count: int) -> None:
+        """Compute on ``count`` threads. With the decode step on our kernels they are
+        the kernel's own, and torch's few ops around it run on one thread: torch's
+        OpenMP helpers spin after each op (the llm engine wants that, see
+        ``engines.SPINNING_ENGINES``) and would take the core our second thread needs
+        (measured: a step's layers 5.6 ms on two threads beside a spinning helper, 2.3
+        without it, 6.2 on one). Otherwise they are torch's."""
+        if self._layer_table is not None:
+            assert self._kernel is not None
+            self._kernel.threads = count  # its matmuls (prefill, LM head) too
+            use_threads(1)
+        else:
+            use_threads(count)
 
     def forward(
         self,

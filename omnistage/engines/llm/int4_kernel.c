@@ -14,11 +14,19 @@
  * Layout (made by int4_kernel.py's pack): for each block b of 16 columns and group g,
  * 256 bytes: 4 steps s of 64 bytes; byte j*4+t of step s holds q[16b+j][32g+8s+t] in
  * its low nibble and q[16b+j][32g+8s+4+t] in its high nibble. Scales and lows are
- * float16, [N/16][K/32][16]. Single-threaded: the engine runs its decode step on one
- * thread on a shared CPU (see torch_threads.py); N, K: multiples of 16 and 32.
+ * float16, [N/16][K/32][16]. N, K: multiples of 16 and 32.
+ *
+ * Threads: the matmul itself is single-threaded. The whole decode step
+ * (omni_decode_layers_mt) can run on a team of threads of our own (pthreads, not
+ * OpenMP: a second OpenMP runtime would fight torch's), which split every matmul's
+ * column blocks and the attention's rows; the engine's thread tuner picks the count
+ * (torch_threads.py), since a second thread pays only while a core is free for it.
  */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +167,27 @@ static void rows_blocks(int mr, int nb, int k, int n, int b, const uint8_t *w,
  * quantizes x to one int8 part only (half the multiplies, ~8 bits): for a pass whose
  * result is only a shortlist (the LM head's, see fast_llama.TiedTable). Returns 0, or
  * -1 when a working buffer could not be allocated. */
+/* Two blocks side by side where a tile has one or two rows (see tile): the unit a
+ * thread's share of the blocks is counted in. */
+static inline int block_unit(int m_rows) { return m_rows <= 2 ? 2 : 1; }
+
+/* Column blocks [b_lo, b_hi) of the matmul below, x already quantized (xq, sx, sumx). */
+static void matmul_blocks(int m_rows, int k, const uint8_t *w, const uint16_t *scale,
+                          const uint16_t *lo, int n, float *y, int accumulate, int two,
+                          const int8_t *xq, const float *sx, const float *sumx, int b_lo,
+                          int b_hi) {
+    const int groups = k / GROUP, nb = block_unit(m_rows);
+    for (int b = b_lo; b < b_hi; b += nb) {
+        const int here = b + nb <= b_hi ? nb : 1;
+        for (int m0 = 0; m0 < m_rows; m0 += MR) {
+            const int mr = m_rows - m0 < MR ? m_rows - m0 : MR;
+            rows_blocks(mr, here, k, n, b, w, scale, lo, xq + (size_t)m0 * 2 * k,
+                        sx + (size_t)m0 * groups, sumx + (size_t)m0 * groups, y + (size_t)m0 * n,
+                        accumulate, two);
+        }
+    }
+}
+
 int omni_int4_matmul(const float *x, int m_rows, int k, const uint8_t *w, const uint16_t *scale,
                      const uint16_t *lo, int n, float *y, int accumulate, int two) {
     const int groups = k / GROUP;
@@ -171,18 +200,7 @@ int omni_int4_matmul(const float *x, int m_rows, int k, const uint8_t *w, const 
     }
     float *sumx = sx + (size_t)m_rows * groups;
     quantize_rows(x, m_rows, k, two, xq, sx, sumx);
-    const int blocks = n / NB;
-    /* Two blocks side by side where a tile has one or two rows (see tile). */
-    const int nb = m_rows <= 2 ? 2 : 1;
-    for (int b = 0; b < blocks; b += nb) {
-        const int here = b + nb <= blocks ? nb : 1;
-        for (int m0 = 0; m0 < m_rows; m0 += MR) {
-            const int mr = m_rows - m0 < MR ? m_rows - m0 : MR;
-            rows_blocks(mr, here, k, n, b, w, scale, lo, xq + (size_t)m0 * 2 * k,
-                        sx + (size_t)m0 * groups, sumx + (size_t)m0 * groups, y + (size_t)m0 * n,
-                        accumulate, two);
-        }
-    }
+    matmul_blocks(m_rows, k, w, scale, lo, n, y, accumulate, two, xq, sx, sumx, 0, n / NB);
     free(xq);
     free(sx);
     return 0;
@@ -386,5 +404,268 @@ int omni_decode_layers(float *h, int rows, int layers, const omni_layer *ls, flo
     free(attn);
     free(gate_up);
     free(act);
+    return code;
+}
+
+/* ---- the decode step on a team of threads ---- */
+
+#define MAX_TEAM 64
+
+typedef struct {
+    float *h;
+    int rows, layers;
+    const omni_layer *ls;
+    float *const *kcache, *const *vcache;
+    int capacity, hidden, heads, kv_heads, hd, inter;
+    float eps;
+    const float *rope;
+    const int64_t *positions;
+    float *qkv, *attn, *gate_up; /* shared: each thread writes its own columns or rows */
+    int threads;
+    atomic_int code;
+} step_args;
+
+/* A spinning barrier: the phases between them last microseconds, far less than a
+ * sleep and wake through the kernel. A thread the OS has not scheduled (another
+ * process has the core) is waited for with sched_yield, not a hot spin. */
+static atomic_uint bar_count, bar_gen;
+
+static void barrier(int threads) {
+    const unsigned gen = atomic_load_explicit(&bar_gen, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&bar_count, 1, memory_order_acq_rel) + 1 == (unsigned)threads) {
+        atomic_store_explicit(&bar_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&bar_gen, 1, memory_order_release);
+        return;
+    }
+    for (int spins = 0; atomic_load_explicit(&bar_gen, memory_order_acquire) == gen; spins++) {
+        if (spins < 4000)
+            _mm_pause();
+        else
+            sched_yield();
+    }
+}
+
+/* [lo, hi) of ``count`` things for thread ``tid`` of ``threads``, in whole ``unit``s. */
+static void share(int count, int unit, int tid, int threads, int *lo, int *hi) {
+    const long units = (count + unit - 1) / unit;
+    *lo = (int)(units * tid / threads) * unit;
+    *hi = (int)(units * (tid + 1) / threads) * unit;
+    if (*hi > count) *hi = count;
+    if (*lo > count) *lo = count;
+}
+
+/* This thread's share of y = x W^T: its column blocks, x quantized on its own buffers
+ * (every thread quantizes the whole x: cheaper than a barrier). */
+static void matmul_share(const float *x, int rows, int k, const uint8_t *w, const uint16_t *scale,
+                         const uint16_t *lo, int n, float *y, int accumulate, int two, int8_t *xq,
+                         float *sx, int tid, int threads) {
+    int b_lo, b_hi;
+    share(n / NB, block_unit(rows), tid, threads, &b_lo, &b_hi);
+    if (b_lo >= b_hi) return;
+    float *sumx = sx + (size_t)rows * (k / GROUP);
+    quantize_rows(x, rows, k, two, xq, sx, sumx);
+    matmul_blocks(rows, k, w, scale, lo, n, y, accumulate, two, xq, sx, sumx, b_lo, b_hi);
+}
+
+/* One thread's part of omni_decode_layers: the same layers, with a barrier wherever a
+ * step reads what all threads wrote. Norms and the SiLU gate are small and computed by
+ * every thread into buffers of its own. A thread without buffers still meets every
+ * barrier (the others would wait for it forever), doing no work, and the step fails. */
+static void step_part(step_args *s, int tid) {
+    /* Nothing of *s may be read after the last barrier: the caller's thread is free to
+     * return then, and *s is on its stack. So the loop's bound is a copy. */
+    const int rows = s->rows, hidden = s->hidden, inter = s->inter, T = s->threads;
+    const int layers = s->layers;
+    const int qkv_width = (s->heads + 2 * s->kv_heads) * s->hd, attn_width = s->heads * s->hd;
+    int kmax = hidden > inter ? hidden : inter;
+    kmax = kmax > attn_width ? kmax : attn_width;
+    float *x = malloc(sizeof(float) * (size_t)rows * hidden);
+    float *act = malloc(sizeof(float) * (size_t)rows * inter);
+    int8_t *xq = malloc((size_t)rows * 2 * kmax);
+    float *sx = malloc(sizeof(float) * (size_t)rows * (kmax / GROUP) * 2);
+    const int ok = x && act && xq && sx;
+    if (!ok) atomic_store(&s->code, -1);
+    int r_lo, r_hi;
+    share(rows, 1, tid, T, &r_lo, &r_hi);
+    const size_t cache_row = (size_t)s->kv_heads * s->capacity * s->hd;
+    for (int l = 0; l < layers; l++) {
+        const omni_layer *L = s->ls + l;
+        if (ok) {
+            omni_rms_norm(s->h, rows, hidden, L->attn_norm, s->eps, x);
+            matmul_share(x, rows, hidden, L->w[0], L->scale[0], L->lo[0], qkv_width, s->qkv, 0, 1,
+                         xq, sx, tid, T);
+        }
+        barrier(T);
+        if (ok && r_lo < r_hi &&
+            omni_decode_attention(s->qkv + (size_t)r_lo * qkv_width, r_hi - r_lo, s->heads,
+                                  s->kv_heads, s->hd, s->rope, s->positions + r_lo,
+                                  s->kcache[l] + r_lo * cache_row, s->vcache[l] + r_lo * cache_row,
+                                  s->capacity, s->attn + (size_t)r_lo * attn_width) != 0)
+            atomic_store(&s->code, -1);
+        barrier(T);
+        if (ok)
+            matmul_share(s->attn, rows, attn_width, L->w[1], L->scale[1], L->lo[1], hidden, s->h,
+                         1, 1, xq, sx, tid, T);
+        barrier(T);
+        if (ok) {
+            omni_rms_norm(s->h, rows, hidden, L->mlp_norm, s->eps, x);
+            matmul_share(x, rows, hidden, L->w[2], L->scale[2], L->lo[2], 2 * inter, s->gate_up, 0, 1,
+                         xq, sx, tid, T);
+        }
+        barrier(T);
+        if (ok) {
+            omni_silu_mul(s->gate_up, rows, inter, act);
+            matmul_share(act, rows, inter, L->w[3], L->scale[3], L->lo[3], hidden, s->h, 1, 1, xq, sx,
+                         tid, T);
+        }
+        barrier(T);
+    }
+    free(x);
+    free(act);
+    free(xq);
+    free(sx);
+}
+
+/* The team: threads 1.. wait on a condition variable between steps (no spinning while
+ * the engine is idle) and run their part of each step posted. One step at a time in
+ * the process (step_mu): the team and the barrier are shared. */
+static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t team_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t team_cv = PTHREAD_COND_INITIALIZER;
+static int team_started = 1; /* threads in the team, the caller's included */
+typedef void (*team_fn)(void *args, int tid);
+static unsigned long team_job;
+static team_fn team_work; /* the posted job: a decode step or one matmul */
+static void *team_args;
+static int team_threads; /* the posted job's: read under team_mu, as a thread not in the
+                            job may wake after it ended (and its args are gone) */
+
+static void *team_worker(void *arg) {
+    const int tid = (int)(intptr_t)arg;
+    unsigned long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&team_mu);
+        while (team_job == seen) pthread_cond_wait(&team_cv, &team_mu);
+        seen = team_job;
+        team_fn fn = tid < team_threads ? team_work : NULL;
+        void *args = team_args;
+        pthread_mutex_unlock(&team_mu);
+        if (fn != NULL) fn(args, tid);
+    }
+    return NULL;
+}
+
+/* Hand a job to threads 1..threads-1 (the caller then does its own part, 0). */
+static void post(team_fn fn, void *args, int threads) {
+    pthread_mutex_lock(&team_mu);
+    team_work = fn;
+    team_args = args;
+    team_threads = threads;
+    team_job++;
+    pthread_cond_broadcast(&team_cv);
+    pthread_mutex_unlock(&team_mu);
+}
+
+static void step_job(void *args, int tid) { step_part((step_args *)args, tid); }
+
+/* Start threads until the team has ``threads``; returns how many it has. */
+static int grow_team(int threads) {
+    while (team_started < threads) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int failed = pthread_create(&t, &attr, team_worker, (void *)(intptr_t)team_started);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+        team_started++;
+    }
+    return team_started < threads ? team_started : threads;
+}
+
+/* omni_decode_layers on ``threads`` threads (1: on the caller's alone). */
+int omni_decode_layers_mt(float *h, int rows, int layers, const omni_layer *ls,
+                          float *const *kcache, float *const *vcache, int capacity, int hidden,
+                          int heads, int kv_heads, int hd, int inter, float eps,
+                          const float *rope, const int64_t *positions, int threads) {
+    if (threads > MAX_TEAM) threads = MAX_TEAM;
+    if (threads <= 1)
+        return omni_decode_layers(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads,
+                                  kv_heads, hd, inter, eps, rope, positions);
+    pthread_mutex_lock(&step_mu);
+    threads = grow_team(threads);
+    const int qkv_width = (heads + 2 * kv_heads) * hd;
+    step_args s = {h, rows, layers, ls, kcache, vcache, capacity, hidden, heads, kv_heads, hd,
+                   inter, eps, rope, positions, NULL, NULL, NULL, threads, 0};
+    s.qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
+    s.attn = malloc(sizeof(float) * (size_t)rows * heads * hd);
+    s.gate_up = malloc(sizeof(float) * (size_t)rows * 2 * inter);
+    int code;
+    if (s.qkv && s.attn && s.gate_up && threads > 1) {
+        post(step_job, &s, threads);
+        step_part(&s, 0); /* ends with a barrier all threads pass: the step is done */
+        code = atomic_load(&s.code);
+    } else {
+        code = omni_decode_layers(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads,
+                                  kv_heads, hd, inter, eps, rope, positions);
+    }
+    free(s.qkv);
+    free(s.attn);
+    free(s.gate_up);
+    pthread_mutex_unlock(&step_mu);
+    return code;
+}
+
+/* ---- one matmul on the team (a prefill's, the LM head's) ---- */
+
+typedef struct {
+    const float *x;
+    int m_rows, k;
+    const uint8_t *w;
+    const uint16_t *scale, *lo;
+    int n;
+    float *y;
+    int accumulate, two, threads;
+    atomic_int code;
+} matmul_args;
+
+/* One thread's column blocks, then a barrier: as in step_part, nothing of *a is read
+ * after it. */
+static void matmul_job(void *args, int tid) {
+    matmul_args *a = (matmul_args *)args;
+    const int T = a->threads;
+    int8_t *xq = malloc((size_t)a->m_rows * 2 * a->k);
+    float *sx = malloc(sizeof(float) * (size_t)a->m_rows * (a->k / GROUP) * 2);
+    if (xq && sx)
+        matmul_share(a->x, a->m_rows, a->k, a->w, a->scale, a->lo, a->n, a->y, a->accumulate,
+                     a->two, xq, sx, tid, T);
+    else
+        atomic_store(&a->code, -1);
+    free(xq);
+    free(sx);
+    barrier(T);
+}
+
+/* omni_int4_matmul on ``threads`` threads, each a share of the column blocks. */
+int omni_int4_matmul_mt(const float *x, int m_rows, int k, const uint8_t *w,
+                        const uint16_t *scale, const uint16_t *lo, int n, float *y, int accumulate,
+                        int two, int threads) {
+    if (threads > MAX_TEAM) threads = MAX_TEAM;
+    /* Fewer column units than threads: no share for some; below two units, one thread. */
+    const int units = (n / NB + block_unit(m_rows) - 1) / block_unit(m_rows);
+    if (threads > units) threads = units;
+    if (threads <= 1) return omni_int4_matmul(x, m_rows, k, w, scale, lo, n, y, accumulate, two);
+    pthread_mutex_lock(&step_mu);
+    threads = grow_team(threads);
+    matmul_args a = {x, m_rows, k, w, scale, lo, n, y, accumulate, two, threads, 0};
+    int code;
+    if (threads > 1) {
+        post(matmul_job, &a, threads);
+        matmul_job(&a, 0);
+        code = atomic_load(&a.code);
+    } else {
+        code = omni_int4_matmul(x, m_rows, k, w, scale, lo, n, y, accumulate, two);
+    }
+    pthread_mutex_unlock(&step_mu);
     return code;
 }

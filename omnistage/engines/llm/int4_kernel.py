@@ -1,13 +1,15 @@
 """Our CPU kernels (``int4_kernel.c``) for CPUs with AVX512-VNNI: the int4 matmul, and
 the rest of a decode step's layer (RMS norm, SiLU-gate, RoPE + KV write + attention),
+and the whole step on threads of its own,
 built with the machine's C compiler on first use, kept in the cache directory, called
 through ctypes (~3 us a call, against ~20 small torch ops a layer it replaces).
 
 Why not a torch C++ extension: compiling against torch's headers takes about a minute
 on two cores, this plain C file well under a second, so a replica's first start does
-not wait on it. The kernel is single-threaded and uses no OpenMP: a second OpenMP
-runtime in the process would fight torch's (see ``torch_threads``). ctypes lets go of
-the GIL during the call.
+not wait on it. It uses pthreads, not OpenMP: a second OpenMP runtime in the process
+would fight torch's (see ``torch_threads``); the decode step takes as many threads as
+torch is set to use, which the engine's thread tuner picks. ctypes lets go of the GIL
+during the call.
 
 Where the CPU lacks the instructions or no compiler is found, ``load`` says why and the
 caller keeps torch's own int4 kernel.
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 
 GROUP = 32  # weights per scale along the input dimension
 BLOCK = 16  # output columns the kernel computes together (one AVX512 register)
-_COMMON_FLAGS = ("-O3", "-shared", "-fPIC")
+_COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
 
 
 @dataclass(frozen=True)
@@ -90,18 +92,24 @@ class Int4Kernel:
         ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         self.variant = variant.name
         self.fused = variant.fused
+        # Threads of our own for matmuls and the decode step (the fused variant's team;
+        # set by the model from the thread tuner's count). One process, one setting.
+        self.threads = 1
         self._matmul = _bind(lib.omni_int4_matmul, ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32)
         if not variant.fused:
             return
+        self._matmul_mt = _bind(
+            lib.omni_int4_matmul_mt, ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32, i32
+        )
         self._rms_norm = _bind(lib.omni_rms_norm, ptr, i32, i32, ptr, f32, ptr, returns=None)
         self._silu_mul = _bind(lib.omni_silu_mul, ptr, i32, i32, ptr, returns=None)
         self._attention = _bind(
             lib.omni_decode_attention, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr
         )
         self._layers = _bind(
-            lib.omni_decode_layers,
+            lib.omni_decode_layers_mt,
             *(ptr, i32, i32, ptr, ptr, ptr),
-            *(i32, i32, i32, i32, i32, i32, f32, ptr, ptr),
+            *(i32, i32, i32, i32, i32, i32, f32, ptr, ptr, i32),
         )
 
     def pack(
@@ -139,7 +147,12 @@ class Int4Kernel:
         w, scale, lo = packed
         y = torch.empty(m, n, dtype=torch.float32) if into is None else into
         args = (x.data_ptr(), m, k, w.data_ptr(), scale.data_ptr(), lo.data_ptr(), n)
-        if self._matmul(*args, y.data_ptr(), into is not None, not coarse) != 0:
+        tail = (y.data_ptr(), into is not None, not coarse)
+        if self.fused and self.threads > 1:
+            code = self._matmul_mt(*args, *tail, self.threads)
+        else:
+            code = self._matmul(*args, *tail)
+        if code != 0:
             raise MemoryError("int4 kernel: no memory for its working buffers")
         return y
 
@@ -215,11 +228,14 @@ class Int4Kernel:
         shape: Any,
         rope: torch.Tensor,
         positions: torch.Tensor,
+        threads: int | None = None,
     ) -> None:
         """The residual stream ``h`` (float32 [rows, hidden], contiguous) through every
         layer of a decode step, in place, in one call: per layer the RMS norms, the four
         matmuls, RoPE with the K/V write and attention (as ``decode_attention``), the
-        SiLU gate and the residual adds. ``shape``: the model's ``LlamaShape``."""
+        SiLU gate and the residual adds. ``shape``: the model's ``LlamaShape``;
+        ``threads`` (default ``self.threads``): the kernel's own threads split the
+        matmuls' columns and the attention's rows (the caller's thread is one of them)."""
         if not all(t.is_contiguous() for t in (*keys, *values)):
             raise ValueError("decode_layers needs contiguous caches")
         layers = len(table)
@@ -241,6 +257,7 @@ class Int4Kernel:
             shape.eps,
             rope.data_ptr(),
             positions.data_ptr(),
+            self.threads if threads is None else threads,
         )
         if code != 0:
             raise MemoryError("decode layers: no memory for their working buffers")

@@ -112,6 +112,10 @@ class SlotBatch:
         self.positions.append(self._staged)
         self.last_tokens.append(first_token)
 
+    def use_threads(self, count: int) -> None:
+        """Compute on ``count`` threads (the model decides whose: see FastLlama)."""
+        self._model.use_threads(count)
+
     def decode(self) -> torch.Tensor:
         """Logits [rows, vocab] of the next token of every row."""
         length = max(self.positions) + 1

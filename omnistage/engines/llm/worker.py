@@ -139,6 +139,8 @@ class LlmWorker:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._batch = batch
+        # The batch may place the threads (our kernel's own, or torch's): see FastLlama.
+        self._use_threads: Callable[[int], None] = getattr(batch, "use_threads", use_threads)
         # Picks the torch thread count from the decode steps' times (None: fixed).
         self._tuner = tuner
         self._clock = clock
@@ -187,8 +189,7 @@ class LlmWorker:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
-        if self._tuner is not None:
-            use_threads(self._tuner.count)
+        self._use_threads(self._tuner.count if self._tuner is not None else torch.get_num_threads())
         while True:
             with self._cond:
                 while not self._stop and not self._waiting and not self._running:
@@ -246,7 +247,7 @@ class LlmWorker:
         started = self._clock()
         logits = self._batch.decode()
         if self._tuner is not None:
-            use_threads(self._tuner.observe(len(self._running), self._clock() - started))
+            self._use_threads(self._tuner.observe(len(self._running), self._clock() - started))
         tokens = [
             s.sampler.sample(logits[i], s.prior_tokens + len(s.generated))
             for i, s in enumerate(self._running)
