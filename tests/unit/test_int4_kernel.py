@@ -4,6 +4,9 @@ why, on a CPU without AVX512-VNNI or a machine without a C compiler."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -268,3 +271,24 @@ def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int, threads: int)
         _KERNEL.matmul(_KERNEL.silu_mul(_KERNEL.matmul(x, gate_up, 256)), down, 64, into=expected)
     assert torch.equal(h, expected)
     assert all(torch.equal(a, b) for a, b in zip(keys + values, k_ref + v_ref, strict=True))
+
+
+@needs_kernel
+def test_a_forked_child_starts_a_team_of_its_own() -> None:
+    # fork copies only the calling thread: a child that used the parent's team would
+    # wait at the first barrier forever.
+    assert not isinstance(_KERNEL, str)
+    q, scale, lo, _ = _quantized(960, 576)
+    packed = _KERNEL.pack(q, scale, lo)
+    x = torch.randn(2, 576)
+    try:
+        _KERNEL.threads = 2
+        expected = _KERNEL.matmul(x, packed, 960)  # the parent's team exists now
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only with the same bits, soon
+            signal.alarm(20)
+            os._exit(0 if torch.equal(_KERNEL.matmul(x, packed, 960), expected) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        _KERNEL.threads = 1

@@ -568,8 +568,21 @@ static void post(team_fn fn, void *args, int threads) {
 
 static void step_job(void *args, int tid) { step_part((step_args *)args, tid); }
 
+/* A forked child has none of the team's threads (fork copies the calling thread only):
+ * it starts a team of its own when it needs one. */
+static void team_forked(void) {
+    pthread_mutex_init(&step_mu, NULL);
+    pthread_mutex_init(&team_mu, NULL);
+    pthread_cond_init(&team_cv, NULL);
+    team_started = 1;
+    team_job = 0;
+    atomic_store(&bar_count, 0);
+}
+
 /* Start threads until the team has ``threads``; returns how many it has. */
 static int grow_team(int threads) {
+    static int at_fork;
+    if (!at_fork) at_fork = pthread_atfork(NULL, NULL, team_forked) == 0;
     while (team_started < threads) {
         pthread_t t;
         pthread_attr_t attr;
