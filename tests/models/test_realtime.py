@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import difflib
 import io
 import json
 import os
 import signal
 import time
+import unicodedata
 import wave
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -45,6 +47,14 @@ Event = Any  # the SDK's RealtimeServerEvent union
 
 def words(text: str) -> set[str]:
     return {w.strip(".,!?;:'\"").lower() for w in text.split()}
+
+
+def letters(text: str) -> str:
+    """Only the letters, lowercased and without accents: how a recognizer's spelling
+    of a phrase is compared (it may join or split words: "le grand château" heard as
+    "legrancheto")."""
+    plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return "".join(c for c in plain.lower() if c.isalpha())
 
 
 def silence(ms: int) -> bytes:
@@ -432,9 +442,12 @@ async def test_g711_mu_law_in_and_out(voice_head, speak):
         "/v1/audio/transcriptions", data={"model": "voice"}, files=files, timeout=WAIT_S
     )
     assert r.status_code == 200, r.text
-    said = words(done.response.output[0].content[0].transcript)
-    back = words(r.json()["text"])
-    assert len(said & back) >= len(said) / 2, (said, back)
+    # The sampled answer varies; a French name in it is heard with words joined, so the
+    # letters are compared, not the words. Noise, or audio read at the wrong rate,
+    # scores far below (~0.2 between unrelated sentences).
+    said = letters(done.response.output[0].content[0].transcript)
+    back = letters(r.json()["text"])
+    assert difflib.SequenceMatcher(None, said, back).ratio() >= 0.6, (said, back)
 
 
 # --------------------------------------------------------------------------------------
