@@ -278,8 +278,8 @@ class FastLlama:
         the kernel's own, and torch's few ops around it run on one thread: torch's
         OpenMP helpers spin after each op (the llm engine wants that, see
         ``engines.SPINNING_ENGINES``) and would take the core our second thread needs
-        (measured: a step's layers 5.6 ms on two threads beside a spinning helper, 2.3
-        without it, 6.2 on one). Otherwise they are torch's."""
+        (measured in the engine: a step's layers 5.6 ms on two threads beside a spinning
+        helper, 3.3 without it, 6.3 on one). Otherwise they are torch's."""
         if self._layer_table is not None:
             assert self._kernel is not None
             self._kernel.threads = count  # its matmuls (prefill, LM head) too

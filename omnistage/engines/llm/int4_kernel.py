@@ -7,9 +7,9 @@ through ctypes (~3 us a call, against ~20 small torch ops a layer it replaces).
 Why not a torch C++ extension: compiling against torch's headers takes about a minute
 on two cores, this plain C file well under a second, so a replica's first start does
 not wait on it. It uses pthreads, not OpenMP: a second OpenMP runtime in the process
-would fight torch's (see ``torch_threads``); the decode step takes as many threads as
-torch is set to use, which the engine's thread tuner picks. ctypes lets go of the GIL
-during the call.
+would fight torch's (see ``torch_threads``); the decode step and the matmuls take
+``Int4Kernel.threads``, which the model sets from the engine's thread tuner
+(``FastLlama.use_threads``). ctypes lets go of the GIL during the call.
 
 Where the CPU lacks the instructions or no compiler is found, ``load`` says why and the
 caller keeps torch's own int4 kernel.
