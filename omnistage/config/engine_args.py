@@ -126,6 +126,10 @@ class TtsArgs(_Args):
     # Streamed text: speak an answer's opening phrase ("The capital of France") before
     # its first sentence is complete, not only an opening clause ending in a comma.
     first_phrase: bool = True
+    # Scheduling priority (nice, added to the process's) of the threads that synthesize
+    # an answer's later sentences, so that a first sentence, which a listener waits for,
+    # gets the cores first. 0: all syntheses alike.
+    later_nice: int = Field(default=10, ge=0, le=19)
     # The voice's randomness (VITS draws noise on every synthesis): None keeps the
     # voice's own; 0 and 0 say the same text the same way every time (tests that
     # transcribe what they said need that).

@@ -10,8 +10,14 @@ Synthesis runs in worker threads, at most ``max_concurrent`` at once, so the rep
 event loop stays free for heartbeats and other requests; a free slot goes to an
 answer's first sentence before other answers' later ones. (Earliest deadline first,
 a later sentence due when the audio before it has played out, was tried: eight
-sessions at once got later first audio and no fewer gaps.) Piper and onnxruntime load
-only when the engine starts.
+sessions at once got later first audio and no fewer gaps.) A slot only decides who
+starts, though: once running, a first sentence shared the cores evenly with the later
+ones already under way (and with the thinker feeding them). So an answer's later
+chunks (from the third: see ``URGENT_CHUNKS``) run on threads of their own at a lower
+scheduling priority (``later_nice``): the kernel gives a first sentence the cores it
+needs, and the later ones the rest, which is plenty (a later sentence only has to be
+ready when the audio before it has played). Piper and
+onnxruntime load only when the engine starts.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from omnistage.config.engine_args import TtsArgs
@@ -44,6 +52,12 @@ log = logging.getLogger(__name__)
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
 WARMUP_TEXT = "Hello."
+# An answer's chunks synthesized at the process's own priority; the later ones are
+# niced (``later_nice``). Two, not one: the first chunk is often a short opening phrase
+# (~1 s of audio), so the sentence after it is due almost at once. Eight answers at
+# once on 2 cores: one urgent chunk gave first audio 0.86 / 1.30 s (p50 / p90) and 23 s
+# of gaps over 40 answers, two gave 0.90 / 1.39 s and 12 s (docs/benchmarks.md).
+URGENT_CHUNKS = 2
 
 
 class TtsEngine(Engine):
@@ -53,6 +67,16 @@ class TtsEngine(Engine):
         self.catalog: VoiceCatalog | None = None
         self._loads: dict[str, asyncio.Future[PiperVoice]] = {}
         self._slots = PrioritySlots(self.args.max_concurrent)
+        # One pool per priority: 0 an answer's first sentence, 1 the later ones (niced).
+        self._pools = (
+            ThreadPoolExecutor(self.args.max_concurrent, thread_name_prefix="tts-first"),
+            ThreadPoolExecutor(
+                self.args.max_concurrent,
+                thread_name_prefix="tts-later",
+                initializer=_nice_this_thread,
+                initargs=(self.args.later_nice,),
+            ),
+        )
         self._noise = (self.args.noise_scale, self.args.noise_w_scale)
         self._waiting = 0
         # Seconds the default voice took to load, and its warm-up synthesis.
@@ -100,6 +124,8 @@ class TtsEngine(Engine):
         for load in self._loads.values():
             load.cancel()
         self._loads.clear()
+        for pool in self._pools:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def check(self, params: StageParams) -> None:
         self._catalog().resolve(params.speaking.voice)
@@ -114,13 +140,13 @@ class TtsEngine(Engine):
         modality = self.stage.output_modality
         words_in = 0
 
-        said = 0  # sentences synthesized: an answer's first goes before others' later ones
+        said = 0  # chunks synthesized: an answer's first go before others' later ones
 
         async def speak(text: str, finished: bool = False) -> EngineChunk:
             nonlocal said
             pcm = b""
             if text:
-                pcm = await self._synthesize(piper_voice, text, length_scale, min(said, 1))
+                pcm = await self._synthesize(piper_voice, text, length_scale, said)
                 said += 1
             self.progress += 1
             chunk = EngineChunk(modality, text=text, data=pcm, meta=meta)
@@ -199,25 +225,30 @@ class TtsEngine(Engine):
         return await asyncio.shield(load)
 
     async def _synthesize(
-        self, voice: PiperVoice, text: str, length_scale: float, priority: int = 0
+        self, voice: PiperVoice, text: str, length_scale: float, said: int = 0
     ) -> bytes:
-        """PCM for ``text``, synthesized in a worker thread once a slot is free (the most
-        urgent ``priority`` first: 0 for an answer's first sentence, 1 for the rest).
+        """PCM for ``text``, the answer's chunk number ``said`` (from 0), synthesized in
+        a worker thread once a slot is free: a free slot goes to an answer's first chunk
+        before others' later ones, and chunks from ``URGENT_CHUNKS`` on run niced.
 
         On cancellation the worker stops at its next sentence boundary; the slot stays
         taken until it has, so at most ``max_concurrent`` syntheses ever run.
         """
         self._waiting += 1
         try:
-            await self._slots.acquire(priority)
+            await self._slots.acquire(min(said, 1))
         finally:
             self._waiting -= 1
         stop = threading.Event()
         try:
-            work = asyncio.ensure_future(
-                asyncio.to_thread(
-                    _synthesize_blocking, voice, text, length_scale, stop, self._noise
-                )
+            work = asyncio.get_running_loop().run_in_executor(
+                self._pools[0 if said < URGENT_CHUNKS else 1],
+                _synthesize_blocking,
+                voice,
+                text,
+                length_scale,
+                stop,
+                self._noise,
             )
         except BaseException:
             self._slots.release()
@@ -233,6 +264,20 @@ class TtsEngine(Engine):
         self._slots.release()
         if not work.cancelled() and work.exception() is not None:
             log.debug("synthesis failed", exc_info=work.exception())
+
+
+def _nice_this_thread(nice: int) -> None:
+    """Lower the calling thread's scheduling priority (Linux: nice is per thread).
+
+    Raising a thread's nice needs no privilege; a pool's threads are niced once, when
+    they start, and keep it (lowering it again would need CAP_SYS_NICE)."""
+    if nice <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except (AttributeError, OSError) as exc:  # not Linux, or refused: run at the default
+        log.debug("could not nice a synthesis thread: %s", exc)
 
 
 def _load_voice(voice: VoiceInfo, threads: int) -> PiperVoice:

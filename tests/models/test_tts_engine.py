@@ -114,7 +114,7 @@ def test_voices_dir_adds_voices_and_a_configured_default(tmp_path: Path):
 @pytest.mark.slow
 def test_args_are_validated():
     assert TtsArgs().speed == 1.0
-    for bad in ({"speed": 5}, {"max_concurrent": 0}, {"colour": "blue"}):
+    for bad in ({"speed": 5}, {"max_concurrent": 0}, {"colour": "blue"}, {"later_nice": 20}):
         with pytest.raises(ValueError):
             TtsArgs.model_validate(bad)
 
@@ -329,3 +329,35 @@ async def test_event_loop_stays_responsive_during_synthesis(engine: TtsEngine):
     stop.set()
     await tick
     assert max(gaps) < 0.25
+
+
+@pytest.mark.slow
+@module_loop
+async def test_an_answers_later_chunks_are_synthesized_at_a_lower_priority(engine: TtsEngine):
+    """The first URGENT_CHUNKS chunks run at the process's nice, later ones niced."""
+    import os
+    import threading
+
+    from omnistage.engines.tts import URGENT_CHUNKS
+
+    voice = await engine._voice(engine._catalog().default)
+    real = voice.synthesize
+    seen: list[tuple[str, int]] = []
+
+    def recording(text: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append((text, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return real(text, *args, **kwargs)
+
+    text = LONG + " A fourth sentence, the last one, ends it."
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    voice.synthesize = recording  # type: ignore[method-assign]
+    try:
+        chunks = await collect(engine, speak(text))
+    finally:
+        del voice.synthesize
+    assert len(chunks) == 4 and all(c.data for c in chunks)
+    assert [t for t, _ in seen] == [c.text for c in chunks]
+    nices = [n for _, n in seen]
+    later = min(19, base + engine.args.later_nice)
+    assert engine.args.later_nice == 10 and URGENT_CHUNKS == 2
+    assert nices == [base, base, later, later]
