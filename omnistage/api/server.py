@@ -20,6 +20,7 @@ from omnistage.api.app import create_app
 from omnistage.api.remote import RemoteService
 from omnistage.api.routes.realtime import RealtimeLimits
 from omnistage.config.schema import DeployConfig
+from omnistage.heap import freeze_startup_objects
 from omnistage.jobs.setup import StoreUnavailable, open_persistence
 from omnistage.logs import setup_logging
 from omnistage.protocol import codec
@@ -80,6 +81,7 @@ async def serve(opts: ApiServerOptions) -> int:
     service.my_responses = app.state.response_counts
     service.my_realtime = app.state.realtime_stats
     sock = socket.socket(fileno=opts.listen_fd)
+    freeze_startup_objects()  # see omnistage.heap
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -35,6 +35,7 @@ from omnistage.head.sockets import HeadSockets
 from omnistage.head.startup import StartupWatch, Verdict, stage_names
 from omnistage.head.state import control_state
 from omnistage.head.stats import log_stats
+from omnistage.heap import freeze_startup_objects
 from omnistage.jobs.runner import JobRunner
 from omnistage.jobs.setup import StoreUnavailable, build_runner, head_name, open_persistence
 from omnistage.jobs.state import Persistence
@@ -150,6 +151,7 @@ class Head:
         name = head_name(self.opts.port)
         runner = build_runner(self.persist, self.service, self.pools, name, self.opts.job_lease_s)
         self.local.start(loop)
+        freeze_startup_objects()  # see omnistage.heap: full collections skip them
         server, server_task = self._serve_http(loop)
         helpers = [
             asyncio.create_task(self._await_stages(), name="omni-init-wait"),

@@ -15,6 +15,7 @@ from omnistage.config.load import apply_stage_overrides
 from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
 from omnistage.engines.base import Engine
+from omnistage.heap import freeze_startup_objects, thaw
 from omnistage.logs import tag_logs
 from omnistage.net import detect_local_address, free_ports, is_loopback
 from omnistage.protocol.auth import Signer
@@ -138,6 +139,7 @@ class Joiner:
         )
 
     async def _load(self, stage: StageConfig, deadline: float, init: HandshakeInit) -> Engine:
+        thaw()  # a reload: the old engine's objects may be freed now
         engine = build_engine(stage)
         engine.starting = f"loading the {stage.engine} engine"
         log.info("loading engine %r for stage %r", stage.engine, stage.name)
@@ -154,6 +156,7 @@ class Joiner:
         finally:
             if beats is not None:
                 await asyncio.to_thread(beats.stop, False)
+        freeze_startup_objects()  # the engine's weights and modules: see omnistage.heap
         return engine
 
     def _starting_heartbeat(self, init: HandshakeInit, engine: Engine) -> HeartbeatThread | None:
