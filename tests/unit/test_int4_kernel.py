@@ -140,6 +140,29 @@ def test_rms_norm_and_the_silu_gate_match_torch() -> None:
     assert torch.allclose(_KERNEL.silu_mul(gate_up), expected, rtol=1e-5, atol=1e-5)
 
 
+@needs_kernel
+@pytest.mark.parametrize(("n", "k"), [(49152, 64), (1000, 1), (37, 37), (100, 17)])
+def test_topk_indices_are_torchs_set(n: int, k: int) -> None:
+    assert not isinstance(_KERNEL, str)
+    x = torch.randn(5, n)  # no ties
+    got = _KERNEL.topk_indices(x, k)
+    want = torch.topk(x, k, dim=-1, sorted=False).indices
+    assert got.shape == (5, k) and got.dtype == torch.int64
+    assert [set(r) for r in got.tolist()] == [set(r) for r in want.tolist()]
+
+
+@needs_kernel
+def test_topk_indices_skip_nan_and_refuse_a_k_out_of_range() -> None:
+    assert not isinstance(_KERNEL, str)
+    x = torch.arange(40, dtype=torch.float32).repeat(2, 1)
+    x[0, 39] = x[1, 0] = float("nan")  # the first value seeds the heap: NaN there too
+    got = [set(r) for r in _KERNEL.topk_indices(x, 3).tolist()]
+    assert got == [{36, 37, 38}, {37, 38, 39}]
+    for k in (0, 41):
+        with pytest.raises(ValueError, match="top-k"):
+            _KERNEL.topk_indices(x, k)
+
+
 def _rotated(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
     """RoPE on adjacent pairs (2i, 2i + 1) with cs [hd/2, 2] (cos, sin)."""
     a, b = x[..., 0::2], x[..., 1::2]

@@ -227,6 +227,54 @@ void omni_rms_norm(const float *x, int rows, int hidden, const float *weight, fl
     }
 }
 
+/* The indices of the k largest values of each row of x [rows, n], unordered (k <= n,
+ * k <= 1024): a min-heap of the best k so far, and a 16-wide comparison against its
+ * smallest that lets almost every value past without a look (torch.topk on one thread
+ * took ~110 us a row of SmolLM2's 49152 logits; this ~10x less). NaN never enters. */
+static void sift_down(float *v, int64_t *ix, int k, int at) {
+    for (;;) {
+        int l = 2 * at + 1, r = l + 1, m = at;
+        if (l < k && v[l] < v[m]) m = l;
+        if (r < k && v[r] < v[m]) m = r;
+        if (m == at) return;
+        float tv = v[at];
+        int64_t ti = ix[at];
+        v[at] = v[m], ix[at] = ix[m];
+        v[m] = tv, ix[m] = ti;
+        at = m;
+    }
+}
+
+int omni_topk(const float *x, int rows, int n, int k, int64_t *out) {
+    if (k < 1 || k > n || k > 1024) return -1;
+    float v[1024];
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        int64_t *ix = out + (size_t)r * k;
+        for (int i = 0; i < k; i++) v[i] = xr[i] == xr[i] ? xr[i] : -INFINITY, ix[i] = i;
+        for (int i = k / 2 - 1; i >= 0; i--) sift_down(v, ix, k, i);
+        int j = k;
+        for (; j + 16 <= n; j += 16) {
+            __mmask16 more = _mm512_cmp_ps_mask(_mm512_loadu_ps(xr + j), _mm512_set1_ps(v[0]),
+                                                _CMP_GT_OQ);
+            while (more) {
+                const int t = __builtin_ctz(more);
+                more &= more - 1;
+                if (xr[j + t] > v[0]) {
+                    v[0] = xr[j + t], ix[0] = j + t;
+                    sift_down(v, ix, k, 0);
+                }
+            }
+        }
+        for (; j < n; j++)
+            if (xr[j] > v[0]) {
+                v[0] = xr[j], ix[0] = j;
+                sift_down(v, ix, k, 0);
+            }
+    }
+    return 0;
+}
+
 /* e^x for x <= 0 (softmax after subtracting the max): 2^(x log2 e) as 2^i * 2^f with a
  * degree-6 polynomial for 2^f on [-0.5, 0.5] (relative error ~2e-7). */
 static inline __m512 exp_neg(__m512 x) {

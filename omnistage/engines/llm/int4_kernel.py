@@ -103,6 +103,7 @@ class Int4Kernel:
         )
         self._rms_norm = _bind(lib.omni_rms_norm, ptr, i32, i32, ptr, f32, ptr, returns=None)
         self._silu_mul = _bind(lib.omni_silu_mul, ptr, i32, i32, ptr, returns=None)
+        self._topk = _bind(lib.omni_topk, ptr, i32, i32, i32, ptr)
         self._attention = _bind(
             lib.omni_decode_attention, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr
         )
@@ -160,6 +161,16 @@ class Int4Kernel:
         x = _floats(x)
         out = torch.empty_like(x)
         self._rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, out.data_ptr())
+        return out
+
+    def topk_indices(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """int64 [rows, k]: the indices of each row's k largest values, unordered (as
+        ``torch.topk(x, k, sorted=False).indices``, ties aside; k <= 1024)."""
+        x = _floats(x)
+        rows, n = x.shape
+        out = torch.empty(rows, k, dtype=torch.int64)
+        if self._topk(x.data_ptr(), rows, n, k, out.data_ptr()) != 0:
+            raise ValueError(f"top-k of {k} from rows of {n}: k must be 1..min(n, 1024)")
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
