@@ -1,6 +1,6 @@
 """Our CPU kernels (``int4_kernel.c``) for CPUs with AVX512-VNNI: the int4 matmul, and
 the rest of a decode step's layer (RMS norm, SiLU-gate, RoPE + KV write + attention),
-and the whole step on threads of its own,
+the whole step on threads of its own, and the LM head's shortlist (top-k indices),
 built with the machine's C compiler on first use, kept in the cache directory, called
 through ctypes (~3 us a call, against ~20 small torch ops a layer it replaces).
 
