@@ -16,8 +16,8 @@ ones already under way (and with the thinker feeding them). So an answer's later
 chunks (from the third: see ``URGENT_CHUNKS``) run on threads of their own at a lower
 scheduling priority (``later_nice``): the kernel gives a first sentence the cores it
 needs, and the later ones the rest, which is plenty (a later sentence only has to be
-ready when the audio before it has played). Piper and
-onnxruntime load only when the engine starts.
+ready when the audio before it has played). Piper and onnxruntime load only when the
+engine starts.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class TtsEngine(Engine):
         self.catalog: VoiceCatalog | None = None
         self._loads: dict[str, asyncio.Future[PiperVoice]] = {}
         self._slots = PrioritySlots(self.args.max_concurrent)
-        # One pool per priority: 0 an answer's first sentence, 1 the later ones (niced).
+        # An answer's first URGENT_CHUNKS chunks run on the first pool, the rest on the
+        # second, whose threads are niced.
         self._pools = (
             ThreadPoolExecutor(self.args.max_concurrent, thread_name_prefix="tts-first"),
             ThreadPoolExecutor(

@@ -264,6 +264,7 @@ class FastLlama:
         # where the variant has them and the shape fits: then there is a layer table.
         self._kernel = kernel
         self._rope_cs = torch.view_as_real(self.rope).contiguous()  # [positions, hd/2, 2]
+        self._norm, self._gate = self._row_ops()
         self._layer_table = None
         if kernel is not None and kernel.fused and fits_attention(s.head_dim, s.heads, s.kv_heads):
             self._layer_table = kernel.layer_table(
@@ -328,7 +329,7 @@ class FastLlama:
         h = self.embed.rows(ids)  # [n, hidden] float32
         rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
         qk_width = (s.heads + s.kv_heads) * s.head_dim
-        norm, gate = self._row_ops()
+        norm, gate = self._norm, self._gate
         for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
             x = norm(h, layer.attn_norm)
             qkv = layer.qkv(x)
