@@ -82,6 +82,10 @@ class LlmArgs(_Args):
     # it cannot run); "avx512-vnni" / "avx2" that variant of ours; "torch": torch's.
     int4_kernel: str = Field(default="auto", pattern="^(auto|omnistage|torch|avx512-vnni|avx2)$")
     torch_threads: int | None = Field(default=None, ge=1)
+    # Streamed text leaves at most once per this many milliseconds (what the decode
+    # steps made meanwhile goes out together; the first and last token at once): a
+    # fast step stops paying a message per token. 0: every token as it comes.
+    stream_interval_ms: float = Field(default=10.0, ge=0.0, le=1000.0)
     cache_dir: str | None = None
     # Put before the client's messages when they have no system message of their own
     # (a painter's thinker is told to expand a short prompt into an image description).

@@ -15,8 +15,11 @@ import torch
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
+from omnistage.engines.llm.stream_pace import StreamPace
 from omnistage.engines.llm.worker import Batch, BatchLimits, LlmWorker, Sequence
 from omnistage.engines.torch_threads import TorchThread
+from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.messages import TokenLogprob
 
 EOS = 15
 VOCAB = 16
@@ -336,3 +339,123 @@ def test_stop_ends_the_loop_and_frees_the_thread(thread: TorchThread) -> None:
     worker.start(thread)
     worker.stop()
     thread.run(lambda: None).result(timeout=5)  # the loop no longer holds the thread
+
+
+# -- pacing (StreamPace): at most one delivery per interval ------------------------------
+
+STEP_S = 0.004  # the fake clock: every step (prefill or decode) takes 4 ms
+
+
+def _paced_worker(batch: CountingBatch) -> LlmWorker:
+    """A worker whose clock is its step count times STEP_S: what is held is known."""
+    rows: list[int] = []
+    return LlmWorker(
+        batch, {EOS}, ROOMY, lambda: rows.append(batch.rows), clock=lambda: len(rows) * STEP_S
+    )
+
+
+def test_paced_text_goes_out_once_per_interval_with_the_first_and_last_at_once(
+    thread: TorchThread,
+) -> None:
+    batch = CountingBatch()
+    worker = _paced_worker(batch)
+    seq = _seq("a", [1, 10], pace=StreamPace(0.010))  # l m n o, then the end
+    worker.submit(seq)
+    worker.start(thread)
+    _wait(seq)
+    worker.stop()
+    out = _out(seq)
+    # l at once (4 ms); m (8) and n (12) held; o (16 ms, 12 after l) takes them along;
+    # the end (20 ms) at once.
+    assert [c.text for c in out.chunks] == ["l", "mno", ""]
+    assert out.last.finished and out.last.finish_reason == "stop"
+    assert out.chunks[1].usage == {"prompt_tokens": 2, "completion_tokens": 4, "cached_tokens": 0}
+
+
+def test_held_text_goes_out_before_another_prefill_and_with_the_finish(
+    thread: TorchThread,
+) -> None:
+    order: list[tuple[str, str]] = []
+    late = _seq("late", [12], pace=StreamPace(1.0))
+
+    class Batch(CountingBatch):
+        decodes = 0
+
+        def prefill(self, ids: list[int], replay: int = 0, labels=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+            order.append(("prefill", "".join(Letters().decode(ids))))
+            return super().prefill(ids, replay, labels)
+
+        def decode(self) -> torch.Tensor:
+            self.decodes += 1
+            if self.decodes == 3:  # d and e are held by now
+                worker.submit(late)
+            return super().decode()
+
+    batch = Batch()
+    worker = _paced_worker(batch)
+    first = _seq("first", [1], pace=StreamPace(1.0))  # c .. o
+    sinks = {seq.request_id: _out(seq) for seq in (first, late)}
+    for seq in (first, late):
+        sink = sinks[seq.request_id]
+
+        def logged(item: EngineChunk | BaseException, sink=sink, rid=seq.request_id) -> None:  # type: ignore[no-untyped-def]
+            if isinstance(item, EngineChunk):
+                order.append((rid, item.text))
+            sink(item)
+
+        seq.deliver = logged
+    worker.submit(first)
+    worker.start(thread)
+    assert all(sink.ended.wait(10) for sink in sinks.values())
+    worker.stop()
+    assert [c.text for c in sinks["first"].chunks] == ["c", "def", "ghijklmno"]
+    assert sinks["first"].last.finished
+    # What "first" held left before the late prompt's prefill, not after it.
+    assert order.index(("first", "def")) < order.index(("prefill", "m"))
+    assert [c.text for c in sinks["late"].chunks] == ["n", "o"]
+
+
+def test_held_text_goes_out_before_a_failure(thread: TorchThread) -> None:
+    class Batch(CountingBatch):
+        decodes = 0
+
+        def decode(self) -> torch.Tensor:
+            self.decodes += 1
+            if self.decodes == 3:
+                raise RuntimeError("the model broke")
+            return super().decode()
+
+    batch = Batch()
+    worker = _paced_worker(batch)
+    seq = _seq("a", [1], pace=StreamPace(1.0))
+    worker.submit(seq)
+    worker.start(thread)
+    _wait(seq)
+    worker.stop()
+    out = _out(seq)
+    assert [c.text for c in out.chunks] == ["c", "de"]  # the held d and e, then the error
+    assert str(out.error) == "the model broke"
+
+
+def test_stream_pace_merges_text_usage_and_logprobs() -> None:
+    pace = StreamPace(0.010)
+    first = TokenLogprob(token="a", logprob=-0.1, bytes=None, top_logprobs=[])
+    second = TokenLogprob(token="b", logprob=-0.2, bytes=None, top_logprobs=[])
+    chunk = EngineChunk(Modality.TEXT, text="a", usage={"completion_tokens": 1}, logprobs=[first])
+    assert pace.offer(chunk, now=1.0) is chunk  # the first goes at once
+    later = EngineChunk(Modality.TEXT, text="b", usage={"completion_tokens": 2}, logprobs=[second])
+    assert pace.offer(later, now=1.005) is None
+    assert pace.take(now=1.006) == EngineChunk(
+        Modality.TEXT, text="b", usage={"completion_tokens": 2}, logprobs=[second]
+    )
+    assert pace.take(now=1.007) is None  # taken once
+    # Held, then merged into the next one due (usage is the later's: it counts both).
+    assert pace.offer(EngineChunk(Modality.TEXT, text="c", logprobs=[first]), now=1.010) is None
+    out = pace.offer(later, now=1.017)
+    assert out is not None and (out.text, out.usage) == ("cb", {"completion_tokens": 2})
+    assert out.logprobs == [first, second]
+    # A finish is never held.
+    pace.offer(EngineChunk(Modality.TEXT, text="d"), now=1.018)
+    end = EngineChunk(Modality.TEXT, finished=True, finish_reason=FinishReason.STOP)
+    out = pace.offer(end, now=1.019)
+    assert out is not None and (out.text, out.finished, out.finish_reason) == ("d", True, "stop")

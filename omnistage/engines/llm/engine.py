@@ -26,6 +26,7 @@ from omnistage.engines.llm.prefix_labels import (
 )
 from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
+from omnistage.engines.llm.stream_pace import StreamPace
 from omnistage.engines.llm.tools import CallShaper, ToolPlan, chat_messages, plan_tools
 from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, cores, thread_ladder
@@ -175,6 +176,9 @@ class LlmEngine(Engine):
             # picks survive a batched prefill's rounding but for near-ties).
             replay=len(prior) if params.seed is not None and not params.greedy else 0,
             token_text=self._vocabulary().token if params.logprobs is not None else None,
+            pace=StreamPace(self.args.stream_interval_ms / 1000)
+            if self.args.stream_interval_ms > 0
+            else None,
         )
         shaper = CallShaper(plan, request.resume_text)
         self._worker.submit(seq)

@@ -28,6 +28,7 @@ from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.prefix_cache import PrefixCache
 from omnistage.engines.llm.sampling import Sampler
+from omnistage.engines.llm.stream_pace import StreamPace
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, use_threads
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.messages import TokenLogprob, TopLogprob
@@ -63,6 +64,9 @@ class Sequence:
     # Logprobs of tokens whose text has not gone out yet (held back by detokenizing).
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     logprob_chars: int = 0  # text length of the tokens whose logprobs went out
+    # Holds text delivered within an interval of the last delivery (None: every
+    # token goes out as it comes).
+    pace: StreamPace | None = None
     aborted: bool = False
     done: bool = False
 
@@ -227,6 +231,7 @@ class LlmWorker:
                 self._waiting.popleft()
             if seq.aborted:
                 continue
+            self._send_held()  # a prefill may take long: what is held goes first
             self._prefill(seq)
 
     def _fits(self, seq: Sequence) -> bool:
@@ -293,7 +298,7 @@ class LlmWorker:
                 # delivered text took, which re-encoding it may not tell (see Resume).
                 chunk = EngineChunk(Modality.TEXT, text=delta, usage=_usage(seq))
                 chunk.logprobs = _take_logprobs(seq)
-                seq.deliver(chunk)
+                self._send(seq, chunk)
             return True
         seq.done = True
         last = EngineChunk(
@@ -309,8 +314,23 @@ class LlmWorker:
             # (labelled with the text the client got) before the client hears the end.
             label = seq.answer_key(seq.detok.text) if seq.answer_key else None
             self._batch.remember(row, seq.prompt_ids + held, label)
-        seq.deliver(last)
+        self._send(seq, last)
         return False
+
+    def _send(self, seq: Sequence, chunk: EngineChunk) -> None:
+        if seq.pace is not None:
+            paced = seq.pace.offer(chunk, self._clock())
+            if paced is None:
+                return
+            chunk = paced
+        seq.deliver(chunk)
+
+    def _send_held(self) -> None:
+        now = self._clock()
+        for seq in self._running:
+            held = seq.pace.take(now) if seq.pace is not None else None
+            if held is not None and not seq.aborted:
+                seq.deliver(held)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:
@@ -321,6 +341,9 @@ class LlmWorker:
         for seq in victims:
             if not seq.done:
                 seq.done = True
+                held = seq.pace.take(self._clock()) if seq.pace is not None else None
+                if held is not None:
+                    seq.deliver(held)  # text it generated, then the failure
                 seq.deliver(exc)
 
 
