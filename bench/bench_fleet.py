@@ -76,6 +76,7 @@ import os
 import queue
 import re
 import resource
+import secrets
 import signal
 import socket
 import subprocess
@@ -217,7 +218,7 @@ class HeadLink:
         self.attempts += 1
         host, port = split_tcp_url(self.master)
         opts = ReplicaOptions(stage_id=rep.stage_id, master_host=host, master_port=port)
-        req = registration(opts, HOST)
+        req = msgspec.structs.replace(registration(opts, HOST), replica_instance=rep.instance)
         if not self.first:  # the id the first head gave: the fleet's id for this replica
             req = msgspec.structs.replace(req, replica_id=rep.replica_id)
         answer = await ask(
@@ -399,6 +400,10 @@ class SimReplica:
         self.stage_id = stage_id
         self.error = ""
         self.admission = Admission()
+        # A replica process's own instance (``register.INSTANCE`` is one per process, and
+        # this process plays many): a head sees a registration with the instance of a
+        # replica it holds as that replica moving to a new id, and lets its old one go.
+        self.instance = secrets.token_hex(8)
         first = HeadLink(self, tcp_url(fleet.host, fleet.port), first=True)
         self.links: list[HeadLink] = [first]
         self.first_head = ""  # the first head's own URL in its list of heads
