@@ -10,8 +10,9 @@ replica whose cache is gone.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omnistage.control.balancing import BalancingPolicy, CacheAwarePolicy, RouteReason
@@ -19,6 +20,7 @@ from omnistage.control.balancing.affinity import AffinityMap
 from omnistage.control.balancing.cache_aware import load_bound
 from omnistage.control.balancing.prefix_index import PrefixIndex, RequestPrefix
 from omnistage.control.replica_table import ReplicaEntry, Transition
+from omnistage.dataplane.pool_load import LivePool
 from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
 from omnistage.protocol.messages import ReplicaState
 
@@ -55,6 +57,7 @@ class StagePool:
         policy: BalancingPolicy,
         max_waiting: int = 1024,
         clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.stage_id = stage_id
         self.name = name
@@ -71,21 +74,24 @@ class StagePool:
         self.replicas: dict[int, ReplicaHandle] = {}
         self._changed = asyncio.Event()
         self._sleepers = 0  # tasks waiting on _changed: only they need waking
-        self._live = 0  # replicas up: kept by ``apply``, read per request
+        # The replicas up and their load: kept by ``apply``, ``try_acquire`` and
+        # ``release``, read per request.
+        self._live: LivePool[ReplicaHandle] = LivePool(rng)
         self.affinity = AffinityMap()
 
     def live(self) -> list[ReplicaHandle]:
-        return [r for r in self.replicas.values() if r.up]
+        return list(self._live.replicas)
 
     def has_live(self) -> bool:
-        return self._live > 0
+        return len(self._live) > 0
 
     def apply(self, t: Transition) -> set[str]:
         """Apply a state transition; returns request ids lost with a failed replica."""
         try:
             return self._apply(t)
         finally:
-            self._live = sum(1 for r in self.replicas.values() if r.up)
+            handle = self.replicas.get(t.entry.replica_id)
+            self._live.sync(t.entry.replica_id, handle, handle is not None and handle.up)
 
     def _apply(self, t: Transition) -> set[str]:
         e = t.entry
@@ -156,10 +162,11 @@ class StagePool:
         handle = self._sticky(affinity) if affinity else None
         reason = RouteReason.AFFINITY
         if handle is None:
-            candidates = self._candidates()
+            held = self._held(prefix)
+            candidates = self._candidates(held)
             if not candidates:
                 return None
-            index, reason = self._choose(candidates, prefix)
+            index, reason = self._choose(candidates, held, prefix)
             handle = candidates[index]
         self.decisions[reason] += 1
         if affinity:  # also on a sticky hit: keeps a live session's key from aging out
@@ -168,32 +175,41 @@ class StagePool:
             # Its prefill will cache these: the next turn may come before a report does.
             self.prefixes.routed(handle.replica_id, prefix.keys)
         handle.in_flight += 1
+        self._live.moved(handle)
         handle.dispatched_total += 1
         handle.requests.add(request_id)
         return handle
 
-    def _candidates(self) -> list[ReplicaHandle]:
-        """Live replicas with room: counting the fleet's other heads' requests where
-        any has room so counted, else by this head's own count (what the others hold
-        is a heartbeat old; a replica still full refuses, and the request moves on)."""
-        free = [r for r in self.replicas.values() if r.up and r.in_flight < r.capacity]
-        shared = [r for r in free if r.in_flight + r.others < r.capacity]
+    def _held(self, prefix: RequestPrefix | None) -> dict[int, int]:
+        """Replica id -> how much of the request's prefix it holds (cache-aware pools)."""
+        if self._cache_policy is None or self.prefixes is None or prefix is None:
+            return {}
+        return self.prefixes.match(prefix.keys, prefix.weights)
+
+    def _candidates(self, held: dict[int, int]) -> list[ReplicaHandle]:
+        """Live replicas with room (of a large stage's sample, the replicas in ``held``
+        included; of all of them where the sample has none): counting the fleet's other
+        heads' requests where any has room so counted, else by this head's own count
+        (what the others hold is a heartbeat old; a replica still full refuses, and the
+        request moves on)."""
+        also = [h for rid in held if (h := self.replicas.get(rid)) and h.up] if held else ()
+        drawn = self._live.sample(also)
+        shared, free = _room(drawn)
+        if not shared and drawn is not self._live.replicas:
+            shared, free = _room(self._live.replicas)
         return shared or free
 
     def _choose(
-        self, candidates: list[ReplicaHandle], prefix: RequestPrefix | None
+        self, candidates: list[ReplicaHandle], held: dict[int, int], prefix: RequestPrefix | None
     ) -> tuple[int, RouteReason]:
         if len(candidates) == 1:
             return 0, RouteReason.LOAD
-        policy, index = self._cache_policy, self.prefixes
-        if policy is None or index is None or prefix is None:
+        policy = self._cache_policy
+        if policy is None or not held or prefix is None:
             return self.policy.choose(candidates), RouteReason.LOAD
-        held = index.match(prefix.keys, prefix.weights)
-        if not held:
-            return policy.choose(candidates), RouteReason.LOAD
         cached = [held.get(c.replica_id, 0) for c in candidates]
         least = min(c.in_flight for c in candidates)
-        bound = load_bound(self._live_in_flight(), least)
+        bound = load_bound(len(self._live), self._live.in_flight, least)
         return policy.choose_cached(candidates, cached, prefix.total, bound)
 
     def _sticky(self, key: str) -> ReplicaHandle | None:
@@ -203,13 +219,11 @@ class StagePool:
             return None
         # Loaded well past the others (the cache-aware bound): the session moves once
         # rather than wait behind that replica's queue.
-        live = self._live_in_flight()
-        if len(live) > 1 and handle.in_flight + 1 > load_bound(live, min(live)):
+        live = self._live
+        bound = load_bound(len(live), live.in_flight, live.least())
+        if len(live) > 1 and handle.in_flight + 1 > bound:
             return None
         return handle
-
-    def _live_in_flight(self) -> Sequence[int]:
-        return [r.in_flight for r in self.replicas.values() if r.up]
 
     async def wait_capacity(self, deadline: float, wait_s: float) -> None:
         """Wait until the pool changes (a replica joins or frees a slot), up to
@@ -248,6 +262,7 @@ class StagePool:
         if request_id in handle.requests:
             handle.requests.discard(request_id)
             handle.in_flight -= 1
+            self._live.moved(handle)
             self._wake()
 
     async def _sleep(self, timeout: float) -> None:
@@ -264,6 +279,13 @@ class StagePool:
     def _wake(self) -> None:
         if self._sleepers:
             self._changed.set()
+
+
+def _room(handles: list[ReplicaHandle]) -> tuple[list[ReplicaHandle], list[ReplicaHandle]]:
+    """Those with room counting the other heads' requests too, and those with room by
+    this head's count."""
+    free = [r for r in handles if r.in_flight < r.capacity]
+    return [r for r in free if r.in_flight + r.others < r.capacity], free
 
 
 def _handle_from(e: ReplicaEntry) -> ReplicaHandle:

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from omnistage.api.service import OutputStream, ReplicaStats, RequestCounts
-from omnistage.control.replica_table import ReplicaEntry
+from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.latency import LatencySnapshot
-from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.enums import FinishReason, Modality, Reason
 from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot
-from omnistage.protocol.messages import ChunkMeta, OutputChunk
+from omnistage.protocol.messages import ChunkMeta, OutputChunk, ReplicaState
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
 NO_REQUESTS = RequestCounts(0, 0, 0)
@@ -178,3 +178,35 @@ async def others_done(timeout_s: float = 5.0) -> None:
     others = asyncio.all_tasks() - {asyncio.current_task()}
     await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), timeout_s)
     await ticks(1)
+
+
+# -- a stage pool's replicas coming and going ---------------------------------------------
+
+
+def replica_entry(
+    rid: int, state: ReplicaState, capacity: int = 2, epoch: int = 1, sid: int = 0
+) -> ReplicaEntry:
+    return ReplicaEntry(
+        stage_id=sid,
+        replica_id=rid,
+        epoch=epoch,
+        state=state,
+        address="127.0.0.1",
+        local=True,
+        registered_at=0.0,
+        last_seen=0.0,
+        start_deadline=0.0,
+        capacity=capacity,
+    )
+
+
+def pool_up(pool: Any, rid: int, capacity: int = 2, epoch: int = 1) -> None:
+    """Replica ``rid`` of the ``StagePool``'s stage comes UP."""
+    e = replica_entry(rid, ReplicaState.UP, capacity, epoch, pool.stage_id)
+    pool.apply(Transition(e, ReplicaState.STARTING, ReplicaState.UP, Reason.READY))
+
+
+def pool_leave(pool: Any, rid: int, new: ReplicaState, reason: Reason, epoch: int = 1) -> set[str]:
+    """Replica ``rid`` goes from UP to ``new``; the requests lost with it."""
+    e = replica_entry(rid, new, epoch=epoch, sid=pool.stage_id)
+    return pool.apply(Transition(e, ReplicaState.UP, new, reason))

@@ -7,10 +7,10 @@ import pytest
 
 from omnistage.control.balancing import make_policy
 from omnistage.control.balancing.affinity import AffinityMap
-from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.protocol.enums import Reason
 from omnistage.protocol.messages import ReplicaState
+from tests.unit.fakes import pool_leave, pool_up
 
 # -- AffinityMap --------------------------------------------------------------------------
 
@@ -45,28 +45,8 @@ def test_affinity_map_of_one_keeps_only_the_last_key():
 # -- StagePool.try_acquire with affinity --------------------------------------------------
 
 
-def _entry(rid: int, state: ReplicaState, capacity: int = 2, epoch: int = 1) -> ReplicaEntry:
-    return ReplicaEntry(
-        stage_id=0,
-        replica_id=rid,
-        epoch=epoch,
-        state=state,
-        address="127.0.0.1",
-        local=True,
-        registered_at=0.0,
-        last_seen=0.0,
-        start_deadline=0.0,
-        capacity=capacity,
-    )
-
-
-def _up(pool: StagePool, rid: int, capacity: int = 2, epoch: int = 1) -> None:
-    e = _entry(rid, ReplicaState.UP, capacity, epoch)
-    pool.apply(Transition(e, ReplicaState.STARTING, ReplicaState.UP, Reason.READY))
-
-
-def _leave(pool: StagePool, rid: int, new: ReplicaState, reason: Reason) -> set[str]:
-    return pool.apply(Transition(_entry(rid, new), ReplicaState.UP, new, reason))
+_up = pool_up
+_leave = pool_leave
 
 
 def _pool(n: int = 2, capacity: int = 2) -> StagePool:

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import pytest
 
 from omnistage.control.balancing import RouteReason, make_policy
-from omnistage.control.balancing.cache_aware import CacheAwarePolicy, load_bound
+from omnistage.control.balancing.cache_aware import CacheAwarePolicy
+from omnistage.control.balancing.cache_aware import load_bound as _load_bound
 from omnistage.control.balancing.prefix_index import RequestPrefix
-from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.protocol.enums import Reason
 from omnistage.protocol.messages import ChatMessage, ReplicaState
-from tests.unit.fakes import FakeClock
+from tests.unit.fakes import FakeClock, pool_leave, pool_up
 
 
 @dataclass
@@ -32,6 +32,11 @@ def loads(*in_flight: int, capacity: int = 8) -> list[Load]:
 
 
 # -- load_bound ---------------------------------------------------------------------------
+
+
+def load_bound(live: list[int], least: int) -> int:
+    """The bound for live replicas holding ``live`` requests each."""
+    return _load_bound(len(live), sum(live), least)
 
 
 @pytest.mark.parametrize(
@@ -112,28 +117,11 @@ def test_a_request_without_keys_falls_back_to_least_queue_length():
 # -- StagePool with the cache-aware policy -----------------------------------------------
 
 
-def _entry(rid: int, state: ReplicaState, capacity: int = 8, epoch: int = 1) -> ReplicaEntry:
-    return ReplicaEntry(
-        stage_id=0,
-        replica_id=rid,
-        epoch=epoch,
-        state=state,
-        address="127.0.0.1",
-        local=True,
-        registered_at=0.0,
-        last_seen=0.0,
-        start_deadline=0.0,
-        capacity=capacity,
-    )
-
-
 def _up(pool: StagePool, rid: int, capacity: int = 8, epoch: int = 1) -> None:
-    e = _entry(rid, ReplicaState.UP, capacity, epoch)
-    pool.apply(Transition(e, ReplicaState.STARTING, ReplicaState.UP, Reason.READY))
+    pool_up(pool, rid, capacity, epoch)
 
 
-def _leave(pool: StagePool, rid: int, new: ReplicaState, reason: Reason) -> None:
-    pool.apply(Transition(_entry(rid, new), ReplicaState.UP, new, reason))
+_leave = pool_leave
 
 
 def _pool(n: int = 2, capacity: int = 8, policy: str = "cache-aware") -> StagePool:
@@ -268,3 +256,13 @@ def test_other_policies_keep_no_index_and_ignore_prefixes():
     prefix = _conversation("e", 1)
     assert [_turn(pool, f"e{i}", prefix) for i in range(4)] in ([0, 1, 0, 1], [1, 0, 1, 0])
     pool.report_prefixes(0, epoch=1, seq=1, keys=prefix.keys)  # ignored, no error
+
+
+def test_a_conversation_follows_its_prefix_in_a_stage_too_large_to_walk():
+    # 200 live replicas: each request looks at a random 32 of them, plus those holding
+    # its prefix, so the conversation still finds the replica that has its turns.
+    pool = _pool(200)
+    first = _turn(pool, "f1", _conversation("f", 1))
+    later = [_turn(pool, f"f{t}", _conversation("f", t)) for t in range(2, 8)]
+    assert later == [first] * 6
+    assert pool.decisions["cache"] == 6

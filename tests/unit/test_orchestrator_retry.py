@@ -30,7 +30,7 @@ from omnistage.protocol.messages import (
     routing_id,
 )
 from omnistage.protocol.params import StageParams
-from tests.unit.fakes import ticks, until
+from tests.unit.fakes import replica_entry, ticks, until
 
 PROMPT = Prompt(text="hi")
 
@@ -58,20 +58,10 @@ def ident(sid: int, rid: int, epoch: int = 1) -> bytes:
 def entry(
     sid: int, rid: int, state: ReplicaState, epoch: int = 1, peers: bool = False
 ) -> ReplicaEntry:
-    return ReplicaEntry(
-        stage_id=sid,
-        replica_id=rid,
-        epoch=epoch,
-        state=state,
-        address="127.0.0.1",
-        local=True,
-        registered_at=0.0,
-        last_seen=0.0,
-        start_deadline=0.0,
-        capacity=4,
-        # Replicas that listen for peers take upstream outputs straight from them.
-        peer_address=f"tcp://127.0.0.1:{7000 + 10 * sid + rid}" if peers else "",
-    )
+    e = replica_entry(rid, state, capacity=4, epoch=epoch, sid=sid)
+    # Replicas that listen for peers take upstream outputs straight from them.
+    e.peer_address = f"tcp://127.0.0.1:{7000 + 10 * sid + rid}" if peers else ""
+    return e
 
 
 class Head:

@@ -37,12 +37,13 @@ class CachedLoad(ReplicaLoad, Protocol):
     def capacity(self) -> int: ...
 
 
-def load_bound(live_in_flight: Sequence[int], least_candidate: int) -> int:
+def load_bound(live: int, in_flight: int, least_candidate: int) -> int:
     """The most requests one replica may hold after taking the next one: ceil(1.5 x the
-    mean over ``live_in_flight`` with the next request counted), and never below one more
-    than ``least_candidate`` (the least loaded replica that can take it), so someone can."""
-    n = max(1, len(live_in_flight))
-    total = sum(live_in_flight) + 1
+    mean over the stage's ``live`` replicas, which hold ``in_flight`` requests, with the
+    next request counted), and never below one more than ``least_candidate`` (the least
+    loaded replica that can take it), so someone can."""
+    n = max(1, live)
+    total = in_flight + 1
     # ceil(3 * total / (2 * n)) in integers: no float rounding at the boundary.
     return max(-(-3 * total // (2 * n)), least_candidate + 1)
 
