@@ -39,6 +39,29 @@ from omnistage.protocol.registration import RegisterRequest
 
 log = logging.getLogger(__name__)
 
+# Probe rounds closer together than this are one: connections lost together (a host's
+# many replicas, a network partition) each raise an event, and each would otherwise
+# probe every replica of the fleet three times (at 5,000 replicas, 5 lost ones cost the
+# loop 1.9 s of CPU).
+PROBE_GAP_S = 0.02
+
+
+class Spaced:
+    """Whether something may happen now: not within ``gap_s`` of the last time it did.
+    Pure, with an injected clock."""
+
+    def __init__(self, clock: Callable[[], float], gap_s: float) -> None:
+        self._clock = clock
+        self._gap_s = gap_s
+        self._last = float("-inf")
+
+    def now(self) -> bool:
+        t = self._clock()
+        if t - self._last < self._gap_s:
+            return False
+        self._last = t
+        return True
+
 
 class DialIns:
     """Replicas that bind their own sockets, which the head dials: (stage, replica) ->
@@ -96,6 +119,7 @@ class ReplicaEvents:
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to the head's loop before any event can arrive."""
         self._loop = loop
+        self._probe_round = Spaced(loop.time, PROBE_GAP_S)
 
     def _call_soon(self, fn: Callable[..., object], *args: object) -> None:
         assert self._loop is not None
@@ -199,6 +223,8 @@ class ReplicaEvents:
             self._loop.call_later(delay, self._probe_replicas)
 
     def _probe_replicas(self) -> None:
+        if not self._probe_round.now():
+            return  # another lost connection's round, just now, probed them all
         for pool in self._pools.values():
             for handle in list(pool.replicas.values()):
                 self._channels.post(handle.identity, Ping())
