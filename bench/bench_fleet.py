@@ -59,7 +59,8 @@ side, per size.
         [--json out.json]
 
 Everything it starts (the head, the fleet processes) runs in its own process group, is
-stopped however the run ends, and is killed with the benchmark (PR_SET_PDEATHSIG). See
+stopped however the run ends, and is killed with the benchmark (PR_SET_PDEATHSIG). It
+exits 1 when any registration failed: the figures are then not the fleet's. See
 README.md.
 """
 
@@ -2111,6 +2112,12 @@ def main() -> int:
             "targets": goals,
         }
         common.write_json(args.json, args, sections, skip=["fleet_worker"])
+    # Figures from a fleet that did not form measure something else: say so, and fail.
+    failed = sum(r.storm_failed for r in results)
+    failed += sum(j.storm_failed + j.storm_failed_other for j in joined)
+    if failed:
+        print(f"! {failed} registration(s) failed: the figures above are not the fleet's")
+        return 1
     return 0
 
 
