@@ -126,3 +126,51 @@ def test_request_prefix_of_chat_messages_and_of_none():
     assert p.keys == prefix_keys(msgs) and p.weights == prefix_weights(msgs)
     assert p.total == p.weights[-1]
     assert RequestPrefix.of([]) is None
+
+
+def _match_by_walking(idx: PrefixIndex, keys: list[int], weights: list[int]) -> dict[int, int]:
+    """``match`` as a walk over every replica's entries (how it was computed before the
+    index by key): the oracle for the property test below."""
+    cutoff = idx._clock() - idx.ttl_s
+    out: dict[int, int] = {}
+    for rid in idx.replicas():
+        reported = idx._reported.get(rid, frozenset())
+        routed = idx._routed.get(rid, {})
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i] in reported or routed.get(keys[i], cutoff) > cutoff:
+                out[rid] = weights[i]
+                break
+    return out
+
+
+def test_the_index_by_key_stays_in_step_with_every_replicas_entries():
+    # Random histories of reports, routings, drops and passing time over a small key
+    # space (so keys are shared and evicted often): match by key equals the walk over
+    # every replica, and the index by key holds exactly the replicas' entries (nothing
+    # stale left behind to grow without bound).
+    import random
+
+    for seed in range(20):
+        rng = random.Random(seed)
+        clock = FakeClock()
+        idx = PrefixIndex(clock, ttl_s=10.0, confirm_s=2.0, max_routed=6)
+        for _ in range(400):
+            op = rng.random()
+            rid = rng.randrange(8)
+            if op < 0.35:
+                idx.routed(rid, rng.sample(range(20), rng.randint(1, 5)))
+            elif op < 0.6:
+                idx.report(rid, rng.sample(range(20), rng.randint(0, 6)))
+            elif op < 0.65:
+                idx.drop(rid)
+            elif op < 0.8:
+                clock.now += rng.choice([0.5, 1.0, 3.0, 9.0])
+            else:
+                keys = sorted(rng.sample(range(20), rng.randint(1, 6)))
+                weights = [10 * (i + 1) for i in range(len(keys))]
+                assert idx.match(keys, weights) == _match_by_walking(idx, keys, weights)
+            reported = {(k, r) for r, held in idx._reported.items() for k in held}
+            routed = {(k, r) for r, held in idx._routed.items() for k in held}
+            assert {(k, r) for k, rs in idx._reported_by.items() for r in rs} == reported
+            assert {(k, r) for k, rs in idx._routed_by.items() for r in rs} == routed
+            assert all(idx._reported_by.values()) and all(idx._routed_by.values())

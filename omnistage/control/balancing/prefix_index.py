@@ -17,6 +17,9 @@ A replica that goes DOWN or ERROR, or comes back as a new incarnation, loses its
 (its cache is gone). Memory is bounded: at most ``MAX_REPORTED`` reported and
 ``max_routed`` routed keys per replica, and only replicas of the pool.
 
+Both sources are kept by key too (key -> replicas), so ``match`` costs the request's
+few keys and their holders, not a visit to every replica that holds anything.
+
 Pure state with an injected clock, on the head's event loop (no locks).
 """
 
@@ -78,19 +81,30 @@ class PrefixIndex:
         # replica -> key -> when the head routed it there; oldest first (a re-routed key
         # moves to the end), so expiry pops from the front.
         self._routed: dict[int, OrderedDict[int, float]] = {}
+        # The same two sources by key (key -> replicas), kept in step with the two maps
+        # above: ``match`` looks up a request's few keys instead of visiting every
+        # replica that holds anything (a stage of 1,000 replicas all hold something).
+        self._reported_by: dict[int, set[int]] = {}
+        self._routed_by: dict[int, set[int]] = {}
 
     def report(self, replica_id: int, keys: Iterable[int]) -> None:
         """The replica's cache holds ``keys`` (and nothing else) now."""
         held = frozenset(islice(keys, MAX_REPORTED))
+        before = self._reported.get(replica_id, _NOTHING)
         self._reported[replica_id] = held
+        if held != before:  # a full report every few beats usually repeats the last
+            _unindex(self._reported_by, replica_id, before - held)
+            _index(self._reported_by, replica_id, held - before)
         routed = self._routed.get(replica_id)
         if not routed:
             return
         # Keys the report has are its to keep now (its next report may drop them); keys
         # routed long enough ago that the report would show them are gone.
-        for key in held.intersection(routed):
+        confirmed = held.intersection(routed)
+        for key in confirmed:
             del routed[key]
-        _expire(routed, self._clock() - self.confirm_s)
+        _unindex(self._routed_by, replica_id, confirmed)
+        self._expire(replica_id, routed, self._clock() - self.confirm_s)
 
     def routed(self, replica_id: int, keys: Sequence[int]) -> None:
         """The head sent a request with these prefix keys to the replica."""
@@ -101,30 +115,32 @@ class PrefixIndex:
         for key in keys:
             routed[key] = now
             routed.move_to_end(key)
+        _index(self._routed_by, replica_id, keys)
         while len(routed) > self.max_routed:
-            routed.popitem(last=False)
-        _expire(routed, now - self.ttl_s)
+            key, _ = routed.popitem(last=False)
+            _unindex(self._routed_by, replica_id, (key,))
+        self._expire(replica_id, routed, now - self.ttl_s)
 
     def drop(self, replica_id: int) -> None:
         """The replica's cache is gone (it went down, or restarted)."""
-        self._reported.pop(replica_id, None)
-        self._routed.pop(replica_id, None)
+        _unindex(self._reported_by, replica_id, self._reported.pop(replica_id, _NOTHING))
+        _unindex(self._routed_by, replica_id, self._routed.pop(replica_id, {}))
 
     def match(self, keys: Sequence[int], weights: Sequence[int]) -> dict[int, int]:
         """Replica id -> the weight of the longest of ``keys`` (``weights[i]`` for key
         ``i``) it holds; replicas that hold none are left out."""
         cutoff = self._clock() - self.ttl_s
         out: dict[int, int] = {}
-        for rid in self._reported.keys() | self._routed.keys():
-            reported = self._reported.get(rid, _NOTHING)
-            routed = self._routed.get(rid)
-            if routed:
-                _expire(routed, cutoff)
-            for i in range(len(keys) - 1, -1, -1):
-                key = keys[i]
-                if key in reported or (routed and key in routed):
+        # Longest first: a replica's first hit is its longest held prefix.
+        for i in range(len(keys) - 1, -1, -1):
+            key = keys[i]
+            for rid in self._reported_by.get(key, _NOTHING):
+                out.setdefault(rid, weights[i])
+            for rid in self._routed_by.get(key, _NOTHING):
+                # Expired routings go lazily (on the replica's next routing or report):
+                # here they are only skipped.
+                if rid not in out and self._routed[rid][key] > cutoff:
                     out[rid] = weights[i]
-                    break
         return out
 
     def reported_count(self, replica_id: int) -> int | None:
@@ -136,17 +152,35 @@ class PrefixIndex:
         """Routed keys not yet expired (as of the last expiry pass)."""
         routed = self._routed.get(replica_id)
         if routed:
-            _expire(routed, self._clock() - self.ttl_s)
+            self._expire(replica_id, routed, self._clock() - self.ttl_s)
         return len(routed) if routed else 0
 
     def replicas(self) -> set[int]:
         return self._reported.keys() | self._routed.keys()
 
+    def _expire(self, replica_id: int, routed: OrderedDict[int, float], cutoff: float) -> None:
+        """Drop entries routed at or before ``cutoff`` (they are oldest first)."""
+        while routed:
+            key, at = next(iter(routed.items()))
+            if at > cutoff:
+                return
+            del routed[key]
+            _unindex(self._routed_by, replica_id, (key,))
 
-def _expire(routed: OrderedDict[int, float], cutoff: float) -> None:
-    """Drop entries routed at or before ``cutoff`` (they are oldest first)."""
-    while routed:
-        key, at = next(iter(routed.items()))
-        if at > cutoff:
-            return
-        del routed[key]
+
+def _index(by_key: dict[int, set[int]], replica_id: int, keys: Iterable[int]) -> None:
+    for key in keys:
+        holders = by_key.get(key)
+        if holders is None:
+            by_key[key] = {replica_id}
+        else:
+            holders.add(replica_id)
+
+
+def _unindex(by_key: dict[int, set[int]], replica_id: int, keys: Iterable[int]) -> None:
+    for key in keys:
+        holders = by_key.get(key)
+        if holders is not None:
+            holders.discard(replica_id)
+            if not holders:
+                del by_key[key]
