@@ -18,7 +18,10 @@ run:
    a core in its fleet thread (nothing to poll, so no wait), and that setup is the lone
    head without the spin, a fair baseline for the second head's cost; ``1 head* c/2``
    the same at half the concurrency, the load each of two heads gets (a head's CPU per
-   request depends on its load).
+   request depends on its load). Controls: ``2 separate`` (``x2``), two deployments that
+   know nothing of each other sharing the machine; ``2 joined own`` against ``2 separate
+   own``, each head with its own two replicas (serving only it), joined or not: the same
+   processes and connections, so their ratio is what the fleet itself adds.
 2. **A head killed under load**: the two heads behind haproxy (round robin, ``option
    httpchk GET /health``, ``check inter 200ms fall 1 rise 2``, ``retries 3``, ``option
    redispatch``; it adds the answering server and its response time, ``%s`` and ``%Tr``,
@@ -154,9 +157,10 @@ class Proc:
             self.proc.wait(5)
 
 
-def head_cmd(http_port: int, master_port: int, join: int | None) -> list[str]:
+def head_cmd(http_port: int, master_port: int, join: int | None, own: int = 0) -> list[str]:
+    """``own``: replicas the head runs itself (its children, serving only it)."""
     cmd = [sys.executable, "-m", "omnistage", "serve", PIPELINE, "--stage-id", "0"]
-    cmd += ["--omni-dp-size-local", "0", "--host", HOST, "--port", str(http_port)]
+    cmd += ["--omni-dp-size-local", str(own), "--host", HOST, "--port", str(http_port)]
     cmd += ["-oma", HOST, "-omp", str(master_port)]
     if join is not None:
         cmd += ["--omni-join", f"{HOST}:{join}"]
@@ -264,29 +268,38 @@ class Fleet:
     master: list[int]
     heads: list[Proc]
     headless: list[Proc]  # one headless process (one per head when the heads are separate)
+    own: bool = False  # no headless process: each head's replicas are its children
 
     def all(self) -> list[Proc]:
         return [*self.heads, *self.headless]
 
 
 def start_fleet(
-    n_heads: int, logdir: Path, timeout: float, join_nobody: bool = False, replicas: int = 1
+    n_heads: int,
+    logdir: Path,
+    timeout: float,
+    join_nobody: bool = False,
+    replicas: int = 1,
+    own: bool = False,
 ) -> Fleet:
     """``n_heads`` heads (the second and later joined to the first) and the headless
     process; returns once every head has both replicas UP and sees every head UP.
-    ``join_nobody``: the first head gets ``--omni-join`` to a port nobody listens on."""
+    ``join_nobody``: the first head gets ``--omni-join`` to a port nobody listens on.
+    ``own``: no headless process; each head runs its own two replicas (serving only it)."""
     if n_heads < 0:  # -n: n separate deployments, one head and one replica each
-        return start_separate(-n_heads, logdir, timeout, replicas)
+        return start_separate(-n_heads, logdir, timeout, replicas, own)
     http = [free_port() for _ in range(n_heads)]
     master = [free_port() for _ in range(n_heads)]
     nobody = free_port() if join_nobody else None
-    heads = [Proc("head-a", head_cmd(http[0], master[0], nobody), logdir)]
+    mine = REPLICAS if own else 0
+    heads = [Proc("head-a", head_cmd(http[0], master[0], nobody, mine), logdir)]
     # The others join through the first head's master: it must be listening.
     wait_until(lambda: http_status(http[0], "/health") != 0, timeout, "head a's HTTP", heads)
     for i in range(1, n_heads):
-        heads.append(Proc(f"head-{'abcd'[i]}", head_cmd(http[i], master[i], master[0]), logdir))
-    replicas = Proc("headless", headless_cmd(master[0]), logdir)
-    fleet = Fleet(http, master, heads, [replicas])
+        cmd = head_cmd(http[i], master[i], master[0], mine)
+        heads.append(Proc(f"head-{'abcd'[i]}", cmd, logdir))
+    headless = [] if own else [Proc("headless", headless_cmd(master[0]), logdir)]
+    fleet = Fleet(http, master, heads, headless, own)
     # A head alone lists no heads (/v1/omni/stages has "heads": [] then).
     everyone = {master_url(m): "UP" for m in master} if n_heads > 1 else {}
     for port in http:
@@ -299,19 +312,24 @@ def start_fleet(
     return fleet
 
 
-def start_separate(n: int, logdir: Path, timeout: float, replicas: int) -> Fleet:
+def start_separate(n: int, logdir: Path, timeout: float, replicas: int, own: bool) -> Fleet:
     """The control for two joined heads: ``n`` deployments that know nothing of each
     other, each a head with one headless replica, so the machine runs as many heads and
-    replica processes as the joined fleet does, and the heads share its cores the same way."""
+    replica processes as the joined fleet does, and the heads share its cores the same way.
+    ``own``: each head runs its ``replicas`` itself instead."""
     http = [free_port() for _ in range(n)]
     master = [free_port() for _ in range(n)]
+    mine = replicas if own else 0
     heads = [
-        Proc(f"head-{'abcd'[i]}", head_cmd(http[i], master[i], None), logdir) for i in range(n)
+        Proc(f"head-{'abcd'[i]}", head_cmd(http[i], master[i], None, mine), logdir)
+        for i in range(n)
     ]
     headless = [
-        Proc(f"headless-{'abcd'[i]}", headless_cmd(master[i], replicas), logdir) for i in range(n)
+        Proc(f"headless-{'abcd'[i]}", headless_cmd(master[i], replicas), logdir)
+        for i in range(n)
+        if not own
     ]
-    fleet = Fleet(http, master, heads, headless)
+    fleet = Fleet(http, master, heads, headless, own)
     for port in http:
 
         def ready(port: int = port) -> bool:
@@ -342,6 +360,7 @@ class Setup:
     join_nobody: bool = False  # the lone head given --omni-join to a port nobody has
     half: bool = False  # at half the concurrency: what each of two heads gets
     replicas: int = 1  # separate deployments (heads < 0): replicas each
+    own: bool = False  # each head runs its replicas itself (they serve only it)
 
 
 SETUPS = (
@@ -353,6 +372,11 @@ SETUPS = (
     # two heads, fleet or not. Joined heads above this pay for the fleet itself.
     Setup("2 separate", -2),
     Setup("2 separate x2", -2, replicas=REPLICAS),
+    # Each head with its own two replicas, joined and not: the same processes, the same
+    # connections and the same rhythm, so what differs is the fleet alone (gossip, the
+    # heartbeats' other-head counts, the pool's candidate filter).
+    Setup("2 joined own", 2, replicas=REPLICAS, own=True),
+    Setup("2 separate own", -2, replicas=REPLICAS, own=True),
 )
 
 
@@ -438,12 +462,16 @@ class Snapshot:
             raise RuntimeError(f"{len(self.replica_pids)} replica processes, not {REPLICAS}")
 
     def _replicas(self) -> list[int]:
-        return [pid for h in self.fleet.headless for pid in descendants(h.pid)]
+        parents = self.fleet.heads if self.fleet.own else self.fleet.headless
+        return [pid for h in parents for pid in descendants(h.pid)]
 
     def snapshot(self) -> list[float]:
         if self._replicas() != self.replica_pids:
             raise RuntimeError("the replica processes changed during the run")
-        heads = [cpu_tree(h.pid) for h in self.fleet.heads]
+        # A head's own replicas are its children: they count as replicas here.
+        heads = [
+            cpu_seconds(h.pid) if self.fleet.own else cpu_tree(h.pid) for h in self.fleet.heads
+        ]
         parents = [h.pid for h in self.fleet.headless]
         return [*heads, sum(cpu_seconds(p) for p in [*parents, *self.replica_pids])]
 
@@ -453,7 +481,7 @@ def load_run(setup: Setup, rnd: int, args: argparse.Namespace, logdir: Path) -> 
     fleet = None
     try:
         fleet = start_fleet(
-            setup.heads, logdir, args.health_timeout, setup.join_nobody, setup.replicas
+            setup.heads, logdir, args.health_timeout, setup.join_nobody, setup.replicas, setup.own
         )
         snap = Snapshot(fleet)
         # The heads at rest (heartbeats, announcements): one second, after a settle.
@@ -512,7 +540,7 @@ def report_load(runs: list[LoadRun], args: argparse.Namespace) -> dict[str, Any]
             setattr(med, name, [statistics.median(x) for x in columns])
         meds[setup.name] = med
     shown = list(meds.values())
-    width = 12
+    width = max([12, *(len(r.setup) + 2 for r in shown)])
 
     def row(label: str, cells: list[str]) -> None:
         print(f"   {label:<36}" + "".join(f"{c:>{width}}" for c in cells))
@@ -582,6 +610,15 @@ def report_load(runs: list[LoadRun], args: argparse.Namespace) -> dict[str, Any]
             f"req/s {rps:.2f}"
         )
         out[f"two_over_{one.replace(' ', '_')}"] = {"heads_cpu": ratio, "rps": rps}
+    joined, apart = meds.get("2 joined own"), meds.get("2 separate own")
+    if joined is not None and apart is not None:
+        ratio = joined.heads_cpu_ms / apart.heads_cpu_ms
+        print(
+            f"   2 joined own / 2 separate own: heads' CPU per request {ratio:.2f} (what the "
+            "fleet itself adds, with each head's replicas its own), req/s "
+            f"{joined.rps / apart.rps:.2f}"
+        )
+        out["joined_own_over_separate_own"] = {"heads_cpu": ratio}
     spread = [
         (max(x) - min(x)) / statistics.median(x)
         for setup in SETUPS
