@@ -212,6 +212,11 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         doc = [{**asdict(c), "samples": c.samples} for c in results]
         common.write_json(args.json, args, {"columns": doc})
+    # Queued requests wait at the head: none should fail, and a column that errored has
+    # no figures.
+    if bad := [c.name for c in results if c.error or c.failed]:
+        print(f"! failed requests or errors in: {', '.join(bad)}")
+        return 1
     return 0
 
 

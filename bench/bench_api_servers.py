@@ -114,6 +114,10 @@ def main() -> int:
         )
     if args.json:
         common.write_json(args.json, args, {"rounds": [asdict(r) for r in rounds]})
+    # The medians leave a failed round out: say so in the exit status too.
+    if failed := sum(r.error is not None for r in rounds):
+        print(f"! {failed} round(s) FAILED")
+        return 1
     return 0
 
 

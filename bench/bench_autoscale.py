@@ -221,6 +221,10 @@ def main() -> int:
     _print_table(rounds)
     if args.json:
         common.write_json(args.json, args, {"rounds": [asdict(r) for r in rounds]})
+    # Scaling up must not fail a request, and a round that errored has no figures.
+    if bad := [i for i, r in enumerate(rounds, 1) if r.error or r.failed]:
+        print(f"! failed requests or errors in round(s) {', '.join(map(str, bad))}")
+        return 1
     return 0
 
 

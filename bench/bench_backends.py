@@ -338,6 +338,10 @@ def main() -> int:
             "scale_up": {"runs": [asdict(r) for r in scales], "medians": meds},
         }
         common.write_json(args.json, args, sections)
+    # The medians leave a failed run out: say so in the exit status too.
+    if failed := sum(r.error is not None for r in [*loads, *scales]):
+        print(f"! {failed} run(s) FAILED")
+        return 1
     return 0
 
 

@@ -476,6 +476,11 @@ def main() -> int:
         capacity = next((r.capacity for r in results if r.capacity), None)
         sections = {"capacity": capacity, "rate": rate, "results": [asdict(r) for r in results]}
         common.write_json(args.json, args, sections | {"targets": goals})
+    # Failed requests are the target's figure (a MISS exits 0); a configuration that
+    # did not run to the end has no figures.
+    if failed := sum(r.error is not None for r in results):
+        print(f"! {failed} configuration(s) FAILED")
+        return 1
     return 0
 
 

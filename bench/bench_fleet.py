@@ -60,8 +60,8 @@ side, per size.
 
 Everything it starts (the head, the fleet processes) runs in its own process group, is
 stopped however the run ends, and is killed with the benchmark (PR_SET_PDEATHSIG). It
-exits 1 when any registration failed: the figures are then not the fleet's. See
-README.md.
+exits 1 when any registration failed (the figures are then not the fleet's), or when a
+run stopped early or its requests failed (its figures are partial). See README.md.
 """
 
 import argparse
@@ -2117,6 +2117,11 @@ def main() -> int:
     failed += sum(j.storm_failed + j.storm_failed_other for j in joined)
     if failed:
         print(f"! {failed} registration(s) failed: the figures above are not the fleet's")
+        return 1
+    # A size that stopped early, or whose requests failed, lacks the figures after that.
+    cut = ("stopped early:", "requests:")
+    if bad := sum(any(n.startswith(cut) for n in x.notes) for x in [*results, *joined]):
+        print(f"! {bad} run(s) stopped early or had failed requests: their figures are partial")
         return 1
     return 0
 

@@ -260,6 +260,10 @@ def main() -> int:
             "runs": [asdict(r) for r in runs],
         }
         common.write_json(args.json, args, {**sections, "summary": summary}, skip=["perf"])
+    # The other rounds' figures stand, but a run that failed is not one of them.
+    if failed := sum(r.error is not None for r in runs):
+        print(f"! {failed} round(s) FAILED")
+        return 1
     return 0
 
 

@@ -45,7 +45,8 @@ run:
 Every process (heads, headless replicas, haproxy) runs in its own process group, with
 its output in a log file, and is stopped (SIGTERM, then SIGKILL to the group) however the
 run ends; they also get SIGKILL if this script dies (``setpriv --pdeathsig``). Figures,
-not assertions: the script exits 0 unless a part could not run.
+not assertions (a MISS exits 0): the script exits 1 when a part could not run, a run of
+part 1 failed or had a failed request, or a restart round failed.
 
     PYTHONPATH=. python bench/bench_heads.py [--concurrency 16] [--duration 10] [--rounds 2]
         [--restart-rounds 3] [--quick] [--keep-logs DIR] [--json out.json]
@@ -1101,10 +1102,18 @@ def main() -> int:
                 if not args.setups or setup.name in args.setups.split(",")
             ]
             results["heads"] = report_load(runs, args)
-            failed |= all(r.error is not None for r in runs)
+            # Nothing is killed in part 1: a failed run or request is a failure.
+            bad = sum(r.error is not None or r.errors > 0 for r in runs)
+            if bad or not runs:
+                failed = True
+                print(f"! part 1: {bad} of {len(runs)} run(s) FAILED or had errors", flush=True)
         if "2" in args.parts:
             try:
                 results.update(fleet_part(args, logdir))
+                restarts = results.get("restart", {}).get("rounds", [])
+                if bad := sum(r["error"] is not None for r in restarts):
+                    failed = True
+                    print(f"! part 3: {bad} restart round(s) FAILED", flush=True)
             except Exception as exc:
                 failed = True
                 print(f"! parts 2-3 FAILED: {common.describe(exc)}", flush=True)

@@ -153,7 +153,7 @@ def _loadavg() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="64x64,256x256", help="comma-separated WxH sizes")
     p.add_argument("--concurrency", default="1,2", help="comma-separated client concurrencies")
@@ -183,7 +183,12 @@ def main() -> None:
     print(f"# load average after: {_loadavg()}")
     if args.json:
         common.write_json(args.json, args, {"results": rows})
+    # Every answer must hold an image: a cell with errors measured fewer than it says.
+    if bad := sum(1 for r in rows if r["errors"]):
+        print(f"! {bad} cell(s) with failed requests")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -550,7 +550,7 @@ PARTS = {
 }
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default="video,background,latency", help="which, comma-separated")
     p.add_argument("--videos", type=int, default=20, help="video jobs created at once")
@@ -583,6 +583,7 @@ def main() -> None:
     common.exit_on_sigterm()
     print(f"# {common.machine()}; load average before: {loadavg()}", flush=True)
     results: dict[str, Any] = {}
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for part in parts:
             run, show = PARTS[part]
@@ -591,12 +592,19 @@ def main() -> None:
                 results[part] = run(args, Path(tmp))
             except Exception as exc:
                 print(f"! {part} FAILED: {common.describe(exc, args.request_timeout)}")
+                failed.append(part)
                 continue
             show(args, results[part])
             print(f"  ({time.monotonic() - started:.0f} s; load average {loadavg()})", flush=True)
+            if results[part].get("failed"):  # jobs that ended failed or cancelled
+                failed.append(part)
     if args.json:
         common.write_json(args.json, args, {"results": results})
+    if failed:
+        print(f"! failed: {', '.join(failed)} (a part that did not run, or failed jobs)")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -630,6 +630,16 @@ def main() -> int:
             section["step_bytes"] = asdict(run.step_bytes) if run.step_bytes else None
             sections["thinkers"][run.name] = section | {"targets": run.targets}
         common.write_json(args.json, args, sections)
+    # A MISS is a figure; a run with errors (not started, requests failed) measured less.
+    if bad := [
+        run.name
+        for run in runs
+        if run.served.error
+        or run.served.audio.error
+        or any(r.error for r in [*run.direct, *run.served.loads])
+    ]:
+        print(f"! errors in the runs of: {', '.join(bad)}")
+        return 1
     return 0
 
 

@@ -282,6 +282,10 @@ def main() -> int:
     if args.json:
         sections = {"results": [asdict(r) for r in results], "targets": goals}
         common.write_json(args.json, args, sections, skip=["serve_floor"])
+    # A run that failed gave no figures: exit 1 (a MISS is a figure and exits 0).
+    if failed := sum(r.error is not None for r in results):
+        print(f"! {failed} run(s) FAILED")
+        return 1
     return 0
 
 

@@ -469,6 +469,9 @@ def main() -> int:
             "omnistage_over_ray_serve_rps": {str(c): x for c, x in rel.items()},
         }
         common.write_json(args.json, args, sections, skip=["serve_ray"])
+    if failed := sum(r.error is not None for run in runs for r in run.results):
+        print(f"! {failed} run(s) FAILED")
+        return 1
     return 0
 
 

@@ -650,6 +650,16 @@ def main() -> int:
     print_targets(results)
     if args.json:
         common.write_json(args.json, args, {"machine_speed": speed, **results})
+    # Errors under load are a capacity figure; one session alone and the barge-ins
+    # should have none.
+    one = results["one_session"]
+    barge = [e for b in results["barge_ins"] for e in b["errors"]]
+    if one["errors"] or one["unanswered"] or barge:
+        print(
+            f"! one session: {one['errors']} error(s), {one['unanswered']} unanswered; "
+            f"barge-ins: {barge[:3]}"
+        )
+        return 1
     return 0
 
 

@@ -238,7 +238,7 @@ def _verdict(rows: list[dict[str, Any]]) -> None:
         print(f"busiest replica: {aware['max_over_mean']:.2f}x the mean (target <= 1.5x)")
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=("echo", "llm"), default="echo")
     p.add_argument(
@@ -286,7 +286,12 @@ def main() -> None:
         sections[f"replicas_{n}"] = rows
     if args.json:
         common.write_json(args.json, args, sections)
+    # A conversation whose turn failed stops there: its policy's figures lack its turns.
+    if errors := sum(r["errors"] for rows in sections.values() for r in rows):
+        print(f"! {errors} conversation(s) stopped by a failed turn")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -438,6 +438,10 @@ def main() -> int:
         return 1
     if args.json:
         common.write_json(args.json, args, result)
+    # Every stage keeps a replica through each kill: 0 failed is what a soak expects.
+    if failed := result["totals"]["failed"]:
+        print(f"! {failed} request(s) failed")
+        return 1
     return 0
 
 
