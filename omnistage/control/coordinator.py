@@ -12,7 +12,13 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-from omnistage.control.replica_table import ReplicaEntry, ReplicaKey, ReplicaTable, Transition
+from omnistage.control.replica_table import (
+    LoadReading,
+    ReplicaEntry,
+    ReplicaKey,
+    ReplicaTable,
+    Transition,
+)
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
@@ -134,6 +140,10 @@ class Coordinator:
     def snapshot(self) -> list[ReplicaEntry]:
         with self._lock:
             return self._table.snapshot()
+
+    def loads(self) -> list[LoadReading]:
+        with self._lock:
+            return self._table.loads()
 
     def _emit(self, transitions: list[Transition]) -> None:
         for t in transitions:

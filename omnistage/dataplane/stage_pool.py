@@ -19,7 +19,7 @@ from omnistage.control.balancing import BalancingPolicy, CacheAwarePolicy, Route
 from omnistage.control.balancing.affinity import AffinityMap
 from omnistage.control.balancing.cache_aware import load_bound
 from omnistage.control.balancing.prefix_index import PrefixIndex, RequestPrefix
-from omnistage.control.replica_table import ReplicaEntry, Transition
+from omnistage.control.replica_table import LoadReading, ReplicaEntry, Transition
 from omnistage.dataplane.pool_load import LivePool
 from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
 from omnistage.protocol.messages import ReplicaState
@@ -127,13 +127,13 @@ class StagePool:
         self._wake()
         return lost
 
-    def observe(self, entry: ReplicaEntry) -> None:
+    def observe(self, load: LoadReading) -> None:
         """Refresh heartbeat-reported load (display and tie-breaking only)."""
-        handle = self.replicas.get(entry.replica_id)
-        if handle is not None and handle.epoch == entry.epoch:
-            handle.queue_length = entry.queue_length
-            freed = entry.others < handle.others
-            handle.others = entry.others
+        handle = self.replicas.get(load.replica_id)
+        if handle is not None and handle.epoch == load.epoch:
+            handle.queue_length = load.queue_length
+            freed = load.others < handle.others
+            handle.others = load.others
             if freed:
                 self._wake()  # room the other heads left: requests waiting may take it
 

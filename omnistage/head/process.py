@@ -257,10 +257,10 @@ class Head:
     async def _observe_load(self) -> None:
         while True:
             await asyncio.sleep(self.opts.heartbeat_interval_s)
-            for entry in self.coordinator.snapshot():
-                pool = self.pools.get(entry.stage_id)
+            for reading in self.coordinator.loads():
+                pool = self.pools.get(reading.stage_id)
                 if pool is not None:
-                    pool.observe(entry)
+                    pool.observe(reading)
 
     # -- callbacks -------------------------------------------------------------------
 

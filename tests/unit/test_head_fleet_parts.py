@@ -13,7 +13,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.control.balancing import make_policy
 from omnistage.control.fleet import FleetView, PeerChange
 from omnistage.control.master import HeadAddresses, Master
-from omnistage.control.replica_table import ReplicaEntry, Transition
+from omnistage.control.replica_table import LoadReading, ReplicaEntry, Transition
 from omnistage.control.slots import SlotTable
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.engines import build_engine
@@ -134,7 +134,7 @@ async def test_a_replica_serving_one_head_leaves_admission_to_that_head() -> Non
     assert {c.request_id for c in out.head if c.finished and c.error is None} == {"r1", "r2"}
 
 
-def _entry(rid: int, others: int = 0) -> ReplicaEntry:
+def _entry(rid: int) -> ReplicaEntry:
     return ReplicaEntry(
         stage_id=0,
         replica_id=rid,
@@ -146,15 +146,18 @@ def _entry(rid: int, others: int = 0) -> ReplicaEntry:
         last_seen=0.0,
         start_deadline=0.0,
         capacity=2,
-        others=others,
     )
+
+
+def _load(rid: int, others: int) -> LoadReading:
+    return LoadReading(stage_id=0, replica_id=rid, epoch=1, queue_length=0, others=others)
 
 
 async def test_the_pool_routes_around_what_other_heads_hold_and_falls_back_when_all_full() -> None:
     pool = StagePool(0, "s", make_policy("round-robin"))
     for rid in (0, 1):
         pool.apply(Transition(_entry(rid), ReplicaState.STARTING, ReplicaState.UP, Reason.READY))
-    pool.observe(_entry(0, others=2))  # the other heads fill replica 0
+    pool.observe(_load(0, others=2))  # the other heads fill replica 0
     picked = {pool.try_acquire(f"r{i}").replica_id for i in range(2)}  # type: ignore[union-attr]
     assert picked == {1}
     # Replica 1 is full by this head's own count; replica 0 is full only by a heartbeat-
@@ -163,7 +166,9 @@ async def test_the_pool_routes_around_what_other_heads_hold_and_falls_back_when_
     assert handle is not None and handle.replica_id == 0
     pool.busy(handle)
     assert handle.others == handle.capacity
-    pool.observe(_entry(0, others=0))
+    pool.observe(_load(0, others=0))
+    assert handle.others == 0
+    pool.observe(LoadReading(0, 0, 2, 0, others=2))  # another incarnation's: not this one's
     assert handle.others == 0
 
 

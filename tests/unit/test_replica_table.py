@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnistage.control.replica_table import ReplicaTable
+from omnistage.control.replica_table import LoadReading, ReplicaTable
 from omnistage.protocol.messages import Reason, ReplicaState, routing_id
 
 TIMEOUT_REASON = Reason.HEARTBEAT_TIMEOUT
@@ -130,6 +130,16 @@ def test_heartbeat_records_load_and_last_seen(table, clock):
     assert (entry.queue_length, entry.in_flight, entry.progress) == (3, 7, 11)
     assert entry.last_seen == 102.0
     assert entry.heartbeat_seq == 0
+
+
+def test_loads_carry_each_replicas_last_reported_queue_and_other_heads_count(table):
+    make_up(table)
+    make_up(table, key=(1, 1), epoch=2)
+    table.heartbeat(KEY, 1, "UP", 3, 5, 0, seq=0, others=4)
+    assert sorted(table.loads()) == [
+        LoadReading(stage_id=1, replica_id=0, epoch=1, queue_length=3, others=4),
+        LoadReading(stage_id=1, replica_id=1, epoch=2, queue_length=0, others=0),
+    ]
 
 
 def test_heartbeat_after_timeout_error_reattaches_replica_to_up(table, clock):
