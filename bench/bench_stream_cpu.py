@@ -4,7 +4,7 @@ one process every request goes through.
 ``echo-1stage`` with its replica splitting each answer into ``--chunks`` chunks,
 ``--delay-ms`` apart (a thinker's pace: one token every few milliseconds), and clients
 that stream chat completions (``stream: true``) at each of ``--levels`` concurrencies, back
-to back. For each level: the head's CPU time (all its threads, /proc/PID/stat) per
+to back. For each level: the head's CPU time (all its threads, its CPU clock) per
 request and per SSE event the clients received. At low concurrency each event is a
 wake-up of its own (the replica's message, the orchestrator, the SSE write); at higher
 concurrency a wake-up carries several, so the cost per event falls.
@@ -20,21 +20,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import common
+from bench_head_cpu import cpu_seconds  # the process's CPU clock, in ns (not 10 ms ticks)
 from common import HOST, ServerProcess, free_port
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 async def stream_one(port: int, body: bytes) -> int:
@@ -57,14 +50,15 @@ async def stream_one(port: int, body: bytes) -> int:
         writer.close()
 
 
-async def level(port: int, body: bytes, c: int, n: int) -> int:
+async def level(port: int, body: bytes, c: int, n: int, timeout: float) -> int:
     """``n`` streamed requests by ``c`` workers; the events received in all."""
     left, events = [n], [0]
 
     async def worker() -> None:
         while left[0] > 0:
             left[0] -= 1
-            got = await stream_one(port, body)  # not ``+= await``: that reads first
+            async with asyncio.timeout(timeout):
+                got = await stream_one(port, body)  # not ``+= await``: that reads first
             events[0] += got
 
     await asyncio.gather(*(worker() for _ in range(c)))
@@ -85,11 +79,11 @@ def run_head(tree: Path | None, args: argparse.Namespace) -> dict[int, tuple[flo
     out = {}
     try:
         server.wait_ready(args.health_timeout)
-        asyncio.run(level(port, body, 1, 10))  # warm-up
+        asyncio.run(level(port, body, 1, 10, args.request_timeout))  # warm-up
         for c in args.levels:
             n = args.requests * c
             before, t0 = cpu_seconds(server.pid), time.perf_counter()
-            events = asyncio.run(level(port, body, c, n))
+            events = asyncio.run(level(port, body, c, n, args.request_timeout))
             cpu, wall = cpu_seconds(server.pid) - before, time.perf_counter() - t0
             out[c] = (cpu / n * 1e3, cpu / max(events, 1) * 1e6)
             print(
