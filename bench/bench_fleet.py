@@ -891,6 +891,7 @@ class SizeResult:
     n: int
     workers: int
     notes: list[str] = field(default_factory=list)
+    partial: bool = False  # stopped early, or its requests failed: figures missing
     phases: dict[str, float] = field(default_factory=dict)  # wall time each phase began
     # idle head, no replica
     idle_cpu_pct: float | None = None
@@ -1011,6 +1012,7 @@ def run_size(n: int, args: argparse.Namespace) -> SizeResult:
     except Exception as exc:
         why = common.describe(exc)
         res.notes.append(f"stopped early: {why.splitlines()[0]}")
+        res.partial = True
         print(f"! N={n}: stopped early: {why}", flush=True)
     finally:
         if head is not None and not head.server.log.closed:
@@ -1181,6 +1183,7 @@ def requests(
         )
     except Exception as exc:
         res.notes.append(f"requests: {common.describe(exc, args.request_timeout)}")
+        res.partial = True
         return
     wall = time.monotonic() - t0
     res.req_head_cpu_pct = (head.cpu_s() - h0) / wall * 100
@@ -1480,6 +1483,7 @@ class JoinedResult:
     workers: int
     heads: list[HeadFigures] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    partial: bool = False  # stopped early, or its requests failed: figures missing
     phases: dict[str, float] = field(default_factory=dict)
     join_s: float | None = None  # B's HTTP up -> each head lists the other UP
     storm_all_up_s: float | None = None  # all N UP at both heads
@@ -1554,6 +1558,7 @@ def run_joined(n: int, args: argparse.Namespace) -> JoinedResult:
     except Exception as exc:
         why = common.describe(exc)
         res.notes.append(f"stopped early: {why.splitlines()[0]}")
+        res.partial = True
         print(f"! N={n}, two heads: stopped early: {why}", flush=True)
     finally:
         for h in heads:
@@ -1740,6 +1745,7 @@ def joined_requests(
         results = asyncio.run(both())
     except Exception as exc:
         res.notes.append(f"requests: {common.describe(exc, args.request_timeout)}")
+        res.partial = True
         return
     wall = time.monotonic() - t0
     for h, fig, c, r in zip(heads, res.heads, c0, results, strict=True):
@@ -2119,8 +2125,7 @@ def main() -> int:
         print(f"! {failed} registration(s) failed: the figures above are not the fleet's")
         return 1
     # A size that stopped early, or whose requests failed, lacks the figures after that.
-    cut = ("stopped early:", "requests:")
-    if bad := sum(any(n.startswith(cut) for n in x.notes) for x in [*results, *joined]):
+    if bad := sum(x.partial for x in [*results, *joined]):
         print(f"! {bad} run(s) stopped early or had failed requests: their figures are partial")
         return 1
     return 0
