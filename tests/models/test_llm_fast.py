@@ -17,7 +17,7 @@ import torch
 
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
-from omnistage.engines.llm import int4_kernel, weights
+from omnistage.engines.llm import int4_kernel, slot_batch, weights
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.engines.llm.fast_llama import FastLlama
 from omnistage.engines.llm.slot_batch import SlotBatch
@@ -224,6 +224,45 @@ def test_a_cached_prefix_gives_the_same_bits_as_computing_it(engine: LlmEngine) 
     assert shared.prefixes.hit_tokens >= 2 * 16
     for got, want in zip(together, alone, strict=True):
         assert torch.equal(got, want)
+
+
+def _run_rows(batch: SlotBatch, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
+    """Prefill and admit each prompt, then ``steps`` greedy decode steps: every logits."""
+    out = []
+    for ids in prompts:
+        out.append(batch.prefill(ids))
+        batch.admit(int(out[-1].argmax()))
+    for _ in range(steps):
+        logits = batch.decode()
+        out.append(logits)
+        batch.advance([int(row.argmax()) for row in logits])
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["torch", "avx512-vnni"])
+def test_an_emptied_batch_keeps_its_cache_and_rows_get_the_same_bits(
+    engine: LlmEngine, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The decode step on our kernels reads each row's own positions; torch's reads the
+    # whole length under a mask: stale K/V from earlier rows must count in neither.
+    if kernel != "torch" and isinstance(int4_kernel.load_variant(kernel), str):
+        pytest.skip(f"{kernel} does not run here")
+    fast = FastLlama(weights.local_model_dir("smollm2"), _kernel(kernel))
+    earlier = [_chat_ids(engine, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    later = [_chat_ids(engine, [{"role": "user", "content": q}]) for q in QUESTIONS[2:0:-1]]
+    with torch.inference_mode():
+        used = SlotBatch(fast, 4)
+        _run_rows(used, earlier, 6)
+        caches = [t.data_ptr() for t in used._keys]
+        used.keep([])
+        assert used.rows == 0 and [t.data_ptr() for t in used._keys] == caches
+        again = _run_rows(used, later, 5)
+        fresh = _run_rows(SlotBatch(fast, 4), later, 5)
+        assert all(torch.equal(a, b) for a, b in zip(again, fresh, strict=True))
+        # Above the budget an emptied batch lets its cache go.
+        monkeypatch.setattr(slot_batch, "KEEP_BYTES", 0)
+        used.keep([])
+        assert used.cache_bytes() == 0
 
 
 def test_the_step_loop_runs_on_the_thread_that_loaded_the_model() -> None:

@@ -152,6 +152,27 @@ def test_topk_indices_are_torchs_set(n: int, k: int) -> None:
 
 
 @needs_kernel
+def test_q8_dots_are_the_shortlists_float32_products_row_by_row() -> None:
+    assert not isinstance(_KERNEL, str)
+    gen = torch.Generator().manual_seed(3)
+    vocab, k, rows, per_row = 300, 96, 5, 7
+    q = torch.randint(-127, 128, (vocab, k // 32, 32), dtype=torch.int8, generator=gen)
+    scale = torch.rand(vocab, k // 32, 1, generator=gen) / 50
+    x = torch.randn(rows, k, generator=gen)
+    ids = torch.randint(0, vocab, (rows, per_row), generator=gen)
+    got = _KERNEL.q8_dots(q, scale, x, ids)
+    weights = (q.float() * scale).reshape(vocab, k)
+    want = (weights[ids] @ x.unsqueeze(-1)).squeeze(-1)
+    assert got.shape == (rows, per_row)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    # Each row on its own gives the same bits (a batch's rows do not change each other).
+    alone = torch.cat(
+        [_KERNEL.q8_dots(q, scale, x[i : i + 1], ids[i : i + 1]) for i in range(rows)]
+    )
+    assert torch.equal(alone, got)
+
+
+@needs_kernel
 def test_topk_indices_skip_nan_and_refuse_a_k_out_of_range() -> None:
     assert not isinstance(_KERNEL, str)
     x = torch.arange(40, dtype=torch.float32).repeat(2, 1)

@@ -177,7 +177,10 @@ class TiedTable:
             best = self._kernel.topk_indices(logits, self.REFINE)  # [n, R]
         else:
             best = torch.topk(logits, self.REFINE, dim=-1, sorted=False).indices
-        exact = torch.bmm(self.rows(best), x.unsqueeze(-1)).squeeze(-1)
+        if self._kernel is not None:
+            exact = self._kernel.q8_dots(self._q, self._scale, x, best)
+        else:
+            exact = torch.bmm(self.rows(best), x.unsqueeze(-1)).squeeze(-1)
         return logits.scatter_(1, best, exact)
 
 
@@ -278,6 +281,11 @@ class FastLlama:
                 ]
             )
 
+    @property
+    def fused_decode(self) -> bool:
+        """Whether a decode step is one call into our kernels (``_decode_fused``)."""
+        return self._layer_table is not None
+
     def use_threads(self, count: int) -> None:
         """Compute on ``count`` threads. With the decode step on our kernels they are
         the kernel's own, and torch's few ops around it run on one thread: torch's
@@ -317,7 +325,7 @@ class FastLlama:
         from position ``prefill_start`` (the slot ``prefill_slot`` holds the ones
         before), cached there; logits of the last one only.
         """
-        if self._layer_table is not None and prefill_slot is None:
+        if self.fused_decode and prefill_slot is None:
             return self._decode_fused(ids, positions, keys, values, head)
         s = self.shape
         n = ids.shape[0]

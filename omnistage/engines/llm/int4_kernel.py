@@ -104,6 +104,9 @@ class Int4Kernel:
         self._rms_norm = _bind(lib.omni_rms_norm, ptr, i32, i32, ptr, f32, ptr, returns=None)
         self._silu_mul = _bind(lib.omni_silu_mul, ptr, i32, i32, ptr, returns=None)
         self._topk = _bind(lib.omni_topk, ptr, i32, i32, i32, ptr)
+        self._q8_dots = _bind(
+            lib.omni_q8_dots, ptr, ptr, i32, ptr, ptr, i32, i32, ptr, returns=None
+        )
         self._attention = _bind(
             lib.omni_decode_attention, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr
         )
@@ -171,6 +174,30 @@ class Int4Kernel:
         out = torch.empty(rows, k, dtype=torch.int64)
         if self._topk(x.data_ptr(), rows, n, k, out.data_ptr()) != 0:
             raise ValueError(f"top-k of {k} from rows of {n}: k must be 1..min(n, 1024)")
+        return out
+
+    def q8_dots(
+        self, q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """float32 [rows, r]: row i of ``x`` [rows, k] times the int8 rows ``ids[i]``
+        (int64 [rows, r]) of ``q`` [vocab, k] with a float32 ``scale`` [vocab, k/32] per
+        group of 32 (the weights q * scale in float32)."""
+        x = _floats(x)
+        rows, k = x.shape
+        if not (q.is_contiguous() and scale.is_contiguous() and q.dtype == torch.int8):
+            raise ValueError("q8_dots needs contiguous int8 rows and float32 scales")
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty(rows, ids.shape[1], dtype=torch.float32)
+        self._q8_dots(
+            q.data_ptr(),
+            scale.data_ptr(),
+            k,
+            x.data_ptr(),
+            ids.data_ptr(),
+            rows,
+            ids.shape[1],
+            out.data_ptr(),
+        )
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
