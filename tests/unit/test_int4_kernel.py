@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import pytest
 
@@ -275,12 +276,9 @@ def test_a_failed_build_is_named_and_leaves_no_library(
     assert list((tmp_path / "kernels").iterdir()) == []
 
 
-@needs_kernel
-@pytest.mark.parametrize("rows", [1, 3, 5])
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int, threads: int) -> None:
-    # On a team of threads too (each a share of every matmul's columns and of the
-    # attention's rows, more threads than rows included): the same bits.
+def _tiny_model() -> tuple[Any, Any, list[Any], torch.Tensor]:
+    """A 2-layer model of random int4 weights on our kernel: its shape, layer table,
+    (norms, packed weights) per layer and RoPE table."""
     assert not isinstance(_KERNEL, str)
     from omnistage.engines.llm.fast_llama import LlamaShape
 
@@ -292,11 +290,51 @@ def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int, threads: int)
         norms = (torch.rand(64) + 0.5, torch.rand(64) + 0.5)
         layers.append((*norms, packs))
         weights.append((norms, packs))
-    table = _KERNEL.layer_table(layers)
-    capacity = 32
-    caches = [[torch.randn(rows, 2, capacity, 16) for _ in range(2)] for _ in range(2)]
     angles = torch.rand(64, 8) * 6
     rope = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).contiguous()
+    return shape, _KERNEL.layer_table(layers), weights, rope
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 4, 7])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_prefill_chunk_in_one_call_gives_each_row_the_decode_steps_bits(
+    rows: int, threads: int
+) -> None:
+    # The chunk's tokens in one slot, after 5 cached positions; on a team, a thread's
+    # rows attend to K/V another thread's rows wrote.
+    assert not isinstance(_KERNEL, str)
+    shape, table, _, rope = _tiny_model()
+    caches = [[torch.randn(2, 2, 32, 16) for _ in range(2)] for _ in range(2)]
+    start, slot = 5, 1
+    positions = torch.arange(start, start + rows)
+    h0 = torch.randn(rows, 64)
+
+    h = h0.clone()
+    keys, values = [c[0].clone() for c in caches], [c[1].clone() for c in caches]
+    _KERNEL.prefill_layers(h, table, keys, values, slot, shape, rope, positions, threads)
+
+    k_ref, v_ref = [c[0].clone() for c in caches], [c[1].clone() for c in caches]
+    one_k, one_v = [k[slot : slot + 1] for k in k_ref], [v[slot : slot + 1] for v in v_ref]
+    expected = h0.clone()
+    for i in range(rows):  # a decode step per token, in order
+        row = expected[i : i + 1]
+        _KERNEL.decode_layers(row, table, one_k, one_v, shape, rope, positions[i : i + 1], 1)
+    assert torch.equal(h, expected)
+    assert all(torch.equal(a, b) for a, b in zip(keys + values, k_ref + v_ref, strict=True))
+    assert torch.equal(keys[0][0], caches[0][0][0])  # the other slot untouched
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 5])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int, threads: int) -> None:
+    # On a team of threads too (each a share of every matmul's columns and of the
+    # attention's rows, more threads than rows included): the same bits.
+    assert not isinstance(_KERNEL, str)
+    shape, table, weights, rope = _tiny_model()
+    capacity = 32
+    caches = [[torch.randn(rows, 2, capacity, 16) for _ in range(2)] for _ in range(2)]
     positions = torch.tensor([5 + 5 * r for r in range(rows)])  # < capacity
     h0 = torch.randn(rows, 64)
 

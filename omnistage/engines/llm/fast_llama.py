@@ -81,6 +81,12 @@ def supported(config: dict) -> str | None:
 
 
 _ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries of a big matrix
+# A prefill chunk of n tokens from position p goes through our kernels' layers in one
+# call (each row as a decode step computes it) while n * (p + n) is at most this; a
+# bigger one through torch's attention, whose blocked products beat attending row by
+# row there. Short chunks (a chat turn) spent more in torch's ops between the matmuls,
+# and in waking the kernel's threads for each, than in the matmuls.
+FUSED_PREFILL_CELLS = 256 * 256
 
 
 class Int4Linear:
@@ -329,6 +335,16 @@ class FastLlama:
             return self._decode_fused(ids, positions, keys, values, head)
         s = self.shape
         n = ids.shape[0]
+        if self.fused_decode and n * (prefill_start + n) <= FUSED_PREFILL_CELLS:
+            assert prefill_slot is not None and self._kernel is not None
+            h = self.embed.rows(ids).contiguous()
+            at = positions.to(torch.int64).contiguous()
+            self._kernel.prefill_layers(
+                h, self._layer_table, keys, values, prefill_slot, s, self._rope_cs, at
+            )
+            if not head:
+                return None
+            return self.head.logits(self._kernel.rms_norm(h[-1:], self.norm, s.eps))
         chunk_mask = None
         if prefill_slot is not None and prefill_start:
             # Causal within the chunk, everything before it visible.

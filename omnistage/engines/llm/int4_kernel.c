@@ -17,7 +17,8 @@
  * float16, [N/16][K/32][16]. N, K: multiples of 16 and 32.
  *
  * Threads: the matmul itself is single-threaded. The whole decode step
- * (omni_decode_layers_mt) can run on a team of threads of our own (pthreads, not
+ * (omni_decode_layers_mt), and a short prefill chunk's layers (omni_prefill_layers_mt,
+ * each row as a decode step computes it), can run on a team of threads of our own (pthreads, not
  * OpenMP: a second OpenMP runtime would fight torch's), which split every matmul's
  * column blocks and the attention's rows; the engine's thread tuner picks the count
  * (torch_threads.py), since a second thread pays only while a core is free for it.
@@ -353,27 +354,23 @@ void omni_silu_mul(const float *gate_up, int rows, int width, float *out) {
 /* K rows read ahead of the one in use (see omni_decode_attention). */
 #define APF 16
 #define MAX_GROUP 8
-int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, int hd,
-                          const float *rope, const int64_t *positions, float *kcache,
-                          float *vcache, int capacity, float *out) {
-    const int group = heads / kv_heads, width = (heads + 2 * kv_heads) * hd;
+/* RoPE on each row's q (scaled by 1/sqrt(hd), into q [rows, heads * hd]) and k, and k
+ * and v into the cache at the row's position: row r's cache is kcache + r * slot_stride
+ * (a decode step: a slot per row; a prefill: 0, every row in one slot). */
+static void rope_and_store(const float *qkv, int rows, int heads, int kv_heads, int hd,
+                           const float *rope, const int64_t *positions, float *kcache,
+                           float *vcache, int capacity, size_t slot_stride, float *q) {
+    const int width = (heads + 2 * kv_heads) * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    float *scores = malloc(sizeof(float) * (size_t)capacity * group);
-    float *q = malloc(sizeof(float) * (size_t)heads * hd);
-    if (scores == NULL || q == NULL) {
-        free(scores);
-        free(q);
-        return -1;
-    }
     for (int r = 0; r < rows; r++) {
         const int64_t pos = positions[r];
         const float *cs = rope + (size_t)pos * hd;
         const float *row = qkv + (size_t)r * width;
-        /* RoPE on q (scaled here once) and k; k and v into the cache at pos. */
+        float *kr = kcache + r * slot_stride, *vr = vcache + r * slot_stride;
         for (int h = 0; h < heads + kv_heads; h++) {
             const float *src = row + (size_t)h * hd;
-            float *dst = h < heads ? q + (size_t)h * hd
-                                   : kcache + (((size_t)r * kv_heads + (h - heads)) * capacity + pos) * hd;
+            float *dst = h < heads ? q + ((size_t)r * heads + h) * hd
+                                   : kr + ((size_t)(h - heads) * capacity + pos) * hd;
             const float mul = h < heads ? scale : 1.0f;
             for (int i = 0; i < hd; i += 2) {
                 float a = src[i], b = src[i + 1], c = cs[i], s = cs[i + 1];
@@ -382,12 +379,27 @@ int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, i
             }
         }
         for (int h = 0; h < kv_heads; h++)
-            memcpy(vcache + (((size_t)r * kv_heads + h) * capacity + pos) * hd,
-                   row + (size_t)(heads + kv_heads + h) * hd, sizeof(float) * hd);
-        const int length = (int)pos + 1;
+            memcpy(vr + ((size_t)h * capacity + pos) * hd, row + (size_t)(heads + kv_heads + h) * hd,
+                   sizeof(float) * hd);
+    }
+}
+
+/* Attention of each row (its rotated q from rope_and_store) over positions
+ * 0..positions[r] of its cache (kcache + r * slot_stride), into out [rows, heads * hd]. */
+static int attend(const float *q, int rows, int heads, int kv_heads, int hd,
+                  const int64_t *positions, const float *kcache, const float *vcache, int capacity,
+                  size_t slot_stride, float *out) {
+    const int group = heads / kv_heads;
+    int most = 0;
+    for (int r = 0; r < rows; r++) most = positions[r] + 1 > most ? (int)positions[r] + 1 : most;
+    float *scores = malloc(sizeof(float) * (size_t)most * group);
+    if (scores == NULL) return -1;
+    for (int r = 0; r < rows; r++) {
+        const int length = (int)positions[r] + 1;
+        const float *kr = kcache + r * slot_stride, *vr = vcache + r * slot_stride;
         for (int h = 0; h < kv_heads; h++) {
-            const float *kh = kcache + ((size_t)r * kv_heads + h) * capacity * hd;
-            const float *vh = vcache + ((size_t)r * kv_heads + h) * capacity * hd;
+            const float *kh = kr + (size_t)h * capacity * hd;
+            const float *vh = vr + (size_t)h * capacity * hd;
             /* The group's query heads share this kv head: each k row is read once. */
             for (int t = 0; t < length; t++) {
                 const float *kt = kh + (size_t)t * hd;
@@ -397,16 +409,16 @@ int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, i
                     _mm_prefetch((const char *)(vh + (size_t)t * hd + c), _MM_HINT_T0);
                 }
                 for (int g = 0; g < group; g++) {
-                    const float *qg = q + (size_t)(h * group + g) * hd;
+                    const float *qg = q + ((size_t)r * heads + h * group + g) * hd;
                     __m512 acc = _mm512_setzero_ps();
                     for (int i = 0; i < hd; i += 16)
                         acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + i), _mm512_loadu_ps(kt + i), acc);
-                    scores[(size_t)g * capacity + t] = _mm512_reduce_add_ps(acc);
+                    scores[(size_t)g * most + t] = _mm512_reduce_add_ps(acc);
                 }
             }
             float inv[MAX_GROUP];
             for (int g = 0; g < group; g++) {
-                float *sg = scores + (size_t)g * capacity;
+                float *sg = scores + (size_t)g * most;
                 float top = sg[0];
                 for (int t = 1; t < length; t++) top = sg[t] > top ? sg[t] : top;
                 __m512 vtop = _mm512_set1_ps(top), vsum = _mm512_setzero_ps();
@@ -430,8 +442,9 @@ int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, i
                 for (int c = 0; c < hd / 16; c++) acc[g][c] = _mm512_setzero_ps();
             /* The next K stream's start (this row's next head, or the next row's first),
              * so the loop after this one does not begin on a cold stream. */
-            const size_t next = (size_t)r * kv_heads + h + 1;
-            const float *knext = next < (size_t)rows * kv_heads ? kcache + next * capacity * hd : NULL;
+            const float *knext = h + 1 < kv_heads ? kh + (size_t)capacity * hd
+                                 : r + 1 < rows   ? kcache + (r + 1) * slot_stride
+                                                  : NULL;
             for (int u = 0; u < length; u++) {
                 const float *vu = vh + (size_t)u * hd;
                 if (knext != NULL && u < APF)
@@ -440,7 +453,7 @@ int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, i
                 for (int c = 0; c < hd / 16; c++) {
                     __m512 v = _mm512_loadu_ps(vu + c * 16);
                     for (int g = 0; g < group; g++)
-                        acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(size_t)g * capacity + u]), v, acc[g][c]);
+                        acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(size_t)g * most + u]), v, acc[g][c]);
                 }
             }
             for (int g = 0; g < group; g++) {
@@ -451,8 +464,19 @@ int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, i
         }
     }
     free(scores);
-    free(q);
     return 0;
+}
+
+int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, int hd,
+                          const float *rope, const int64_t *positions, float *kcache,
+                          float *vcache, int capacity, float *out) {
+    const size_t stride = (size_t)kv_heads * capacity * hd;
+    float *q = malloc(sizeof(float) * (size_t)rows * heads * hd);
+    if (q == NULL) return -1;
+    rope_and_store(qkv, rows, heads, kv_heads, hd, rope, positions, kcache, vcache, capacity, stride, q);
+    const int code = attend(q, rows, heads, kv_heads, hd, positions, kcache, vcache, capacity, stride, out);
+    free(q);
+    return code;
 }
 
 /* ---- a decode step's layers in one call ---- */
@@ -511,7 +535,8 @@ typedef struct {
     float eps;
     const float *rope;
     const int64_t *positions;
-    float *qkv, *attn, *gate_up; /* shared: each thread writes its own columns or rows */
+    float *qkv, *q, *attn, *gate_up; /* shared: each thread writes its own columns or rows */
+    size_t slot_stride;              /* a row's cache from the previous row's (0: one slot) */
     int threads;
     atomic_int code;
 } step_args;
@@ -578,7 +603,7 @@ static void step_part(step_args *s, int tid) {
     if (!ok) atomic_store(&s->code, -1);
     int r_lo, r_hi;
     share(rows, 1, tid, T, &r_lo, &r_hi);
-    const size_t cache_row = (size_t)s->kv_heads * s->capacity * s->hd;
+    const size_t stride = s->slot_stride;
     for (int l = 0; l < layers; l++) {
         const omni_layer *L = s->ls + l;
         if (ok) {
@@ -587,11 +612,17 @@ static void step_part(step_args *s, int tid) {
                          xq, sx, tid, T);
         }
         barrier(T);
+        float *kc = s->kcache[l] + r_lo * stride, *vc = s->vcache[l] + r_lo * stride;
+        if (ok && r_lo < r_hi)
+            rope_and_store(s->qkv + (size_t)r_lo * qkv_width, r_hi - r_lo, s->heads, s->kv_heads,
+                           s->hd, s->rope, s->positions + r_lo, kc, vc, s->capacity, stride,
+                           s->q + (size_t)r_lo * attn_width);
+        /* One slot (a prefill): a row attends to the K/V other threads' rows wrote. */
+        if (stride == 0) barrier(T);
         if (ok && r_lo < r_hi &&
-            omni_decode_attention(s->qkv + (size_t)r_lo * qkv_width, r_hi - r_lo, s->heads,
-                                  s->kv_heads, s->hd, s->rope, s->positions + r_lo,
-                                  s->kcache[l] + r_lo * cache_row, s->vcache[l] + r_lo * cache_row,
-                                  s->capacity, s->attn + (size_t)r_lo * attn_width) != 0)
+            attend(s->q + (size_t)r_lo * attn_width, r_hi - r_lo, s->heads, s->kv_heads, s->hd,
+                   s->positions + r_lo, kc, vc, s->capacity, stride,
+                   s->attn + (size_t)r_lo * attn_width) != 0)
             atomic_store(&s->code, -1);
         barrier(T);
         if (ok)
@@ -710,37 +741,58 @@ static int grow_team(int threads) {
     return team_started < threads ? team_started : threads;
 }
 
+/* The layers of a decode step (slot_stride: a slot per row) or of a prefill chunk (0)
+ * on ``threads`` threads; a decode step on one thread is omni_decode_layers. */
+static int layers_mt(float *h, int rows, int layers, const omni_layer *ls, float *const *kcache,
+                     float *const *vcache, int capacity, int hidden, int heads, int kv_heads, int hd,
+                     int inter, float eps, const float *rope, const int64_t *positions,
+                     size_t slot_stride, int threads) {
+    if (threads > MAX_TEAM) threads = MAX_TEAM;
+    if (threads <= 1 && slot_stride != 0)
+        return omni_decode_layers(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads,
+                                  kv_heads, hd, inter, eps, rope, positions);
+    pthread_mutex_lock(&step_mu);
+    threads = threads > 1 ? grow_team(threads) : 1;
+    const int qkv_width = (heads + 2 * kv_heads) * hd;
+    step_args s = {h, rows, layers, ls, kcache, vcache, capacity, hidden, heads, kv_heads, hd,
+                   inter, eps, rope, positions, NULL, NULL, NULL, NULL, slot_stride, threads, 0};
+    s.qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
+    s.q = malloc(sizeof(float) * (size_t)rows * heads * hd);
+    s.attn = malloc(sizeof(float) * (size_t)rows * heads * hd);
+    s.gate_up = malloc(sizeof(float) * (size_t)rows * 2 * inter);
+    int code = -1;
+    if (s.qkv && s.q && s.attn && s.gate_up) {
+        if (threads > 1) post(step_job, &s, threads);
+        step_part(&s, 0); /* ends with a barrier all threads pass: the step is done */
+        code = atomic_load(&s.code);
+    }
+    free(s.qkv);
+    free(s.q);
+    free(s.attn);
+    free(s.gate_up);
+    pthread_mutex_unlock(&step_mu);
+    return code;
+}
+
 /* omni_decode_layers on ``threads`` threads (1: on the caller's alone). */
 int omni_decode_layers_mt(float *h, int rows, int layers, const omni_layer *ls,
                           float *const *kcache, float *const *vcache, int capacity, int hidden,
                           int heads, int kv_heads, int hd, int inter, float eps,
                           const float *rope, const int64_t *positions, int threads) {
-    if (threads > MAX_TEAM) threads = MAX_TEAM;
-    if (threads <= 1)
-        return omni_decode_layers(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads,
-                                  kv_heads, hd, inter, eps, rope, positions);
-    pthread_mutex_lock(&step_mu);
-    threads = grow_team(threads);
-    const int qkv_width = (heads + 2 * kv_heads) * hd;
-    step_args s = {h, rows, layers, ls, kcache, vcache, capacity, hidden, heads, kv_heads, hd,
-                   inter, eps, rope, positions, NULL, NULL, NULL, threads, 0};
-    s.qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
-    s.attn = malloc(sizeof(float) * (size_t)rows * heads * hd);
-    s.gate_up = malloc(sizeof(float) * (size_t)rows * 2 * inter);
-    int code;
-    if (s.qkv && s.attn && s.gate_up && threads > 1) {
-        post(step_job, &s, threads);
-        step_part(&s, 0); /* ends with a barrier all threads pass: the step is done */
-        code = atomic_load(&s.code);
-    } else {
-        code = omni_decode_layers(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads,
-                                  kv_heads, hd, inter, eps, rope, positions);
-    }
-    free(s.qkv);
-    free(s.attn);
-    free(s.gate_up);
-    pthread_mutex_unlock(&step_mu);
-    return code;
+    return layers_mt(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads, kv_heads, hd,
+                     inter, eps, rope, positions, (size_t)kv_heads * capacity * hd, threads);
+}
+
+/* A prefill chunk's layers in one call: ``rows`` tokens of one sequence at ``positions``
+ * (ascending), all in one slot (kslot[l], vslot[l]: that slot's cache in layer l), each
+ * attending to the slot's positions up to its own (the ones cached before the chunk and
+ * the chunk's own). Per row the same arithmetic as a decode step's row. */
+int omni_prefill_layers_mt(float *h, int rows, int layers, const omni_layer *ls,
+                           float *const *kslot, float *const *vslot, int capacity, int hidden,
+                           int heads, int kv_heads, int hd, int inter, float eps,
+                           const float *rope, const int64_t *positions, int threads) {
+    return layers_mt(h, rows, layers, ls, kslot, vslot, capacity, hidden, heads, kv_heads, hd,
+                     inter, eps, rope, positions, 0, threads);
 }
 
 /* ---- one matmul on the team (a prefill's, the LM head's) ---- */

@@ -110,11 +110,9 @@ class Int4Kernel:
         self._attention = _bind(
             lib.omni_decode_attention, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr
         )
-        self._layers = _bind(
-            lib.omni_decode_layers_mt,
-            *(ptr, i32, i32, ptr, ptr, ptr),
-            *(i32, i32, i32, i32, i32, i32, f32, ptr, ptr, i32),
-        )
+        layer_args = (ptr, i32, i32, ptr, ptr, ptr, *(i32,) * 6, f32, ptr, ptr, i32)
+        self._layers = _bind(lib.omni_decode_layers_mt, *layer_args)
+        self._prefill_layers = _bind(lib.omni_prefill_layers_mt, *layer_args)
 
     def pack(
         self, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor
@@ -274,19 +272,55 @@ class Int4Kernel:
         SiLU gate and the residual adds. ``shape``: the model's ``LlamaShape``;
         ``threads`` (default ``self.threads``): the kernel's own threads split the
         matmuls' columns and the attention's rows (the caller's thread is one of them)."""
+        self._run_layers(self._layers, h, table, keys, values, shape, rope, positions, threads)
+
+    def prefill_layers(
+        self,
+        h: torch.Tensor,
+        table: ctypes.Array[_Layer],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        slot: int,
+        shape: Any,
+        rope: torch.Tensor,
+        positions: torch.Tensor,
+        threads: int | None = None,
+    ) -> None:
+        """``decode_layers`` for a prefill chunk: the rows of ``h`` are one sequence's
+        tokens at ``positions`` (ascending, int64), cached in ``slot`` of ``keys`` /
+        ``values``; each attends to that slot's positions up to its own. A row gets the
+        same bits as the decode step computing it would."""
+        keys = [k[slot] for k in keys]
+        values = [v[slot] for v in values]
+        self._run_layers(
+            self._prefill_layers, h, table, keys, values, shape, rope, positions, threads
+        )
+
+    def _run_layers(
+        self,
+        fn: Any,
+        h: torch.Tensor,
+        table: ctypes.Array[_Layer],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        shape: Any,
+        rope: torch.Tensor,
+        positions: torch.Tensor,
+        threads: int | None,
+    ) -> None:
         if not all(t.is_contiguous() for t in (*keys, *values)):
-            raise ValueError("decode_layers needs contiguous caches")
+            raise ValueError("the layers need contiguous caches")
         layers = len(table)
         key_ptrs = (ctypes.c_void_p * layers)(*(k.data_ptr() for k in keys))
         value_ptrs = (ctypes.c_void_p * layers)(*(v.data_ptr() for v in values))
-        code = self._layers(
+        code = fn(
             h.data_ptr(),
             h.shape[0],
             layers,
             table,
             key_ptrs,
             value_ptrs,
-            keys[0].shape[2],
+            keys[0].shape[-2],
             shape.hidden,
             shape.heads,
             shape.kv_heads,
@@ -298,7 +332,7 @@ class Int4Kernel:
             self.threads if threads is None else threads,
         )
         if code != 0:
-            raise MemoryError("decode layers: no memory for their working buffers")
+            raise MemoryError("the layers: no memory for their working buffers")
 
 
 # (attn_norm, mlp_norm, [(packed, scale, lo) of qkv, o, gate_up, down])

@@ -59,7 +59,8 @@ class SlotBatch:
 
         ``replay``: that many last tokens go through the decode path one at a time, as
         a run that generated them computed them (a resumed seeded request: a batched
-        prefill rounds differently, ~0.05 on the logits, enough to change a draw)."""
+        prefill rounds differently, ~0.05 on the logits, enough to change a draw; on
+        our kernels a short chunk gives the decode step's bits, a long one does not)."""
         n = len(ids)
         replay = min(replay, n - 1)
         self._reserve(self.rows + 1, n + 1)
