@@ -6,7 +6,9 @@ transformers, the llm engine on the fp32 HF model; vllm, the voice-vllm pipeline
 decode tokens/s and TTFT in-process (DIRECT, the stage's engine) vs over HTTP (SERVED, the
 head) at concurrency 1 and 8, time to first audio vs the thinker's first sentence, and the
 peak RSS of the direct process and of the served process tree. One thing at a time on the
-CPU; the thinkers side by side at the end. See README.md.
+CPU; the thinkers side by side at the end. Each level above c=1 starts after an unmeasured
+wave (``--warmup-waves``). To measure another tree's code with this script, put that tree
+first on PYTHONPATH (the served process inherits it). See README.md.
 """
 
 import argparse
@@ -141,6 +143,13 @@ async def run_load(
             await one(PROMPTS[i % len(PROMPTS)])
     results = []
     for c, n in zip(CONCURRENCIES, (args.requests_c1, args.requests_c8), strict=True):
+        if c > 1 and args.warmup_waves:
+            # Unmeasured waves first: the first requests at a new width pay what a running
+            # server pays once (its KV cache grown to c rows, the thread tuner's first
+            # trial at each batch size), which 24 requests would count a third of.
+            await closed_loop(
+                one, c * args.warmup_waves, c, args.request_timeout, LoadResult(mode, c, 0)
+            )
         res = LoadResult(mode, c, n)
         await closed_loop(one, n, c, args.request_timeout, res)
         print(f"  {mode} c={c}: {res.tok_s:.1f} tok/s, {res.completed}/{n} done", flush=True)
@@ -586,6 +595,12 @@ def main() -> int:
     p.add_argument("--requests-c1", type=int, default=8, help="measured requests at c=1")
     p.add_argument("--requests-c8", type=int, default=24, help="measured requests at c=8")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per mode (c=1)")
+    p.add_argument(
+        "--warmup-waves",
+        type=int,
+        default=1,
+        help="unmeasured waves of c requests before each level above c=1 (default 1)",
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of LLM requests")
     p.add_argument("--audio-requests", type=int, default=3, help="first-audio requests")
     p.add_argument("--audio-max-tokens", type=int, default=48, help="max_tokens, audio runs")
