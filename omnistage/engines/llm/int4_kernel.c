@@ -488,40 +488,6 @@ typedef struct {
     const uint16_t *scale[4], *lo[4];
 } omni_layer;
 
-/* The residual stream ``h`` [rows, hidden] through ``layers`` layers, in place, with
- * this step's K/V written into kcache[l] / vcache[l] (as omni_decode_attention). What
- * fast_llama's per-op decode does, without a Python round trip between the ~8 calls a
- * layer makes (~3 us each). Returns 0, or -1 when a buffer could not be allocated. */
-int omni_decode_layers(float *h, int rows, int layers, const omni_layer *ls, float *const *kcache,
-                       float *const *vcache, int capacity, int hidden, int heads, int kv_heads,
-                       int hd, int inter, float eps, const float *rope, const int64_t *positions) {
-    const int qkv_width = (heads + 2 * kv_heads) * hd, attn_width = heads * hd;
-    float *x = malloc(sizeof(float) * (size_t)rows * hidden);
-    float *qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
-    float *attn = malloc(sizeof(float) * (size_t)rows * attn_width);
-    float *gate_up = malloc(sizeof(float) * (size_t)rows * 2 * inter);
-    float *act = malloc(sizeof(float) * (size_t)rows * inter);
-    int code = (x && qkv && attn && gate_up && act) ? 0 : -1;
-    for (int l = 0; l < layers && code == 0; l++) {
-        const omni_layer *L = ls + l;
-        omni_rms_norm(h, rows, hidden, L->attn_norm, eps, x);
-        code |= omni_int4_matmul(x, rows, hidden, L->w[0], L->scale[0], L->lo[0], qkv_width, qkv, 0, 1);
-        code |= omni_decode_attention(qkv, rows, heads, kv_heads, hd, rope, positions, kcache[l],
-                                      vcache[l], capacity, attn);
-        code |= omni_int4_matmul(attn, rows, attn_width, L->w[1], L->scale[1], L->lo[1], hidden, h, 1, 1);
-        omni_rms_norm(h, rows, hidden, L->mlp_norm, eps, x);
-        code |= omni_int4_matmul(x, rows, hidden, L->w[2], L->scale[2], L->lo[2], 2 * inter, gate_up, 0, 1);
-        omni_silu_mul(gate_up, rows, inter, act);
-        code |= omni_int4_matmul(act, rows, inter, L->w[3], L->scale[3], L->lo[3], hidden, h, 1, 1);
-    }
-    free(x);
-    free(qkv);
-    free(attn);
-    free(gate_up);
-    free(act);
-    return code;
-}
-
 /* ---- the decode step on a team of threads ---- */
 
 #define MAX_TEAM 64
@@ -583,8 +549,11 @@ static void matmul_share(const float *x, int rows, int k, const uint8_t *w, cons
     matmul_blocks(rows, k, w, scale, lo, n, y, accumulate, two, xq, sx, sumx, b_lo, b_hi);
 }
 
-/* One thread's part of omni_decode_layers: the same layers, with a barrier wherever a
- * step reads what all threads wrote. Norms and the SiLU gate are small and computed by
+/* One thread's part of a step: the residual stream ``h`` [rows, hidden] through every
+ * layer, in place, with the step's K/V written into the caches (as
+ * omni_decode_attention): what fast_llama's per-op decode does, without a Python round
+ * trip between the ~8 calls a layer makes (~3 us each). A barrier wherever a step reads
+ * what all threads wrote. Norms and the SiLU gate are small and computed by
  * every thread into buffers of its own. A thread without buffers still meets every
  * barrier (the others would wait for it forever), doing no work, and the step fails. */
 static void step_part(step_args *s, int tid) {
@@ -749,16 +718,14 @@ static int grow_team(int threads) {
 }
 
 /* The layers of a decode step (slot_stride: a slot per row) or of a prefill chunk (0)
- * on ``threads`` threads; a decode step on one thread is omni_decode_layers. */
+ * on ``threads`` threads (1: the caller's alone). Returns 0, or -1 when a buffer could
+ * not be allocated. */
 static int layers_mt(float *h, int rows, int layers, const omni_layer *ls, float *const *kcache,
                      float *const *vcache, int capacity, int hidden, int heads, int kv_heads, int hd,
                      int inter, float eps, const float *rope, const int64_t *positions,
                      size_t slot_stride, int threads) {
     if (threads > MAX_TEAM) threads = MAX_TEAM;
-    if (threads <= 1 && slot_stride != 0)
-        return omni_decode_layers(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads,
-                                  kv_heads, hd, inter, eps, rope, positions);
-    pthread_mutex_lock(&step_mu);
+    pthread_mutex_lock(&step_mu); /* the barrier is shared, even by a team of one */
     threads = threads > 1 ? grow_team(threads) : 1;
     const int qkv_width = (heads + 2 * kv_heads) * hd;
     step_args s = {h, rows, layers, ls, kcache, vcache, capacity, hidden, heads, kv_heads, hd,
@@ -781,7 +748,7 @@ static int layers_mt(float *h, int rows, int layers, const omni_layer *ls, float
     return code;
 }
 
-/* omni_decode_layers on ``threads`` threads (1: on the caller's alone). */
+/* A decode step's layers in one call: row r is slot r, at positions[r]. */
 int omni_decode_layers_mt(float *h, int rows, int layers, const omni_layer *ls,
                           float *const *kcache, float *const *vcache, int capacity, int hidden,
                           int heads, int kv_heads, int hd, int inter, float eps,
