@@ -113,8 +113,8 @@ from omnistage.protocol.messages import (
     ReplicaState,
     routing_id,
 )
-from omnistage.replica.fleet import REGISTER_WAIT_S, RETRY_S, Admission
 from omnistage.replica.options import ReplicaOptions
+from omnistage.replica.other_heads import REGISTER_WAIT_S, RETRY_S, Admission
 from omnistage.replica.register import registration, wire_map
 from omnistage.replica.requests import RequestRunner
 from omnistage.zmqio import NOBLOCK, Pump

@@ -229,7 +229,7 @@ def video_in_process(model: Path, args: argparse.Namespace, seeds: range) -> dic
     and CPU ms per video (this process: the engine's threads)."""
     from omnistage.config.schema import StageConfig
     from omnistage.engines.base import EngineRequest
-    from omnistage.engines.video import VideoEngine
+    from omnistage.engines.video.engine import VideoEngine
     from omnistage.protocol.messages import Prompt
     from omnistage.protocol.params import StageParams, VideoParams
 

@@ -70,7 +70,7 @@ def piper_voice() -> Any:
 def say(voice: Any, text: str) -> np.ndarray:
     """``text`` in the joe voice, int16 at 24 kHz (with the package's own resampler),
     without Piper's silence before and after: the last frame sent is the end of speech."""
-    from omnistage.realtime.resample import resample
+    from omnistage.audio.resample import resample
 
     parts = [
         resample(chunk.audio_int16_array.astype(np.int16), chunk.sample_rate, RATE)

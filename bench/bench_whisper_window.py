@@ -55,7 +55,7 @@ def wer(heard: str, said: str) -> float:
 async def _say_all() -> list[tuple[bytes, int]]:
     from omnistage.config.schema import StageConfig
     from omnistage.engines.base import EngineRequest
-    from omnistage.engines.tts import TtsEngine
+    from omnistage.engines.speech.tts import TtsEngine
     from omnistage.protocol.messages import Prompt
     from omnistage.protocol.params import ParamKind, decode
 
@@ -79,7 +79,7 @@ async def _say_all() -> list[tuple[bytes, int]]:
 def clips() -> list[np.ndarray]:
     from faster_whisper.audio import decode_audio
 
-    from omnistage.engines.audio import wav_bytes
+    from omnistage.audio.wav import wav_bytes
 
     edge = np.zeros(round(EDGE_S * RATE), dtype=np.float32)
     out = []
@@ -109,8 +109,8 @@ def main() -> None:
 
     from faster_whisper import WhisperModel
 
-    from omnistage.engines.asr import _temperatures, resolve_model
-    from omnistage.engines.whisper_short import transcribe_short
+    from omnistage.engines.speech.asr import _temperatures, resolve_model
+    from omnistage.engines.speech.whisper_short import transcribe_short
 
     load = os.getloadavg()
     speed_before = matmul_ms()

@@ -15,14 +15,30 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Set
+from typing import Any, Protocol
 
 from omnistage import envs
 from omnistage.protocol.enums import Outcome
 
-if TYPE_CHECKING:
-    from omnistage.dataplane.run import Run
-    from omnistage.dataplane.stage_pool import ReplicaHandle
+
+class Run(Protocol):
+    """What the head's hooks read of a request's run (``dataplane.run.Run``)."""
+
+    request_id: str
+    active: Set[int]
+    finals: Set[int]
+    finished: Set[int]
+    failed: bool
+
+    def progress(self, stage_id: int) -> Any: ...
+
+
+class ReplicaHandle(Protocol):
+    """What the hooks read of the replica a stage was sent to."""
+
+    replica_id: int
+
 
 log = logging.getLogger(__name__)
 

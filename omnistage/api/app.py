@@ -39,10 +39,10 @@ from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.api.schemas.images import ImageGenerationRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.schemas.speech import SpeechRequest
-from omnistage.api.service import PipelineService
 from omnistage.jobs.state import Persistence
 from omnistage.realtime.secrets import ClientSecrets
 from omnistage.realtime.stats import RealtimeStats
+from omnistage.service import PipelineService
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from omnistage.api.errors import ApiError
-from omnistage.engines.audio import wav_header
+from omnistage.audio.wav import wav_header
+from omnistage.protocol.errors import ApiError
 
 OUTPUT_RATE = 24000
 # The rate of a TTS stage's pcm16 when its chunks do not say (they carry

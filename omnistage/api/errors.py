@@ -12,34 +12,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from omnistage.protocol.errors import (
+    ApiError,
     BadRequestError,
     StageFailedError,
     StageOverloadedError,
     StageUnavailableError,
+    as_api_error,
+    error_body,
 )
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str,
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-        super().__init__(message)
-
-
-def error_body(
-    message: str, type_: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def error_response(
@@ -56,21 +36,6 @@ def error_response(
         media_type="application/json",
         headers=headers,
     )
-
-
-def as_api_error(exc: Exception) -> ApiError:
-    """Translate an error raised while serving a request into its HTTP form."""
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, BadRequestError):
-        return ApiError(400, str(exc), "invalid_request_error", exc.param, exc.code)
-    if isinstance(exc, StageOverloadedError):
-        return ApiError(429, str(exc), "rate_limit_exceeded", code="stage_overloaded")
-    if isinstance(exc, StageUnavailableError):
-        return ApiError(503, str(exc), "service_unavailable", code="stage_unavailable")
-    if isinstance(exc, StageFailedError):
-        return ApiError(500, str(exc), "server_error", code="stage_failed")
-    return ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
 
 
 def answer_error(exc: Exception) -> Response:

@@ -19,14 +19,13 @@ import msgspec
 import zmq
 
 from omnistage.aio import Mailbox
-from omnistage.api.errors import ApiError
-from omnistage.api.service import ReplicaStats, RequestCounts
 from omnistage.config.schema import DeployConfig
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
+from omnistage.protocol.errors import ApiError
 from omnistage.protocol.front import (
     ErrorInfo,
     FrontClose,
@@ -40,6 +39,7 @@ from omnistage.protocol.front import (
 )
 from omnistage.protocol.messages import OutputChunk
 from omnistage.realtime.stats import RealtimeStats, combine
+from omnistage.service import ReplicaStats, RequestCounts
 from omnistage.zmqio import NOBLOCK, Outbox, Pump
 
 log = logging.getLogger(__name__)

@@ -9,11 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnistage.api.errors import as_api_error
 from omnistage.api.ids import next_id
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.errors import StageFailedError
+from omnistage.protocol.errors import StageFailedError, as_api_error
 from omnistage.protocol.messages import ChunkMeta, OutputChunk
 
 # ResponseError.code by HTTP status, for a failure after the stream started.

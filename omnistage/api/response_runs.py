@@ -15,11 +15,11 @@ from typing import Any
 from omnistage.api.response_items import Output, ResponseShape
 from omnistage.api.routes.common import resolve_stage_params
 from omnistage.api.schemas.responses import ResponsesRequest
-from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, Prompt, ToolCall
 from omnistage.protocol.params import NO_PARAMS, ParamKind, decode
+from omnistage.service import OutputStream, PipelineService
 
 # The text stage checks its params under their chat names; a 400 names the field the
 # client sent.

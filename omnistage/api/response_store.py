@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.schemas.responses import ResponseInputItem, ResponsesRequest
 from omnistage.jobs.state import Persistence
+from omnistage.protocol.errors import ApiError
 from omnistage.store.records import StoredResponse
 
 MAX_CHAIN = 1000  # turns one previous_response_id may reach back

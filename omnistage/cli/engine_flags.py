@@ -21,7 +21,7 @@ from omnistage.cli.args import UsageError
 from omnistage.cli.flags import DIFFUSION_FLAGS, DIFFUSION_JSON
 from omnistage.config.load import validate_config
 from omnistage.config.schema import DeployConfig
-from omnistage.engines.denoising import missing_model_message
+from omnistage.engines.image.denoising import missing_model_message
 from omnistage.protocol.errors import ConfigError
 
 DIFFUSION = "diffusion"

@@ -15,8 +15,7 @@ from pydantic import (
 
 from omnistage.config.devices import NO_PLACEMENT, devices_per_replica, parse_devices
 from omnistage.config.engine_args import ENGINE_ARGS
-from omnistage.control.balancing import POLICIES
-from omnistage.protocol.enums import EngineName
+from omnistage.protocol.enums import EngineName, LbPolicy
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.params import decode, kind_of
 
@@ -155,8 +154,8 @@ class StageConfig(_Frozen):
     @field_validator("lb_policy")
     @classmethod
     def _known_policy(cls, value: str | None) -> str | None:
-        if value is not None and value not in POLICIES:
-            raise ValueError(f"unknown policy {value!r}; expected one of {', '.join(POLICIES)}")
+        if value is not None and value not in {p.value for p in LbPolicy}:
+            raise ValueError(f"unknown policy {value!r}; expected one of {', '.join(LbPolicy)}")
         return value
 
     @field_validator("devices")

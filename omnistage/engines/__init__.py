@@ -14,11 +14,11 @@ from omnistage.protocol.errors import EngineError
 ENGINE_CLASSES: dict[str, str] = {
     EngineName.ECHO: "omnistage.engines.echo:EchoEngine",
     EngineName.LLM: "omnistage.engines.llm.engine:LlmEngine",
-    EngineName.TTS: "omnistage.engines.tts:TtsEngine",
-    EngineName.ASR: "omnistage.engines.asr:AsrEngine",
-    EngineName.DIFFUSION: "omnistage.engines.diffusion:DiffusionEngine",
-    EngineName.VLLM: "omnistage.engines.vllm_engine:VllmEngine",
-    EngineName.VIDEO: "omnistage.engines.video:VideoEngine",
+    EngineName.TTS: "omnistage.engines.speech.tts:TtsEngine",
+    EngineName.ASR: "omnistage.engines.speech.asr:AsrEngine",
+    EngineName.DIFFUSION: "omnistage.engines.image.diffusion:DiffusionEngine",
+    EngineName.VLLM: "omnistage.engines.llm.vllm_engine:VllmEngine",
+    EngineName.VIDEO: "omnistage.engines.video.engine:VideoEngine",
 }
 
 

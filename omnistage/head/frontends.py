@@ -19,11 +19,11 @@ from collections import Counter
 import msgspec
 import zmq
 
-from omnistage.api.errors import as_api_error
 from omnistage.dataplane.orchestrator import RequestStream
 from omnistage.head.service import HeadService
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
+from omnistage.protocol.errors import as_api_error
 from omnistage.protocol.front import (
     ErrorInfo,
     FrontClose,

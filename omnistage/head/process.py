@@ -27,6 +27,7 @@ from omnistage.head.api_servers import ApiServers
 from omnistage.head.events import ReplicaEvents
 from omnistage.head.frontends import FrontendServer
 from omnistage.head.history import History
+from omnistage.head.jobs import build_runner, head_name
 from omnistage.head.local import LocalHooks, LocalReplicas
 from omnistage.head.options import HeadOptions
 from omnistage.head.scaler import Scaler
@@ -37,7 +38,7 @@ from omnistage.head.state import control_state
 from omnistage.head.stats import log_stats
 from omnistage.heap import freeze_startup_objects
 from omnistage.jobs.runner import JobRunner
-from omnistage.jobs.setup import StoreUnavailable, build_runner, head_name, open_persistence
+from omnistage.jobs.setup import StoreUnavailable, open_persistence
 from omnistage.jobs.state import Persistence
 from omnistage.net import listen_tcp
 from omnistage.protocol.messages import Shutdown

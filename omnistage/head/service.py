@@ -8,7 +8,6 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from omnistage.api.service import ReplicaStats, RequestCounts
 from omnistage.control.coordinator import Coordinator
 from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.latency import LatencySnapshot
@@ -18,6 +17,7 @@ from omnistage.head import status
 from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
 from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot
+from omnistage.service import ReplicaStats, RequestCounts
 
 
 class HeadService:

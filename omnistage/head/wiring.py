@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 
 from omnistage.control.balancing import make_policy
-from omnistage.control.fleet import FleetView
 from omnistage.control.handshake import HandshakeServer
+from omnistage.control.head_peers import FleetView
 from omnistage.control.master import Master
 from omnistage.control.plane import ControlPlane
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head.events import ReplicaEvents
-from omnistage.head.fleet import HeadFleet
+from omnistage.head.gossip import HeadFleet
 from omnistage.head.options import HeadOptions
 from omnistage.head.sockets import HeadSockets
 from omnistage.head.state import ControlState

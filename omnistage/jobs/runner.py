@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omnistage import defaults
-from omnistage.api.errors import as_api_error
-from omnistage.api.service import OutputStream, PipelineService
-from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
+from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError, as_api_error
 from omnistage.protocol.front import PipelineRequest
+from omnistage.service import OutputStream, PipelineService
 from omnistage.store.base import Store
 from omnistage.store.records import Job, JobKind, JobStatus
 

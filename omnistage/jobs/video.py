@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from omnistage.api.service import PipelineService
 from omnistage.jobs.runner import JobFailed, open_patiently
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChunkMeta, Prompt
 from omnistage.protocol.params import StageParams, VideoParams
+from omnistage.service import PipelineService
 from omnistage.store.media import MediaStore
 from omnistage.store.records import Job, JobKind, JobStatus
 

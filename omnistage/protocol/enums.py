@@ -85,6 +85,17 @@ class ErrorKind(enum.StrEnum):
     BUSY = "busy"
 
 
+class LbPolicy(enum.StrEnum):
+    """How a stage's replicas are balanced (--omni-lb-policy, a stage's ``lb_policy``);
+    each has one class in ``control.balancing``."""
+
+    RANDOM = "random"
+    ROUND_ROBIN = "round-robin"
+    LEAST_QUEUE_LENGTH = "least-queue-length"
+    POWER_OF_TWO = "power-of-two"
+    CACHE_AWARE = "cache-aware"
+
+
 class EngineName(enum.StrEnum):
     """The engines a stage can run (``engine:`` in a deploy config)."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OmniError(Exception):
     """Base class of every error omnistage raises on purpose."""
@@ -78,3 +80,42 @@ class BadRequestError(OmniError):
         # OpenAI's error code where it has one clients key on (context_length_exceeded).
         self.code = code
         super().__init__(message)
+
+
+# The HTTP form of an error: OpenAI's error body and the status it goes with.
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        super().__init__(message)
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def as_api_error(exc: Exception) -> ApiError:
+    """Translate an error raised while serving a request into its HTTP form."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, BadRequestError):
+        return ApiError(400, str(exc), "invalid_request_error", exc.param, exc.code)
+    if isinstance(exc, StageOverloadedError):
+        return ApiError(429, str(exc), "rate_limit_exceeded", code="stage_overloaded")
+    if isinstance(exc, StageUnavailableError):
+        return ApiError(503, str(exc), "service_unavailable", code="stage_unavailable")
+    if isinstance(exc, StageFailedError):
+        return ApiError(500, str(exc), "server_error", code="stage_failed")
+    return ApiError(500, f"internal error: {type(exc).__name__}", "server_error")

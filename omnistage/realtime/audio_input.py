@@ -17,13 +17,13 @@ import binascii
 from collections.abc import Callable
 from typing import Protocol
 
-from omnistage.realtime.audio_formats import AudioFormat, InputStream
+from omnistage.audio.formats import AudioFormat, InputStream
+from omnistage.audio.server_vad import ServerVadParams, SpeechStarted
+from omnistage.audio.vad import VadStream
 from omnistage.realtime.config import TurnDetection, bad
 from omnistage.realtime.conversation import new_id
 from omnistage.realtime.input_buffer import BYTES_PER_MS, RATE, InputBuffer
 from omnistage.realtime.turn import PAUSE_MS, UserTurn
-from omnistage.realtime.turns import ServerVadParams, SpeechStarted
-from omnistage.realtime.vad import VadStream
 
 # Push-to-talk audio held before a commit (OpenAI's buffer holds about this much).
 MAX_BUFFER_MS = 15 * 60 * 1000

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from omnistage.audio.formats import PCM, AudioFormat, AudioFormatError, parse_audio_format
+from omnistage.audio.server_vad import ServerVadParams
 from omnistage.protocol.errors import BadRequestError
-from omnistage.realtime.audio_formats import PCM, AudioFormat, AudioFormatError, parse_audio_format
-from omnistage.realtime.turns import ServerVadParams
 
 REALTIME, TRANSCRIPTION = "realtime", "transcription"
 MODALITIES = ("audio", "text")

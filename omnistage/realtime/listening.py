@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 
-from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import Prompt
 from omnistage.protocol.params import StageParams, TranscriptionParams
 from omnistage.realtime.conversation import new_id
 from omnistage.realtime.input_buffer import RATE
+from omnistage.service import OutputStream, PipelineService
 
 
 class TurnListener:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omnistage.realtime.audio_formats import AudioFormatError, parse_audio_format
+from omnistage.audio.formats import AudioFormatError, parse_audio_format
 from omnistage.realtime.config import (
     MODALITIES,
     SessionConfig,

@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from omnistage.api.service import OutputStream, PipelineService
+from omnistage.audio.formats import AudioFormat
+from omnistage.audio.formats import OutputStream as AudioOut
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
-from omnistage.realtime.audio_formats import AudioFormat
-from omnistage.realtime.audio_formats import OutputStream as AudioOut
 from omnistage.realtime.conversation import (
     Item,
     Spoken,
@@ -36,6 +35,7 @@ from omnistage.realtime.conversation import (
     message_item,
     new_id,
 )
+from omnistage.service import OutputStream, PipelineService
 
 _AUDIO, _TEXT, _TOOL_CALL = Modality.AUDIO, Modality.TEXT, Modality.TOOL_CALL
 DEFAULT_TTS_RATE = 22050

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from omnistage.api.service import PipelineService
+from omnistage.audio.server_vad import ServerVadParams
+from omnistage.audio.vad import VadStream
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
 from omnistage.realtime.audio_input import AudioInput
@@ -33,8 +34,7 @@ from omnistage.realtime.input_buffer import RATE
 from omnistage.realtime.response import ResponseRun
 from omnistage.realtime.responses import Responses
 from omnistage.realtime.turn_taking import TurnTaking
-from omnistage.realtime.turns import ServerVadParams
-from omnistage.realtime.vad import VadStream
+from omnistage.service import PipelineService
 
 SESSION_TTL_S = 60 * 60
 

@@ -26,7 +26,7 @@ from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
 from omnistage.replica.streamed import InputPieces, prompt_piece
 
 if TYPE_CHECKING:
-    from omnistage.replica.fleet import Admission
+    from omnistage.replica.other_heads import Admission
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from omnistage.audio.wav import wav_bytes
 from omnistage.config.schema import StageConfig
-from omnistage.engines.asr import AsrEngine, resolve_model
-from omnistage.engines.audio import wav_bytes
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
-from omnistage.engines.tts import TtsEngine
+from omnistage.engines.speech.asr import AsrEngine, resolve_model
+from omnistage.engines.speech.tts import TtsEngine
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChunkMeta, Prompt
 from tests import params as P

@@ -20,7 +20,7 @@ import pytest
 
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, stage_input
-from omnistage.engines.diffusion import DiffusionEngine
+from omnistage.engines.image.diffusion import DiffusionEngine
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChunkMeta, Prompt
 from tests import params as P
@@ -389,7 +389,7 @@ async def test_each_slot_draws_on_its_own_thread_the_first_on_the_loading_one(
 ) -> None:
     import threading
 
-    from omnistage.engines import diffusers_pipe as dp
+    from omnistage.engines.image import diffusers_pipe as dp
 
     threads: dict[str, int] = {}
     real_load, real_draw = dp.load, dp.draw

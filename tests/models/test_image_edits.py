@@ -17,7 +17,7 @@ import pytest
 
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest
-from omnistage.engines.diffusion import DiffusionEngine
+from omnistage.engines.image.diffusion import DiffusionEngine
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Prompt
 from tests import params as P

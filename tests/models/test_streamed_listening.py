@@ -21,7 +21,7 @@ import pytest_asyncio
 from omnistage.config.load import validate_config
 from omnistage.config.schema import DeployConfig, StageConfig
 from omnistage.engines.base import EngineRequest
-from omnistage.engines.tts import TtsEngine
+from omnistage.engines.speech.tts import TtsEngine
 from omnistage.head.process import Head
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import OutputChunk, Prompt

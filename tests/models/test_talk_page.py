@@ -21,7 +21,7 @@ import numpy as np
 import openai
 import pytest
 
-from omnistage.realtime.resample import resample
+from omnistage.audio.resample import resample
 from tests.browser import chromium, require_chromium, wait
 from tests.integration.harness import HeadProc
 from tests.speech import heard_as

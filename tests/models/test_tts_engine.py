@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from omnistage.audio.wav import pcm_duration_s, wav_bytes
 from omnistage.config.schema import StageConfig
-from omnistage.engines.audio import pcm_duration_s, wav_bytes
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
-from omnistage.engines.tts import TtsArgs, TtsEngine
-from omnistage.engines.voices import VoiceCatalog, discover_voices
+from omnistage.engines.speech.tts import TtsArgs, TtsEngine
+from omnistage.engines.speech.voices import VoiceCatalog, discover_voices
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChunkMeta, Prompt
 from tests import params as P
@@ -338,7 +338,7 @@ async def test_an_answers_later_chunks_are_synthesized_at_a_lower_priority(engin
     import os
     import threading
 
-    from omnistage.engines.tts import URGENT_CHUNKS
+    from omnistage.engines.speech.tts import URGENT_CHUNKS
 
     voice = await engine._voice(engine._catalog().default)
     real = voice.synthesize

@@ -12,9 +12,9 @@ from functools import cache
 import numpy as np
 import pytest
 
-from omnistage.realtime.resample import resample
-from omnistage.realtime.turns import ServerVadParams, SpeechStarted, SpeechStopped, VadEvent
-from omnistage.realtime.vad import SileroVad, VadStream, silero_model_path
+from omnistage.audio.resample import resample
+from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped, VadEvent
+from omnistage.audio.vad import SileroVad, VadStream, silero_model_path
 
 pytestmark = pytest.mark.slow
 

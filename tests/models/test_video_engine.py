@@ -18,7 +18,7 @@ import pytest
 from omnistage.config.load import load_config
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest
-from omnistage.engines.video import VideoEngine
+from omnistage.engines.video.engine import VideoEngine
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChunkMeta, Prompt

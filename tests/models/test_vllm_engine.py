@@ -147,7 +147,7 @@ def _cut_at_word(text: str, fraction: float) -> int:
 class TestEngine:
     @pytest_asyncio.fixture(scope="class", loop_scope="class")
     async def engine(self) -> AsyncIterator[Any]:
-        from omnistage.engines.vllm_engine import VllmEngine
+        from omnistage.engines.llm.vllm_engine import VllmEngine
 
         stage = StageConfig(stage_id=0, name="thinker", engine="vllm", engine_args=CPU_ARGS)
         eng = VllmEngine(stage)

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from omnistage.audio.wav import wav_bytes
 from omnistage.config.schema import StageConfig
-from omnistage.engines import asr
-from omnistage.engines.asr import AsrEngine
-from omnistage.engines.audio import wav_bytes
 from omnistage.engines.base import EngineRequest
-from omnistage.engines.tts import TtsEngine
-from omnistage.engines.whisper_short import MAX_CLIP_S, transcribe_short
+from omnistage.engines.speech import asr
+from omnistage.engines.speech.asr import AsrEngine
+from omnistage.engines.speech.tts import TtsEngine
+from omnistage.engines.speech.whisper_short import MAX_CLIP_S, transcribe_short
 from omnistage.protocol.messages import Prompt
 from tests import params as P
 from tests.models.test_asr_engine import no_inputs, run, say, word_errors, words

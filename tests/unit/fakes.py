@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
-from omnistage.api.service import OutputStream, ReplicaStats, RequestCounts
 from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol.enums import FinishReason, Modality, Reason
 from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot
 from omnistage.protocol.messages import ChunkMeta, OutputChunk, ReplicaState
+from omnistage.service import OutputStream, ReplicaStats, RequestCounts
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
 NO_REQUESTS = RequestCounts(0, 0, 0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from omnistage.engines.asr_stream import RATE, PauseFinder, Pcm16Feed, shifted
+from omnistage.audio.vad import WINDOW
+from omnistage.engines.speech.asr_stream import RATE, PauseFinder, Pcm16Feed, shifted
 from omnistage.protocol.messages import Segment
-from omnistage.realtime.vad import WINDOW
 
 
 class Scripted:

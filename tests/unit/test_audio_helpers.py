@@ -8,7 +8,7 @@ import wave
 
 import pytest
 
-from omnistage.engines.audio import pcm_duration_s, split_sentences, wav_bytes, wav_header
+from omnistage.audio.wav import pcm_duration_s, split_sentences, wav_bytes, wav_header
 
 
 def test_wav_header_with_known_size_has_exact_fields():
@@ -149,7 +149,7 @@ def test_rest_keeps_trailing_space_so_the_next_word_stays_separate():
 
 
 def test_long_unpunctuated_text_is_cut_after_a_comma_or_space() -> None:
-    from omnistage.engines.audio import split_sentences
+    from omnistage.audio.wav import split_sentences
 
     text = "word " * 30 + "then, a clause " + "more " * 40
     pieces, rest = split_sentences(text, max_chars=100)
@@ -160,7 +160,7 @@ def test_long_unpunctuated_text_is_cut_after_a_comma_or_space() -> None:
 
 
 def test_first_clause_is_split_once_long_enough() -> None:
-    from omnistage.engines.audio import split_first_clause
+    from omnistage.audio.wav import split_first_clause
 
     assert split_first_clause("Well, yes") == (None, "Well, yes")  # too short
     clause, rest = split_first_clause("The ocean is vast and deep, teeming with life")
@@ -171,7 +171,7 @@ def test_first_clause_is_split_once_long_enough() -> None:
 
 
 def test_split_first_phrase_cuts_before_a_boundary_word_once_it_is_complete() -> None:
-    from omnistage.engines.audio import split_first_phrase
+    from omnistage.audio.wav import split_first_phrase
 
     assert split_first_phrase("The capital of France is Paris.") == (
         "The capital of France",

@@ -13,7 +13,6 @@ import pytest
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
-from omnistage.api.service import RequestCounts
 from omnistage.config.load import validate_config
 from omnistage.config.schema import AutoscalingConfig
 from omnistage.control.autoscale import AutoscalePolicy, Candidate, Direction, pick_victim
@@ -31,6 +30,7 @@ from omnistage.launch.restart import RestartPolicy
 from omnistage.protocol.errors import ConfigError
 from omnistage.protocol.messages import ReplicaState
 from omnistage.protocol.registration import RegisterRequest
+from omnistage.service import RequestCounts
 from tests.unit.fakes import FakeClock
 
 

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from omnistage.engines.edit_images import (
+from omnistage.engines.image.edits import (
     MAX_SOURCE_PIXELS,
     check_edit,
     overlay,

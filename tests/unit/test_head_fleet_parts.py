@@ -11,13 +11,13 @@ import pytest
 
 from omnistage.config.schema import StageConfig
 from omnistage.control.balancing import make_policy
-from omnistage.control.fleet import FleetView, PeerChange
+from omnistage.control.head_peers import FleetView, PeerChange
 from omnistage.control.master import HeadAddresses, Master
 from omnistage.control.replica_table import LoadReading, ReplicaEntry, Transition
 from omnistage.control.slots import SlotTable
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.engines import build_engine
-from omnistage.head.fleet import HeadFleet
+from omnistage.head.gossip import HeadFleet
 from omnistage.protocol import codec
 from omnistage.protocol.enums import ErrorKind
 from omnistage.protocol.errors import IdConflict
@@ -29,8 +29,8 @@ from omnistage.protocol.messages import (
     ReplicaState,
 )
 from omnistage.protocol.registration import RegisterReply, RegisterRequest
-from omnistage.replica.fleet import Admission
 from omnistage.replica.options import ReplicaOptions
+from omnistage.replica.other_heads import Admission
 from omnistage.replica.register import INSTANCE, gives_way, wire_map
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import FakeClock, others_done, until

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from omnistage.api.schemas.images import ImageEditForm, ImageGenerationRequest
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.load import validate_config
-from omnistage.engines.image_params import (
+from omnistage.protocol.errors import BadRequestError, ConfigError
+from omnistage.protocol.image_params import (
     DEFAULT_MAX_PIXELS,
     ImageJob,
     check_strength,
@@ -20,7 +21,6 @@ from omnistage.engines.image_params import (
     output_size,
     parse_size,
 )
-from omnistage.protocol.errors import BadRequestError, ConfigError
 from omnistage.protocol.params import MAX_IMAGES, ImageParams, ParamKind, decode
 
 MAX = 256 * 256

@@ -12,7 +12,6 @@ import pytest
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
-from omnistage.api.service import RequestCounts
 from omnistage.config.load import validate_config
 from omnistage.config.schema import AutoscalingConfig
 from omnistage.control.autoscale import Cause, Direction, StageLoad
@@ -23,6 +22,7 @@ from omnistage.head.scaler import Scaler
 from omnistage.protocol.errors import ConfigError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ReplicaState
+from omnistage.service import RequestCounts
 from tests.unit.fakes import FakeClock
 from tests.unit.test_autoscale import FakeReplicas, _entry, _pool_with
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect

@@ -15,11 +15,11 @@ from starlette.testclient import TestClient
 from omnistage.api.app import create_app
 from omnistage.api.prometheus import Exposition
 from omnistage.api.remote import RemoteService
-from omnistage.api.service import RequestCounts
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot
 from omnistage.protocol.front import FrontSnapshot, PipelineRequest
 from omnistage.protocol.messages import ChunkMeta, OutputChunk
+from omnistage.service import RequestCounts
 from tests.unit.fakes import FakeClock, FakeService
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
 

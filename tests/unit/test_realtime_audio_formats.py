@@ -7,8 +7,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-from omnistage.realtime import g711  # noqa: E402
-from omnistage.realtime.audio_formats import (  # noqa: E402
+from omnistage.audio.formats import (  # noqa: E402
     PCM,
     PCMA,
     PCMU,
@@ -21,7 +20,8 @@ from omnistage.realtime.audio_formats import (  # noqa: E402
     parse_audio_format,
     to_pcm16,
 )
-from omnistage.realtime.resample import StreamResampler, resample  # noqa: E402
+from omnistage.audio.resample import StreamResampler, resample  # noqa: E402
+from omnistage.audio import g711  # noqa: E402
 
 ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)
 

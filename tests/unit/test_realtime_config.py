@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from omnistage.audio.formats import PCM, PCMA, PCMU
+from omnistage.audio.server_vad import ServerVadParams
 from omnistage.protocol.errors import BadRequestError
-from omnistage.realtime.audio_formats import PCM, PCMA, PCMU
 from omnistage.realtime.config import SessionConfig, TurnDetection
-from omnistage.realtime.turns import ServerVadParams
 
 
 def refusal(cfg: SessionConfig, patch: Any) -> BadRequestError:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from omnistage.audio.formats import PCM, PCMU
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, ToolCall
 from omnistage.realtime import conversation
-from omnistage.realtime.audio_formats import PCM, PCMU
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.conversation import (
     Conversation,

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from omnistage.audio.formats import PCM, PCMU, AudioFormat
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, ChunkMeta
-from omnistage.realtime.audio_formats import PCM, PCMU, AudioFormat
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.response import ResponseRun, ResponseSettings
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until

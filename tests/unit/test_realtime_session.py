@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped, VadEvent
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChunkMeta
 from omnistage.realtime import audio_input
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.session import RealtimeSession, SessionContext
-from omnistage.realtime.turns import ServerVadParams, SpeechStarted, SpeechStopped, VadEvent
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, ticks, until
 
 THINKER, TALKER, LISTENER = 0, 1, 2

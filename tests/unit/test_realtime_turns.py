@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from omnistage.protocol.errors import BadRequestError
-from omnistage.realtime.turns import (
+from omnistage.audio.server_vad import (
     ServerVadParams,
     SpeechStarted,
     SpeechStopped,
     TurnDetector,
     VadEvent,
 )
+from omnistage.protocol.errors import BadRequestError
 
 W = 32  # ms per window, as the Silero windows
 

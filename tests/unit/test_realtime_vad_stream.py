@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnistage.realtime.turns import ServerVadParams, SpeechStarted, SpeechStopped
-from omnistage.realtime.vad import WINDOW, VadStream
+from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped
+from omnistage.audio.vad import WINDOW, VadStream
 
 
 class LoudScorer:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import Counter
 
 from omnistage.api.remote import RemoteService
-from omnistage.api.service import ReplicaStats, RequestCounts
 from omnistage.config.load import load_config
 from omnistage.protocol.front import FrontSnapshot
+from omnistage.service import ReplicaStats, RequestCounts
 
 
 def _service(server: int) -> RemoteService:

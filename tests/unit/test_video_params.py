@@ -14,7 +14,6 @@ from omnistage.cli.engine_flags import check_diffusion_models
 from omnistage.cli.main import main
 from omnistage.config.engine_args import VideoArgs
 from omnistage.config.load import load_config, validate_config
-from omnistage.engines.video_params import VideoJob, frame_count, video_job
 from omnistage.protocol.errors import BadRequestError, ConfigError
 from omnistage.protocol.params import (
     MAX_VIDEO_SECONDS,
@@ -24,6 +23,7 @@ from omnistage.protocol.params import (
     decode,
     kind_of,
 )
+from omnistage.protocol.video_params import VideoJob, frame_count, video_job
 from tests import params as P
 
 ARGS = VideoArgs(max_generated_video_size=256 * 256, max_frames=81)

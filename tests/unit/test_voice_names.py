@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from omnistage.config.engine_args import OPENAI_VOICES, TtsArgs
-from omnistage.engines.voices import VoiceCatalog, VoiceInfo
+from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.protocol.errors import BadRequestError, EngineError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnistage.engines.whisper_short import _max_length, _prompt, _repeats
+from omnistage.engines.speech.whisper_short import _max_length, _prompt, _repeats
 
 SOT_PREV, SOT, NO_TIMESTAMPS = 50361, 50257, 50362
 

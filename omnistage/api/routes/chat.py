@@ -14,7 +14,6 @@ from starlette.responses import Response
 
 from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_whole, require_av
 from omnistage.api.body import parse_body
-from omnistage.api.errors import ApiError
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import chat_logprobs
 from omnistage.api.routes.common import (
@@ -30,12 +29,12 @@ from omnistage.api.routes.common import (
     text_call,
 )
 from omnistage.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
-from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
 from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
+from omnistage.service import OutputStream, PipelineService
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _AUDIO = Modality.AUDIO

@@ -11,17 +11,17 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from omnistage.api.errors import ApiError, as_api_error, error_body
 from omnistage.api.schemas.base import SamplingFields
 from omnistage.api.schemas.chat import ChatCompletionRequest
 from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.api.schemas.responses import ResponsesRequest
-from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
 from omnistage.jobs.state import Persistence
 from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.errors import ApiError, as_api_error, error_body
 from omnistage.protocol.messages import OutputChunk, TokenLogprob
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
+from omnistage.service import OutputStream, PipelineService
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _TEXT = Modality.TEXT

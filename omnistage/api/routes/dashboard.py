@@ -32,10 +32,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from omnistage.api.routes.common import service
-from omnistage.api.service import PipelineService
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol.front import RealtimeSnapshot
 from omnistage.realtime.stats import as_json
+from omnistage.service import PipelineService
 
 router = APIRouter()
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 from starlette.responses import Response
 
-from omnistage.api.errors import ApiError, invalid_body
+from omnistage.api.errors import invalid_body
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
     check_model,
@@ -34,8 +34,9 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.routes.images import answer, seeded_params
 from omnistage.api.schemas.images import EDIT_FORM_DOC, ImageEditForm
-from omnistage.engines.edit_images import check_edit
+from omnistage.engines.image.edits import check_edit
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
+from omnistage.protocol.errors import ApiError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, Prompt
 from omnistage.protocol.params import StageParams

@@ -42,13 +42,12 @@ from omnistage.api.routes.common import (
     sse_response,
 )
 from omnistage.api.schemas.images import ImageFields, ImageGenerationRequest
-from omnistage.api.service import OutputStream, PipelineService
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines.image_params import image_job
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.image_params import image_job
 from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt
 from omnistage.protocol.params import (
     NO_PARAMS,
@@ -57,6 +56,7 @@ from omnistage.protocol.params import (
     ImageParams,
     StageParams,
 )
+from omnistage.service import OutputStream, PipelineService
 
 
 async def generations(request: Request) -> Response:

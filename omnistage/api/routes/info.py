@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from omnistage.api.errors import error_body
 from omnistage.api.routes.common import check_model, service
 from omnistage.api.routes.common import json_response as _json_response
-from omnistage.api.service import PipelineService
+from omnistage.protocol.errors import error_body
 from omnistage.realtime.stats import as_json
+from omnistage.service import PipelineService
 
 router = APIRouter()
 

@@ -16,10 +16,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from omnistage import __version__
 from omnistage.api.prometheus import CONTENT_TYPE, Exposition, Labels
 from omnistage.api.routes.common import service
-from omnistage.api.service import PipelineService
 from omnistage.dataplane.latency import Histogram, LatencySnapshot
 from omnistage.protocol.front import RealtimeSnapshot
 from omnistage.protocol.messages import ReplicaState
+from omnistage.service import PipelineService
 
 router = APIRouter()
 # Listed even at 0 so every stage has a stable series per state.

@@ -18,12 +18,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnistage import defaults
 from omnistage.api.errors import error_response
-from omnistage.api.service import PipelineService
+from omnistage.audio.vad import load_silero
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.events import MAX_EVENT_BYTES
 from omnistage.realtime.session import RealtimeSession, SessionContext
-from omnistage.realtime.vad import load_silero
+from omnistage.service import PipelineService
 
 router = APIRouter()
 

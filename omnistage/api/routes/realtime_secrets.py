@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
 from omnistage.api.body import body_schema, read_body
-from omnistage.api.errors import ApiError, invalid_body
+from omnistage.api.errors import invalid_body
 from omnistage.api.routes.common import json_response
+from omnistage.protocol.errors import ApiError
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.secrets import (
     DEFAULT_TTL_S,

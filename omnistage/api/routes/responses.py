@@ -23,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from omnistage.api.body import parse_body
-from omnistage.api.errors import ApiError
 from omnistage.api.owner import owner_of
 from omnistage.api.response_items import Output, ResponseShape
 from omnistage.api.response_runs import in_our_terms, pipeline_request
@@ -38,10 +37,10 @@ from omnistage.api.routes.common import (
     text_call,
 )
 from omnistage.api.schemas.responses import ResponsesRequest
-from omnistage.api.service import OutputStream
 from omnistage.jobs.state import Persistence
-from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.messages import OutputChunk
+from omnistage.service import OutputStream
 from omnistage.store.records import Job, JobKind
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]

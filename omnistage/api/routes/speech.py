@@ -27,10 +27,10 @@ from omnistage.api.routes.common import (
     streaming_response,
 )
 from omnistage.api.schemas.speech import SpeechRequest
-from omnistage.api.service import OutputStream, PipelineService
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import OutputChunk, Prompt
 from omnistage.protocol.params import SpeechParams, StageParams
+from omnistage.service import OutputStream, PipelineService
 
 
 async def speech(request: Request) -> Response:

@@ -10,10 +10,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from omnistage.api.errors import ApiError
 from omnistage.api.owner import owner_of
 from omnistage.api.routes.common import json_response, persistence
 from omnistage.jobs.state import Persistence
+from omnistage.protocol.errors import ApiError
 from omnistage.store.records import JobKind, JobStatus, StoredResponse
 
 router = APIRouter()

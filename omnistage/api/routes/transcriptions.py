@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 from starlette.responses import Response
 
-from omnistage.api.errors import ApiError, as_api_error, error_body, invalid_body
+from omnistage.api.errors import invalid_body
 from omnistage.api.ids import next_id
 from omnistage.api.routes.common import (
     check_model,
@@ -34,7 +34,6 @@ from omnistage.api.routes.common import (
     sse_response,
 )
 from omnistage.api.schemas.transcriptions import FORM_DOC, TranscriptionForm
-from omnistage.api.service import OutputStream
 from omnistage.api.streaming import sse
 from omnistage.api.transcripts import (
     MEDIA_TYPES,
@@ -44,8 +43,10 @@ from omnistage.api.transcripts import (
     render,
 )
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
+from omnistage.protocol.errors import ApiError, as_api_error, error_body
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.service import OutputStream
 
 router = APIRouter()
 

@@ -23,7 +23,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from omnistage.api.body import read_body
-from omnistage.api.errors import ApiError, invalid_body
+from omnistage.api.errors import invalid_body
 from omnistage.api.owner import owner_of
 from omnistage.api.routes.common import (
     check_model,
@@ -35,9 +35,10 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas.videos import VideoCreateRequest
 from omnistage.config.engine_args import VideoArgs
-from omnistage.engines.video_params import video_job
 from omnistage.jobs.video import input_key, media_keys, video_object
+from omnistage.protocol.errors import ApiError
 from omnistage.protocol.params import SEED_LIMIT
+from omnistage.protocol.video_params import video_job
 from omnistage.store.records import Job, JobKind, JobStatus
 
 router = APIRouter()

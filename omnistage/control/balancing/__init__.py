@@ -10,6 +10,7 @@ from omnistage.control.balancing.least_queue import LeastQueueLengthPolicy
 from omnistage.control.balancing.power_of_two import PowerOfTwoPolicy
 from omnistage.control.balancing.random_policy import RandomPolicy
 from omnistage.control.balancing.round_robin import RoundRobinPolicy
+from omnistage.protocol.enums import LbPolicy
 
 POLICIES: dict[str, type] = {
     p.name: p
@@ -21,6 +22,10 @@ POLICIES: dict[str, type] = {
         CacheAwarePolicy,
     )
 }
+
+
+# One class for each name the config accepts (protocol.enums.LbPolicy).
+assert set(POLICIES) == set(LbPolicy), sorted(set(POLICIES) ^ set(LbPolicy))
 
 
 def make_policy(name: str, rng: random.Random | None = None) -> BalancingPolicy:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnistage.config.engine_args import VideoArgs
-from omnistage.engines import diffusers_pipe as dp
-from omnistage.engines.image_params import fit_size
-from omnistage.engines.video_params import EVEN, MIN_SIDE, frame_count
+from omnistage.engines.image import diffusers_pipe as dp
 from omnistage.protocol.errors import BadRequestError, EngineError
+from omnistage.protocol.image_params import fit_size
+from omnistage.protocol.video_params import EVEN, MIN_SIDE, frame_count
 
 # H.264 encoders, best first: x264, then Cisco's OpenH264 (some FFmpeg builds have only it).
 H264_ENCODERS = ("libx264", "libopenh264")

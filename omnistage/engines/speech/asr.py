@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnistage.aio import Mailbox
+from omnistage.audio.wav import wav_header
 from omnistage.config.engine_args import AsrArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines.audio import wav_header
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, joined_prompt
-from omnistage.engines.whisper_short import ShortInfo, ShortResult, transcribe_short
+from omnistage.engines.speech.whisper_short import ShortInfo, ShortResult, transcribe_short
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChunkMeta, Segment
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     import numpy as np
     from faster_whisper import WhisperModel
 
-    from omnistage.engines.asr_stream import Stretch
+    from omnistage.engines.speech.asr_stream import Stretch
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class AsrEngine(Engine):
         self, request: EngineRequest, options: dict[str, Any]
     ) -> AsyncIterator[EngineChunk]:
         """A streamed pcm16 input: each stretch up to a pause transcribed as it ends."""
-        from omnistage.engines.asr_stream import (
+        from omnistage.engines.speech.asr_stream import (
             DEFAULT_PCM_RATE,
             PauseFinder,
             Pcm16Feed,
@@ -405,7 +405,7 @@ def _short(model: WhisperModel, samples: np.ndarray, options: dict[str, Any]) ->
 
 
 def _load_vad() -> None:
-    from omnistage.engines.asr_stream import silero
+    from omnistage.engines.speech.asr_stream import silero
 
     silero()
 
@@ -438,7 +438,7 @@ def _segment(index: int, segment: Any, duration: float) -> Segment:
 
 def _streamed_chunk(index: int, segment: Any, duration: float, stretch: Stretch) -> EngineChunk:
     """A segment of one stretch as a chunk of the whole transcript."""
-    from omnistage.engines.asr_stream import shifted
+    from omnistage.engines.speech.asr_stream import shifted
 
     seg = shifted(_segment(index, segment, duration), stretch.start_s, index > 0)
     return EngineChunk(Modality.TEXT, text=seg.text, meta=ChunkMeta(segment=seg))

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.config.engine_args import DiffusersArgs, DiffusionArgs
-from omnistage.engines.image_params import MIN_SIDE, check_strength, fit_size
 from omnistage.engines.torch_threads import cores
 from omnistage.protocol.errors import BadRequestError, EngineError
+from omnistage.protocol.image_params import MIN_SIDE, check_strength, fit_size
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def draw(
     out = run(pipe, {**kwargs, "output_type": "pil"}, stop)
     image = out.images[0]
     if init is not None and repaint is not None:
-        from omnistage.engines.edit_images import overlay
+        from omnistage.engines.image.edits import overlay
 
         image = overlay(image, init, repaint)
     return encode(image, job.output_format, job.quality)
@@ -287,7 +287,7 @@ def draw(
 
 def _edit_inputs(job: Drawing, info: PipelineInfo, kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """An edit's init image and repaint mask, added to the call's ``kwargs``."""
-    from omnistage.engines.edit_images import prepare
+    from omnistage.engines.image.edits import prepare
 
     if job.image is None:
         return None, None

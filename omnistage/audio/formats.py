@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from omnistage.realtime import g711
-from omnistage.realtime.resample import StreamResampler, resample
+from omnistage.audio import g711
+from omnistage.audio.resample import StreamResampler, resample
 
 FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
 PCM_RATE = 24000

@@ -24,8 +24,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from omnistage.config.engine_args import DiffusersArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines import diffusers_pipe as dp
 from omnistage.engines.base import Engine, EngineRequest, prompt_text
+from omnistage.engines.image import diffusers_pipe as dp
 from omnistage.engines.torch_threads import (
     ThreadTuner,
     TorchThread,

@@ -15,8 +15,8 @@ from typing import Any
 from omnistage.api.response_items import ResponseShape
 from omnistage.api.response_runs import pipeline_request, run_to_final
 from omnistage.api.schemas.responses import ResponsesRequest
-from omnistage.api.service import PipelineService
 from omnistage.jobs.runner import JobFailed, open_patiently
+from omnistage.service import PipelineService
 from omnistage.store.base import Store
 from omnistage.store.records import Job, JobKind
 

@@ -19,7 +19,7 @@ import time
 import zmq
 
 from omnistage import curve
-from omnistage.control.fleet import FleetView, PeerChange
+from omnistage.control.head_peers import FleetView, PeerChange
 from omnistage.logs import Throttled
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from omnistage.realtime.resample import StreamResampler
-from omnistage.realtime.turns import ServerVadParams, TurnDetector, VadEvent
+from omnistage.audio.resample import StreamResampler
+from omnistage.audio.server_vad import ServerVadParams, TurnDetector, VadEvent
 
 MODEL_RATE = 16_000
 WINDOW = 512  # samples per scored window at 16 kHz: 32 ms

@@ -30,11 +30,11 @@ from typing import Any
 
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines import diffusers_pipe as dp
 from omnistage.engines.base import EngineChunk, EngineRequest
-from omnistage.engines.denoising import DenoisingEngine, Slot, missing_model_message
-from omnistage.engines.image_params import ImageJob, image_job, output_size
+from omnistage.engines.image import diffusers_pipe as dp
+from omnistage.engines.image.denoising import DenoisingEngine, Slot, missing_model_message
 from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.image_params import ImageJob, image_job, output_size
 from omnistage.protocol.messages import ChunkMeta
 from omnistage.protocol.params import SEED_LIMIT, StageParams
 
@@ -91,7 +91,7 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
         edit = _edit_of(request)
         source = None
         if edit is not None:  # headers only here; the worker thread decodes
-            from omnistage.engines.edit_images import check_edit
+            from omnistage.engines.image.edits import check_edit
 
             source = check_edit(*edit, full=False)
         max_pixels = self.args.max_generated_image_size

@@ -32,15 +32,15 @@ from typing import Any
 
 from omnistage.config.engine_args import VideoArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines import video_pipe as vp
 from omnistage.engines.base import EngineChunk, EngineRequest
-from omnistage.engines.denoising import DenoisingEngine, Slot
-from omnistage.engines.diffusers_pipe import StepHook, count_tokens
-from omnistage.engines.video_params import EVEN, VideoJob, video_job
+from omnistage.engines.image.denoising import DenoisingEngine, Slot
+from omnistage.engines.image.diffusers_pipe import StepHook, count_tokens
+from omnistage.engines.video import pipe as vp
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChunkMeta
 from omnistage.protocol.params import SEED_LIMIT, StageParams, VideoParams
+from omnistage.protocol.video_params import EVEN, VideoJob, video_job
 
 log = logging.getLogger(__name__)
 

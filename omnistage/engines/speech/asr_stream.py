@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
+from omnistage.audio.resample import StreamResampler
+from omnistage.audio.vad import WINDOW, SileroVad, WindowScorer
 from omnistage.protocol.messages import Segment
-from omnistage.realtime.resample import StreamResampler
-from omnistage.realtime.vad import WINDOW, SileroVad, WindowScorer
 
 RATE = 16_000  # what Whisper and the VAD read
 # Realtime's pcm rate: what raw pcm16 without a stated rate is taken to be.

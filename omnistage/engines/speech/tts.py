@@ -32,13 +32,13 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from omnistage.audio.wav import split_first_clause, split_first_phrase, split_sentences
 from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
-from omnistage.engines.audio import split_first_clause, split_first_phrase, split_sentences
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.priority_slots import PrioritySlots
+from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
-from omnistage.engines.voices import VoiceCatalog, VoiceInfo
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import ChunkMeta

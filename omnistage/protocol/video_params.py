@@ -17,16 +17,25 @@ case) and at least ``MIN_SIDE``, ``width * height`` at most the stage's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from omnistage.config.engine_args import VideoArgs
-from omnistage.engines.image_params import parse_size
 from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.image_params import parse_size
 from omnistage.protocol.params import VideoParams
 
 # Sides of an H.264 4:2:0 picture: its colour planes are half as wide and high.
 EVEN = 2
 MIN_SIDE = 16  # one H.264 macroblock
 SIZE_LIMIT = "max_generated_video_size"
+
+
+class VideoLimits(Protocol):
+    """A video stage's defaults and limits (``config.engine_args.VideoArgs`` has them)."""
+
+    max_generated_video_size: int
+    max_frames: int
+    default_fps: int
+    default_seconds: float
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ class VideoJob:
     progress: bool = False  # stream a progress chunk after every denoising step
 
 
-def video_job(params: VideoParams, args: VideoArgs, size_step: int = EVEN) -> VideoJob:
+def video_job(params: VideoParams, args: VideoLimits, size_step: int = EVEN) -> VideoJob:
     """What one request asks, with the stage's defaults and limits applied (each field's
     own range was checked where the params were decoded). ``size_step``: the pipeline's
     spatial step when known (the engine), else only even sides are checked (a route).
@@ -68,7 +77,7 @@ def video_job(params: VideoParams, args: VideoArgs, size_step: int = EVEN) -> Vi
     )
 
 
-def asked_frames(params: VideoParams, args: VideoArgs) -> int:
+def asked_frames(params: VideoParams, args: VideoLimits) -> int:
     """The frame count a request asks for: ``num_frames``, else ``seconds * fps``."""
     if params.num_frames is not None:
         if params.num_frames > args.max_frames:

@@ -1,0 +1,1 @@
+"""Image engines: diffusers pipelines that draw and edit images."""

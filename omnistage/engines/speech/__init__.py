@@ -1,0 +1,1 @@
+"""Speech engines: text to speech (Piper) and speech to text (Whisper)."""
