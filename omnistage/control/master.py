@@ -3,7 +3,7 @@
 A registration is one frame (the seed's msgpack map); a ``HeadProbe`` is a tagged
 message (``[tag, body(, stamp)]``), answered with this head's instance id so that a
 replica whose heartbeats go unanswered learns at once that a new head took the address.
-Another head's ``HeadAnnounce`` (a fleet of heads) is answered by ``head.fleet``.
+Another head's ``HeadAnnounce`` (a fleet of heads) is answered by ``head.gossip``.
 
 Handles one message at a time on the control thread, which makes slot allocation
 race-free under concurrent registrations. Bad input gets an ``{"error": ...}`` reply and
@@ -61,7 +61,7 @@ class Master:
         announce: Callable[[list[bytes]], list[bytes] | None] | None = None,
         on_moved: OnMoved | None = None,
     ) -> None:
-        """``announce`` answers another head's ``HeadAnnounce`` (``head.fleet``);
+        """``announce`` answers another head's ``HeadAnnounce`` (``head.gossip``);
         ``on_moved``: a replica registered again under another id, and its old slot is
         to be let go at once rather than after a heartbeat timeout."""
         self._announce = announce

@@ -1,4 +1,4 @@
-"""The head as the API sees it: ``api.service.PipelineService`` over the orchestrator,
+"""The head as the API sees it: ``service.PipelineService`` over the orchestrator,
 the pools and the coordinator."""
 
 from __future__ import annotations
