@@ -16,7 +16,7 @@ from omnistage.realtime.config import (
     check_tool_choice,
     check_tools,
 )
-from omnistage.realtime.response import ResponseSettings
+from omnistage.realtime.response_run import ResponseSettings
 
 # Read by the session itself (which items the answer hears, and its instructions).
 _SESSION_KEYS = frozenset({"input", "instructions"})

@@ -3,7 +3,8 @@
 The session owns the conversation and the event plumbing, and hands the rest to one
 part each: ``audio_input.AudioInput`` hears (buffer, VAD, the turn being spoken),
 ``turn_taking.TurnTaking`` decides what the user's turns mean (barge-in, early answers,
-commits) and ``responses.Responses`` runs the answers.
+commits) and ``answers.Answers`` runs the answers. The parts see the session as a
+``context.SessionHost`` (emit, spawn, config, conversation, pipeline) and never import it.
 
 Every client error is an ``error`` event naming the field; the session goes on. The
 route (``api.routes.realtime``) owns the socket: it feeds ``handle`` one frame at a time
@@ -14,55 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from omnistage.audio.server_vad import ServerVadParams
-from omnistage.audio.vad import VadStream
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
+from omnistage.realtime.answers import Answers
 from omnistage.realtime.audio_input import AudioInput
 from omnistage.realtime.config import SessionConfig, bad
+from omnistage.realtime.context import SessionContext
 from omnistage.realtime.conversation import (
     Conversation,
     Item,
     check_item,
     new_id,
 )
-from omnistage.realtime.input_buffer import RATE
-from omnistage.realtime.response import ResponseRun
-from omnistage.realtime.responses import Responses
+from omnistage.realtime.response_run import ResponseRun
 from omnistage.realtime.turn_taking import TurnTaking
-from omnistage.service import PipelineService
 
 SESSION_TTL_S = 60 * 60
-
-
-class Stats(Protocol):
-    def turn(self) -> None: ...
-    def barge_in(self) -> None: ...
-    def first_audio(self, seconds: float) -> None: ...
-
-
-class _NoStats:
-    def turn(self) -> None: ...
-    def barge_in(self) -> None: ...
-    def first_audio(self, seconds: float) -> None: ...
-
-
-@dataclass
-class SessionContext:
-    """What a session runs on: the pipeline and which stage does what."""
-
-    service: PipelineService
-    thinker: int
-    talker: int | None
-    listener: int | None
-    stats: Stats = field(default_factory=_NoStats)
-    vad: Callable[[ServerVadParams], VadStream] = lambda p: VadStream(p, RATE)
-    # What ``rate_limits.updated`` reports after each answer (None: nothing is sent).
-    rate_limits: Callable[[], list[dict[str, Any]]] | None = None
 
 
 class RealtimeSession:
@@ -78,8 +49,8 @@ class RealtimeSession:
         self._send = send
         self._ids = ev.EventIds()
         self.conversation = Conversation()
-        self.responses = Responses(self)
-        self.turns = TurnTaking(self)
+        self.answers = Answers(self)
+        self.turns = TurnTaking(self, self.answers)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.audio = AudioInput(self.turns, self.turns.new_turn, ctx.vad)
         self.audio.configure(config.input_format, config.turn_detection)
@@ -88,7 +59,7 @@ class RealtimeSession:
     @property
     def response(self) -> ResponseRun | None:
         """The conversation's answer under way (or the last one)."""
-        return self.responses.active
+        return self.answers.active
 
     # --------------------------------------------------------------------- plumbing
 
@@ -98,7 +69,7 @@ class RealtimeSession:
     def error(self, exc: BadRequestError, event_id: str | None = None) -> None:
         self.emit("error", {"error": ev.error_fields(exc, event_id)})
 
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as the session's: cancelled when the session closes."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -114,7 +85,7 @@ class RealtimeSession:
     async def close(self) -> None:
         """The client is gone: stop every answer and free every request of the session."""
         self.turns.drop_early()
-        self.responses.cancel_all()
+        self.answers.cancel_all()
         self.audio.clear()
         for task in list(self._tasks):
             task.cancel()
@@ -140,7 +111,7 @@ class RealtimeSession:
                 self.audio.configure(self.config.input_format, self.config.turn_detection)
                 self.emit("session.updated", {"session": self._session_json()})
             case ev.AudioCommit():
-                self.turns.commit_manual()
+                self.turns.commit_manual(self.audio.take_turn())
             case ev.AudioClear():
                 self.turns.drop_early()
                 self.audio.clear()
@@ -156,11 +127,20 @@ class RealtimeSession:
             case ev.ItemTruncate():
                 self._truncate(event)
             case ev.ResponseCreate():
-                self.responses.create(event.response or {})
+                self._create_response(event.response or {})
             case ev.ResponseCancel():
-                self.responses.cancel(event.response_id)
+                self.answers.cancel(event.response_id)
             case ev.OutputAudioClear():
                 raise bad("type", "output_audio_buffer.clear is for WebRTC sessions only")
+
+    def _create_response(self, params: dict[str, Any]) -> None:
+        asked = self.answers.check(params)
+        if asked.settings.in_conversation:
+            # The client's answer replaces one held at a pause: two would both be adopted.
+            self.turns.drop_early()
+        self.answers.start(
+            asked.settings, asked.items, asked.instructions, None, self.turns.hearing()
+        )
 
     # --------------------------------------------------------------------- items
 

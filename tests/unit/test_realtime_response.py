@@ -17,7 +17,7 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, ChunkMeta
 from omnistage.realtime.conversation import Item, Spoken
-from omnistage.realtime.response import ResponseRun, ResponseSettings
+from omnistage.realtime.response_run import ResponseRun, ResponseSettings
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
 
 THINKER, TALKER = 0, 1

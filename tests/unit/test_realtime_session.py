@@ -20,7 +20,8 @@ from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChunkMeta
 from omnistage.realtime import audio_input
 from omnistage.realtime.config import SessionConfig
-from omnistage.realtime.session import RealtimeSession, SessionContext
+from omnistage.realtime.context import SessionContext
+from omnistage.realtime.session import RealtimeSession
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, ticks, until
 
 THINKER, TALKER, LISTENER = 0, 1, 2

@@ -11,7 +11,7 @@ import pytest
 from omnistage.realtime.conversation import message_item
 from omnistage.realtime.gate import Gate
 from omnistage.realtime.input_buffer import BYTES_PER_MS, InputBuffer
-from omnistage.realtime.turn import UserTurn
+from omnistage.realtime.user_turn import UserTurn
 from tests.unit.fakes import ticks, until
 
 # ------------------------------------------------------------------------ gate

@@ -21,8 +21,9 @@ from omnistage.api.errors import error_response
 from omnistage.audio.vad import load_silero
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig
+from omnistage.realtime.context import SessionContext
 from omnistage.realtime.events import MAX_EVENT_BYTES
-from omnistage.realtime.session import RealtimeSession, SessionContext
+from omnistage.realtime.session import RealtimeSession
 from omnistage.service import PipelineService
 
 router = APIRouter()
