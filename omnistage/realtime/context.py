@@ -18,6 +18,7 @@ from omnistage.audio.server_vad import ServerVadParams
 from omnistage.audio.vad import VadStream
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.conversation import Conversation, Item
+from omnistage.realtime.events import ServerEvent
 from omnistage.realtime.input_buffer import RATE
 from omnistage.service import PipelineService
 
@@ -60,8 +61,8 @@ class SessionHost(Protocol):
     @property
     def conversation(self) -> Conversation: ...
 
-    def emit(self, kind: str, fields: dict[str, Any] | None = None) -> None:
-        """Send a server event to the client (it gets the session's next event id)."""
+    def emit(self, event: ServerEvent) -> None:
+        """Send ``event`` to the client (it gets the session's next event id)."""
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as the session's: cancelled when the session closes."""

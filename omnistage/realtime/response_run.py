@@ -28,6 +28,7 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
+from omnistage.realtime import events as ev
 from omnistage.realtime.conversation import (
     Item,
     Spoken,
@@ -40,7 +41,7 @@ from omnistage.service import OutputStream, PipelineService
 _AUDIO, _TEXT, _TOOL_CALL = Modality.AUDIO, Modality.TEXT, Modality.TOOL_CALL
 DEFAULT_TTS_RATE = 22050
 
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[ev.ServerEvent], None]
 
 
 @dataclass
@@ -133,9 +134,6 @@ class ResponseRun:
     def done(self) -> bool:
         return self.status != "in_progress"
 
-    def event(self, kind: str, **fields: Any) -> None:
-        self._emit(kind, {"response_id": self.id, **fields})
-
     def response_json(self) -> dict[str, Any]:
         s = self.settings
         out: dict[str, Any] = {
@@ -154,7 +152,7 @@ class ResponseRun:
         return out
 
     def created(self) -> None:
-        self._emit("response.created", {"response": self.response_json()})
+        self._emit(ev.ResponseCreated(response=self.response_json()))
 
     async def run(self, before: Awaitable[None] | None = None) -> None:
         """Run the response to its end: completed, incomplete, failed or cancelled.
@@ -233,30 +231,26 @@ class ResponseRun:
             self.message = message_item("assistant", [{"type": kind, key: ""}], "in_progress")
             self._add_output(self.message)
             part = {"type": "audio" if self._audio else "text", key: ""}
-            self._part_event("response.content_part.added", part=part)
+            self._part_event(ev.ContentPartAdded, part=part)
         return self.message
 
     def _add_output(self, item: Item) -> None:
         self._outputs.append(item)
         index = len(self._outputs) - 1
-        self.event("response.output_item.added", output_index=index, item=item.json)
+        self._emit(ev.OutputItemAdded(response_id=self.id, output_index=index, item=item.json))
         if self.settings.in_conversation and self._on_item is not None:
             self._on_item(item)
 
-    def _part_event(self, kind: str, **fields: Any) -> None:
+    def _part_event(self, kind: type[ev.PartEvent], **fields: Any) -> None:
+        """An event of the answer message's content part (``kind``: which)."""
         item = self._open_message()
         index = self._outputs.index(item)
-        self.event(kind, item_id=item.id, output_index=index, content_index=0, **fields)
+        self._emit(kind(response_id=self.id, item_id=item.id, output_index=index, **fields))
 
     def _word(self, text: str) -> None:
         self._open_message()
         self._words.append(text)
-        kind = (
-            "response.output_audio_transcript.delta"
-            if self._audio
-            else "response.output_text.delta"
-        )
-        self._part_event(kind, delta=text)
+        self._part_event(ev.TranscriptDelta if self._audio else ev.OutputTextDelta, delta=text)
 
     def _spoken(self, out: OutputChunk) -> None:
         if not out.data:
@@ -274,7 +268,7 @@ class ResponseRun:
             self.first_audio_at = time.monotonic()
             if self.on_first_audio is not None:
                 self.on_first_audio(self.first_audio_at)
-        self._part_event("response.output_audio.delta", delta=base64.b64encode(data).decode())
+        self._part_event(ev.OutputAudioDelta, delta=base64.b64encode(data).decode())
 
     def _call_delta(self, index: int, name: str, text: str) -> None:
         call = self._calls.get(index)
@@ -283,12 +277,14 @@ class ResponseRun:
             self._add_output(item)
             call = self._calls[index] = _Call(item, len(self._outputs) - 1)
         call.arguments.append(text)
-        self.event(
-            "response.function_call_arguments.delta",
-            item_id=call.item.id,
-            output_index=call.output_index,
-            call_id=call.item.json["call_id"],
-            delta=text,
+        self._emit(
+            ev.CallArgumentsDelta(
+                response_id=self.id,
+                item_id=call.item.id,
+                output_index=call.output_index,
+                call_id=call.item.json["call_id"],
+                delta=text,
+            )
         )
 
     def _fail(self, kind: str, code: str, message: str) -> None:
@@ -307,18 +303,20 @@ class ResponseRun:
             js = call.item.json
             js["arguments"] = "".join(call.arguments)
             js["status"] = item_status
-            self.event(
-                "response.function_call_arguments.done",
-                item_id=call.item.id,
-                output_index=call.output_index,
-                call_id=js["call_id"],
-                name=js["name"],
-                arguments=js["arguments"],
+            self._emit(
+                ev.CallArgumentsDone(
+                    response_id=self.id,
+                    item_id=call.item.id,
+                    output_index=call.output_index,
+                    call_id=js["call_id"],
+                    name=js["name"],
+                    arguments=js["arguments"],
+                )
             )
             self._item_done(call.output_index, js)
-        self._emit("response.done", {"response": self.response_json()})
+        self._emit(ev.ResponseDone(response=self.response_json()))
         if self._rate_limits is not None:
-            self._emit("rate_limits.updated", {"rate_limits": self._rate_limits()})
+            self._emit(ev.RateLimitsUpdated(rate_limits=self._rate_limits()))
 
     def _close_message(self, item_status: str) -> None:
         item = self.message
@@ -329,25 +327,25 @@ class ResponseRun:
                 tail = self._encoder.flush()
                 if tail and item_status == "completed":
                     delta = base64.b64encode(tail).decode()
-                    self._part_event("response.output_audio.delta", delta=delta)
+                    self._part_event(ev.OutputAudioDelta, delta=delta)
             # What was said: the spoken sentences (all of them unless cut short).
             said = " ".join(s.text for s in item.spoken if s.text)
             part["transcript"] = said if item_status != "completed" else "".join(self._words)
-            self._part_event("response.output_audio.done")
-            self._part_event("response.output_audio_transcript.done", transcript=part["transcript"])
+            self._part_event(ev.OutputAudioDone)
+            self._part_event(ev.TranscriptDone, transcript=part["transcript"])
             done_part = {"type": "audio", "transcript": part["transcript"]}
         else:
             part["text"] = "".join(self._words)
-            self._part_event("response.output_text.done", text=part["text"])
+            self._part_event(ev.OutputTextDone, text=part["text"])
             done_part = {"type": "text", "text": part["text"]}
-        self._part_event("response.content_part.done", part=done_part)
+        self._part_event(ev.ContentPartDone, part=done_part)
         item.json["status"] = item_status
         self._item_done(self._outputs.index(item), item.json)
 
     def _item_done(self, index: int, item: dict[str, Any]) -> None:
-        self.event("response.output_item.done", output_index=index, item=item)
+        self._emit(ev.OutputItemDone(response_id=self.id, output_index=index, item=item))
         if self.settings.in_conversation:
-            self._emit("conversation.item.done", {"previous_item_id": None, "item": item})
+            self._emit(ev.ItemDone(previous_item_id=None, item=item))
 
 
 def usage_json(usage: dict[str, int]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ class RealtimeSession:
         self,
         ctx: SessionContext,
         config: SessionConfig,
-        send: Callable[[dict[str, Any]], None],
+        send: Callable[[ev.ServerEvent], None],
     ) -> None:
         self.id = new_id("sess")
         self.ctx = ctx
@@ -63,11 +63,12 @@ class RealtimeSession:
 
     # --------------------------------------------------------------------- plumbing
 
-    def emit(self, kind: str, fields: dict[str, Any] | None = None) -> None:
-        self._send(self._ids.event(kind, **(fields or {})))
+    def emit(self, event: ev.ServerEvent) -> None:
+        event.event_id = self._ids.next()
+        self._send(event)
 
     def error(self, exc: BadRequestError, event_id: str | None = None) -> None:
-        self.emit("error", {"error": ev.error_fields(exc, event_id)})
+        self.emit(ev.error_event(exc, event_id))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as the session's: cancelled when the session closes."""
@@ -77,7 +78,7 @@ class RealtimeSession:
         return task
 
     def opened(self) -> None:
-        self.emit("session.created", {"session": self._session_json()})
+        self.emit(ev.SessionCreated(session=self._session_json()))
 
     def _session_json(self) -> dict[str, Any]:
         return self.config.to_json(self.id, int(self._created) + SESSION_TTL_S)
@@ -109,21 +110,21 @@ class RealtimeSession:
             case ev.SessionUpdate():
                 self.config.update(event.session)
                 self.audio.configure(self.config.input_format, self.config.turn_detection)
-                self.emit("session.updated", {"session": self._session_json()})
+                self.emit(ev.SessionUpdated(session=self._session_json()))
             case ev.AudioCommit():
                 self.turns.commit_manual(self.audio.take_turn())
             case ev.AudioClear():
                 self.turns.drop_early()
                 self.audio.clear()
-                self.emit("input_audio_buffer.cleared")
+                self.emit(ev.InputCleared())
             case ev.ItemCreate():
                 self._create_item(event.item, event.previous_item_id)
             case ev.ItemDelete():
                 self.conversation.delete(event.item_id)
-                self.emit("conversation.item.deleted", {"item_id": event.item_id})
+                self.emit(ev.ItemDeleted(item_id=event.item_id))
             case ev.ItemRetrieve():
                 item = self.conversation.get(event.item_id)
-                self.emit("conversation.item.retrieved", {"item": item.json})
+                self.emit(ev.ItemRetrieved(item=item.json))
             case ev.ItemTruncate():
                 self._truncate(event)
             case ev.ResponseCreate():
@@ -147,9 +148,8 @@ class RealtimeSession:
     def _create_item(self, value: Any, previous_item_id: str | None) -> None:
         item = check_item(value)
         previous = self.conversation.add(item, previous_item_id)
-        fields = {"previous_item_id": previous, "item": item.json}
-        self.emit("conversation.item.added", fields)
-        self.emit("conversation.item.done", fields)
+        self.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))
+        self.emit(ev.ItemDone(previous_item_id=previous, item=item.json))
 
     def _truncate(self, event: ev.ItemTruncate) -> None:
         item = self.conversation.get(event.item_id)
@@ -162,11 +162,10 @@ class RealtimeSession:
             raise bad("audio_end_ms", "must not be negative")
         item.truncate(event.audio_end_ms)
         self.emit(
-            "conversation.item.truncated",
-            {"item_id": item.id, "content_index": 0, "audio_end_ms": event.audio_end_ms},
+            ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms)
         )
 
     def add_answer_item(self, item: Item) -> None:
         """An answer's output item joins the conversation."""
         previous = self.conversation.add(item)
-        self.emit("conversation.item.added", {"previous_item_id": previous, "item": item.json})
+        self.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))

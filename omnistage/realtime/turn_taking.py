@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from omnistage.protocol.params import TranscriptionParams
+from omnistage.realtime import events as ev
 from omnistage.realtime.answers import Answers
 from omnistage.realtime.config import TRANSCRIPTION
 from omnistage.realtime.context import SessionHost
@@ -89,10 +90,7 @@ class TurnTaking:
             host.ctx.stats.barge_in()  # cancelled first: no audio after the event
         # Transcript pieces of dropped turns are of no use any more.
         self._unsent = {turn.item_id: self._unsent.get(turn.item_id, [])}
-        host.emit(
-            "input_audio_buffer.speech_started",
-            {"audio_start_ms": start_ms, "item_id": turn.item_id},
-        )
+        host.emit(ev.InputSpeechStarted(audio_start_ms=start_ms, item_id=turn.item_id))
 
     def paused(self, turn: UserTurn) -> None:
         host, answers = self._host, self._answers
@@ -122,9 +120,7 @@ class TurnTaking:
 
     def speech_stopped(self, turn: UserTurn, end_ms: int) -> None:
         host, answers = self._host, self._answers
-        host.emit(
-            "input_audio_buffer.speech_stopped", {"audio_end_ms": end_ms, "item_id": turn.item_id}
-        )
+        host.emit(ev.InputSpeechStopped(audio_end_ms=end_ms, item_id=turn.item_id))
         # The user stopped talking when the silence began, silence_duration_ms ago.
         td = host.config.turn_detection
         spoken_end = time.monotonic() - (td.vad.silence_duration_ms / 1000 if td else 0.0)
@@ -160,9 +156,8 @@ class TurnTaking:
         """The turn's audio is a user item now; its transcript follows."""
         host = self._host
         previous = host.conversation.add(item)
-        committed = {"previous_item_id": previous, "item_id": item.id}
-        host.emit("input_audio_buffer.committed", committed)
-        host.emit("conversation.item.added", {"previous_item_id": previous, "item": item.json})
+        host.emit(ev.InputCommitted(previous_item_id=previous, item_id=item.id))
+        host.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))
         for text in self._unsent.pop(turn.item_id, []):
             self._transcript_delta(turn.item_id, text)
         host.ctx.stats.turn()
@@ -182,11 +177,8 @@ class TurnTaking:
             raise
         part["transcript"] = transcript
         if self._transcribes:
-            host.emit(
-                "conversation.item.input_audio_transcription.completed",
-                {"item_id": item.id, "content_index": 0, "transcript": transcript},
-            )
-        host.emit("conversation.item.done", {"previous_item_id": None, "item": item.json})
+            host.emit(ev.TranscriptionCompleted(item_id=item.id, transcript=transcript))
+        host.emit(ev.ItemDone(previous_item_id=None, item=item.json))
         return transcript
 
     @property
@@ -196,23 +188,16 @@ class TurnTaking:
 
     def _transcript_delta(self, item_id: str, text: str) -> None:
         if self._transcribes:
-            self._host.emit(
-                "conversation.item.input_audio_transcription.delta",
-                {"item_id": item_id, "content_index": 0, "delta": text},
-            )
+            self._host.emit(ev.TranscriptionDelta(item_id=item_id, delta=text))
 
     def _transcription_failed(self, item: Item, exc: Exception) -> None:
-        error = {
-            "type": "transcription_error",
-            "code": getattr(exc, "code", None) or "transcription_failed",
-            "message": str(exc) or type(exc).__name__,
-            "param": None,
-        }
-        self._host.emit(
-            "conversation.item.input_audio_transcription.failed",
-            {"item_id": item.id, "content_index": 0, "error": error},
+        error = ev.Failure(
+            type="transcription_error",
+            code=getattr(exc, "code", None) or "transcription_failed",
+            message=str(exc) or type(exc).__name__,
         )
-        self._host.emit("conversation.item.done", {"previous_item_id": None, "item": item.json})
+        self._host.emit(ev.TranscriptionFailed(item_id=item.id, error=error))
+        self._host.emit(ev.ItemDone(previous_item_id=None, item=item.json))
 
     async def close(self) -> None:
         self.drop_early()

@@ -8,6 +8,7 @@ import base64
 from math import ceil
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, ChunkMeta
 from omnistage.realtime.conversation import Item, Spoken
+from omnistage.realtime.events import ServerEvent
 from omnistage.realtime.response_run import ResponseRun, ResponseSettings
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
 
@@ -37,6 +39,14 @@ def settings(modality: str = "audio", fmt: AudioFormat = PCM, **kw: Any) -> Resp
         temperature=None,
     )
     return ResponseSettings(**{**base, **kw})
+
+
+def on_the_wire(event: ServerEvent) -> tuple[str, dict[str, Any]]:
+    """An event as the client reads it when it is sent: its type and its other fields
+    (the session, not the run, gives it its id)."""
+    fields = msgspec.json.decode(msgspec.json.encode(event))
+    assert fields.pop("event_id") == ""
+    return fields.pop("type"), fields
 
 
 class Pipeline:
@@ -65,7 +75,7 @@ class Run:
             (THINKER, talker),
             s,
             lambda: [ChatMessage("user", "hi")],
-            lambda kind, fields: self.events.append((kind, fields)),
+            lambda event: self.events.append(on_the_wire(event)),
             on_item=self.items.append,
             affinity="sess_1",
         )

@@ -22,7 +22,7 @@ from omnistage.audio.vad import load_silero
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
-from omnistage.realtime.events import MAX_EVENT_BYTES
+from omnistage.realtime.events import MAX_EVENT_BYTES, ServerEvent
 from omnistage.realtime.session import RealtimeSession
 from omnistage.service import PipelineService
 
@@ -130,10 +130,10 @@ def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
 async def _serve(
     ws: WebSocket, ctx: SessionContext, config: SessionConfig, limits: RealtimeLimits
 ) -> None:
-    outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    outbox: asyncio.Queue[ServerEvent | None] = asyncio.Queue()
     overflow = asyncio.Event()
 
-    def send(event: dict[str, Any]) -> None:
+    def send(event: ServerEvent) -> None:
         if outbox.qsize() >= MAX_QUEUED_EVENTS:
             overflow.set()
             return
@@ -190,7 +190,7 @@ async def _read(
         await session.handle(frame)
 
 
-async def _write(ws: WebSocket, outbox: asyncio.Queue[dict[str, Any] | None]) -> None:
+async def _write(ws: WebSocket, outbox: asyncio.Queue[ServerEvent | None]) -> None:
     while (event := await outbox.get()) is not None:
         await ws.send_text(_encode(event).decode())
 
