@@ -12,10 +12,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from omnistage.realtime.config import TRANSCRIPTION, bad
 from omnistage.realtime.context import SessionHost
 from omnistage.realtime.conversation import Item, chat_messages, check_item
 from omnistage.realtime.gate import Gate
+from omnistage.realtime.options import SessionKind, bad
 from omnistage.realtime.replies import reply_settings
 from omnistage.realtime.response_run import ResponseRun, ResponseSettings
 
@@ -43,7 +43,7 @@ class Answers:
     def check(self, params: dict[str, Any]) -> AnswerRequest:
         """``response.create``'s ``response``, checked against the session's state."""
         config = self._host.config
-        if config.kind == TRANSCRIPTION:
+        if config.kind == SessionKind.TRANSCRIPTION:
             raise bad("type", "a transcription session does not create responses")
         settings = reply_settings(config, params)
         if settings.in_conversation and self.answering:

@@ -20,9 +20,10 @@ from typing import Protocol
 from omnistage.audio.formats import AudioFormat, InputStream
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted
 from omnistage.audio.vad import VadStream
-from omnistage.realtime.config import TurnDetection, bad
+from omnistage.realtime.config import TurnDetection
 from omnistage.realtime.conversation import new_id
 from omnistage.realtime.input_buffer import BYTES_PER_MS, RATE, InputBuffer
+from omnistage.realtime.options import bad
 from omnistage.realtime.user_turn import PAUSE_MS, UserTurn
 
 # Push-to-talk audio held before a commit (OpenAI's buffer holds about this much).

@@ -18,7 +18,7 @@ from typing import Any
 
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, ToolCall
-from omnistage.realtime.config import bad
+from omnistage.realtime.options import bad
 
 MAX_ITEMS = 1024
 MAX_TEXT = 256 * 1024

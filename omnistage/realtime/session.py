@@ -22,7 +22,7 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
 from omnistage.realtime.answers import Answers
 from omnistage.realtime.audio_input import AudioInput
-from omnistage.realtime.config import SessionConfig, bad
+from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
 from omnistage.realtime.conversation import (
     Conversation,
@@ -30,6 +30,7 @@ from omnistage.realtime.conversation import (
     check_item,
     new_id,
 )
+from omnistage.realtime.options import bad
 from omnistage.realtime.response_run import ResponseRun
 from omnistage.realtime.turn_taking import TurnTaking
 

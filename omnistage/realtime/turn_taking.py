@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from omnistage.protocol.params import TranscriptionParams
 from omnistage.realtime import events as ev
 from omnistage.realtime.answers import Answers
-from omnistage.realtime.config import TRANSCRIPTION
 from omnistage.realtime.context import SessionHost
 from omnistage.realtime.conversation import Item, message_item
 from omnistage.realtime.gate import Gate
 from omnistage.realtime.listening import TurnListener
+from omnistage.realtime.options import SessionKind
 from omnistage.realtime.replies import reply_settings
 from omnistage.realtime.response_run import ResponseRun
 from omnistage.realtime.user_turn import UserTurn
@@ -51,7 +51,7 @@ class TurnTaking:
     def _answers_turns(self) -> bool:
         config = self._host.config
         td = config.turn_detection
-        return td is not None and td.create_response and config.kind != TRANSCRIPTION
+        return td is not None and td.create_response and config.kind != SessionKind.TRANSCRIPTION
 
     def hearing(self) -> Awaitable[None] | None:
         """What an answer must wait for: the transcripts of the turns committed so far."""
@@ -184,7 +184,7 @@ class TurnTaking:
     @property
     def _transcribes(self) -> bool:
         config = self._host.config
-        return config.transcription is not None or config.kind == TRANSCRIPTION
+        return config.transcription is not None or config.kind == SessionKind.TRANSCRIPTION
 
     def _transcript_delta(self, item_id: str, text: str) -> None:
         if self._transcribes:
