@@ -16,8 +16,8 @@ from omnistage.realtime.context import SessionHost
 from omnistage.realtime.conversation import Item, chat_messages, check_item
 from omnistage.realtime.gate import Gate
 from omnistage.realtime.options import SessionKind, bad
-from omnistage.realtime.replies import reply_settings
-from omnistage.realtime.response_run import ResponseRun, ResponseSettings
+from omnistage.realtime.replies import ResponseSettings, reply_settings
+from omnistage.realtime.response_run import ResponseRun
 
 
 @dataclass

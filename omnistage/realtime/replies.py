@@ -1,13 +1,17 @@
-"""What one response is asked for: ``response.create``'s ``response`` object decoded
-(``options.ResponseParams``) and laid over the session's settings (each field it gives
-replaces the session's for this response only)."""
+"""What one response is asked for (``ResponseSettings``): ``response.create``'s
+``response`` object decoded (``options.ResponseParams``) and laid over the session's
+settings (each field it gives replaces the session's for this response only), and the
+stage parameters that asks of the thinker and talker."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from msgspec import UNSET
 
+from omnistage.audio.formats import AudioFormat
+from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.realtime.config import SessionConfig, audio_format
 from omnistage.realtime.options import (
     ResponseAudioOutput,
@@ -18,7 +22,47 @@ from omnistage.realtime.options import (
     tool_choice_value,
     tool_dicts,
 )
-from omnistage.realtime.response_run import ResponseSettings
+
+
+@dataclass
+class ResponseSettings:
+    """What one response is asked for: the session's settings over ``response.create``'s."""
+
+    modalities: tuple[str, ...]
+    output_format: AudioFormat
+    voice: str
+    speed: float
+    tools: list[dict[str, Any]]
+    tool_choice: str | dict[str, Any]
+    max_output_tokens: int | None
+    temperature: float | None
+    in_conversation: bool = True
+    metadata: dict[str, Any] | None = None
+
+    def params(self, thinker: int, talker: int | None) -> dict[int, StageParams]:
+        gen: dict[str, Any] = {}
+        if self.max_output_tokens is not None:
+            gen["max_tokens"] = self.max_output_tokens
+        if self.temperature is not None:
+            gen["temperature"] = self.temperature
+        if self.tools and self.tool_choice != "none":
+            gen["tools"] = [_chat_tool(t) for t in self.tools]
+            gen["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        out = {thinker: StageParams(text=GenerationParams(**gen))}
+        if talker is not None:
+            out[talker] = StageParams(speech=SpeechParams(self.voice, self.speed))
+        return out
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": fn}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        return choice
+    return {"type": "function", "function": {"name": choice["name"]}}
 
 
 def reply_settings(config: SessionConfig, params: Any) -> ResponseSettings:

@@ -21,13 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from omnistage.audio.formats import AudioFormat
 from omnistage.audio.formats import OutputStream as AudioOut
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
-from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.realtime import events as ev
 from omnistage.realtime.conversation import (
     Item,
@@ -36,6 +34,7 @@ from omnistage.realtime.conversation import (
     message_item,
     new_id,
 )
+from omnistage.realtime.replies import ResponseSettings
 from omnistage.service import OutputStream, PipelineService
 
 _AUDIO, _TEXT, _TOOL_CALL = Modality.AUDIO, Modality.TEXT, Modality.TOOL_CALL
@@ -45,51 +44,57 @@ Emit = Callable[[ev.ServerEvent], None]
 
 
 @dataclass
-class ResponseSettings:
-    """What one response is asked for: the session's settings over ``response.create``'s."""
-
-    modalities: tuple[str, ...]
-    output_format: AudioFormat
-    voice: str
-    speed: float
-    tools: list[dict[str, Any]]
-    tool_choice: str | dict[str, Any]
-    max_output_tokens: int | None
-    temperature: float | None
-    in_conversation: bool = True
-    metadata: dict[str, Any] | None = None
-
-    def params(self, thinker: int, talker: int | None) -> dict[int, StageParams]:
-        gen: dict[str, Any] = {}
-        if self.max_output_tokens is not None:
-            gen["max_tokens"] = self.max_output_tokens
-        if self.temperature is not None:
-            gen["temperature"] = self.temperature
-        if self.tools and self.tool_choice != "none":
-            gen["tools"] = [_chat_tool(t) for t in self.tools]
-            gen["tool_choice"] = _chat_tool_choice(self.tool_choice)
-        out = {thinker: StageParams(text=GenerationParams(**gen))}
-        if talker is not None:
-            out[talker] = StageParams(speech=SpeechParams(self.voice, self.speed))
-        return out
-
-
-def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-    return {"type": "function", "function": fn}
-
-
-def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
-    if isinstance(choice, str):
-        return choice
-    return {"type": "function", "function": {"name": choice["name"]}}
-
-
-@dataclass
 class _Call:
     item: Item
     output_index: int
     arguments: list[str] = field(default_factory=list)
+
+
+class _Calls:
+    """An answer's function calls, each an output item whose arguments stream in."""
+
+    def __init__(self, response_id: str, emit: Emit, add_output: Callable[[Item], int]) -> None:
+        self._response_id = response_id
+        self._emit = emit
+        self._add_output = add_output
+        self._calls: dict[int, _Call] = {}
+
+    def delta(self, index: int, name: str, text: str) -> None:
+        """More of call ``index``'s arguments (its first piece opens its item)."""
+        call = self._calls.get(index)
+        if call is None:
+            item = function_call_item(name)
+            call = self._calls[index] = _Call(item, self._add_output(item))
+        call.arguments.append(text)
+        self._emit(
+            ev.CallArgumentsDelta(
+                response_id=self._response_id,
+                item_id=call.item.id,
+                output_index=call.output_index,
+                call_id=call.item.json["call_id"],
+                delta=text,
+            )
+        )
+
+    def close(self, item_status: str) -> list[tuple[int, dict[str, Any]]]:
+        """Each call's arguments are all there: its done event; the items, to close."""
+        closed = []
+        for call in self._calls.values():
+            js = call.item.json
+            js["arguments"] = "".join(call.arguments)
+            js["status"] = item_status
+            self._emit(
+                ev.CallArgumentsDone(
+                    response_id=self._response_id,
+                    item_id=call.item.id,
+                    output_index=call.output_index,
+                    call_id=js["call_id"],
+                    name=js["name"],
+                    arguments=js["arguments"],
+                )
+            )
+            closed.append((call.output_index, js))
+        return closed
 
 
 class ResponseRun:
@@ -124,7 +129,7 @@ class ResponseRun:
         self.message: Item | None = None  # the answer's message item, once it has words
         self._words: list[str] = []
         self._encoder: AudioOut | None = None
-        self._calls: dict[int, _Call] = {}
+        self._calls = _Calls(self.id, emit, self._add_output)
         self._usage: dict[str, int] = {}
         self.first_audio_at: float | None = None  # monotonic time of the first audio delta
         self.on_first_audio: Callable[[float], None] | None = None
@@ -215,7 +220,7 @@ class ResponseRun:
 
     def _output(self, out: OutputChunk) -> FinishReason | None:
         if out.modality == _TOOL_CALL and out.meta is not None:
-            self._call_delta(out.meta.index or 0, out.meta.name or "", out.text)
+            self._calls.delta(out.meta.index or 0, out.meta.name or "", out.text)
         elif out.stage_id == self._talker:
             self._spoken(out)
         elif out.text and out.modality == _TEXT:
@@ -234,12 +239,13 @@ class ResponseRun:
             self._part_event(ev.ContentPartAdded, part=part)
         return self.message
 
-    def _add_output(self, item: Item) -> None:
+    def _add_output(self, item: Item) -> int:
         self._outputs.append(item)
         index = len(self._outputs) - 1
         self._emit(ev.OutputItemAdded(response_id=self.id, output_index=index, item=item.json))
         if self.settings.in_conversation and self._on_item is not None:
             self._on_item(item)
+        return index
 
     def _part_event(self, kind: type[ev.PartEvent], **fields: Any) -> None:
         """An event of the answer message's content part (``kind``: which)."""
@@ -270,23 +276,6 @@ class ResponseRun:
                 self.on_first_audio(self.first_audio_at)
         self._part_event(ev.OutputAudioDelta, delta=base64.b64encode(data).decode())
 
-    def _call_delta(self, index: int, name: str, text: str) -> None:
-        call = self._calls.get(index)
-        if call is None:
-            item = function_call_item(name)
-            self._add_output(item)
-            call = self._calls[index] = _Call(item, len(self._outputs) - 1)
-        call.arguments.append(text)
-        self._emit(
-            ev.CallArgumentsDelta(
-                response_id=self.id,
-                item_id=call.item.id,
-                output_index=call.output_index,
-                call_id=call.item.json["call_id"],
-                delta=text,
-            )
-        )
-
     def _fail(self, kind: str, code: str, message: str) -> None:
         self._finish(
             "failed", {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
@@ -299,21 +288,8 @@ class ResponseRun:
         item_status = "completed" if status == "completed" else "incomplete"
         if self.message is not None:
             self._close_message(item_status)
-        for call in self._calls.values():
-            js = call.item.json
-            js["arguments"] = "".join(call.arguments)
-            js["status"] = item_status
-            self._emit(
-                ev.CallArgumentsDone(
-                    response_id=self.id,
-                    item_id=call.item.id,
-                    output_index=call.output_index,
-                    call_id=js["call_id"],
-                    name=js["name"],
-                    arguments=js["arguments"],
-                )
-            )
-            self._item_done(call.output_index, js)
+        for index, js in self._calls.close(item_status):
+            self._item_done(index, js)
         self._emit(ev.ResponseDone(response=self.response_json()))
         if self._rate_limits is not None:
             self._emit(ev.RateLimitsUpdated(rate_limits=self._rate_limits()))

@@ -19,7 +19,8 @@ from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, ChunkMeta
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.events import ServerEvent
-from omnistage.realtime.response_run import ResponseRun, ResponseSettings
+from omnistage.realtime.replies import ResponseSettings
+from omnistage.realtime.response_run import ResponseRun
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
 
 THINKER, TALKER = 0, 1
