@@ -17,7 +17,7 @@ from omnistage.realtime.conversation import Item, chat_messages, check_item
 from omnistage.realtime.gate import Gate
 from omnistage.realtime.options import SessionKind, bad
 from omnistage.realtime.replies import ResponseSettings, reply_settings
-from omnistage.realtime.response_run import ResponseRun
+from omnistage.realtime.response_run import ResponseRun, StopReason
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Answers:
         if not self.answering:
             return False
         assert self.active is not None
-        self.active.cancel("turn_detected")
+        self.active.cancel(StopReason.TURN_DETECTED)
         return True
 
     def cancel(self, response_id: str | None) -> None:
@@ -157,8 +157,8 @@ class Answers:
                 "Cancellation failed: no active response found",
                 "response_cancel_not_active",
             )
-        run.cancel("client_cancelled")
+        run.cancel(StopReason.CLIENT_CANCELLED)
 
     def cancel_all(self) -> None:
         for run in list(self._runs.values()):
-            run.cancel("client_cancelled")
+            run.cancel(StopReason.CLIENT_CANCELLED)

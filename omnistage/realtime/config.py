@@ -17,6 +17,7 @@ from msgspec import UNSET, to_builtins
 
 from omnistage.audio.formats import PCM, AudioFormat, AudioFormatError, parse_audio_format
 from omnistage.audio.server_vad import ServerVadParams
+from omnistage.protocol.enums import Modality
 from omnistage.realtime.options import (
     InputAudio,
     OutputAudio,
@@ -62,7 +63,7 @@ class SessionConfig:
     kind: SessionKind = SessionKind.REALTIME
     model: str = ""
     instructions: str = DEFAULT_INSTRUCTIONS
-    output_modalities: tuple[str, ...] = ("audio",)
+    output_modalities: tuple[str, ...] = (Modality.AUDIO,)
     input_format: AudioFormat = PCM
     output_format: AudioFormat = PCM
     voice: str = "alloy"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
 from omnistage.realtime import events as ev
 from omnistage.realtime.conversation import (
     Item,
+    ItemStatus,
     Spoken,
     function_call_item,
     message_item,
@@ -41,6 +43,22 @@ _AUDIO, _TEXT, _TOOL_CALL = Modality.AUDIO, Modality.TEXT, Modality.TOOL_CALL
 DEFAULT_TTS_RATE = 22050
 
 Emit = Callable[[ev.ServerEvent], None]
+
+
+class ResponseStatus(enum.StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class StopReason(enum.StrEnum):
+    """Why a response ended early (``status_details.reason``)."""
+
+    TURN_DETECTED = "turn_detected"  # the user spoke (barge-in, or went on after a pause)
+    CLIENT_CANCELLED = "client_cancelled"
+    MAX_OUTPUT_TOKENS = "max_output_tokens"
 
 
 @dataclass
@@ -76,7 +94,7 @@ class _Calls:
             )
         )
 
-    def close(self, item_status: str) -> list[tuple[int, dict[str, Any]]]:
+    def close(self, item_status: ItemStatus) -> list[tuple[int, dict[str, Any]]]:
         """Each call's arguments are all there: its done event; the items, to close."""
         closed = []
         for call in self._calls.values():
@@ -115,7 +133,7 @@ class ResponseRun:
         self.settings = settings
         self._service = service
         self._thinker, talker = stages
-        self._audio = "audio" in settings.modalities and talker is not None
+        self._audio = _AUDIO in settings.modalities and talker is not None
         self._talker = talker if self._audio else None
         self._messages = messages
         self._emit = emit
@@ -123,7 +141,7 @@ class ResponseRun:
         self._affinity = affinity
         self._rate_limits = rate_limits  # rate_limits.updated after each response.done
         self._stream: OutputStream | None = None
-        self.status = "in_progress"
+        self.status = ResponseStatus.IN_PROGRESS
         self._details: dict[str, Any] | None = None
         self._outputs: list[Item] = []
         self.message: Item | None = None  # the answer's message item, once it has words
@@ -137,7 +155,7 @@ class ResponseRun:
 
     @property
     def done(self) -> bool:
-        return self.status != "in_progress"
+        return self.status != ResponseStatus.IN_PROGRESS
 
     def response_json(self) -> dict[str, Any]:
         s = self.settings
@@ -166,7 +184,7 @@ class ResponseRun:
             try:
                 await before
             except asyncio.CancelledError:
-                self.cancel("client_cancelled")
+                self.cancel(StopReason.CLIENT_CANCELLED)
                 raise
             except Exception as exc:  # the turn could not be heard: nothing to answer
                 self._fail("server_error", "transcription_failed", str(exc))
@@ -193,7 +211,7 @@ class ResponseRun:
                 reason = self._output(out) or reason
             self._usage = self._stream.usage()
         except asyncio.CancelledError:
-            self.cancel("client_cancelled")
+            self.cancel(StopReason.CLIENT_CANCELLED)
             raise
         except BadRequestError as exc:
             self._fail("invalid_request_error", exc.code or "invalid_value", str(exc))
@@ -204,17 +222,17 @@ class ResponseRun:
                 self._stream.close()
         if not self.done:
             if reason == FinishReason.LENGTH:
-                self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+                self._stop(ResponseStatus.INCOMPLETE, StopReason.MAX_OUTPUT_TOKENS)
             else:
-                self._finish("completed", None)
+                self._finish(ResponseStatus.COMPLETED, None)
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: StopReason) -> None:
         """Stop at once: nothing more of this response is emitted after its done events."""
         if self.done:
             return
         if self._stream is not None:
             self._stream.close()
-        self._finish("cancelled", {"type": "cancelled", "reason": reason})
+        self._stop(ResponseStatus.CANCELLED, reason)
 
     # ----------------------------------------------------------------------------------
 
@@ -233,7 +251,8 @@ class ResponseRun:
         if self.message is None:
             kind = "output_audio" if self._audio else "output_text"
             key = "transcript" if self._audio else "text"
-            self.message = message_item("assistant", [{"type": kind, key: ""}], "in_progress")
+            parts = [{"type": kind, key: ""}]
+            self.message = message_item("assistant", parts, ItemStatus.IN_PROGRESS)
             self._add_output(self.message)
             part = {"type": "audio" if self._audio else "text", key: ""}
             self._part_event(ev.ContentPartAdded, part=part)
@@ -277,15 +296,18 @@ class ResponseRun:
         self._part_event(ev.OutputAudioDelta, delta=base64.b64encode(data).decode())
 
     def _fail(self, kind: str, code: str, message: str) -> None:
-        self._finish(
-            "failed", {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
-        )
+        error = {"type": kind, "code": code, "message": message}
+        self._finish(ResponseStatus.FAILED, {"type": ResponseStatus.FAILED, "error": error})
 
-    def _finish(self, status: str, details: dict[str, Any] | None) -> None:
+    def _stop(self, status: ResponseStatus, reason: StopReason) -> None:
+        self._finish(status, {"type": status, "reason": reason})
+
+    def _finish(self, status: ResponseStatus, details: dict[str, Any] | None) -> None:
         """Close every open part and item, then ``response.done``."""
         self.status = status
         self._details = details
-        item_status = "completed" if status == "completed" else "incomplete"
+        completed = status == ResponseStatus.COMPLETED
+        item_status = ItemStatus.COMPLETED if completed else ItemStatus.INCOMPLETE
         if self.message is not None:
             self._close_message(item_status)
         for index, js in self._calls.close(item_status):
@@ -294,19 +316,20 @@ class ResponseRun:
         if self._rate_limits is not None:
             self._emit(ev.RateLimitsUpdated(rate_limits=self._rate_limits()))
 
-    def _close_message(self, item_status: str) -> None:
+    def _close_message(self, item_status: ItemStatus) -> None:
         item = self.message
         assert item is not None
         part = item.json["content"][0]
         if self._audio:
             if self._encoder is not None:
                 tail = self._encoder.flush()
-                if tail and item_status == "completed":
+                if tail and item_status == ItemStatus.COMPLETED:
                     delta = base64.b64encode(tail).decode()
                     self._part_event(ev.OutputAudioDelta, delta=delta)
             # What was said: the spoken sentences (all of them unless cut short).
             said = " ".join(s.text for s in item.spoken if s.text)
-            part["transcript"] = said if item_status != "completed" else "".join(self._words)
+            completed = item_status == ItemStatus.COMPLETED
+            part["transcript"] = "".join(self._words) if completed else said
             self._part_event(ev.OutputAudioDone)
             self._part_event(ev.TranscriptDone, transcript=part["transcript"])
             done_part = {"type": "audio", "transcript": part["transcript"]}

@@ -23,7 +23,7 @@ from omnistage.realtime.gate import Gate
 from omnistage.realtime.listening import TurnListener
 from omnistage.realtime.options import SessionKind
 from omnistage.realtime.replies import reply_settings
-from omnistage.realtime.response_run import ResponseRun
+from omnistage.realtime.response_run import ResponseRun, StopReason
 from omnistage.realtime.user_turn import UserTurn
 
 
@@ -116,7 +116,7 @@ class TurnTaking:
         early, self._early = self._early, None
         if early is not None:
             early.gate.drop()
-            early.run.cancel("turn_detected")
+            early.run.cancel(StopReason.TURN_DETECTED)
 
     def speech_stopped(self, turn: UserTurn, end_ms: int) -> None:
         host, answers = self._host, self._answers
@@ -135,7 +135,7 @@ class TurnTaking:
             return
         if early is not None:
             early.gate.drop()
-            early.run.cancel("turn_detected")
+            early.run.cancel(StopReason.TURN_DETECTED)
         if self._answers_turns and not answers.answering:
             settings = reply_settings(host.config, {})
             answers.start(settings, None, None, spoken_end, self.hearing())

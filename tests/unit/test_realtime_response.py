@@ -20,7 +20,7 @@ from omnistage.protocol.messages import ChatMessage, ChunkMeta
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.events import ServerEvent
 from omnistage.realtime.replies import ResponseSettings
-from omnistage.realtime.response_run import ResponseRun
+from omnistage.realtime.response_run import ResponseRun, StopReason
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
 
 THINKER, TALKER = 0, 1
@@ -200,7 +200,7 @@ async def test_a_cancelled_answer_says_nothing_more_and_keeps_what_was_sent() ->
     r.stream.put(*words("First one.", " Second one."))
     r.stream.put(speech("First one.", 2205))
     await until(lambda: r.of("response.output_audio.delta"), what="the first audio")
-    r.run.cancel("turn_detected")
+    r.run.cancel(StopReason.TURN_DETECTED)
     assert r.stream.closed and r.run.done
     sent = len(r.events)
     r.stream.put(speech("Second one.", 2205))  # too late: the stream was aborted
@@ -217,7 +217,7 @@ async def test_a_cancelled_answer_says_nothing_more_and_keeps_what_was_sent() ->
     assert item["status"] == "incomplete"
     # The words the thinker wrote are more than was said: the item keeps what was sent.
     assert item["content"][0]["transcript"] == "First one."
-    r.run.cancel("again")  # a second cancel changes nothing
+    r.run.cancel(StopReason.CLIENT_CANCELLED)  # a second cancel changes nothing
     assert len(r.events) == sent
 
 
@@ -225,7 +225,7 @@ async def test_a_cancel_before_the_request_opens_sends_nothing_to_the_pipeline()
     r = Run(settings("text"))
     gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     r.start(gate)
-    r.run.cancel("client_cancelled")
+    r.run.cancel(StopReason.CLIENT_CANCELLED)
     gate.set_result(None)
     await r.finish()
     assert r.pipeline.requests == []
