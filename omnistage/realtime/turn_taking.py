@@ -48,7 +48,8 @@ class TurnTaking:
         self._unsent: dict[str, list[str]] = {}
 
     @property
-    def _answers_turns(self) -> bool:
+    def _auto_answer(self) -> bool:
+        """Whether a committed turn is answered without the client's ``response.create``."""
         config = self._host.config
         td = config.turn_detection
         return td is not None and td.create_response and config.kind != SessionKind.TRANSCRIPTION
@@ -94,7 +95,7 @@ class TurnTaking:
 
     def paused(self, turn: UserTurn) -> None:
         host, answers = self._host, self._answers
-        if not self._answers_turns or answers.answering:
+        if not self._auto_answer or answers.answering:
             return
         self.drop_early()
         item = self._user_item(turn)
@@ -136,7 +137,7 @@ class TurnTaking:
         if early is not None:
             early.gate.drop()
             early.run.cancel(StopReason.TURN_DETECTED)
-        if self._answers_turns and not answers.answering:
+        if self._auto_answer and not answers.answering:
             settings = reply_settings(host.config, {})
             answers.start(settings, None, None, spoken_end, self.hearing())
 
