@@ -1,12 +1,13 @@
-"""Building blocks of the OpenAI-compatible Realtime API (``GET /v1/realtime``).
+"""The OpenAI-compatible Realtime API (``GET /v1/realtime``): one voice session's parts.
 
-The pieces a realtime voice session is assembled from, each usable and tested on its own:
-``audio_formats`` (the session's audio formats: 24 kHz PCM, G.711 mu-law and A-law, with
-streaming conversion to and from the rates the models want; ``g711`` and ``resample``
-beneath it), ``turns`` (the pure server-VAD turn detector: speech probabilities in,
-``SpeechStarted``/``SpeechStopped`` out, with Realtime's ``turn_detection`` parameters)
-and ``vad`` (Silero VAD, as faster-whisper ships it, scoring streamed audio for the
-detector), and ``stats`` (the session counters that /metrics, the dashboard and
-``omnistage status`` show); the session state and the WebSocket endpoint
-(``api/routes/realtime.py``) are built on them.
+``session`` (the session: client events in, server events out) sits above its parts,
+which see it only as ``context.SessionHost``: ``audio_input`` (hears: input buffer,
+server VAD from ``omnistage.audio``, the ``user_turn`` being spoken, its phrases heard
+by ``listening``), ``turn_taking`` (what the turns mean: barge-in, early answers held
+by ``gate``, commits) and ``answers`` (the session's answers, each a ``response_run``).
+``events`` holds the wire events, client and server, as msgspec Structs; ``options``
+the session and response settings a client sends, decoded by msgspec, applied by
+``config`` and ``replies``; ``conversation`` the items. Beside them: ``secrets``
+(signed ``ek_`` client secrets) and ``stats`` (the counters /metrics, the dashboard and
+``omnistage status`` show). The socket is ``api/routes/realtime.py``'s.
 """

@@ -20,10 +20,11 @@ from typing import Protocol
 from omnistage.audio.formats import AudioFormat, InputStream
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted
 from omnistage.audio.vad import VadStream
-from omnistage.realtime.config import TurnDetection, bad
+from omnistage.realtime.config import TurnDetection
 from omnistage.realtime.conversation import new_id
 from omnistage.realtime.input_buffer import BYTES_PER_MS, RATE, InputBuffer
-from omnistage.realtime.turn import PAUSE_MS, UserTurn
+from omnistage.realtime.options import bad
+from omnistage.realtime.user_turn import PAUSE_MS, UserTurn
 
 # Push-to-talk audio held before a commit (OpenAI's buffer holds about this much).
 MAX_BUFFER_MS = 15 * 60 * 1000
@@ -97,6 +98,7 @@ class AudioInput:
             elif self.turn is not None:
                 turn, self.turn = self.turn, None
                 self._listener.speech_stopped(turn, event.audio_end_ms)
+                self.buffer.drop_before(event.audio_end_ms)  # the turn has its audio
         if self.turn is not None:
             self._watch_pause(self.turn)
         else:
@@ -121,27 +123,30 @@ class AudioInput:
             self._listener.resumed(turn)
             turn.feed(self.buffer.slice(turn.fed_ms), self.buffer.end_ms - turn.fed_ms)
 
-    def take_turn(self) -> tuple[UserTurn, float] | None:
-        """For a manual commit: the turn so far (or the buffer as one) and where it
-        ends; None when it holds less than ``MIN_COMMIT_MS``."""
+    def take_turn(self) -> UserTurn:
+        """For a manual commit: the turn so far (or the buffer as one), its audio taken
+        from the buffer; refused when it holds less than ``MIN_COMMIT_MS``."""
         end_ms = self.buffer.end_ms
         start_ms = self.turn.start_ms if self.turn is not None else self.buffer.start_ms
         if end_ms - start_ms < MIN_COMMIT_MS:
-            return None
+            raise bad(
+                "",
+                f"buffer too small: at least {MIN_COMMIT_MS} ms of audio is needed, "
+                f"the buffer holds {self.held_ms():.0f} ms",
+                "input_audio_buffer_commit_empty",
+            )
         turn, self.turn = self.turn, None
         if turn is None:
             turn = self._new_turn(new_id("item"), start_ms)
             turn.feed(self.buffer.slice(start_ms), end_ms - start_ms)
         if self._vad is not None:
             self._vad.reset()
-        return turn, end_ms
+        self.buffer.drop_before(end_ms)
+        return turn
 
     def held_ms(self) -> float:
         start = self.turn.start_ms if self.turn is not None else self.buffer.start_ms
         return max(0.0, self.buffer.end_ms - start)
-
-    def committed(self, end_ms: float) -> None:
-        self.buffer.drop_before(end_ms)
 
     def clear(self) -> None:
         self.drop_turn()

@@ -10,6 +10,7 @@ a truncation drops what the user never heard.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import secrets
 from collections.abc import Mapping
@@ -18,12 +19,18 @@ from typing import Any
 
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, ToolCall
-from omnistage.realtime.config import bad
+from omnistage.realtime.options import bad
 
 MAX_ITEMS = 1024
 MAX_TEXT = 256 * 1024
 _USER_PARTS = ("input_text", "input_audio")
 _ASSISTANT_PARTS = ("output_text", "output_audio", "text")
+
+
+class ItemStatus(enum.StrEnum):
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"  # cut short (barge-in, truncation, a failed answer)
+    IN_PROGRESS = "in_progress"
 
 
 def new_id(prefix: str) -> str:
@@ -79,10 +86,12 @@ class Item:
         self.spoken = kept
         part = self.json["content"][0]
         part["transcript"] = " ".join(s.text for s in kept if s.text)
-        self.json["status"] = "incomplete"
+        self.json["status"] = ItemStatus.INCOMPLETE
 
 
-def message_item(role: str, parts: list[dict[str, Any]], status: str = "completed") -> Item:
+def message_item(
+    role: str, parts: list[dict[str, Any]], status: ItemStatus = ItemStatus.COMPLETED
+) -> Item:
     return Item(
         {
             "id": new_id("item"),
@@ -102,7 +111,7 @@ def function_call_item(name: str) -> Item:
             "id": new_id("item"),
             "object": "realtime.item",
             "type": "function_call",
-            "status": "in_progress",
+            "status": ItemStatus.IN_PROGRESS,
             "call_id": new_id("call"),
             "name": name,
             "arguments": "",
@@ -118,7 +127,7 @@ def check_item(value: Any, where: str = "item") -> Item:
     item = dict(value)
     item.setdefault("id", new_id("item"))
     item["object"] = "realtime.item"
-    item.setdefault("status", "completed")
+    item.setdefault("status", ItemStatus.COMPLETED)
     if not isinstance(item["id"], str) or not 0 < len(item["id"]) <= 64:
         raise bad(f"{where}.id", "expected a string of at most 64 characters")
     if kind == "message":

@@ -1,11 +1,14 @@
-"""The Realtime API's client events, decoded into typed structs, and the server events'
-common shape.
+"""The Realtime API's events as typed structs: the client's, decoded, and the server's,
+encoded; each a msgspec union tagged by ``type`` with OpenAI's GA event names.
 
-Client events are one msgspec union tagged by ``type``: a frame decodes in one pass, an
-unknown ``type`` or a field of the wrong type is one ``BadRequestError`` naming the field
-(``audio``, ``item.type``), and the session answers it with an ``error`` event and goes
-on. Objects with many optional parts (a session patch, an item, a response's settings)
-stay plain JSON here and are checked by their owners (``config``, ``items``).
+Client events: a frame decodes in one pass, an unknown ``type`` or a field of the wrong
+type is one ``BadRequestError`` naming the field (``audio``, ``item.type``), and the
+session answers it with an ``error`` event and goes on. Objects with many optional parts
+(a session patch, an item, a response's settings) stay plain JSON here and are checked by
+their owners (``config``, ``conversation``, ``replies``).
+
+Server events: the session gives each its ``event_id`` as it sends it. The objects they
+carry (an item, a response, a session) are the JSON their owners keep, in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -139,22 +142,242 @@ def _missing_field(message: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------
+# Server events
+# --------------------------------------------------------------------------------------
+
+
+class ServerEvent(msgspec.Struct, tag_field="type", kw_only=True):
+    event_id: str = ""  # set by the session as it sends the event
+
+
+class Failure(msgspec.Struct):
+    """What went wrong: a failed transcription's ``error``."""
+
+    type: str
+    code: str
+    message: str
+    param: str | None = None
+
+
+class ErrorDetails(Failure):
+    """An ``error`` event's ``error``: also which client event it refuses."""
+
+    event_id: str | None = None
+
+
+class Error(ServerEvent, tag="error", kw_only=True):
+    error: ErrorDetails
+
+
+class SessionCreated(ServerEvent, tag="session.created", kw_only=True):
+    session: dict[str, Any]
+
+
+class SessionUpdated(ServerEvent, tag="session.updated", kw_only=True):
+    session: dict[str, Any]
+
+
+class InputCleared(ServerEvent, tag="input_audio_buffer.cleared", kw_only=True):
+    pass
+
+
+class InputCommitted(ServerEvent, tag="input_audio_buffer.committed", kw_only=True):
+    previous_item_id: str | None
+    item_id: str
+
+
+class InputSpeechStarted(ServerEvent, tag="input_audio_buffer.speech_started", kw_only=True):
+    audio_start_ms: int
+    item_id: str
+
+
+class InputSpeechStopped(ServerEvent, tag="input_audio_buffer.speech_stopped", kw_only=True):
+    audio_end_ms: int
+    item_id: str
+
+
+class ItemAdded(ServerEvent, tag="conversation.item.added", kw_only=True):
+    previous_item_id: str | None
+    item: dict[str, Any]
+
+
+class ItemDone(ServerEvent, tag="conversation.item.done", kw_only=True):
+    previous_item_id: str | None
+    item: dict[str, Any]
+
+
+class ItemRetrieved(ServerEvent, tag="conversation.item.retrieved", kw_only=True):
+    item: dict[str, Any]
+
+
+class ItemDeleted(ServerEvent, tag="conversation.item.deleted", kw_only=True):
+    item_id: str
+
+
+class ItemTruncated(ServerEvent, tag="conversation.item.truncated", kw_only=True):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+_TRANSCRIPTION = "conversation.item.input_audio_transcription"
+
+
+class _TranscriptionEvent(ServerEvent, kw_only=True):
+    item_id: str
+    content_index: int = 0
+
+
+class TranscriptionDelta(_TranscriptionEvent, tag=f"{_TRANSCRIPTION}.delta", kw_only=True):
+    delta: str
+
+
+class TranscriptionCompleted(_TranscriptionEvent, tag=f"{_TRANSCRIPTION}.completed", kw_only=True):
+    transcript: str
+
+
+class TranscriptionFailed(_TranscriptionEvent, tag=f"{_TRANSCRIPTION}.failed", kw_only=True):
+    error: Failure
+
+
+class ResponseCreated(ServerEvent, tag="response.created", kw_only=True):
+    response: dict[str, Any]
+
+
+class ResponseDone(ServerEvent, tag="response.done", kw_only=True):
+    response: dict[str, Any]
+
+
+class RateLimitsUpdated(ServerEvent, tag="rate_limits.updated", kw_only=True):
+    rate_limits: list[dict[str, Any]]
+
+
+class _ResponseEvent(ServerEvent, kw_only=True):
+    response_id: str
+
+
+class OutputItemAdded(_ResponseEvent, tag="response.output_item.added", kw_only=True):
+    output_index: int
+    item: dict[str, Any]
+
+
+class OutputItemDone(_ResponseEvent, tag="response.output_item.done", kw_only=True):
+    output_index: int
+    item: dict[str, Any]
+
+
+class PartEvent(_ResponseEvent, kw_only=True):
+    """An event of the answer message's one content part."""
+
+    item_id: str
+    output_index: int
+    content_index: int = 0
+
+
+class ContentPartAdded(PartEvent, tag="response.content_part.added", kw_only=True):
+    part: dict[str, Any]
+
+
+class ContentPartDone(PartEvent, tag="response.content_part.done", kw_only=True):
+    part: dict[str, Any]
+
+
+class OutputTextDelta(PartEvent, tag="response.output_text.delta", kw_only=True):
+    delta: str
+
+
+class OutputTextDone(PartEvent, tag="response.output_text.done", kw_only=True):
+    text: str
+
+
+class OutputAudioDelta(PartEvent, tag="response.output_audio.delta", kw_only=True):
+    delta: str  # base64 of audio in the session's output format
+
+
+class OutputAudioDone(PartEvent, tag="response.output_audio.done", kw_only=True):
+    pass
+
+
+class TranscriptDelta(PartEvent, tag="response.output_audio_transcript.delta", kw_only=True):
+    delta: str
+
+
+class TranscriptDone(PartEvent, tag="response.output_audio_transcript.done", kw_only=True):
+    transcript: str
+
+
+class _CallEvent(_ResponseEvent, kw_only=True):
+    item_id: str
+    output_index: int
+    call_id: str
+
+
+class CallArgumentsDelta(_CallEvent, tag="response.function_call_arguments.delta", kw_only=True):
+    delta: str
+
+
+class CallArgumentsDone(_CallEvent, tag="response.function_call_arguments.done", kw_only=True):
+    name: str
+    arguments: str
+
+
+AnyServerEvent = (
+    Error
+    | SessionCreated
+    | SessionUpdated
+    | InputCleared
+    | InputCommitted
+    | InputSpeechStarted
+    | InputSpeechStopped
+    | ItemAdded
+    | ItemDone
+    | ItemRetrieved
+    | ItemDeleted
+    | ItemTruncated
+    | TranscriptionDelta
+    | TranscriptionCompleted
+    | TranscriptionFailed
+    | ResponseCreated
+    | ResponseDone
+    | RateLimitsUpdated
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | OutputAudioDelta
+    | OutputAudioDone
+    | TranscriptDelta
+    | TranscriptDone
+    | CallArgumentsDelta
+    | CallArgumentsDone
+)
+SERVER_EVENT_TYPES = tuple(
+    c.__struct_config__.tag
+    for c in AnyServerEvent.__args__  # type: ignore[attr-defined]
+)
+
+
 class EventIds:
     """Server event ids, unique within a session."""
 
     def __init__(self) -> None:
         self._next = itertools.count(1)
 
-    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return {"type": kind, "event_id": f"event_{next(self._next)}", **fields}
+    def next(self) -> str:
+        return f"event_{next(self._next)}"
 
 
-def error_fields(exc: BadRequestError, event_id: str | None = None) -> dict[str, Any]:
-    """The ``error`` object of an ``error`` event, from a refused client event."""
-    return {
-        "type": "invalid_request_error",
-        "code": exc.code or "invalid_value",
-        "message": str(exc),
-        "param": exc.param,
-        "event_id": event_id or getattr(exc, "event_id", None),
-    }
+def error_event(exc: BadRequestError, event_id: str | None = None) -> Error:
+    """The ``error`` event for a refused client event (``event_id``: the caller's, else
+    the one the refused frame had)."""
+    details = ErrorDetails(
+        type="invalid_request_error",
+        code=exc.code or "invalid_value",
+        message=str(exc),
+        param=exc.param,
+        event_id=event_id or getattr(exc, "event_id", None),
+    )
+    return Error(error=details)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from omnistage.realtime.conversation import Item
+from omnistage.realtime.events import ServerEvent
 
 
 class Gate:
     def __init__(
-        self, emit: Callable[[str, dict[str, Any]], None], add_item: Callable[[Item], None]
+        self, emit: Callable[[ServerEvent], None], add_item: Callable[[Item], None]
     ) -> None:
         self._emit = emit
         self._add_item = add_item
@@ -28,11 +28,11 @@ class Gate:
     def is_open(self) -> bool:
         return self._held is None
 
-    def emit(self, kind: str, fields: dict[str, Any]) -> None:
+    def emit(self, event: ServerEvent) -> None:
         if self._held is None:
-            self._emit(kind, fields)
+            self._emit(event)
         else:
-            self._held.append(lambda: self._emit(kind, fields))
+            self._held.append(lambda: self._emit(event))
 
     def add_item(self, item: Item) -> None:
         if self._held is None:

@@ -1,46 +1,72 @@
-"""What one response is asked for: ``response.create``'s ``response`` object checked and
-laid over the session's settings (each field it gives replaces the session's for this
-response only)."""
+"""What one response is asked for (``ResponseSettings``): ``response.create``'s
+``response`` object decoded (``options.ResponseParams``) and laid over the session's
+settings (each field it gives replaces the session's for this response only), and the
+stage parameters that asks of the thinker and talker."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from omnistage.audio.formats import AudioFormatError, parse_audio_format
-from omnistage.realtime.config import (
-    MODALITIES,
-    SessionConfig,
-    bad,
-    check_max_tokens,
-    check_tool_choice,
-    check_tools,
-)
-from omnistage.realtime.response import ResponseSettings
+from msgspec import UNSET
 
-# Read by the session itself (which items the answer hears, and its instructions).
-_SESSION_KEYS = frozenset({"input", "instructions"})
-_KEYS = frozenset(
-    {
-        "conversation",
-        "output_modalities",
-        "tools",
-        "tool_choice",
-        "max_output_tokens",
-        "metadata",
-        "audio",
-        "temperature",
-        "prompt",
-    }
+from omnistage.audio.formats import AudioFormat
+from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
+from omnistage.realtime.config import SessionConfig, audio_format
+from omnistage.realtime.options import (
+    ResponseAudioOutput,
+    ResponseParams,
+    bad,
+    decode,
+    max_tokens_value,
+    tool_choice_value,
+    tool_dicts,
 )
+
+
+@dataclass
+class ResponseSettings:
+    """What one response is asked for: the session's settings over ``response.create``'s."""
+
+    modalities: tuple[str, ...]
+    output_format: AudioFormat
+    voice: str
+    speed: float
+    tools: list[dict[str, Any]]
+    tool_choice: str | dict[str, Any]
+    max_output_tokens: int | None
+    temperature: float | None
+    in_conversation: bool = True
+    metadata: dict[str, Any] | None = None
+
+    def params(self, thinker: int, talker: int | None) -> dict[int, StageParams]:
+        gen: dict[str, Any] = {}
+        if self.max_output_tokens is not None:
+            gen["max_tokens"] = self.max_output_tokens
+        if self.temperature is not None:
+            gen["temperature"] = self.temperature
+        if self.tools and self.tool_choice != "none":
+            gen["tools"] = [_chat_tool(t) for t in self.tools]
+            gen["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        out = {thinker: StageParams(text=GenerationParams(**gen))}
+        if talker is not None:
+            out[talker] = StageParams(speech=SpeechParams(self.voice, self.speed))
+        return out
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": fn}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        return choice
+    return {"type": "function", "function": {"name": choice["name"]}}
 
 
 def reply_settings(config: SessionConfig, params: Any) -> ResponseSettings:
-    if not isinstance(params, Mapping):
-        raise bad("response", "expected an object")
-    for key in params:
-        if key not in _KEYS and key not in _SESSION_KEYS:
-            raise bad(f"response.{key}", "unknown parameter", "unknown_parameter")
+    given = decode(params, ResponseParams, "response")
     settings = ResponseSettings(
         modalities=config.output_modalities,
         output_format=config.output_format,
@@ -50,53 +76,31 @@ def reply_settings(config: SessionConfig, params: Any) -> ResponseSettings:
         tool_choice=config.tool_choice,
         max_output_tokens=config.max_output_tokens,
         temperature=config.temperature,
+        in_conversation=given.conversation == "auto",
+        metadata=given.metadata or None,
     )
-    conversation = params.get("conversation", "auto")
-    if conversation not in ("auto", "none"):
-        raise bad("response.conversation", 'expected "auto" or "none"')
-    settings.in_conversation = conversation == "auto"
-    if "output_modalities" in params:
-        value = params["output_modalities"]
-        if not isinstance(value, list) or len(value) != 1 or value[0] not in MODALITIES:
-            raise bad("response.output_modalities", 'expected ["audio"] or ["text"]')
-        settings.modalities = tuple(value)
-    if "tools" in params:
-        settings.tools = check_tools(params["tools"], "response.tools")
-    if "tool_choice" in params:
-        settings.tool_choice = check_tool_choice(params["tool_choice"], "response.tool_choice")
-    if "max_output_tokens" in params:
-        value = params["max_output_tokens"]
-        settings.max_output_tokens = check_max_tokens(value, "response.max_output_tokens")
-    if "temperature" in params and params["temperature"] is not None:
-        value = params["temperature"]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 2:
-            raise bad("response.temperature", "expected a number from 0 to 2")
-        settings.temperature = float(value)
-    metadata = params.get("metadata")
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise bad("response.metadata", "expected an object")
-    settings.metadata = dict(metadata) if metadata else None
-    if "instructions" in params and not isinstance(params["instructions"], str):
-        raise bad("response.instructions", "expected a string")
-    _audio(settings, params.get("audio"))
+    if given.output_modalities is not UNSET:
+        settings.modalities = tuple(given.output_modalities)
+    if given.tools is not UNSET:
+        settings.tools = tool_dicts(given.tools)
+    if given.tool_choice is not UNSET:
+        settings.tool_choice = tool_choice_value(given.tool_choice)
+    if given.max_output_tokens is not UNSET:
+        settings.max_output_tokens = max_tokens_value(given.max_output_tokens)
+    if given.temperature is not UNSET and given.temperature is not None:
+        settings.temperature = given.temperature
+    if given.audio is not None:
+        _audio(settings, given.audio)
     return settings
 
 
-def _audio(settings: ResponseSettings, audio: Any) -> None:
-    if audio is None:
-        return
-    output = audio.get("output") if isinstance(audio, Mapping) else None
-    if not isinstance(output, Mapping) or set(audio) - {"output"}:
+def _audio(settings: ResponseSettings, audio: dict[str, Any]) -> None:
+    # An answer's audio has only its output side: anything else names ``audio`` itself.
+    output = audio.get("output")
+    if not isinstance(output, dict) or set(audio) - {"output"}:
         raise bad("response.audio", 'expected {"output": {"format", "voice"}}')
-    for key, value in output.items():
-        if key == "format":
-            try:
-                settings.output_format = parse_audio_format(value, "response.audio.output.format")
-            except AudioFormatError as exc:
-                raise bad(exc.field, str(exc).split(": ", 1)[-1]) from None
-        elif key == "voice":
-            if not isinstance(value, str) or not value:
-                raise bad("response.audio.output.voice", "expected a voice name")
-            settings.voice = value
-        else:
-            raise bad(f"response.audio.output.{key}", "unknown parameter", "unknown_parameter")
+    given = decode(output, ResponseAudioOutput, "response.audio.output")
+    if given.format is not UNSET:
+        settings.output_format = audio_format(given.format, "response.audio.output.format")
+    if given.voice is not UNSET:
+        settings.voice = given.voice

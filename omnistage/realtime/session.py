@@ -3,7 +3,8 @@
 The session owns the conversation and the event plumbing, and hands the rest to one
 part each: ``audio_input.AudioInput`` hears (buffer, VAD, the turn being spoken),
 ``turn_taking.TurnTaking`` decides what the user's turns mean (barge-in, early answers,
-commits) and ``responses.Responses`` runs the answers.
+commits) and ``answers.Answers`` runs the answers. The parts see the session as a
+``context.SessionHost`` (emit, spawn, config, conversation, pipeline) and never import it.
 
 Every client error is an ``error`` event naming the field; the session goes on. The
 route (``api.routes.realtime``) owns the socket: it feeds ``handle`` one frame at a time
@@ -14,55 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from omnistage.audio.server_vad import ServerVadParams
-from omnistage.audio.vad import VadStream
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
+from omnistage.realtime.answers import Answers
 from omnistage.realtime.audio_input import AudioInput
-from omnistage.realtime.config import SessionConfig, bad
+from omnistage.realtime.config import SessionConfig
+from omnistage.realtime.context import SessionContext
 from omnistage.realtime.conversation import (
     Conversation,
     Item,
     check_item,
     new_id,
 )
-from omnistage.realtime.input_buffer import RATE
-from omnistage.realtime.response import ResponseRun
-from omnistage.realtime.responses import Responses
+from omnistage.realtime.options import bad
+from omnistage.realtime.response_run import ResponseRun
 from omnistage.realtime.turn_taking import TurnTaking
-from omnistage.service import PipelineService
 
 SESSION_TTL_S = 60 * 60
-
-
-class Stats(Protocol):
-    def turn(self) -> None: ...
-    def barge_in(self) -> None: ...
-    def first_audio(self, seconds: float) -> None: ...
-
-
-class _NoStats:
-    def turn(self) -> None: ...
-    def barge_in(self) -> None: ...
-    def first_audio(self, seconds: float) -> None: ...
-
-
-@dataclass
-class SessionContext:
-    """What a session runs on: the pipeline and which stage does what."""
-
-    service: PipelineService
-    thinker: int
-    talker: int | None
-    listener: int | None
-    stats: Stats = field(default_factory=_NoStats)
-    vad: Callable[[ServerVadParams], VadStream] = lambda p: VadStream(p, RATE)
-    # What ``rate_limits.updated`` reports after each answer (None: nothing is sent).
-    rate_limits: Callable[[], list[dict[str, Any]]] | None = None
 
 
 class RealtimeSession:
@@ -70,7 +42,7 @@ class RealtimeSession:
         self,
         ctx: SessionContext,
         config: SessionConfig,
-        send: Callable[[dict[str, Any]], None],
+        send: Callable[[ev.ServerEvent], None],
     ) -> None:
         self.id = new_id("sess")
         self.ctx = ctx
@@ -78,8 +50,8 @@ class RealtimeSession:
         self._send = send
         self._ids = ev.EventIds()
         self.conversation = Conversation()
-        self.responses = Responses(self)
-        self.turns = TurnTaking(self)
+        self.answers = Answers(self)
+        self.turns = TurnTaking(self, self.answers)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.audio = AudioInput(self.turns, self.turns.new_turn, ctx.vad)
         self.audio.configure(config.input_format, config.turn_detection)
@@ -88,17 +60,18 @@ class RealtimeSession:
     @property
     def response(self) -> ResponseRun | None:
         """The conversation's answer under way (or the last one)."""
-        return self.responses.active
+        return self.answers.active
 
     # --------------------------------------------------------------------- plumbing
 
-    def emit(self, kind: str, fields: dict[str, Any] | None = None) -> None:
-        self._send(self._ids.event(kind, **(fields or {})))
+    def emit(self, event: ev.ServerEvent) -> None:
+        event.event_id = self._ids.next()
+        self._send(event)
 
     def error(self, exc: BadRequestError, event_id: str | None = None) -> None:
-        self.emit("error", {"error": ev.error_fields(exc, event_id)})
+        self.emit(ev.error_event(exc, event_id))
 
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as the session's: cancelled when the session closes."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -106,7 +79,7 @@ class RealtimeSession:
         return task
 
     def opened(self) -> None:
-        self.emit("session.created", {"session": self._session_json()})
+        self.emit(ev.SessionCreated(session=self._session_json()))
 
     def _session_json(self) -> dict[str, Any]:
         return self.config.to_json(self.id, int(self._created) + SESSION_TTL_S)
@@ -114,7 +87,7 @@ class RealtimeSession:
     async def close(self) -> None:
         """The client is gone: stop every answer and free every request of the session."""
         self.turns.drop_early()
-        self.responses.cancel_all()
+        self.answers.cancel_all()
         self.audio.clear()
         for task in list(self._tasks):
             task.cancel()
@@ -138,38 +111,46 @@ class RealtimeSession:
             case ev.SessionUpdate():
                 self.config.update(event.session)
                 self.audio.configure(self.config.input_format, self.config.turn_detection)
-                self.emit("session.updated", {"session": self._session_json()})
+                self.emit(ev.SessionUpdated(session=self._session_json()))
             case ev.AudioCommit():
-                self.turns.commit_manual()
+                self.turns.commit_manual(self.audio.take_turn())
             case ev.AudioClear():
                 self.turns.drop_early()
                 self.audio.clear()
-                self.emit("input_audio_buffer.cleared")
+                self.emit(ev.InputCleared())
             case ev.ItemCreate():
                 self._create_item(event.item, event.previous_item_id)
             case ev.ItemDelete():
                 self.conversation.delete(event.item_id)
-                self.emit("conversation.item.deleted", {"item_id": event.item_id})
+                self.emit(ev.ItemDeleted(item_id=event.item_id))
             case ev.ItemRetrieve():
                 item = self.conversation.get(event.item_id)
-                self.emit("conversation.item.retrieved", {"item": item.json})
+                self.emit(ev.ItemRetrieved(item=item.json))
             case ev.ItemTruncate():
                 self._truncate(event)
             case ev.ResponseCreate():
-                self.responses.create(event.response or {})
+                self._create_response(event.response or {})
             case ev.ResponseCancel():
-                self.responses.cancel(event.response_id)
+                self.answers.cancel(event.response_id)
             case ev.OutputAudioClear():
                 raise bad("type", "output_audio_buffer.clear is for WebRTC sessions only")
+
+    def _create_response(self, params: dict[str, Any]) -> None:
+        asked = self.answers.check(params)
+        if asked.settings.in_conversation:
+            # The client's answer replaces one held at a pause: two would both be adopted.
+            self.turns.drop_early()
+        self.answers.start(
+            asked.settings, asked.items, asked.instructions, None, self.turns.hearing()
+        )
 
     # --------------------------------------------------------------------- items
 
     def _create_item(self, value: Any, previous_item_id: str | None) -> None:
         item = check_item(value)
         previous = self.conversation.add(item, previous_item_id)
-        fields = {"previous_item_id": previous, "item": item.json}
-        self.emit("conversation.item.added", fields)
-        self.emit("conversation.item.done", fields)
+        self.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))
+        self.emit(ev.ItemDone(previous_item_id=previous, item=item.json))
 
     def _truncate(self, event: ev.ItemTruncate) -> None:
         item = self.conversation.get(event.item_id)
@@ -182,11 +163,10 @@ class RealtimeSession:
             raise bad("audio_end_ms", "must not be negative")
         item.truncate(event.audio_end_ms)
         self.emit(
-            "conversation.item.truncated",
-            {"item_id": item.id, "content_index": 0, "audio_end_ms": event.audio_end_ms},
+            ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms)
         )
 
     def add_answer_item(self, item: Item) -> None:
         """An answer's output item joins the conversation."""
         previous = self.conversation.add(item)
-        self.emit("conversation.item.added", {"previous_item_id": previous, "item": item.json})
+        self.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))

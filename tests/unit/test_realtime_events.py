@@ -4,8 +4,9 @@ its field, with the frame's ``event_id`` carried into the ``error`` event."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
+import msgspec
 import pytest
 
 from omnistage.protocol.errors import BadRequestError
@@ -108,7 +109,7 @@ def test_a_missing_or_wrong_field_is_named(event: dict[str, Any], param: str) ->
 def test_the_event_id_of_a_refused_frame_is_kept() -> None:
     err = refusal(json.dumps({"type": "input_audio_buffer.append", "event_id": "mine"}))
     assert err.event_id == "mine"  # type: ignore[attr-defined]
-    fields = ev.error_fields(err)
+    fields = msgspec.to_builtins(ev.error_event(err).error)
     assert fields == {
         "type": "invalid_request_error",
         "code": "invalid_value",
@@ -117,7 +118,7 @@ def test_the_event_id_of_a_refused_frame_is_kept() -> None:
         "event_id": "mine",
     }
     # An event id given by the caller (a decoded event refused later) wins.
-    assert ev.error_fields(err, "other")["event_id"] == "other"
+    assert ev.error_event(err, "other").error.event_id == "other"
 
 
 @pytest.mark.parametrize("frame", ["{", "not json", b"\xff\xfe", ""])
@@ -130,7 +131,7 @@ def test_invalid_json_is_refused(frame: str | bytes) -> None:
 def test_json_that_is_not_an_object_is_refused(frame: str) -> None:
     err = refusal(frame)
     assert err.code == "invalid_value" and "JSON object" in str(err)
-    assert ev.error_fields(err)["event_id"] is None
+    assert ev.error_event(err).error.event_id is None
 
 
 def test_bytes_frames_decode_too() -> None:
@@ -139,9 +140,36 @@ def test_bytes_frames_decode_too() -> None:
     )
 
 
-def test_server_event_ids_are_unique_and_carry_fields() -> None:
+def test_server_event_ids_are_unique() -> None:
     ids = ev.EventIds()
-    a = ids.event("session.created", session={"id": "s"})
-    b = ids.event("error")
-    assert a == {"type": "session.created", "event_id": a["event_id"], "session": {"id": "s"}}
-    assert a["event_id"] != b["event_id"]
+    assert ids.next() != ids.next()
+
+
+def test_a_server_event_encodes_as_openai_names_it() -> None:
+    event = ev.OutputTextDelta(response_id="resp_1", item_id="item_1", output_index=0, delta="Hi")
+    event.event_id = "event_1"
+    assert msgspec.json.decode(msgspec.json.encode(event)) == {
+        "type": "response.output_text.delta",
+        "event_id": "event_1",
+        "response_id": "resp_1",
+        "item_id": "item_1",
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "Hi",
+    }
+    error = ev.error_event(BadRequestError("no", param="audio", code="bad"), "mine")
+    assert msgspec.json.decode(msgspec.json.encode(error))["error"] == {
+        "type": "invalid_request_error",
+        "code": "bad",
+        "message": "no",
+        "param": "audio",
+        "event_id": "mine",
+    }
+
+
+def test_every_server_event_type_is_one_the_openai_sdk_parses() -> None:
+    realtime = pytest.importorskip("openai.types.realtime")
+    (union, *_) = get_args(realtime.RealtimeServerEvent)
+    sdk_types = {get_args(c.model_fields["type"].annotation)[0] for c in get_args(union)}
+    assert len(set(ev.SERVER_EVENT_TYPES)) == len(ev.SERVER_EVENT_TYPES)
+    assert set(ev.SERVER_EVENT_TYPES) <= sdk_types

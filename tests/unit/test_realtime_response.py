@@ -8,6 +8,7 @@ import base64
 from math import ceil
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -17,7 +18,9 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, ChunkMeta
 from omnistage.realtime.conversation import Item, Spoken
-from omnistage.realtime.response import ResponseRun, ResponseSettings
+from omnistage.realtime.events import ServerEvent
+from omnistage.realtime.replies import ResponseSettings
+from omnistage.realtime.response_run import ResponseRun, StopReason
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
 
 THINKER, TALKER = 0, 1
@@ -37,6 +40,14 @@ def settings(modality: str = "audio", fmt: AudioFormat = PCM, **kw: Any) -> Resp
         temperature=None,
     )
     return ResponseSettings(**{**base, **kw})
+
+
+def on_the_wire(event: ServerEvent) -> tuple[str, dict[str, Any]]:
+    """An event as the client reads it when it is sent: its type and its other fields
+    (the session, not the run, gives it its id)."""
+    fields = msgspec.json.decode(msgspec.json.encode(event))
+    assert fields.pop("event_id") == ""
+    return fields.pop("type"), fields
 
 
 class Pipeline:
@@ -65,7 +76,7 @@ class Run:
             (THINKER, talker),
             s,
             lambda: [ChatMessage("user", "hi")],
-            lambda kind, fields: self.events.append((kind, fields)),
+            lambda event: self.events.append(on_the_wire(event)),
             on_item=self.items.append,
             affinity="sess_1",
         )
@@ -189,7 +200,7 @@ async def test_a_cancelled_answer_says_nothing_more_and_keeps_what_was_sent() ->
     r.stream.put(*words("First one.", " Second one."))
     r.stream.put(speech("First one.", 2205))
     await until(lambda: r.of("response.output_audio.delta"), what="the first audio")
-    r.run.cancel("turn_detected")
+    r.run.cancel(StopReason.TURN_DETECTED)
     assert r.stream.closed and r.run.done
     sent = len(r.events)
     r.stream.put(speech("Second one.", 2205))  # too late: the stream was aborted
@@ -206,7 +217,7 @@ async def test_a_cancelled_answer_says_nothing_more_and_keeps_what_was_sent() ->
     assert item["status"] == "incomplete"
     # The words the thinker wrote are more than was said: the item keeps what was sent.
     assert item["content"][0]["transcript"] == "First one."
-    r.run.cancel("again")  # a second cancel changes nothing
+    r.run.cancel(StopReason.CLIENT_CANCELLED)  # a second cancel changes nothing
     assert len(r.events) == sent
 
 
@@ -214,7 +225,7 @@ async def test_a_cancel_before_the_request_opens_sends_nothing_to_the_pipeline()
     r = Run(settings("text"))
     gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     r.start(gate)
-    r.run.cancel("client_cancelled")
+    r.run.cancel(StopReason.CLIENT_CANCELLED)
     gate.set_result(None)
     await r.finish()
     assert r.pipeline.requests == []

@@ -11,6 +11,7 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -20,7 +21,9 @@ from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChunkMeta
 from omnistage.realtime import audio_input
 from omnistage.realtime.config import SessionConfig
-from omnistage.realtime.session import RealtimeSession, SessionContext
+from omnistage.realtime.context import SessionContext
+from omnistage.realtime.events import ServerEvent
+from omnistage.realtime.session import RealtimeSession
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, ticks, until
 
 THINKER, TALKER, LISTENER = 0, 1, 2
@@ -99,8 +102,12 @@ class Harness:
             vad=vad,  # type: ignore[arg-type]
             rate_limits=lambda: [{"name": "requests", "limit": 4, "remaining": 3}],
         )
-        self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self.sent.append)
+        self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self._sent)
         self.session.opened()
+
+    def _sent(self, event: ServerEvent) -> None:
+        # As the client reads it, were it written to the socket now.
+        self.sent.append(msgspec.json.decode(msgspec.json.encode(event)))
 
     @property
     def vad(self) -> ScriptedVad:

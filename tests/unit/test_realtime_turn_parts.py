@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from omnistage.realtime import events as ev
 from omnistage.realtime.conversation import message_item
 from omnistage.realtime.gate import Gate
 from omnistage.realtime.input_buffer import BYTES_PER_MS, InputBuffer
-from omnistage.realtime.turn import UserTurn
+from omnistage.realtime.user_turn import UserTurn
 from tests.unit.fakes import ticks, until
 
 # ------------------------------------------------------------------------ gate
@@ -19,32 +20,36 @@ from tests.unit.fakes import ticks, until
 
 def gated() -> tuple[Gate, list[Any]]:
     seen: list[Any] = []
-    gate = Gate(lambda kind, fields: seen.append((kind, fields)), seen.append)
+    gate = Gate(seen.append, seen.append)
     return gate, seen
+
+
+def deleted(item_id: str) -> ev.ItemDeleted:
+    return ev.ItemDeleted(item_id=item_id)
 
 
 def test_the_gate_holds_in_order_until_opened() -> None:
     gate, seen = gated()
     item = message_item("assistant", [])
-    gate.emit("a", {"n": 1})
+    gate.emit(deleted("a"))
     gate.add_item(item)
-    gate.emit("b", {"n": 2})
+    gate.emit(deleted("b"))
     assert seen == [] and not gate.is_open and gate.opened_at is None
     gate.open()
-    assert seen == [("a", {"n": 1}), item, ("b", {"n": 2})]
+    assert seen == [deleted("a"), item, deleted("b")]
     assert gate.is_open and gate.opened_at is not None
-    gate.emit("c", {})  # open: straight through
-    assert seen[-1] == ("c", {})
+    gate.emit(deleted("c"))  # open: straight through
+    assert seen[-1] == deleted("c")
 
 
 def test_a_dropped_gate_forgets_what_it_held() -> None:
     gate, seen = gated()
-    gate.emit("a", {})
+    gate.emit(deleted("a"))
     gate.add_item(message_item("assistant", []))
     gate.drop()
-    gate.emit("b", {})
+    gate.emit(deleted("b"))
     gate.open()
-    assert seen == [("b", {})]
+    assert seen == [deleted("b")]
 
 
 # ------------------------------------------------------------------------ input buffer

@@ -19,10 +19,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from omnistage import defaults
 from omnistage.api.errors import error_response
 from omnistage.audio.vad import load_silero
+from omnistage.protocol.enums import Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig
-from omnistage.realtime.events import MAX_EVENT_BYTES
-from omnistage.realtime.session import RealtimeSession, SessionContext
+from omnistage.realtime.context import SessionContext
+from omnistage.realtime.events import MAX_EVENT_BYTES, ServerEvent
+from omnistage.realtime.session import RealtimeSession
 from omnistage.service import PipelineService
 
 router = APIRouter()
@@ -68,7 +70,7 @@ async def realtime(ws: WebSocket) -> None:
         return await _refuse(ws, 429, message, None, "session_limit_reached")
     config = SessionConfig(model=model or omni.served_model)
     if ctx.talker is None:
-        config.output_modalities = ("text",)
+        config.output_modalities = (Modality.TEXT,)
     minted = ws.scope.get("state", {}).get("realtime_session")
     try:
         if minted:
@@ -113,11 +115,11 @@ def _rate_limits(limits: RealtimeLimits) -> list[dict[str, Any]]:
 
 def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
     graph = omni.graph
-    text = graph.finals_with({"text"})
+    text = graph.finals_with({Modality.TEXT})
     if not text:
         return None
-    audio = graph.finals_with({"audio"})
-    listeners = graph.stages_reading("audio")
+    audio = graph.finals_with({Modality.AUDIO})
+    listeners = graph.stages_reading(Modality.AUDIO)
     return SessionContext(
         omni,
         thinker=text[0],
@@ -129,10 +131,10 @@ def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
 async def _serve(
     ws: WebSocket, ctx: SessionContext, config: SessionConfig, limits: RealtimeLimits
 ) -> None:
-    outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    outbox: asyncio.Queue[ServerEvent | None] = asyncio.Queue()
     overflow = asyncio.Event()
 
-    def send(event: dict[str, Any]) -> None:
+    def send(event: ServerEvent) -> None:
         if outbox.qsize() >= MAX_QUEUED_EVENTS:
             overflow.set()
             return
@@ -189,7 +191,7 @@ async def _read(
         await session.handle(frame)
 
 
-async def _write(ws: WebSocket, outbox: asyncio.Queue[dict[str, Any] | None]) -> None:
+async def _write(ws: WebSocket, outbox: asyncio.Queue[ServerEvent | None]) -> None:
     while (event := await outbox.get()) is not None:
         await ws.send_text(_encode(event).decode())
 

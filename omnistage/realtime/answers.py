@@ -1,28 +1,38 @@
 """A session's answers: the one the conversation waits on, out-of-band ones beside it,
 ``response.create`` / ``response.cancel``, and the end of speech -> first audio timing.
 
-The session owns one ``Responses``; turn taking (``turn_taking``) starts answers through
-it, and the client's events reach it through the session.
+The session owns one ``Answers``; turn taking (``turn_taking``) starts answers through
+it, and the client's events reach it through the session. It sees the session only as
+a ``SessionHost``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from omnistage.realtime.config import TRANSCRIPTION, bad
+from omnistage.realtime.context import SessionHost
 from omnistage.realtime.conversation import Item, chat_messages, check_item
 from omnistage.realtime.gate import Gate
-from omnistage.realtime.replies import reply_settings
-from omnistage.realtime.response import ResponseRun, ResponseSettings
-
-if TYPE_CHECKING:
-    from omnistage.realtime.session import RealtimeSession
+from omnistage.realtime.options import SessionKind, bad
+from omnistage.realtime.replies import ResponseSettings, reply_settings
+from omnistage.realtime.response_run import ResponseRun, StopReason
 
 
-class Responses:
-    def __init__(self, session: RealtimeSession) -> None:
-        self._session = session
+@dataclass
+class AnswerRequest:
+    """A checked ``response.create``: the answer's settings, the items it answers (None:
+    the conversation) and its instructions (None: the session's)."""
+
+    settings: ResponseSettings
+    items: list[Item] | None
+    instructions: str | None
+
+
+class Answers:
+    def __init__(self, host: SessionHost) -> None:
+        self._host = host
         self.active: ResponseRun | None = None  # the conversation's answer under way
         self._runs: dict[str, ResponseRun] = {}
 
@@ -30,12 +40,12 @@ class Responses:
     def answering(self) -> bool:
         return self.active is not None and not self.active.done
 
-    def create(self, params: dict[str, Any]) -> None:
-        """``response.create``."""
-        s = self._session
-        if s.config.kind == TRANSCRIPTION:
+    def check(self, params: dict[str, Any]) -> AnswerRequest:
+        """``response.create``'s ``response``, checked against the session's state."""
+        config = self._host.config
+        if config.kind == SessionKind.TRANSCRIPTION:
             raise bad("type", "a transcription session does not create responses")
-        settings = reply_settings(s.config, params)
+        settings = reply_settings(config, params)
         if settings.in_conversation and self.answering:
             assert self.active is not None
             raise bad(
@@ -45,10 +55,7 @@ class Responses:
             )
         inputs = params.get("input")
         items = self._input_items(inputs) if inputs is not None else None
-        if settings.in_conversation:
-            # The client's answer replaces one held at a pause: two would both be adopted.
-            s.turns.drop_early()
-        self.start(settings, items, params.get("instructions"), None, s.turns.hearing())
+        return AnswerRequest(settings, items, params.get("instructions"))
 
     def _input_items(self, inputs: Any) -> list[Item]:
         if not isinstance(inputs, list):
@@ -57,7 +64,7 @@ class Responses:
         for i, value in enumerate(inputs):
             if isinstance(value, dict) and value.get("type") == "item_reference":
                 ref = str(value.get("id"))
-                out.append(self._session.conversation.get(ref, f"response.input[{i}].id"))
+                out.append(self._host.conversation.get(ref, f"response.input[{i}].id"))
             else:
                 out.append(check_item(value, f"response.input[{i}]"))
         return out
@@ -69,21 +76,21 @@ class Responses:
         instructions: str | None,
         gate: Gate | None = None,
     ) -> ResponseRun:
-        s = self._session
-        text = instructions if instructions is not None else s.config.instructions
+        host, ctx = self._host, self._host.ctx
+        text = instructions if instructions is not None else host.config.instructions
 
         def messages() -> list[Any]:
-            return chat_messages(text, items if items is not None else list(s.conversation))
+            return chat_messages(text, items if items is not None else list(host.conversation))
 
         return ResponseRun(
-            s.ctx.service,
-            (s.ctx.thinker, s.ctx.talker),
+            ctx.service,
+            (ctx.thinker, ctx.talker),
             settings,
             messages,
-            gate.emit if gate is not None else s.emit,
-            on_item=gate.add_item if gate is not None else s.add_answer_item,
-            affinity=s.id,
-            rate_limits=s.ctx.rate_limits,
+            gate.emit if gate is not None else host.emit,
+            on_item=gate.add_item if gate is not None else host.add_answer_item,
+            affinity=host.id,
+            rate_limits=ctx.rate_limits,
         )
 
     def start(
@@ -112,7 +119,7 @@ class Responses:
             finally:
                 self._runs.pop(run.id, None)
 
-        self._session.spawn(running())
+        self._host.spawn(running())
 
     def adopt(self, run: ResponseRun) -> None:
         """An answer started early is the conversation's answer now."""
@@ -123,7 +130,7 @@ class Responses:
     ) -> None:
         """Record end of speech -> first answer audio sent. An early answer's audio went
         out when its gate opened (``released``), if it was made before."""
-        stats = self._session.ctx.stats
+        stats = self._host.ctx.stats
 
         def record(made: float) -> None:
             stats.first_audio(max(made, released or made) - spoken_end)
@@ -138,7 +145,7 @@ class Responses:
         if not self.answering:
             return False
         assert self.active is not None
-        self.active.cancel("turn_detected")
+        self.active.cancel(StopReason.TURN_DETECTED)
         return True
 
     def cancel(self, response_id: str | None) -> None:
@@ -150,8 +157,8 @@ class Responses:
                 "Cancellation failed: no active response found",
                 "response_cancel_not_active",
             )
-        run.cancel("client_cancelled")
+        run.cancel(StopReason.CLIENT_CANCELLED)
 
     def cancel_all(self) -> None:
         for run in list(self._runs.values()):
-            run.cancel("client_cancelled")
+            run.cancel(StopReason.CLIENT_CANCELLED)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,67 +22,43 @@ from typing import Any
 
 import numpy as np
 
-from omnistage.audio.formats import AudioFormat
 from omnistage.audio.formats import OutputStream as AudioOut
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
-from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
+from omnistage.realtime import events as ev
 from omnistage.realtime.conversation import (
     Item,
+    ItemStatus,
     Spoken,
     function_call_item,
     message_item,
     new_id,
 )
+from omnistage.realtime.replies import ResponseSettings
 from omnistage.service import OutputStream, PipelineService
 
 _AUDIO, _TEXT, _TOOL_CALL = Modality.AUDIO, Modality.TEXT, Modality.TOOL_CALL
 DEFAULT_TTS_RATE = 22050
 
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[ev.ServerEvent], None]
 
 
-@dataclass
-class ResponseSettings:
-    """What one response is asked for: the session's settings over ``response.create``'s."""
-
-    modalities: tuple[str, ...]
-    output_format: AudioFormat
-    voice: str
-    speed: float
-    tools: list[dict[str, Any]]
-    tool_choice: str | dict[str, Any]
-    max_output_tokens: int | None
-    temperature: float | None
-    in_conversation: bool = True
-    metadata: dict[str, Any] | None = None
-
-    def params(self, thinker: int, talker: int | None) -> dict[int, StageParams]:
-        gen: dict[str, Any] = {}
-        if self.max_output_tokens is not None:
-            gen["max_tokens"] = self.max_output_tokens
-        if self.temperature is not None:
-            gen["temperature"] = self.temperature
-        if self.tools and self.tool_choice != "none":
-            gen["tools"] = [_chat_tool(t) for t in self.tools]
-            gen["tool_choice"] = _chat_tool_choice(self.tool_choice)
-        out = {thinker: StageParams(text=GenerationParams(**gen))}
-        if talker is not None:
-            out[talker] = StageParams(speech=SpeechParams(self.voice, self.speed))
-        return out
+class ResponseStatus(enum.StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
 
 
-def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-    return {"type": "function", "function": fn}
+class StopReason(enum.StrEnum):
+    """Why a response ended early (``status_details.reason``)."""
 
-
-def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
-    if isinstance(choice, str):
-        return choice
-    return {"type": "function", "function": {"name": choice["name"]}}
+    TURN_DETECTED = "turn_detected"  # the user spoke (barge-in, or went on after a pause)
+    CLIENT_CANCELLED = "client_cancelled"
+    MAX_OUTPUT_TOKENS = "max_output_tokens"
 
 
 @dataclass
@@ -89,6 +66,53 @@ class _Call:
     item: Item
     output_index: int
     arguments: list[str] = field(default_factory=list)
+
+
+class _Calls:
+    """An answer's function calls, each an output item whose arguments stream in."""
+
+    def __init__(self, response_id: str, emit: Emit, add_output: Callable[[Item], int]) -> None:
+        self._response_id = response_id
+        self._emit = emit
+        self._add_output = add_output
+        self._calls: dict[int, _Call] = {}
+
+    def delta(self, index: int, name: str, text: str) -> None:
+        """More of call ``index``'s arguments (its first piece opens its item)."""
+        call = self._calls.get(index)
+        if call is None:
+            item = function_call_item(name)
+            call = self._calls[index] = _Call(item, self._add_output(item))
+        call.arguments.append(text)
+        self._emit(
+            ev.CallArgumentsDelta(
+                response_id=self._response_id,
+                item_id=call.item.id,
+                output_index=call.output_index,
+                call_id=call.item.json["call_id"],
+                delta=text,
+            )
+        )
+
+    def close(self, item_status: ItemStatus) -> list[tuple[int, dict[str, Any]]]:
+        """Each call's arguments are all there: its done event; the items, to close."""
+        closed = []
+        for call in self._calls.values():
+            js = call.item.json
+            js["arguments"] = "".join(call.arguments)
+            js["status"] = item_status
+            self._emit(
+                ev.CallArgumentsDone(
+                    response_id=self._response_id,
+                    item_id=call.item.id,
+                    output_index=call.output_index,
+                    call_id=js["call_id"],
+                    name=js["name"],
+                    arguments=js["arguments"],
+                )
+            )
+            closed.append((call.output_index, js))
+        return closed
 
 
 class ResponseRun:
@@ -109,7 +133,7 @@ class ResponseRun:
         self.settings = settings
         self._service = service
         self._thinker, talker = stages
-        self._audio = "audio" in settings.modalities and talker is not None
+        self._audio = _AUDIO in settings.modalities and talker is not None
         self._talker = talker if self._audio else None
         self._messages = messages
         self._emit = emit
@@ -117,13 +141,13 @@ class ResponseRun:
         self._affinity = affinity
         self._rate_limits = rate_limits  # rate_limits.updated after each response.done
         self._stream: OutputStream | None = None
-        self.status = "in_progress"
+        self.status = ResponseStatus.IN_PROGRESS
         self._details: dict[str, Any] | None = None
         self._outputs: list[Item] = []
         self.message: Item | None = None  # the answer's message item, once it has words
         self._words: list[str] = []
         self._encoder: AudioOut | None = None
-        self._calls: dict[int, _Call] = {}
+        self._calls = _Calls(self.id, emit, self._add_output)
         self._usage: dict[str, int] = {}
         self.first_audio_at: float | None = None  # monotonic time of the first audio delta
         self.on_first_audio: Callable[[float], None] | None = None
@@ -131,10 +155,7 @@ class ResponseRun:
 
     @property
     def done(self) -> bool:
-        return self.status != "in_progress"
-
-    def event(self, kind: str, **fields: Any) -> None:
-        self._emit(kind, {"response_id": self.id, **fields})
+        return self.status != ResponseStatus.IN_PROGRESS
 
     def response_json(self) -> dict[str, Any]:
         s = self.settings
@@ -154,7 +175,7 @@ class ResponseRun:
         return out
 
     def created(self) -> None:
-        self._emit("response.created", {"response": self.response_json()})
+        self._emit(ev.ResponseCreated(response=self.response_json()))
 
     async def run(self, before: Awaitable[None] | None = None) -> None:
         """Run the response to its end: completed, incomplete, failed or cancelled.
@@ -163,7 +184,7 @@ class ResponseRun:
             try:
                 await before
             except asyncio.CancelledError:
-                self.cancel("client_cancelled")
+                self.cancel(StopReason.CLIENT_CANCELLED)
                 raise
             except Exception as exc:  # the turn could not be heard: nothing to answer
                 self._fail("server_error", "transcription_failed", str(exc))
@@ -190,7 +211,7 @@ class ResponseRun:
                 reason = self._output(out) or reason
             self._usage = self._stream.usage()
         except asyncio.CancelledError:
-            self.cancel("client_cancelled")
+            self.cancel(StopReason.CLIENT_CANCELLED)
             raise
         except BadRequestError as exc:
             self._fail("invalid_request_error", exc.code or "invalid_value", str(exc))
@@ -201,23 +222,23 @@ class ResponseRun:
                 self._stream.close()
         if not self.done:
             if reason == FinishReason.LENGTH:
-                self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+                self._stop(ResponseStatus.INCOMPLETE, StopReason.MAX_OUTPUT_TOKENS)
             else:
-                self._finish("completed", None)
+                self._finish(ResponseStatus.COMPLETED, None)
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: StopReason) -> None:
         """Stop at once: nothing more of this response is emitted after its done events."""
         if self.done:
             return
         if self._stream is not None:
             self._stream.close()
-        self._finish("cancelled", {"type": "cancelled", "reason": reason})
+        self._stop(ResponseStatus.CANCELLED, reason)
 
     # ----------------------------------------------------------------------------------
 
     def _output(self, out: OutputChunk) -> FinishReason | None:
         if out.modality == _TOOL_CALL and out.meta is not None:
-            self._call_delta(out.meta.index or 0, out.meta.name or "", out.text)
+            self._calls.delta(out.meta.index or 0, out.meta.name or "", out.text)
         elif out.stage_id == self._talker:
             self._spoken(out)
         elif out.text and out.modality == _TEXT:
@@ -230,33 +251,31 @@ class ResponseRun:
         if self.message is None:
             kind = "output_audio" if self._audio else "output_text"
             key = "transcript" if self._audio else "text"
-            self.message = message_item("assistant", [{"type": kind, key: ""}], "in_progress")
+            parts = [{"type": kind, key: ""}]
+            self.message = message_item("assistant", parts, ItemStatus.IN_PROGRESS)
             self._add_output(self.message)
             part = {"type": "audio" if self._audio else "text", key: ""}
-            self._part_event("response.content_part.added", part=part)
+            self._part_event(ev.ContentPartAdded, part=part)
         return self.message
 
-    def _add_output(self, item: Item) -> None:
+    def _add_output(self, item: Item) -> int:
         self._outputs.append(item)
         index = len(self._outputs) - 1
-        self.event("response.output_item.added", output_index=index, item=item.json)
+        self._emit(ev.OutputItemAdded(response_id=self.id, output_index=index, item=item.json))
         if self.settings.in_conversation and self._on_item is not None:
             self._on_item(item)
+        return index
 
-    def _part_event(self, kind: str, **fields: Any) -> None:
+    def _part_event(self, kind: type[ev.PartEvent], **fields: Any) -> None:
+        """An event of the answer message's content part (``kind``: which)."""
         item = self._open_message()
         index = self._outputs.index(item)
-        self.event(kind, item_id=item.id, output_index=index, content_index=0, **fields)
+        self._emit(kind(response_id=self.id, item_id=item.id, output_index=index, **fields))
 
     def _word(self, text: str) -> None:
         self._open_message()
         self._words.append(text)
-        kind = (
-            "response.output_audio_transcript.delta"
-            if self._audio
-            else "response.output_text.delta"
-        )
-        self._part_event(kind, delta=text)
+        self._part_event(ev.TranscriptDelta if self._audio else ev.OutputTextDelta, delta=text)
 
     def _spoken(self, out: OutputChunk) -> None:
         if not out.data:
@@ -274,80 +293,58 @@ class ResponseRun:
             self.first_audio_at = time.monotonic()
             if self.on_first_audio is not None:
                 self.on_first_audio(self.first_audio_at)
-        self._part_event("response.output_audio.delta", delta=base64.b64encode(data).decode())
-
-    def _call_delta(self, index: int, name: str, text: str) -> None:
-        call = self._calls.get(index)
-        if call is None:
-            item = function_call_item(name)
-            self._add_output(item)
-            call = self._calls[index] = _Call(item, len(self._outputs) - 1)
-        call.arguments.append(text)
-        self.event(
-            "response.function_call_arguments.delta",
-            item_id=call.item.id,
-            output_index=call.output_index,
-            call_id=call.item.json["call_id"],
-            delta=text,
-        )
+        self._part_event(ev.OutputAudioDelta, delta=base64.b64encode(data).decode())
 
     def _fail(self, kind: str, code: str, message: str) -> None:
-        self._finish(
-            "failed", {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
-        )
+        error = {"type": kind, "code": code, "message": message}
+        self._finish(ResponseStatus.FAILED, {"type": ResponseStatus.FAILED, "error": error})
 
-    def _finish(self, status: str, details: dict[str, Any] | None) -> None:
+    def _stop(self, status: ResponseStatus, reason: StopReason) -> None:
+        self._finish(status, {"type": status, "reason": reason})
+
+    def _finish(self, status: ResponseStatus, details: dict[str, Any] | None) -> None:
         """Close every open part and item, then ``response.done``."""
         self.status = status
         self._details = details
-        item_status = "completed" if status == "completed" else "incomplete"
+        completed = status == ResponseStatus.COMPLETED
+        item_status = ItemStatus.COMPLETED if completed else ItemStatus.INCOMPLETE
         if self.message is not None:
             self._close_message(item_status)
-        for call in self._calls.values():
-            js = call.item.json
-            js["arguments"] = "".join(call.arguments)
-            js["status"] = item_status
-            self.event(
-                "response.function_call_arguments.done",
-                item_id=call.item.id,
-                output_index=call.output_index,
-                call_id=js["call_id"],
-                name=js["name"],
-                arguments=js["arguments"],
-            )
-            self._item_done(call.output_index, js)
-        self._emit("response.done", {"response": self.response_json()})
+        for index, js in self._calls.close(item_status):
+            self._item_done(index, js)
+        self._emit(ev.ResponseDone(response=self.response_json()))
         if self._rate_limits is not None:
-            self._emit("rate_limits.updated", {"rate_limits": self._rate_limits()})
+            self._emit(ev.RateLimitsUpdated(rate_limits=self._rate_limits()))
 
-    def _close_message(self, item_status: str) -> None:
+    def _close_message(self, item_status: ItemStatus) -> None:
         item = self.message
         assert item is not None
         part = item.json["content"][0]
         if self._audio:
             if self._encoder is not None:
                 tail = self._encoder.flush()
-                if tail and item_status == "completed":
+                if tail and item_status == ItemStatus.COMPLETED:
                     delta = base64.b64encode(tail).decode()
-                    self._part_event("response.output_audio.delta", delta=delta)
+                    self._part_event(ev.OutputAudioDelta, delta=delta)
             # What was said: the spoken sentences (all of them unless cut short).
             said = " ".join(s.text for s in item.spoken if s.text)
-            part["transcript"] = said if item_status != "completed" else "".join(self._words)
-            self._part_event("response.output_audio.done")
-            self._part_event("response.output_audio_transcript.done", transcript=part["transcript"])
+            completed = item_status == ItemStatus.COMPLETED
+            part["transcript"] = "".join(self._words) if completed else said
+            self._part_event(ev.OutputAudioDone)
+            self._part_event(ev.TranscriptDone, transcript=part["transcript"])
             done_part = {"type": "audio", "transcript": part["transcript"]}
         else:
             part["text"] = "".join(self._words)
-            self._part_event("response.output_text.done", text=part["text"])
+            self._part_event(ev.OutputTextDone, text=part["text"])
             done_part = {"type": "text", "text": part["text"]}
-        self._part_event("response.content_part.done", part=done_part)
+        self._part_event(ev.ContentPartDone, part=done_part)
         item.json["status"] = item_status
         self._item_done(self._outputs.index(item), item.json)
 
     def _item_done(self, index: int, item: dict[str, Any]) -> None:
-        self.event("response.output_item.done", output_index=index, item=item)
+        self._emit(ev.OutputItemDone(response_id=self.id, output_index=index, item=item))
         if self.settings.in_conversation:
-            self._emit("conversation.item.done", {"previous_item_id": None, "item": item})
+            self._emit(ev.ItemDone(previous_item_id=None, item=item))
 
 
 def usage_json(usage: dict[str, int]) -> dict[str, Any]:

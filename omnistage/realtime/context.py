@@ -1,0 +1,71 @@
+"""What a session runs on (``SessionContext``), and what its parts may use of it
+(``SessionHost``).
+
+The session's parts (``answers.Answers``, ``turn_taking.TurnTaking``) see the session
+only through ``SessionHost``: its settings, conversation and pipeline, the way out for
+server events, and its background tasks. They never import the session, so the session
+sits above them and nothing below it reaches back up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from omnistage.audio.server_vad import ServerVadParams
+from omnistage.audio.vad import VadStream
+from omnistage.realtime.config import SessionConfig
+from omnistage.realtime.conversation import Conversation, Item
+from omnistage.realtime.events import ServerEvent
+from omnistage.realtime.input_buffer import RATE
+from omnistage.service import PipelineService
+
+
+class Stats(Protocol):
+    def turn(self) -> None: ...
+    def barge_in(self) -> None: ...
+    def first_audio(self, seconds: float) -> None: ...
+
+
+class _NoStats:
+    def turn(self) -> None: ...
+    def barge_in(self) -> None: ...
+    def first_audio(self, seconds: float) -> None: ...
+
+
+@dataclass
+class SessionContext:
+    """What a session runs on: the pipeline and which stage does what."""
+
+    service: PipelineService
+    thinker: int
+    talker: int | None
+    listener: int | None
+    stats: Stats = field(default_factory=_NoStats)
+    vad: Callable[[ServerVadParams], VadStream] = lambda p: VadStream(p, RATE)
+    # What ``rate_limits.updated`` reports after each answer (None: nothing is sent).
+    rate_limits: Callable[[], list[dict[str, Any]]] | None = None
+
+
+class SessionHost(Protocol):
+    """The session as its parts see it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def ctx(self) -> SessionContext: ...
+    @property
+    def config(self) -> SessionConfig: ...
+    @property
+    def conversation(self) -> Conversation: ...
+
+    def emit(self, event: ServerEvent) -> None:
+        """Send ``event`` to the client (it gets the session's next event id)."""
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as the session's: cancelled when the session closes."""
+
+    def add_answer_item(self, item: Item) -> None:
+        """An answer's output item joins the conversation (and the client hears of it)."""
