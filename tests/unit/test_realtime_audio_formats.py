@@ -7,7 +7,6 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-from omnistage.audio import g711  # noqa: E402
 from omnistage.audio.formats import (  # noqa: E402
     PCM,
     PCMA,
@@ -22,6 +21,7 @@ from omnistage.audio.formats import (  # noqa: E402
     to_pcm16,
 )
 from omnistage.audio.resample import StreamResampler, resample  # noqa: E402
+from omnistage.audio import g711  # noqa: E402
 
 ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)
 
