@@ -41,7 +41,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def serve_head(args: argparse.Namespace) -> int:
     from omnistage.cli.engine_flags import apply_diffusion_flags, check_diffusion_models
-    from omnistage.head import Head
+    from omnistage.head.process import Head
 
     try:
         config = load_config(args.deploy_config or args.model_or_config, args.stage_overrides)

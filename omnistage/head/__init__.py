@@ -3,8 +3,3 @@
 ``process.Head`` is the thin shell (signals, start, shutdown); the pieces it wires are
 each in a module of their own here, or pure state in ``control/`` and ``dataplane/``.
 """
-
-from omnistage.head.options import HeadOptions
-from omnistage.head.process import Head
-
-__all__ = ["Head", "HeadOptions"]

@@ -30,7 +30,6 @@ from omnistage.head.history import History
 from omnistage.head.jobs import build_runner, head_name
 from omnistage.head.local import LocalHooks, LocalReplicas
 from omnistage.head.options import HeadOptions
-from omnistage.head.scaler import Scaler
 from omnistage.head.service import HeadService
 from omnistage.head.sockets import HeadSockets
 from omnistage.head.startup import StartupWatch, Verdict, stage_names
@@ -52,6 +51,17 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def _log_start(opts: HeadOptions, sockets: HeadSockets) -> None:
+    log.info(
+        "master listening on %s (-oma %s -omp %s); pipeline %r with stages %s",
+        sockets.master_url,
+        opts.master_host,
+        sockets.master_port,
+        opts.config.pipeline,
+        ", ".join(f"{s.stage_id}:{s.name}" for s in opts.config.stages),
+    )
 
 
 class Head:
@@ -98,14 +108,8 @@ class Head:
         self.local = LocalReplicas(
             opts, self.state, hooks, master_port=self.sockets.master_port, local_key=local_key
         )
-        self.scaler = Scaler(
-            opts.config,
-            wiring.local_stages(opts),
-            self.pools,
-            self.coordinator.snapshot,
-            self.local,
-            latency=self.orchestrator.latency,
-            backlog=self._job_backlog,
+        self.scaler = wiring.scaler(
+            opts, self.orchestrator, self.coordinator, self.local, self._job_backlog
         )
         self.service = HeadService(
             opts,
@@ -148,7 +152,7 @@ class Head:
         self.sockets.channels.start(self.events)
         self.control.start()
         self.fleet.start()
-        self._log_start()
+        _log_start(self.opts, self.sockets)
         name = head_name(self.opts.port)
         runner = build_runner(self.persist, self.service, self.pools, name, self.opts.job_lease_s)
         self.local.start(loop)
@@ -216,17 +220,6 @@ class Head:
             # Nothing reads the client address (no access log): skip the layer that
             # rewrites it from X-Forwarded-For on every request.
             proxy_headers=False,
-        )
-
-    def _log_start(self) -> None:
-        config, url = self.opts.config, self.sockets.master_url
-        log.info(
-            "master listening on %s (-oma %s -omp %s); pipeline %r with stages %s",
-            url,
-            self.opts.master_host,
-            self.sockets.master_port,
-            config.pipeline,
-            ", ".join(f"{s.stage_id}:{s.name}" for s in config.stages),
         )
 
     async def _await_stages(self) -> None:

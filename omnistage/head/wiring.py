@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from omnistage.control.balancing import make_policy
+from omnistage.control.coordinator import Coordinator
 from omnistage.control.handshake import HandshakeServer
 from omnistage.control.head_peers import FleetView
 from omnistage.control.master import Master
@@ -14,7 +16,9 @@ from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.head.events import ReplicaEvents
 from omnistage.head.gossip import HeadFleet
+from omnistage.head.local import LocalReplicas
 from omnistage.head.options import HeadOptions
+from omnistage.head.scaler import Scaler
 from omnistage.head.sockets import HeadSockets
 from omnistage.head.state import ControlState
 from omnistage.net import detect_local_address, split_tcp_url, tcp_url
@@ -88,6 +92,22 @@ def fleet(opts: HeadOptions, master_url: str, instance: str) -> HeadFleet:
     )
 
 
-def local_stages(opts: HeadOptions) -> set[int]:
-    """The stages the head runs replicas of itself (which it may autoscale)."""
-    return {sid for sid, n in opts.local_replicas().items() if n > 0}
+def scaler(
+    opts: HeadOptions,
+    orchestrator: Orchestrator,
+    coordinator: Coordinator,
+    local: LocalReplicas,
+    backlog: Callable[[int], int],
+) -> Scaler:
+    """The autoscaler of the stages the head runs replicas of itself; ``backlog``: the
+    jobs queued in the store for a stage."""
+    local_stages = {sid for sid, n in opts.local_replicas().items() if n > 0}
+    return Scaler(
+        opts.config,
+        local_stages,
+        orchestrator.pools,
+        coordinator.snapshot,
+        local,
+        latency=orchestrator.latency,
+        backlog=backlog,
+    )

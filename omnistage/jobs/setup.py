@@ -7,7 +7,7 @@ import logging
 
 from omnistage.jobs.state import Persistence
 from omnistage.protocol.errors import OmniError
-from omnistage.store import open_media, open_store
+from omnistage.store.open import open_media, open_store
 
 log = logging.getLogger(__name__)
 

@@ -236,7 +236,7 @@ def test_a_background_response_whose_job_failed_unfinished_reads_as_failed(
     running: the stored response must not read "in_progress" for ever."""
     import asyncio
 
-    from omnistage.store import open_store
+    from omnistage.store.open import open_store
     from omnistage.store.records import Job, JobKind, JobStatus, StoredResponse
 
     async def plant() -> None:

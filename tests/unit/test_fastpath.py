@@ -3,16 +3,45 @@ through FastAPI, with a stand-in service (no head)."""
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 from starlette.testclient import TestClient
 
 from omnistage.api.app import create_app
-from omnistage.api.fastpath import FastPaths
+from omnistage.api.fastpath import FastPathMiddleware, FastRoute
 from tests.unit.fakes import FakeService
+
+GENERATION_PATHS = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/audio/speech",
+    "/v1/images/generations",
+}
+
+
+def test_the_generation_routes_are_declared_fast_in_the_apps_route_table() -> None:
+    app = create_app(FakeService())
+    assert {r.path for r in app.routes if isinstance(r, FastRoute)} == GENERATION_PATHS
+
+
+def test_fast_posts_go_to_their_handler_and_everything_else_on_to_the_app() -> None:
+    class Body(BaseModel):
+        x: int = 0
+
+    async def handler(request: Request) -> Response:
+        return PlainTextResponse("fast")
+
+    rest = PlainTextResponse("rest")  # a response is an ASGI app
+    client = TestClient(FastPathMiddleware(rest, [FastRoute("/f", handler, Body)]))
+    assert client.post("/f").text == "fast"
+    assert client.get("/f").text == "rest"
+    assert client.post("/g").text == "rest"
 
 
 def test_the_fast_path_keeps_the_key_check_errors_and_counts() -> None:
     app = create_app(FakeService(), api_key="k")
-    assert isinstance(app, FastPaths)
     with TestClient(app) as client:
         no_key = client.post("/v1/chat/completions", json={"messages": []})
         assert no_key.status_code == 401

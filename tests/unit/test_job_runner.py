@@ -16,8 +16,8 @@ from omnistage.jobs.runner import JobFailed, JobRunner, RunnerSettings, open_pat
 from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import Prompt
-from omnistage.store import open_store
 from omnistage.store.base import Store
+from omnistage.store.open import open_store
 from omnistage.store.records import Job, JobKind, JobStatus
 
 

@@ -127,14 +127,14 @@ def test_an_api_server_adds_the_other_servers_sessions_to_its_own() -> None:
 
 def _client(stats: RealtimeStats) -> TestClient:
     app = create_app(FakeService(stages=((0, "listener"),)))
-    app.app.state.realtime_stats = stats  # what the session route counts into
+    app.state.realtime_stats = stats  # what the session route counts into
     return TestClient(app)
 
 
 def test_create_app_gives_each_app_its_own_stats() -> None:
     a, b = create_app(FakeService()), create_app(FakeService())
-    assert isinstance(a.app.state.realtime_stats, RealtimeStats)
-    assert a.app.state.realtime_stats is not b.app.state.realtime_stats
+    assert isinstance(a.state.realtime_stats, RealtimeStats)
+    assert a.state.realtime_stats is not b.state.realtime_stats
 
 
 def test_metrics_show_the_live_voice_families_and_parse_with_the_official_client() -> None:

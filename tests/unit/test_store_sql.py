@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from omnistage.protocol.errors import ConfigError
-from omnistage.store import default_media_url, default_store_url, open_store
 from omnistage.store.engine import engine_url
+from omnistage.store.open import default_media_url, default_store_url, open_store
 from omnistage.store.sql import SqlStore
 from tests.store_cases import StoreCases, job
 

@@ -8,6 +8,7 @@ nothing here keeps its own series except the HTTP response counter below.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
@@ -246,11 +247,34 @@ def _autoscale_metrics(out: Exposition, service: PipelineService, names: dict[in
         "[min_replicas, max_replicas].",
         [(_stage(sid, names), a["desired"]) for sid, a in scaling],
     )
-    windows = [
-        ({**_stage(sid, names), "family": family}, w)
-        for sid, a in scaling
-        for family, w in a["latency"].items()
-    ]
+    _autoscale_latency_metrics(
+        out,
+        [
+            ({**_stage(sid, names), "family": family}, w)
+            for sid, a in scaling
+            for family, w in a["latency"].items()
+        ],
+    )
+    out.family(
+        "omnistage_autoscale_replicas",
+        "gauge",
+        "Replicas the autoscaler counts for the stage: serving, starting or restarting, "
+        "not draining.",
+        [(_stage(sid, names), a["replicas"]) for sid, a in scaling],
+    )
+    out.family(
+        "omnistage_autoscale_load",
+        "gauge",
+        "The stage's load as the autoscaler last read it: requests in flight on its "
+        "replicas plus requests waiting for one.",
+        [(_stage(sid, names), a["load"]) for sid, a in scaling],
+    )
+
+
+def _autoscale_latency_metrics(
+    out: Exposition, windows: list[tuple[Labels, dict[str, Any]]]
+) -> None:
+    """The autoscaler's latency windows: (labels of stage and latency family, window)."""
     out.family(
         "omnistage_autoscale_latency_p90_seconds",
         "gauge",
@@ -270,20 +294,6 @@ def _autoscale_metrics(out: Exposition, service: PipelineService, names: dict[in
         "gauge",
         "The stage's autoscaling target for the p90 of that latency.",
         [(labels, w["target_p90_s"]) for labels, w in windows if w["target_p90_s"] is not None],
-    )
-    out.family(
-        "omnistage_autoscale_replicas",
-        "gauge",
-        "Replicas the autoscaler counts for the stage: serving, starting or restarting, "
-        "not draining.",
-        [(_stage(sid, names), a["replicas"]) for sid, a in scaling],
-    )
-    out.family(
-        "omnistage_autoscale_load",
-        "gauge",
-        "The stage's load as the autoscaler last read it: requests in flight on its "
-        "replicas plus requests waiting for one.",
-        [(_stage(sid, names), a["load"]) for sid, a in scaling],
     )
 
 
