@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from omnistage import tracing
 from omnistage.aio import Mailbox
@@ -22,11 +22,9 @@ from omnistage.engines.base import Engine, EngineRequest, StageInput, joined_pro
 from omnistage.protocol.enums import ErrorKind, FinishReason, Modality, Outcome
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Ping, Shutdown
+from omnistage.replica.admission import Admission
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
 from omnistage.replica.streamed import InputPieces, prompt_piece
-
-if TYPE_CHECKING:
-    from omnistage.replica.other_heads import Admission
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +87,7 @@ class RequestRunner:
         self.replica_id = self.epoch = 0
         self.chunks_sent = 0
         self.pieces_taken = 0  # of streamed inputs (heartbeat progress)
-        # Shared with the runners of the fleet's other heads (``replica.fleet``); None
+        # Shared with the runners of the fleet's other heads (``other_heads``); None
         # while the replica serves one head.
         self.admission: Admission | None = None
 
