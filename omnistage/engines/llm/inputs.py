@@ -95,7 +95,7 @@ def context_length_error(window: int, tokens: int) -> BadRequestError:
 
 
 class InputProcessor:
-    """The loaded model's tokenizer and limits, applied to requests (pure: no model)."""
+    """The loaded model's tokenizer and limits, applied to requests (no weights needed)."""
 
     def __init__(
         self,
