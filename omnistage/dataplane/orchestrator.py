@@ -12,32 +12,30 @@ still working on it is aborted and every replica slot it held is released.
 
 Nothing is lost with a replica: when one fails, the stages joined to it by direct edges
 (``run.restart_group``) are dispatched again, as a new attempt, to other replicas, up to
-``max_retries`` times per failed stage. The head keeps what it needs for that: the inputs
-it forwarded, and what each final stage delivered (see ``Resume``), so nothing reaches
-the client twice. Stages whose outputs the head never saw run again from their start,
-which repeats their output exactly only for deterministic engines.
+``max_retries`` times per failed stage (see ``failover``). The head keeps what it needs
+for that: the inputs it forwarded, and what each final stage delivered (see ``Resume``),
+so nothing reaches the client twice. Stages whose outputs the head never saw run again
+from their start, which repeats their output exactly only for deterministic engines.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
 from omnistage.control.replica_table import Transition
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.dispatch import Dispatcher
+from omnistage.dataplane.failover import Failover
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
-from omnistage.dataplane.run import DONE, Run, restart_group
+from omnistage.dataplane.run import DONE, Run
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.dataplane.streamed import StreamedInput
 from omnistage.protocol.enums import ErrorKind, Outcome, ReplicaState
 from omnistage.protocol.errors import (
     BadRequestError,
     StageFailedError,
-    StageOverloadedError,
-    StageUnavailableError,
 )
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import Abort, OutputChunk
@@ -47,11 +45,6 @@ log = logging.getLogger(__name__)
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _OK = Outcome.OK
-
-# A stage refused as BUSY (replicas shared by several heads) is dispatched again after
-# this pause, up to this many times per stage and request: a few heartbeats' worth.
-BUSY_PAUSE_S = 0.02
-MAX_BUSY = 200
 
 
 class Orchestrator:
@@ -68,11 +61,8 @@ class Orchestrator:
         self.graph = graph
         self.pools = pools
         self.channels = channels
-        self.max_retries = max_retries
         self._runs: dict[str, Run] = {}
         self.started_total = 0
-        self.retried_total = 0
-        self.busy_total = 0  # dispatches a replica refused as full (several heads)
         self.forwarded_chunks_total = 0  # chunks the head passed on between stages
         names = {s: st.name for s, st in graph.stages.items()}
         # The observers, shared with the dispatcher (it times and traces dispatches).
@@ -82,10 +72,20 @@ class Orchestrator:
         self.dispatcher = Dispatcher(
             graph, pools, channels, self.latency, self.traces, no_replica_wait_s
         )
+        self.failover = Failover(self.dispatcher, max_retries)
 
     @property
     def in_flight(self) -> int:
         return len(self._runs)
+
+    @property
+    def retried_total(self) -> int:
+        return self.failover.retried_total
+
+    @property
+    def busy_total(self) -> int:
+        """Dispatches a replica refused as full (several heads)."""
+        return self.failover.busy_total
 
     @property
     def direct_edges_total(self) -> int:
@@ -185,7 +185,7 @@ class Orchestrator:
         if chunk.error:
             if chunk.error_kind == ErrorKind.BUSY:
                 self.pools[sid].busy(handle)
-                self._retry(run, sid, "replica full with other heads' requests", busy=True)
+                self.failover.retry(run, sid, "replica full with other heads' requests", busy=True)
             elif chunk.error_kind == ErrorKind.BAD_REQUEST:
                 run.fail(BadRequestError(chunk.error, chunk.error_param, chunk.error_code))
             else:
@@ -262,76 +262,7 @@ class Orchestrator:
                 self.channels.post(t.entry.identity, Abort(request_id))
             run = self._runs.get(request_id)
             if run is not None and not run.failed:
-                self._retry(run, sid, reason)
-
-    def _retry(self, run: Run, failed: int, reason: str, busy: bool = False) -> None:
-        """Dispatch ``failed``'s part of ``run`` again, with every stage joined to it by
-        a direct edge, as a new attempt; or fail the request. ``busy``: the replica
-        refused it as full (several heads share it), which is not a failure: it does not
-        count against --omni-max-retries, and the dispatch waits a moment first."""
-        st = run.progress(failed)
-        if busy:
-            st.busy += 1
-            self.busy_total += 1
-            if st.busy > MAX_BUSY:
-                run.fail(StageOverloadedError(failed, self._name(failed), reason))
-                return
-        elif st.retries >= self.max_retries:
-            detail = f"{reason}; gave up after {st.retries} retries (--omni-max-retries)"
-            self.traces.stage_ended(run, failed, Outcome.REPLICA_LOST)
-            run.fail(StageFailedError(failed, self._name(failed), detail))
-            return
-        if not busy:
-            st.retries += 1
-            self.retried_total += 1
-        # A final stage that finished has delivered everything: it never runs again.
-        group = restart_group(run, failed) - (run.finished & run.finals)
-        log.log(
-            logging.DEBUG if busy else logging.INFO,
-            "request %s: stage %d (%s) %s; retry %d of %d%s",
-            run.request_id,
-            failed,
-            self._name(failed),
-            reason,
-            st.retries,
-            self.max_retries,
-            f" (with stage(s) {sorted(group - {failed})})" if len(group) > 1 else "",
-        )
-        run.attempt += 1
-        hidden = {up for up, _ in run.direct}  # stages whose outputs the head did not see
-        run.direct = {(u, d) for u, d in run.direct if u not in group and d not in group}
-        for sid in group:
-            handle = run.assigned.pop(sid, None)
-            if handle is not None and sid not in run.finished:
-                lost = Outcome.REPLICA_LOST if sid == failed else Outcome.RESTARTED
-                self.traces.stage_ended(run, sid, lost)
-                if handle.up:
-                    self.channels.post(handle.identity, Abort(run.request_id))
-                self.pools[sid].release(handle, run.request_id)
-            run.finished.discard(sid)
-            progress = run.progress(sid)
-            progress.waiting = True
-            self.latency.waiting(progress)
-            if sid in hidden:
-                progress.restart_hidden()
-        if not busy and self.dispatcher.try_acquire(run, group) is None:
-            self.dispatcher.send_group(run, group)
-            return
-        retry = self._dispatch_again(run, group, failed, reason, BUSY_PAUSE_S if busy else 0.0)
-        task = asyncio.get_running_loop().create_task(retry)
-        run.tasks.add(task)
-        task.add_done_callback(run.tasks.discard)
-
-    async def _dispatch_again(
-        self, run: Run, group: set[int], failed: int, why: str, pause_s: float = 0.0
-    ) -> None:
-        try:
-            if pause_s:
-                await asyncio.sleep(pause_s)
-            await self.dispatcher.dispatch(run, group)
-        except (StageUnavailableError, StageOverloadedError) as exc:
-            # A retry that found no replica in time.
-            run.fail(StageFailedError(failed, self._name(failed), f"{why}; retry: {exc}"))
+                self.failover.retry(run, sid, reason)
 
     def _name(self, sid: int) -> str:
         return self.graph.stages[sid].name

@@ -10,7 +10,7 @@ requests are dropped (it is gone: nobody would read them) and the link registers
 at once, so a head that comes back is served as soon as it answers.
 
 Several heads each count only their own requests against the replica's capacity, so
-the replica admits for all of them (``Admission``): a request beyond its capacity is
+the replica admits for all of them (``admission.Admission``): a request beyond its capacity is
 refused as BUSY, which a head dispatches again (elsewhere, or here once there is room),
 and each heartbeat tells a head how many requests the others hold (``others``).
 """
@@ -31,6 +31,7 @@ from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import IdConflict, OmniError
 from omnistage.protocol.messages import HandshakeInit, ReplicaState
 from omnistage.protocol.registration import RegisterReply
+from omnistage.replica.admission import Admission
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.register import (
     MasterLink,
@@ -50,25 +51,6 @@ log = logging.getLogger(__name__)
 REGISTER_WAIT_S = 10.0
 # Pause between attempts after one went unanswered or was refused.
 RETRY_S = 0.5
-
-
-class Admission:
-    """The requests a replica holds for all its heads, against the engine's capacity."""
-
-    def __init__(self) -> None:
-        self.runners: list[RequestRunner] = []
-
-    def in_flight(self) -> int:
-        return sum(len(r.requests) for r in self.runners)
-
-    def others(self, runner: RequestRunner) -> int:
-        """Requests held for heads other than ``runner``'s."""
-        return self.in_flight() - len(runner.requests)
-
-    def full(self, capacity: int) -> bool:
-        """No room for one more: checked only while serving several heads (one head
-        never sends more than the capacity its replica reported)."""
-        return len(self.runners) > 1 and self.in_flight() >= capacity
 
 
 class OtherHead:

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from omnistage import tracing
 from omnistage.aio import Mailbox
@@ -22,22 +22,16 @@ from omnistage.engines.base import Engine, EngineRequest, StageInput, joined_pro
 from omnistage.protocol.enums import ErrorKind, FinishReason, Modality, Outcome
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Ping, Shutdown
+from omnistage.replica.admission import Admission
+from omnistage.replica.early_inputs import EarlyInputs
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
 from omnistage.replica.streamed import InputPieces, prompt_piece
-
-if TYPE_CHECKING:
-    from omnistage.replica.other_heads import Admission
 
 log = logging.getLogger(__name__)
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _OK = Outcome.OK
 _STOP = FinishReason.STOP
-
-# Inputs pushed by an upstream replica can arrive before the head's AddRequest (they
-# travel on another connection). They wait this long, at most this many requests' worth.
-EARLY_TTL_S = 60.0
-EARLY_MAX_REQUESTS = 10_000
 
 
 class ReplicaBusy(Exception):
@@ -79,17 +73,15 @@ class RequestRunner:
         self.stage_id = stage_id
         self.engine = engine
         self._on_shutdown = on_shutdown
-        self._clock = clock
         self.requests: dict[str, _Running] = {}
         self._routes: dict[str, _Route] = {}
-        self._early: dict[str, list[tuple[float, OutputChunk]]] = {}
-        self._early_swept = clock()
+        self._early = EarlyInputs(clock)
         self._outputs = OutputCoalescer()
         self._outlet: Outlet | None = None
         self.replica_id = self.epoch = 0
         self.chunks_sent = 0
         self.pieces_taken = 0  # of streamed inputs (heartbeat progress)
-        # Shared with the runners of the fleet's other heads (``replica.fleet``); None
+        # Shared with the runners of the fleet's other heads (``other_heads``); None
         # while the replica serves one head.
         self.admission: Admission | None = None
 
@@ -121,7 +113,7 @@ class RequestRunner:
             if chunk.stage_id in running.upstream:
                 running.inputs.put_nowait(chunk)
         elif running is None or chunk.attempt > running.attempt:
-            self._keep_early(chunk)
+            self._early.keep(chunk)
 
     def take_input(self, chunk: InputChunk) -> None:
         """The next piece of a request's streamed input (a late one of an earlier attempt,
@@ -139,7 +131,7 @@ class RequestRunner:
         running = _Running(msg.attempt, frozenset(msg.upstream), Mailbox())
         if msg.trace:  # the head traces this request
             running.span = tracing.start_replica_span(msg.trace, self._span_attributes(rid))
-        for _, chunk in self._early.pop(rid, ()):
+        for chunk in self._early.take(rid):
             if chunk.attempt == msg.attempt and chunk.stage_id in running.upstream:
                 running.inputs.put_nowait(chunk)
         self._routes[rid] = _Route(msg.attempt, msg.head_all, tuple(msg.peers))
@@ -312,23 +304,6 @@ class RequestRunner:
         self._outputs.drain()
         self._routes.clear()
         self._early.clear()
-
-    # -- inputs that came early --------------------------------------------------------
-
-    def _keep_early(self, chunk: OutputChunk) -> None:
-        now = self._clock()
-        full = chunk.request_id not in self._early and len(self._early) >= EARLY_MAX_REQUESTS
-        if full or now - self._early_swept > EARLY_TTL_S:
-            self._sweep_early(now)
-        self._early.setdefault(chunk.request_id, []).append((now, chunk))
-
-    def _sweep_early(self, now: float) -> None:
-        self._early_swept = now
-        stale = [rid for rid, kept in self._early.items() if now - kept[-1][0] > EARLY_TTL_S]
-        for rid in stale:
-            del self._early[rid]
-        while len(self._early) >= EARLY_MAX_REQUESTS:  # still full: oldest first
-            del self._early[next(iter(self._early))]
 
 
 def _end_span(running: _Running, chunks: int, outcome: Outcome) -> None:

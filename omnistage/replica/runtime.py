@@ -27,9 +27,10 @@ from omnistage.engines.base import Engine
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import IdConflict, OmniError
 from omnistage.protocol.messages import HandshakeInit, ReplicaState
+from omnistage.replica.admission import Admission
 from omnistage.replica.join import Joiner
 from omnistage.replica.options import ReplicaOptions
-from omnistage.replica.other_heads import Admission, OtherHead
+from omnistage.replica.other_heads import OtherHead
 from omnistage.replica.register import gives_way
 from omnistage.replica.requests import RequestRunner
 from omnistage.replica.session import HeadSession

@@ -84,19 +84,7 @@ class HeadSession:
         (heartbeat thread) hears the fleet's heads when this head's list changes."""
         reply, init, runner = self._reply, self._init, self._runner
         stage_id = runner.stage_id
-        self._in = self._ctx.socket(zmq.DEALER)
-        self._in.setsockopt(zmq.ROUTING_ID, routing_id(stage_id, reply.replica_id, reply.epoch))
-        self._in.setsockopt(zmq.LINGER, 0)
-        self._in.setsockopt(zmq.RCVHWM, 100_000)
-        self._out = self._ctx.socket(zmq.PUSH)
-        self._out.setsockopt(zmq.LINGER, 1000)
-        self._out.setsockopt(zmq.SNDHWM, 100_000)
-        if self._binds_sockets:
-            self._in.bind(reply.input_address)
-            self._out.bind(reply.output_address)
-        else:
-            self._in.connect(init.input_address)
-            self._out.connect(init.output_address)
+        self._in, self._out = self._head_sockets()
         peer_address = self._listen_for_peers() if self._peers_enabled else ""
         runner.bind(reply.replica_id, reply.epoch, self)
         self.heartbeat = HeartbeatThread(
@@ -132,6 +120,26 @@ class HeadSession:
         self._pump = Pump(loop, self._in, self._on_frames)
         self._peer_pump = Pump(loop, self._peer_in, self._on_peer_frames) if self._peer_in else None
         self.heartbeat.start()
+
+    def _head_sockets(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """The head's input channel (a DEALER named for this incarnation) and our
+        output channel (a PUSH), connected, or bound where the replica binds them."""
+        reply, init = self._reply, self._init
+        sock_in = self._ctx.socket(zmq.DEALER)
+        rid = routing_id(self._runner.stage_id, reply.replica_id, reply.epoch)
+        sock_in.setsockopt(zmq.ROUTING_ID, rid)
+        sock_in.setsockopt(zmq.LINGER, 0)
+        sock_in.setsockopt(zmq.RCVHWM, 100_000)
+        sock_out = self._ctx.socket(zmq.PUSH)
+        sock_out.setsockopt(zmq.LINGER, 1000)
+        sock_out.setsockopt(zmq.SNDHWM, 100_000)
+        if self._binds_sockets:
+            sock_in.bind(reply.input_address)
+            sock_out.bind(reply.output_address)
+        else:
+            sock_in.connect(init.input_address)
+            sock_out.connect(init.output_address)
+        return sock_in, sock_out
 
     def _listen_for_peers(self) -> str:
         """Bind the PULL that upstream replicas push to; "" (inputs only through the head)

@@ -140,8 +140,10 @@ def test_a_stage_system_prompt_holds_no_key(engine: LlmEngine, turns_only: Prefi
     # The stage's own system prompt replaces the template's: the client's messages
     # still take the keys the head computes from them alone.
     cache = turns_only
-    args: Any = engine.args
-    engine.args = args.model_copy(update={"system_prompt": "You answer in one sentence."})
+    inputs = engine._inputs  # the input step puts the system prompt first
+    assert inputs is not None
+    args: Any = inputs.args
+    inputs.args = args.model_copy(update={"system_prompt": "You answer in one sentence."})
     try:
         chat = [
             ChatMessage("user", "Name a primary color."),
@@ -150,7 +152,7 @@ def test_a_stage_system_prompt_holds_no_key(engine: LlmEngine, turns_only: Prefi
         ]
         _answer(engine, Prompt(messages=chat), "s1")
     finally:
-        engine.args = args
+        inputs.args = args
     k = prefix_keys(chat)
     _, keys = engine.cached_prefixes()  # type: ignore[misc]
     assert set(keys) == {k[0], k[1]}

@@ -29,8 +29,8 @@ from omnistage.protocol.messages import (
     ReplicaState,
 )
 from omnistage.protocol.registration import RegisterReply, RegisterRequest
+from omnistage.replica.admission import Admission
 from omnistage.replica.options import ReplicaOptions
-from omnistage.replica.other_heads import Admission
 from omnistage.replica.register import INSTANCE, gives_way, wire_map
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import FakeClock, others_done, until

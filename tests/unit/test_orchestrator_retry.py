@@ -492,8 +492,8 @@ async def test_a_busy_refusal_is_dispatched_again_elsewhere_without_spending_a_r
 async def test_a_stage_refused_busy_without_end_fails_as_overloaded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("omnistage.dataplane.orchestrator.MAX_BUSY", 3)
-    monkeypatch.setattr("omnistage.dataplane.orchestrator.BUSY_PAUSE_S", 0.001)
+    monkeypatch.setattr("omnistage.dataplane.failover.MAX_BUSY", 3)
+    monkeypatch.setattr("omnistage.dataplane.failover.BUSY_PAUSE_S", 0.001)
     head = Head("echo-1stage", {0: 1})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     for attempt in range(4):

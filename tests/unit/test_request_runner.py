@@ -9,7 +9,8 @@ from omnistage.engines import build_engine
 from omnistage.engines.echo import EchoEngine
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, Resume
-from omnistage.replica.requests import EARLY_TTL_S, RequestRunner
+from omnistage.replica.early_inputs import EARLY_TTL_S
+from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import FakeClock, others_done, ticks, until
 
 

@@ -32,11 +32,11 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from omnistage.audio.wav import split_first_clause, split_first_phrase, split_sentences
 from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.priority_slots import PrioritySlots
+from omnistage.engines.speech.sentences import StreamedPieces, prompt_pieces
 from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
 from omnistage.protocol.enums import FinishReason, Modality
@@ -160,40 +160,24 @@ class TtsEngine(Engine):
         if request.prompt is not None:
             text = prompt_text(request.prompt)
             words_in = len(text.split())
-            if self.args.sentence_streaming:
-                sentences, rest = split_sentences(text)
-                if rest.strip():
-                    sentences.append(rest.strip())
-            else:
-                sentences = [text.strip()] if text.strip() else []
-            for sentence in sentences[:-1]:
-                chunk = await speak(sentence)
+            pieces = prompt_pieces(text, self.args.sentence_streaming)
+            for piece in pieces[:-1]:
+                chunk = await speak(piece)
                 if chunk.data:
                     yield chunk
-            yield await speak(sentences[-1] if sentences else "", finished=True)
+            yield await speak(pieces[-1] if pieces else "", finished=True)
             return
 
-        buffer = ""
-        spoken_any = False
+        streamed = StreamedPieces(self.args.sentence_streaming, self.args.first_phrase)
         async for item in request.inputs:
             if not item.text or item.modality != Modality.TEXT:
                 continue  # a function call's arguments are not for speaking
             words_in += len(item.text.split())
-            buffer += item.text
-            if not self.args.sentence_streaming:
-                continue
-            sentences, buffer = split_sentences(buffer)
-            if not spoken_any and not sentences:
-                # Nothing said yet: an opening clause (or phrase) is worth speaking alone.
-                opening = split_first_phrase if self.args.first_phrase else split_first_clause
-                clause, buffer = opening(buffer)
-                sentences = [clause] if clause else []
-            for sentence in sentences:
-                spoken_any = True
-                chunk = await speak(sentence)
+            for piece in streamed.add(item.text):
+                chunk = await speak(piece)
                 if chunk.data:
                     yield chunk
-        yield await speak(buffer.strip(), finished=True)
+        yield await speak(streamed.rest(), finished=True)
 
     def _catalog(self) -> VoiceCatalog:
         if self.catalog is None:

@@ -1,0 +1,46 @@
+"""What the TTS engine speaks at a time: a prompt, or text streaming in, cut into the
+pieces it synthesizes one by one (pure: no audio).
+
+With sentence streaming on, each complete sentence goes as soon as it is written, and
+before the first one an opening clause (or phrase) that is complete: the listener hears
+the start while the rest is still being written. Off, the text is spoken whole.
+"""
+
+from __future__ import annotations
+
+from omnistage.audio.wav import split_first_clause, split_first_phrase, split_sentences
+
+
+def prompt_pieces(text: str, sentence_streaming: bool) -> list[str]:
+    """A whole text's pieces, in order (none for blank text)."""
+    if not sentence_streaming:
+        return [text.strip()] if text.strip() else []
+    sentences, rest = split_sentences(text)
+    if rest.strip():
+        sentences.append(rest.strip())
+    return sentences
+
+
+class StreamedPieces:
+    """Text deltas in, the pieces ready to speak out; ``rest`` is what is left at the end."""
+
+    def __init__(self, sentence_streaming: bool, first_phrase: bool) -> None:
+        self._streaming = sentence_streaming
+        self._opening = split_first_phrase if first_phrase else split_first_clause
+        self._buffer = ""
+        self._spoken_any = False
+
+    def add(self, text: str) -> list[str]:
+        self._buffer += text
+        if not self._streaming:
+            return []
+        sentences, self._buffer = split_sentences(self._buffer)
+        if not self._spoken_any and not sentences:
+            # Nothing said yet: an opening clause (or phrase) is worth speaking alone.
+            clause, self._buffer = self._opening(self._buffer)
+            sentences = [clause] if clause else []
+        self._spoken_any = self._spoken_any or bool(sentences)
+        return sentences
+
+    def rest(self) -> str:
+        return self._buffer.strip()

@@ -1,0 +1,30 @@
+"""How the TTS engine cuts what it speaks (engines/speech/sentences.py), without audio."""
+
+from __future__ import annotations
+
+from omnistage.engines.speech.sentences import StreamedPieces, prompt_pieces
+
+
+def test_a_prompt_is_spoken_by_sentence_or_whole() -> None:
+    text = "Hello there. How are you? Fine"
+    assert prompt_pieces(text, sentence_streaming=True) == ["Hello there.", "How are you?", "Fine"]
+    assert prompt_pieces(text, sentence_streaming=False) == [text]
+    assert prompt_pieces("  ", sentence_streaming=True) == []
+    assert prompt_pieces("  ", sentence_streaming=False) == []
+
+
+def test_streamed_text_goes_out_by_sentence_with_an_opening_clause_first() -> None:
+    pieces = StreamedPieces(sentence_streaming=True, first_phrase=False)
+    assert pieces.add("The ocean is vast and deep,") == []  # the clause is not complete yet
+    assert pieces.add(" teeming") == ["The ocean is vast and deep,"]
+    assert pieces.add(" with life. And") == ["teeming with life."]
+    # Once something was said, only whole sentences go.
+    assert pieces.add(" then the tide came in, slowly") == []
+    assert pieces.rest() == "And then the tide came in, slowly"
+
+
+def test_without_sentence_streaming_everything_waits_for_the_end() -> None:
+    pieces = StreamedPieces(sentence_streaming=False, first_phrase=True)
+    assert pieces.add("One. Two. ") == []
+    assert pieces.add("Three") == []
+    assert pieces.rest() == "One. Two. Three"
