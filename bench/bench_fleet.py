@@ -37,7 +37,7 @@ heads each time:
         [--json out.json]
 
 Everything it starts (the heads, the fleet processes) runs in its own process group, is
-stopped however the run ends, and is killed with the benchmark (PR_SET_PDEATHSIG). It
+stopped however the run ends, and is killed with the benchmark (its parent-death signal). It
 exits 1 when any registration failed (the figures are then not the fleet's), or when a
 run stopped early or its requests failed (its figures are partial). See README.md.
 """
@@ -69,7 +69,7 @@ import psutil
 from bench_pipeline import Target, load
 from common import HOST, ServerProcess
 from fleet_report import FleetResult, HeadFigures, fmt, report
-from fleet_sim import die_with_parent, raise_fd_limit
+from fleet_sim import raise_fd_limit
 
 from omnistage.net import tcp_url
 from omnistage.protocol.messages import ReplicaState
@@ -187,8 +187,7 @@ class Head:
         self.port, self.master_port = distinct_free_ports(2)
         self.master_url = tcp_url(HOST, self.master_port)
         overrides = json.dumps({str(s): {"replicas": 0} for s in stage_ids})
-        cmd = [sys.executable, os.path.abspath(__file__), "--exec-with-pdeathsig"]
-        cmd += [sys.executable, "-m", "omnistage", "serve", args.pipeline]
+        cmd = [sys.executable, "-m", "omnistage", "serve", args.pipeline]
         cmd += ["--host", HOST, "--port", str(self.port)]
         cmd += ["-oma", HOST, "-omp", str(self.master_port)]
         cmd += ["--stage-overrides", overrides, "--init-timeout", "36000"]
@@ -196,7 +195,7 @@ class Head:
         cmd += ["--log-level", args.head_log_level]
         if join is not None:
             cmd += ["--omni-join", f"{HOST}:{join.master_port}"]
-        self.server = ServerProcess(name, cmd, self.port)
+        self.server = ServerProcess(name, cmd, self.port, pdeathsig=True)
         self.ps = psutil.Process(self.server.pid)
 
     def wait_http(self, timeout: float) -> None:
@@ -740,9 +739,6 @@ def marks(
 
 
 def main() -> int:
-    if len(sys.argv) > 2 and sys.argv[1] == "--exec-with-pdeathsig":
-        die_with_parent()  # survives the exec: the head dies with the benchmark
-        os.execv(sys.argv[2], sys.argv[2:])
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--sizes", default="100,1000,5000", help="fleet sizes, comma-separated")
     p.add_argument("--heads", default="1,2", help="heads per run, comma-separated (1: one head)")

@@ -497,4 +497,7 @@ def main(spec_json: str) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print(f"usage: fleet_sim.py SPEC_JSON (started by bench_fleet.py)\n\n{__doc__}")
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     sys.exit(main(sys.argv[1]))
