@@ -614,7 +614,16 @@ def beside_llama_cpp(runs: list[ThinkerRun], args: argparse.Namespace) -> list[A
     c1, c8 = by.get((mode, 1)), by.get((mode, 8))
     # The thinker's mean prompt at c=8, so the batched prefill is the same size.
     prompt = round(c8.prompt_tokens / c8.completed) if c8 else 32
-    print(f"\n[llama.cpp] on {gguf.name}, {threads} threads ...", flush=True)
+    load = os.getloadavg()[0]
+    print(f"\n[llama.cpp] on {gguf.name}, {threads} threads (load {load:.2f}) ...", flush=True)
+    if load > 1.0:
+        # Seen on a shared 2-core VM at load 4-7: llama-bench tg at 2 threads 3-10 tok/s,
+        # at 1 thread 51-58.
+        print(
+            "! the CPU is not idle: llama.cpp's threads spin-wait for each other and lose "
+            "most of their speed\n  when other processes hold a core; its figures (and the "
+            "ratios) are then not the engine's"
+        )
     ref = args.llama_cpp_ref = llama_cpp.measure(str(gguf), threads, 8, prompt, args.max_tokens)
     name = f"{run.name} {mode}"
     goals = llama_cpp.report(ref, name, c1.tok_s if c1 else None, c8.tok_s if c8 else None, 8)
