@@ -13,12 +13,9 @@ run:
    /proc/PID/stat in ns) of each head (with its child processes, if any), of the replicas'
    processes and of the load generator, per request, and each head's CPU at rest just
    before. A 2-core machine shows no scaling; the figure to watch is the heads' CPU per
-   request, which a second head must not raise. Another setup, ``1 head*``, is the lone
-   head given ``--omni-join`` to a port nobody listens on: at 18f3614 a head alone spins
-   a core in its fleet thread (nothing to poll, so no wait), and that setup is the lone
-   head without the spin, a fair baseline for the second head's cost; ``1 head* c/2``
-   the same at half the concurrency, the load each of two heads gets (a head's CPU per
-   request depends on its load). Controls: ``2 separate`` (``x2``), two deployments that
+   request, which a second head must not raise. ``1 head c/2`` is the lone head at half
+   the concurrency, the load each of two heads gets (a head's CPU per request depends on
+   its load). Controls: ``2 separate`` (``x2``), two deployments that
    know nothing of each other sharing the machine; ``2 joined own`` against ``2 separate
    own``, each head with its own two replicas (serving only it), joined or not: the same
    processes and connections, so their ratio is what the fleet itself adds.
@@ -59,14 +56,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import http.client
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -83,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 from bench_head_cpu import cpu_seconds, descendants
 from bench_pipeline import post
-from common import HOST, free_port, pct
+from common import HOST, ServerProcess, free_port, pct
 
 PIPELINE = "echo-1stage"
 CHAT = "/v1/chat/completions"
@@ -98,64 +92,19 @@ QUICK |= {"restart_rounds": 1, "settle": 1.0}
 # -- processes ----------------------------------------------------------------------------
 
 
-class Proc:
-    """A command in its own process group (session), output to ``log``; SIGKILLed by the
-    kernel if this script dies first (``setpriv --pdeathsig KILL``, where setpriv exists).
+class Proc(ServerProcess):
+    """A server of this benchmark: its log in the run's folder (for --keep-logs), SIGKILLed
+    by the kernel if this script dies first (``pdeathsig``), and listed in ``started`` so
+    main() stops every one however the run ends. Started from the main thread only."""
 
-    Started from the main thread only: the parent-death signal follows the thread that
-    forked, not the process."""
-
-    started: list[Proc] = []  # every one, in start order: main() stops them all
+    started: list[Proc] = []  # every one, in start order
 
     def __init__(self, name: str, cmd: list[str], logdir: Path) -> None:
         assert threading.current_thread() is threading.main_thread()
-        self.name, self.cmd = name, cmd
-        self.log_path = logdir / f"{name}-{len(Proc.started)}.log"
-        prefix = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [*prefix, *cmd],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        log_path = logdir / f"{name}-{len(Proc.started)}.log"
+        super().__init__(name, cmd, log_path=log_path, pdeathsig=True)
         self.started_at = time.monotonic()
         Proc.started.append(self)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, n: int = 1500) -> str:
-        try:
-            tail = self.log_path.read_text(errors="replace")[-n:].rstrip()
-        except OSError:
-            return ""
-        return f"\n--- {self.name} log tail ---\n{tail}" if tail else ""
-
-    def kill(self) -> None:
-        """SIGKILL to the whole group, now."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.proc.wait(5)
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, SIGKILL to the group after ``grace`` s, and to anything left of the
-        group once the leader has exited; safe to call twice."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                print(f"! {self.name}: no exit {grace:.0f} s after SIGTERM, killing", flush=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
 
 
 def head_cmd(http_port: int, master_port: int, join: int | None, own: int = 0) -> list[str]:
@@ -276,24 +225,17 @@ class Fleet:
 
 
 def start_fleet(
-    n_heads: int,
-    logdir: Path,
-    timeout: float,
-    join_nobody: bool = False,
-    replicas: int = 1,
-    own: bool = False,
+    n_heads: int, logdir: Path, timeout: float, replicas: int = 1, own: bool = False
 ) -> Fleet:
     """``n_heads`` heads (the second and later joined to the first) and the headless
     process; returns once every head has both replicas UP and sees every head UP.
-    ``join_nobody``: the first head gets ``--omni-join`` to a port nobody listens on.
     ``own``: no headless process; each head runs its own two replicas (serving only it)."""
     if n_heads < 0:  # -n: n separate deployments, one head and one replica each
         return start_separate(-n_heads, logdir, timeout, replicas, own)
     http = [free_port() for _ in range(n_heads)]
     master = [free_port() for _ in range(n_heads)]
-    nobody = free_port() if join_nobody else None
     mine = REPLICAS if own else 0
-    heads = [Proc("head-a", head_cmd(http[0], master[0], nobody, mine), logdir)]
+    heads = [Proc("head-a", head_cmd(http[0], master[0], None, mine), logdir)]
     # The others join through the first head's master: it must be listening.
     wait_until(lambda: http_status(http[0], "/health") != 0, timeout, "head a's HTTP", heads)
     for i in range(1, n_heads):
@@ -358,7 +300,6 @@ def cpu_tree(pid: int) -> float:
 class Setup:
     name: str
     heads: int
-    join_nobody: bool = False  # the lone head given --omni-join to a port nobody has
     half: bool = False  # at half the concurrency: what each of two heads gets
     replicas: int = 1  # separate deployments (heads < 0): replicas each
     own: bool = False  # each head runs its replicas itself (they serve only it)
@@ -366,8 +307,7 @@ class Setup:
 
 SETUPS = (
     Setup("1 head", 1),
-    Setup("1 head*", 1, True),
-    Setup("1 head* c/2", 1, True, True),
+    Setup("1 head c/2", 1, half=True),
     Setup("2 heads", 2),
     # Two deployments unaware of each other (heads=-2): what sharing the cores costs
     # two heads, fleet or not. Joined heads above this pay for the fleet itself.
@@ -481,9 +421,7 @@ def load_run(setup: Setup, rnd: int, args: argparse.Namespace, logdir: Path) -> 
     run = LoadRun(setup.name, setup.heads, rnd)
     fleet = None
     try:
-        fleet = start_fleet(
-            setup.heads, logdir, args.health_timeout, setup.join_nobody, setup.replicas, setup.own
-        )
+        fleet = start_fleet(setup.heads, logdir, args.health_timeout, setup.replicas, setup.own)
         snap = Snapshot(fleet)
         # The heads at rest (heartbeats, announcements): one second, after a settle.
         time.sleep(0.5)
@@ -578,16 +516,12 @@ def report_load(runs: list[LoadRun], args: argparse.Namespace) -> dict[str, Any]
         cells = ", ".join(f"{r.rps:.0f} / {r.heads_cpu_ms:.3f}" for r in mine)
         if cells:
             print(f"     {setup.name:<12} {cells}")
-    if any(s.join_nobody for s in SETUPS):
-        print(
-            "   1 head*: the lone head given --omni-join to a port nobody listens on, which "
-            "gives its fleet\n   thread a socket to poll (and so a wait): the same lone head, "
-            "without the busy loop flagged below;\n   "
-            f"c/2: at c={max(1, args.concurrency // 2)}, the load each of two heads gets "
-            "(a head's CPU per request\n   depends on its load: a busier loop handles more "
-            "per wake-up);\n   2 separate: two deployments unaware of each other, a head and a "
-            "headless replica each,\n   sharing the machine as the two joined heads do"
-        )
+    print(
+        f"   c/2: at c={max(1, args.concurrency // 2)}, the load each of two heads gets (a "
+        "head's CPU per request\n   depends on its load: a busier loop handles more per "
+        "wake-up);\n   2 separate: two deployments unaware of each other, a head and a "
+        "headless replica each,\n   sharing the machine as the two joined heads do"
+    )
     for r in runs:
         if r.error is not None:
             print(f"   {r.setup} #{r.round}: FAILED: {r.error.splitlines()[0][:200]}")
@@ -600,7 +534,7 @@ def report_load(runs: list[LoadRun], args: argparse.Namespace) -> dict[str, Any]
                 )
     out: dict[str, Any] = {"runs": [asdict(r) for r in runs]}
     two = meds.get("2 heads")
-    for one in ("1 head", "1 head*", "1 head* c/2", "2 separate"):
+    for one in ("1 head", "1 head c/2", "2 separate"):
         if two is None or one not in meds:
             continue
         ratio = two.heads_cpu_ms / meds[one].heads_cpu_ms

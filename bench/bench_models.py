@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import common
+import llama_cpp
 import machine_limits
 from common import HOST, ServerProcess, free_port
 
@@ -590,6 +591,51 @@ def report(run: ThinkerRun, args: argparse.Namespace) -> list[Any]:
     return out
 
 
+def beside_llama_cpp(runs: list[ThinkerRun], args: argparse.Namespace) -> list[Any]:
+    """llama.cpp on the fast thinker's GGUF (else the first thinker's) and threads, on
+    the CPU the thinkers have left idle: its decode tok/s at c=1 and c=8 against the
+    thinker's (direct, else served). The thinker's figure counts its prefills as well,
+    llama.cpp's does not: the ratio errs against the thinker."""
+    from omnistage.engines.llm.weights import resolve_model
+    from omnistage.engines.torch_threads import cores
+
+    run = next((r for r in runs if r.name == "fast"), runs[0])
+    gguf = resolve_model(str(run.engine_args.get("model", "smollm2")))
+    if gguf.suffix != ".gguf":
+        print(f"\n! llama.cpp: thinker {run.name}'s model {gguf} is not a GGUF file")
+        return []
+    threads = int(run.engine_args.get("torch_threads") or cores())
+    by = {
+        (r.mode, r.concurrency): r
+        for r in [*run.direct, *run.served.loads]
+        if r.completed == r.requests and r.tok_s
+    }
+    mode = "direct" if ("direct", 1) in by or ("direct", 8) in by else "served"
+    c1, c8 = by.get((mode, 1)), by.get((mode, 8))
+    # The thinker's mean prompt at c=8, so the batched prefill is the same size.
+    prompt = round(c8.prompt_tokens / c8.completed) if c8 else 32
+    load = os.getloadavg()[0]
+    print(f"\n[llama.cpp] on {gguf.name}, {threads} threads (load {load:.2f}) ...", flush=True)
+    if load > 1.0:
+        # Seen on a shared 2-core VM at load 4-7: llama-bench tg at 2 threads 3-10 tok/s,
+        # at 1 thread 51-58.
+        print(
+            "! the CPU is not idle: llama.cpp's threads spin-wait for each other and lose "
+            "most of their speed\n  when other processes hold a core; its figures (and the "
+            "ratios) are then not the engine's"
+        )
+    ref = args.llama_cpp_ref = llama_cpp.measure(str(gguf), threads, 8, prompt, args.max_tokens)
+    name = f"{run.name} {mode}"
+    goals = llama_cpp.report(ref, name, c1.tok_s if c1 else None, c8.tok_s if c8 else None, 8)
+    out = []
+    for goal, value, bound in goals:
+        met = value is not None and value >= bound
+        shown = "n/a" if value is None else f"{value:.2f}"
+        print(f"  {goal:<52} {shown:>8}  {'PASS' if met else 'MISS'}")
+        out.append({"goal": goal, "value": value, "met": met})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--requests-c1", type=int, default=8, help="measured requests at c=1")
@@ -614,6 +660,13 @@ def main() -> int:
     over = "JSON for serve --stage-overrides, applied to the direct engine too (default: none)"
     p.add_argument("--stage-overrides", dest="overrides", metavar="JSON", help=over)
     p.add_argument("--skip-direct", action="store_true", help="only the served runs")
+    p.add_argument(
+        "--llama-cpp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama.cpp beside the fast thinker, on its GGUF and threads (built once into "
+        f"{llama_cpp.CACHE}/<build>, ~6 min on 2 cores; default on)",
+    )
     common.add_common_args(p, health_timeout=300.0, request_timeout=300.0)
     args = p.parse_args()
     thinkers = [thinker_of(n.strip(), args.overrides) for n in args.thinkers.split(",")]
@@ -632,11 +685,15 @@ def main() -> int:
         run.targets = report(run, args)
         runs.append(run)
     goals = side_by_side(runs)
+    args.llama_cpp_ref = None
+    if args.llama_cpp and runs:
+        goals += beside_llama_cpp(runs, args)
     if args.json:
         sections: dict[str, Any] = {
             "thinkers": {},
             "targets": goals,
             "machine": asdict(args.limits),
+            "llama_cpp": asdict(args.llama_cpp_ref) if args.llama_cpp_ref else None,
         }
         for run in runs:
             section = {**asdict(run.served), "direct": [asdict(r) for r in run.direct]}
@@ -644,7 +701,7 @@ def main() -> int:
             section |= {"engine_args": run.engine_args, "direct_rss": run.direct_rss}
             section["step_bytes"] = asdict(run.step_bytes) if run.step_bytes else None
             sections["thinkers"][run.name] = section | {"targets": run.targets}
-        common.write_json(args.json, args, sections)
+        common.write_json(args.json, args, sections, skip=["limits", "llama_cpp_ref"])
     # A MISS is a figure; a run with errors (not started, requests failed) measured less.
     if bad := [
         run.name

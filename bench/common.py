@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 HOST = "127.0.0.1"
@@ -28,18 +30,40 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A command in its own process group, its output in a temporary file.
+    """A command in its own process group, its output in a temporary file (or a given one).
 
     The own group lets ``stop`` reap whatever the command started (a head's local
     replicas) even when the command itself is gone, and keeps a Ctrl-C in the terminal
     from reaching the servers before the benchmark has stopped them in order.
     """
 
-    def __init__(self, name: str, cmd: list[str], port: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int | None = None,
+        *,
+        log_path: Path | None = None,
+        pdeathsig: bool = False,
+    ) -> None:
+        """``log_path``: the output there (kept), not in a temporary file. ``pdeathsig``:
+        SIGKILLed by the kernel if the benchmark dies first (``setpriv --pdeathsig``,
+        where setpriv exists); then start it from the main thread: the signal follows
+        the thread that forked, not the process."""
         self.name, self.cmd, self.port = name, cmd, port
-        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
+        log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
+        self.log: IO[bytes] = log  # closed in stop
+        prefix = (
+            ["setpriv", "--pdeathsig", "KILL", "--"]
+            if pdeathsig and shutil.which("setpriv")
+            else []
+        )
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            [*prefix, *cmd],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     @property
@@ -82,6 +106,12 @@ class ServerProcess:
                 last = str(exc)
             time.sleep(interval)
         raise RuntimeError(f"not ready after {timeout:.0f}s ({last}){self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group, now (a crash, not a stop: the log stays open)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(5.0)
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM, then SIGKILL to the whole group after ``grace`` s; safe to call twice."""

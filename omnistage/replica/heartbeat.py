@@ -132,6 +132,34 @@ class Reports:
     cached_prefixes: Callable[[], tuple[int, tuple[int, ...]] | None] = _no_prefixes
 
 
+def beat(
+    spec: HeartbeatSpec, seq: int, status: ReplicaState, load: LoadReport, detail: str = ""
+) -> Heartbeat:
+    """Heartbeat number ``seq`` of the registration ``spec`` (``detail``: STARTING's)."""
+    return Heartbeat(
+        stage_id=spec.stage_id,
+        replica_id=spec.replica_id,
+        epoch=spec.epoch,
+        status=status,
+        queue_length=load.queue_length,
+        in_flight=load.in_flight,
+        progress=load.progress,
+        seq=seq,
+        others=load.others,
+        detail=detail,
+    )
+
+
+def ack_verdict(ack: HeartbeatAck) -> tuple[str, bool] | None:
+    """Why the head that sent ``ack`` is lost to this registration, and whether the
+    replica failed (the ``on_lost`` arguments); None while the head keeps it."""
+    if ack.state == ReplicaState.UNKNOWN:
+        return "the head does not know this replica (it restarted or replaced us)", False
+    if ack.state == ReplicaState.ERROR:
+        return "the head marked this replica ERROR and will not route to it", True
+    return None
+
+
 class HeartbeatThread:
     def __init__(
         self,
@@ -259,10 +287,8 @@ class HeartbeatThread:
             self._heads = ack.heads
             if self._on_heads is not None:
                 self._on_heads(list(ack.heads))
-        if ack.state == ReplicaState.UNKNOWN:
-            self._lose("the head does not know this replica (it restarted or replaced us)")
-        elif ack.state == ReplicaState.ERROR:
-            self._lose("the head marked this replica ERROR and will not route to it", True)
+        if (lost := ack_verdict(ack)) is not None:
+            self._lose(*lost)
 
     def _overdue(self) -> bool:
         silent = self._clock() - self._last_ack
@@ -312,19 +338,8 @@ class HeartbeatThread:
             log.exception("load report failed")
             load = LoadReport(0, 0, 0)
         self._seq += 1
-        spec = self._spec
-        msg = Heartbeat(
-            stage_id=spec.stage_id,
-            replica_id=spec.replica_id,
-            epoch=spec.epoch,
-            status=status,
-            queue_length=load.queue_length,
-            in_flight=load.in_flight,
-            progress=load.progress,
-            seq=self._seq,
-            others=load.others,
-            detail=self._reports.detail() if status == ReplicaState.STARTING else "",
-        )
+        detail = self._reports.detail() if status == ReplicaState.STARTING else ""
+        msg = beat(self._spec, self._seq, status, load, detail)
         version = None
         if status != ReplicaState.DOWN:
             version, msg.cached_prefixes = self._prefixes_due()

@@ -120,16 +120,23 @@ def register(link: MasterLink, req: RegisterRequest, timeout_s: float) -> Regist
                 f"{timeout_s:g}s (raise --stage-init-timeout, or check -oma/-omp; with "
                 "--omni-curve-keys, check this host has the head's keys)"
             )
-        try:
-            reply = codec.decode_register_reply(sock.recv())
-        except ProtocolError as exc:
-            raise RegistrationError(f"master refused the registration: {exc}") from None
+        reply = read_register_reply(sock.recv(), link.host)
     finally:
         sock.close()
+    return reply
+
+
+def read_register_reply(data: bytes, host: str) -> RegisterReply:
+    """The master's answer to a registration, its addresses dialable from ``host`` (the
+    master's); raises RegistrationError on a refusal."""
+    try:
+        reply = codec.decode_register_reply(data)
+    except ProtocolError as exc:
+        raise RegistrationError(f"master refused the registration: {exc}") from None
     addresses = ["handshake_address", "input_address", "output_address"]
     if reply.coordinator_router_address:
         addresses.append("coordinator_router_address")
-    return _dialable(reply, link.host, addresses)
+    return _dialable(reply, host, addresses)
 
 
 def handshake(
@@ -144,30 +151,41 @@ def handshake(
             sock.bind(reply.handshake_address)
         else:
             sock.connect(reply.handshake_address)
-        hello = Hello(
-            stage_id=stage_id,
-            replica_id=reply.replica_id,
-            epoch=reply.epoch,
-            pid=os.getpid(),
-            host=socket.gethostname(),
-        )
-        sock.send_multipart(codec.sign(codec.encode(hello), link.signer))
+        sock.send_multipart(codec.sign(codec.encode(hello(stage_id, reply)), link.signer))
         if not _poll(sock, timeout_s, link.cancel):
             raise HandshakeError(
                 f"no handshake answer from the head at {reply.handshake_address} within "
                 f"{timeout_s:g}s (raise --stage-init-timeout)"
             )
-        try:
-            init = codec.decode_frames(sock.recv_multipart())
-        except ProtocolError as exc:
-            raise HandshakeError(f"bad handshake answer: {exc}") from None
+        frames = sock.recv_multipart()
     finally:
         sock.close()
+    return read_init(frames, link.host)
+
+
+def hello(stage_id: int, reply: RegisterReply) -> Hello:
+    """The HELLO of the registration ``reply``."""
+    return Hello(
+        stage_id=stage_id,
+        replica_id=reply.replica_id,
+        epoch=reply.epoch,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+    )
+
+
+def read_init(frames: list[bytes], host: str) -> HandshakeInit:
+    """The head's answer to HELLO, its addresses dialable from ``host`` (the master's);
+    raises HandshakeError on a refusal or anything but the init message."""
+    try:
+        init = codec.decode_frames(frames)
+    except ProtocolError as exc:
+        raise HandshakeError(f"bad handshake answer: {exc}") from None
     if not isinstance(init, HandshakeInit):
         raise HandshakeError(f"expected the head's init message, got {type(init).__name__}")
     if init.error:
         raise HandshakeError(f"head refused the handshake: {init.error}")
-    return _dialable(init, link.host, ["input_address", "output_address", "coordinator_address"])
+    return _dialable(init, host, ["input_address", "output_address", "coordinator_address"])
 
 
 def _dialable(msg: _Msg, host: str, fields: Iterable[str]) -> _Msg:

@@ -84,7 +84,7 @@ class HeadSession:
         (heartbeat thread) hears the fleet's heads when this head's list changes."""
         reply, init, runner = self._reply, self._init, self._runner
         stage_id = runner.stage_id
-        self._in, self._out = self._head_sockets()
+        self._in, self._out = data_sockets(self._ctx, stage_id, reply, init, self._binds_sockets)
         peer_address = self._listen_for_peers() if self._peers_enabled else ""
         runner.bind(reply.replica_id, reply.epoch, self)
         self.heartbeat = HeartbeatThread(
@@ -97,7 +97,7 @@ class HeadSession:
                 master=self._master,
             ),
             Reports(
-                load=self._load_report,
+                load=lambda: load_report(runner),
                 status=status,
                 cached_prefixes=runner.engine.cached_prefixes,
             ),
@@ -106,40 +106,10 @@ class HeadSession:
             on_lost=on_lost,
             on_heads=on_heads,
         )
-        ready = Ready(
-            stage_id=stage_id,
-            replica_id=reply.replica_id,
-            epoch=reply.epoch,
-            capacity=runner.engine.capacity,
-            engine=runner.engine.name,
-            pid=os.getpid(),
-            address=self._address,
-            peer_address=peer_address,
-        )
-        self._in.send(codec.pack(ready))
+        self._in.send(codec.pack(ready(runner, reply, self._address, peer_address)))
         self._pump = Pump(loop, self._in, self._on_frames)
         self._peer_pump = Pump(loop, self._peer_in, self._on_peer_frames) if self._peer_in else None
         self.heartbeat.start()
-
-    def _head_sockets(self) -> tuple[zmq.Socket, zmq.Socket]:
-        """The head's input channel (a DEALER named for this incarnation) and our
-        output channel (a PUSH), connected, or bound where the replica binds them."""
-        reply, init = self._reply, self._init
-        sock_in = self._ctx.socket(zmq.DEALER)
-        rid = routing_id(self._runner.stage_id, reply.replica_id, reply.epoch)
-        sock_in.setsockopt(zmq.ROUTING_ID, rid)
-        sock_in.setsockopt(zmq.LINGER, 0)
-        sock_in.setsockopt(zmq.RCVHWM, 100_000)
-        sock_out = self._ctx.socket(zmq.PUSH)
-        sock_out.setsockopt(zmq.LINGER, 1000)
-        sock_out.setsockopt(zmq.SNDHWM, 100_000)
-        if self._binds_sockets:
-            sock_in.bind(reply.input_address)
-            sock_out.bind(reply.output_address)
-        else:
-            sock_in.connect(init.input_address)
-            sock_out.connect(init.output_address)
-        return sock_in, sock_out
 
     def _listen_for_peers(self) -> str:
         """Bind the PULL that upstream replicas push to; "" (inputs only through the head)
@@ -233,16 +203,52 @@ class HeadSession:
         for chunk in chunks:
             self._runner.feed(chunk)
 
-    def _load_report(self) -> LoadReport:
-        runner = self._runner
-        engine = runner.engine
-        return LoadReport(
-            queue_length=engine.queue_length,
-            in_flight=len(runner.requests),
-            others=runner.admission.others(runner) if runner.admission is not None else 0,
-            # Pieces of streamed input count: a request listening is not a stalled one.
-            progress=engine.progress + runner.chunks_sent + runner.pieces_taken,
-        )
+
+def data_sockets(
+    ctx: zmq.Context, stage_id: int, reply: RegisterReply, init: HandshakeInit, bind: bool
+) -> tuple[zmq.Socket, zmq.Socket]:
+    """The input DEALER (routing id: this registration) and the output PUSH to a head,
+    bound on the registration's ports with ``bind``, else dialled to the init's."""
+    inp = ctx.socket(zmq.DEALER)
+    inp.setsockopt(zmq.ROUTING_ID, routing_id(stage_id, reply.replica_id, reply.epoch))
+    inp.setsockopt(zmq.LINGER, 0)
+    inp.setsockopt(zmq.RCVHWM, 100_000)
+    out = ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.LINGER, 1000)
+    out.setsockopt(zmq.SNDHWM, 100_000)
+    if bind:
+        inp.bind(reply.input_address)
+        out.bind(reply.output_address)
+    else:
+        inp.connect(init.input_address)
+        out.connect(init.output_address)
+    return inp, out
+
+
+def ready(runner: RequestRunner, reply: RegisterReply, address: str, peer_address: str) -> Ready:
+    """READY for the registration ``reply``, from ``address`` (the advertised host)."""
+    return Ready(
+        stage_id=runner.stage_id,
+        replica_id=reply.replica_id,
+        epoch=reply.epoch,
+        capacity=runner.engine.capacity,
+        engine=runner.engine.name,
+        pid=os.getpid(),
+        address=address,
+        peer_address=peer_address,
+    )
+
+
+def load_report(runner: RequestRunner) -> LoadReport:
+    """What a heartbeat says of the load of ``runner`` and its engine."""
+    engine = runner.engine
+    return LoadReport(
+        queue_length=engine.queue_length,
+        in_flight=len(runner.requests),
+        others=runner.admission.others(runner) if runner.admission is not None else 0,
+        # Pieces of streamed input count: a request listening is not a stalled one.
+        progress=engine.progress + runner.chunks_sent + runner.pieces_taken,
+    )
 
 
 def _batch(chunks: list[OutputChunk]) -> bytes:
