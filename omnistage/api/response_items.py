@@ -13,7 +13,7 @@ from omnistage.api.ids import next_id
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import StageFailedError, as_api_error
-from omnistage.protocol.messages import ChunkMeta, OutputChunk
+from omnistage.protocol.messages import ChunkMeta, OutputChunk, Usage
 
 # ResponseError.code by HTTP status, for a failure after the stream started.
 _FAILURE_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
@@ -238,16 +238,16 @@ class ResponseShape:
             **extra,
         }
 
-    def final(self, output: Output, usage: dict[str, int]) -> dict[str, Any]:
+    def final(self, output: Output, usage: Usage) -> dict[str, Any]:
         tokens = {
-            "input_tokens": usage.get("prompt_tokens", 0),
+            "input_tokens": usage.prompt_tokens,
             "input_tokens_details": {
-                "cached_tokens": usage.get("cached_tokens", 0),
+                "cached_tokens": usage.cached_tokens or 0,
                 "cache_write_tokens": 0,
             },
-            "output_tokens": usage.get("completion_tokens", 0),
+            "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.get("total_tokens", 0),
+            "total_tokens": usage.total_tokens,
         }
         if output.finish_reason == FinishReason.LENGTH:
             reason = {"reason": "max_output_tokens"}

@@ -171,8 +171,8 @@ class LatencyRecorder:
                 now = self.clock()
             self.stages["duration"][sid].observe(now - st.dispatched_at)
             usage = run.usage.get(sid)
-            if usage and sid in run.finals:
-                self.completion_tokens[sid] += usage.get("completion_tokens", 0)
+            if usage is not None and sid in run.finals:
+                self.completion_tokens[sid] += usage.completion_tokens
 
     def done(self, run: Run) -> None:
         """Every stage of the request finished: its last final chunk arrived."""

@@ -288,6 +288,21 @@ class Segment(msgspec.Struct, frozen=True):
     no_speech_prob: float
 
 
+class Usage(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Tokens read and written: one stage's so far (on its chunks), or a request's (the
+    sum the API reports, OpenAI's ``usage``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Of ``prompt_tokens``, those whose KV a prefix cache held. None where the engine
+    # keeps no prefix cache: the API then leaves out ``prompt_tokens_details``.
+    cached_tokens: int | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
 class ChunkMeta(msgspec.Struct, omit_defaults=True, frozen=True):
     """What a chunk's bytes or text are, by modality; unset fields are left out.
 
@@ -341,7 +356,7 @@ class OutputChunk(Tagged):
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
-    usage: dict[str, int] | None = None
+    usage: Usage | None = None
     meta: ChunkMeta | None = None
     # With ``error``: BAD_REQUEST when the input cannot be served (a 4xx for the
     # client, e.g. a prompt longer than the context window), else a server fault.

@@ -26,7 +26,7 @@ from omnistage.audio.formats import OutputStream as AudioOut
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, Usage
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.realtime.conversation import (
     Item,
@@ -124,7 +124,7 @@ class ResponseRun:
         self._words: list[str] = []
         self._encoder: AudioOut | None = None
         self._calls: dict[int, _Call] = {}
-        self._usage: dict[str, int] = {}
+        self._usage = Usage()
         self.first_audio_at: float | None = None  # monotonic time of the first audio delta
         self.on_first_audio: Callable[[float], None] | None = None
         self.audio_sent_ms = 0.0
@@ -350,18 +350,17 @@ class ResponseRun:
             self._emit("conversation.item.done", {"previous_item_id": None, "item": item})
 
 
-def usage_json(usage: dict[str, int]) -> dict[str, Any]:
+def usage_json(usage: Usage) -> dict[str, Any]:
     """A pipeline request's usage as ``response.done`` reports it."""
-    prompt = usage.get("prompt_tokens", 0)
-    completion = usage.get("completion_tokens", 0)
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     return {
-        "total_tokens": prompt + completion,
+        "total_tokens": usage.total_tokens,
         "input_tokens": prompt,
         "output_tokens": completion,
         "input_token_details": {
             "text_tokens": prompt,
             "audio_tokens": 0,
-            "cached_tokens": usage.get("cached_tokens", 0),
+            "cached_tokens": usage.cached_tokens or 0,
         },
         "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
     }

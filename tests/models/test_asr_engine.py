@@ -112,7 +112,7 @@ async def test_a_wav_file_becomes_its_words_segment_by_segment(
     assert last.meta is not None and last.meta.language == "en"
     assert last.meta.duration == pytest.approx(len(pcm) / 2 / rate, abs=0.01)
     assert all(c.meta.segment.end <= last.meta.duration for c in segments)  # type: ignore[index]
-    assert last.usage is not None and last.usage["completion_tokens"] > len(words(SENTENCE))
+    assert last.usage is not None and last.usage.completion_tokens > len(words(SENTENCE))
 
 
 @module_loop

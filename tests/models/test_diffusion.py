@@ -96,7 +96,7 @@ async def test_n_images_of_the_asked_size_one_chunk_each_the_last_finished(
     for chunk in chunks:
         image = _decoded(chunk.data)
         assert (image.format, image.size) == ("PNG", (128, 64))
-    assert chunks[-1].usage is not None and chunks[-1].usage["prompt_tokens"] > 0
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
     # auto: the model's native size (its UNet's 8x8 latents, times the VAE's 8).
     [auto] = _images(await _run(engine, {"seed": 1}))
     assert _decoded(auto).size == (64, 64)

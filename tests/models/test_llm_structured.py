@@ -263,7 +263,7 @@ def _chunk_cut(chunks: list[EngineChunk], at_least: int) -> tuple[str, int]:
         text += chunk.text
         if len(text) >= at_least:
             assert chunk.usage is not None, "every chunk carries the usage so far"
-            return text, chunk.usage["completion_tokens"]
+            return text, chunk.usage.completion_tokens
     raise AssertionError(f"output shorter than {at_least}: {text!r}")
 
 
@@ -302,7 +302,7 @@ def test_a_resumed_call_counts_the_tokens_the_failed_replica_reported(
     assert tokens > len(engine.tokenizer.encode(delivered, add_special_tokens=False))
     generated = sum(len(c.logprobs or []) for c in chunks)
     assert chunks[-1].usage is not None
-    assert chunks[-1].usage["completion_tokens"] == tokens + generated
+    assert chunks[-1].usage.completion_tokens == tokens + generated
 
 
 # -- logprobs ---------------------------------------------------------------------------
@@ -316,7 +316,7 @@ def test_greedy_logprobs_cover_the_text_and_the_top_choice(
     text = _text(chunks)
     assert text and "".join(e.token for e in entries) == text
     last = chunks[-1]
-    assert last.usage is not None and len(entries) == last.usage["completion_tokens"]
+    assert last.usage is not None and len(entries) == last.usage.completion_tokens
     for e in entries:
         assert e.logprob <= 0
         assert e.bytes is not None and bytes(e.bytes).decode() == e.token
@@ -336,7 +336,7 @@ def test_greedy_logprobs_cover_the_text_and_the_top_choice(
 def _completion_tokens(chunks: list[EngineChunk]) -> int:
     usage = chunks[-1].usage
     assert usage is not None
-    return usage["completion_tokens"]
+    return usage.completion_tokens
 
 
 def test_min_tokens_holds_off_the_end(outputs: dict[str, list[EngineChunk]]) -> None:

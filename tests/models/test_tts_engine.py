@@ -19,7 +19,7 @@ from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage
 from omnistage.engines.speech.tts import TtsArgs, TtsEngine
 from omnistage.engines.speech.voices import VoiceCatalog, discover_voices
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta, Prompt
+from omnistage.protocol.messages import ChunkMeta, Prompt, Usage
 from tests import params as P
 
 # Async tests share one event loop, so the started engine can serve them all.
@@ -147,7 +147,7 @@ async def test_longer_text_gives_longer_valid_wav(engine: TtsEngine):
         "And a third sentence closes this little paragraph for good.",
     ]
     assert all(c.data for c in long)
-    assert long[-1].usage == {"prompt_tokens": len(LONG.split()), "completion_tokens": 0}
+    assert long[-1].usage == Usage(prompt_tokens=len(LONG.split()), completion_tokens=0)
 
 
 @pytest.mark.slow

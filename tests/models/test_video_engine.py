@@ -116,7 +116,7 @@ async def test_an_h264_mp4_of_the_asked_size_frames_and_fps_after_its_thumbnail(
     assert not thumb.finished and video.finished and video.finish_reason == "stop"
     assert thumb.meta == ChunkMeta(format="png", width=64, height=32)
     assert video.meta == ChunkMeta(format="mp4", width=64, height=32, frames=9, fps=8, seed=7)
-    assert video.usage is not None and video.usage["prompt_tokens"] > 0
+    assert video.usage is not None and video.usage.prompt_tokens > 0
     seen = _decoded(video.data)
     assert (seen["codec"], seen["pix_fmt"], seen["size"]) == ("h264", "yuv420p", (64, 32))
     assert seen["rate"] == Fraction(8) and len(seen["frames"]) == 9
@@ -274,7 +274,7 @@ def test_a_pipeline_request_gets_progress_a_thumbnail_and_the_mp4(tiny_video: Pa
     assert [c.meta.step for c in chunks[:STEPS]] == [1, 2, 3]
     thumb, video = chunks[STEPS:]
     assert thumb.meta.format == "png" and not thumb.finished
-    assert video.finished and video.error is None and video.usage["prompt_tokens"] > 0
+    assert video.finished and video.error is None and video.usage.prompt_tokens > 0
     assert video.meta == ChunkMeta(format="mp4", width=32, height=32, frames=5, fps=4, seed=5)
     seen = _decoded(video.data)
     assert (seen["size"], len(seen["frames"]), seen["rate"]) == ((32, 32), 5, Fraction(4))

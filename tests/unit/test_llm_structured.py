@@ -25,7 +25,7 @@ from omnistage.engines.llm.tools import (  # noqa: E402
     plan_tools,
 )
 from omnistage.protocol.errors import BadRequestError  # noqa: E402
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, TokenLogprob, ToolCall  # noqa: E402
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, TokenLogprob, ToolCall, Usage  # noqa: E402
 from omnistage.protocol.params import (  # noqa: E402
     MAX_TOP_LOGPROBS,
     GenerationParams,
@@ -517,7 +517,7 @@ def _chunks(pieces: list[str], finish: str = "stop", logprobs: bool = False) -> 
         EngineChunk("text", text=p, logprobs=[_lp(p)] if logprobs and p else None) for p in pieces
     ]
     out[-1].finished, out[-1].finish_reason = True, finish
-    out[-1].usage = {"prompt_tokens": 3, "completion_tokens": len(pieces)}
+    out[-1].usage = Usage(prompt_tokens=3, completion_tokens=len(pieces))
     return out
 
 
@@ -544,7 +544,7 @@ def test_named_mode_streams_every_chunk_as_a_call_piece() -> None:
     assert json.loads("".join(c.text for c in out)) == {"city": "Paris"}
     assert [c.finished for c in out] == [False, False, False, True]
     assert out[-1].finish_reason == "tool_calls"
-    assert out[-1].usage == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert out[-1].usage == Usage(prompt_tokens=3, completion_tokens=4)
     assert _logprob_tokens(out) == pieces[:3]
 
 
@@ -563,7 +563,7 @@ def test_required_mode_emits_one_compact_call_at_the_end() -> None:
     assert call.modality == "tool_call" and call.meta == ChunkMeta(index=0, name="get_weather")
     assert call.text == '{"city":"Paris","unit":"c"}'
     assert call.finished and call.finish_reason == "tool_calls"
-    assert call.usage == {"prompt_tokens": 3, "completion_tokens": 3}
+    assert call.usage == Usage(prompt_tokens=3, completion_tokens=3)
     assert _logprob_tokens([call]) == pieces
 
 
@@ -600,7 +600,7 @@ def test_auto_mode_parses_a_call_whose_tag_arrives_split() -> None:
     assert call.meta == ChunkMeta(index=0, name="get_weather")
     assert call.text == '{"city":"Oslo"}'
     assert call.finished and call.finish_reason == "tool_calls"
-    assert call.usage == {"prompt_tokens": 3, "completion_tokens": 5}
+    assert call.usage == Usage(prompt_tokens=3, completion_tokens=5)
     assert _logprob_tokens([call]) == pieces
 
 

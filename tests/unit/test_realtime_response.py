@@ -15,7 +15,7 @@ from omnistage.audio.formats import PCM, PCMU, AudioFormat
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, ChunkMeta
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, Usage
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.response import ResponseRun, ResponseSettings
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
@@ -43,7 +43,7 @@ class Pipeline:
     """A fake service whose one request streams what the test puts."""
 
     def __init__(self) -> None:
-        self.stream = ScriptedStream(usage={"prompt_tokens": 7, "completion_tokens": 3})
+        self.stream = ScriptedStream(usage=Usage(prompt_tokens=7, completion_tokens=3))
         self.requests: list[PipelineRequest] = []
 
         async def opener(request: PipelineRequest) -> ScriptedStream:

@@ -19,7 +19,7 @@ from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unle
 from omnistage.jobs.state import Persistence
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
-from omnistage.protocol.messages import OutputChunk, TokenLogprob
+from omnistage.protocol.messages import OutputChunk, TokenLogprob, Usage
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
 from omnistage.service import OutputStream, PipelineService
 
@@ -263,7 +263,7 @@ class ChunkShape:
     model: str
     include_usage: bool
 
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
         body: dict[str, Any] = {
             "id": self.request_id,
             "object": self.object,
@@ -276,13 +276,17 @@ class ChunkShape:
         return sse(body)
 
 
-def openai_usage(usage: dict[str, int]) -> dict[str, Any]:
+def openai_usage(usage: Usage) -> dict[str, Any]:
     """A request's token counts as chat and completions report them: a prefix cache's
     share of the prompt as ``prompt_tokens_details.cached_tokens``, where an engine
     keeps one (OpenAI's field; clients and aiperf read it)."""
-    body: dict[str, Any] = {k: v for k, v in usage.items() if k != "cached_tokens"}
-    if "cached_tokens" in usage:
-        body["prompt_tokens_details"] = {"cached_tokens": usage["cached_tokens"]}
+    body: dict[str, Any] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+    if usage.cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
     return body
 
 

@@ -48,7 +48,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.image_params import image_job
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt
+from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt, Usage
 from omnistage.protocol.params import (
     NO_PARAMS,
     SEED_LIMIT,
@@ -128,9 +128,9 @@ def _writers(omni: PipelineService, painter: StageConfig) -> list[int]:
     ]
 
 
-def usage_body(usage: dict[str, int]) -> dict[str, Any]:
+def usage_body(usage: Usage) -> dict[str, Any]:
     """OpenAI's image usage: input is the prompt's tokens, output the revised prompt's."""
-    read, wrote = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    read, wrote = usage.prompt_tokens, usage.completion_tokens
     return {
         "input_tokens": read,
         "input_tokens_details": {"text_tokens": read, "image_tokens": 0},
@@ -159,9 +159,7 @@ class ImageSink:
     def revised_prompt(self) -> str | None:
         return "".join(self.revised).strip() if self.wrote else None
 
-    def response(
-        self, size: str | None, output_format: str, usage: dict[str, int]
-    ) -> dict[str, Any]:
+    def response(self, size: str | None, output_format: str, usage: Usage) -> dict[str, Any]:
         """OpenAI's answer: ``size`` as asked until an image says what it is."""
         revised = self.revised_prompt()
         data = []

@@ -35,7 +35,7 @@ from omnistage.engines.image import diffusers_pipe as dp
 from omnistage.engines.image.denoising import DenoisingEngine, Slot, missing_model_message
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.image_params import ImageJob, image_job, output_size
-from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.messages import ChunkMeta, Usage
 from omnistage.protocol.params import SEED_LIMIT, StageParams
 
 __all__ = ["DiffusionEngine", "missing_model_message"]
@@ -97,7 +97,7 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
         max_pixels = self.args.max_generated_image_size
         width, height = output_size(job.size, source, info.default_size, max_pixels)
         modality = self.stage.output_modality
-        usage = {"prompt_tokens": dp.count_tokens(self._pipe, prompt), "completion_tokens": 0}
+        usage = Usage(dp.count_tokens(self._pipe, prompt))
         for index in range(job.n):
             seed = (base_seed + index) % SEED_LIMIT
             drawing = self._drawing(job, prompt, (width, height), seed, edit)

@@ -32,7 +32,7 @@ from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, cores, thread_ladder
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChatMessage, Prompt
+from omnistage.protocol.messages import ChatMessage, Prompt, Usage
 from omnistage.protocol.params import GenerationParams, StageParams
 from omnistage.protocol.prefix import prefix_keys
 
@@ -144,7 +144,7 @@ class LlmEngine(Engine):
             )
         if prior and done >= params.max_tokens:
             # The failed replica had generated everything but the final message.
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "cached_tokens": 0}
+            usage = Usage(prompt_tokens, done, cached_tokens=0)
             yield EngineChunk(
                 Modality.TEXT, finished=True, finish_reason=FinishReason.LENGTH, usage=usage
             )

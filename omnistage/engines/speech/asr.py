@@ -45,7 +45,7 @@ from omnistage.engines.base import Engine, EngineChunk, EngineRequest, joined_pr
 from omnistage.engines.speech.whisper_short import ShortInfo, ShortResult, transcribe_short
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta, Segment
+from omnistage.protocol.messages import ChunkMeta, Segment, Usage
 from omnistage.protocol.params import StageParams, TranscriptionParams
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class AsrEngine(Engine):
                 Modality.TEXT,
                 finished=True,
                 finish_reason=FinishReason.STOP,
-                usage={"prompt_tokens": 0, "completion_tokens": tokens},
+                usage=Usage(0, tokens),
                 meta=ChunkMeta(language=info.language, duration=round(info.duration, 3)),
             )
         finally:
@@ -205,7 +205,7 @@ class AsrEngine(Engine):
                 Modality.TEXT,
                 finished=True,
                 finish_reason=FinishReason.STOP,
-                usage={"prompt_tokens": 0, "completion_tokens": tokens},
+                usage=Usage(0, tokens),
                 meta=ChunkMeta(language=language or "en", duration=round(feed.duration_s, 3)),
             )
         finally:

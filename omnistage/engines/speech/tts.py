@@ -41,7 +41,7 @@ from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.messages import ChunkMeta, Usage
 from omnistage.protocol.params import StageParams
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class TtsEngine(Engine):
             if finished:
                 chunk.finished = True
                 chunk.finish_reason = FinishReason.STOP
-                chunk.usage = {"prompt_tokens": words_in, "completion_tokens": 0}
+                chunk.usage = Usage(words_in)
             return chunk
 
         if request.prompt is not None:

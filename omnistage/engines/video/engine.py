@@ -38,7 +38,7 @@ from omnistage.engines.image.diffusers_pipe import StepHook, count_tokens
 from omnistage.engines.video import pipe as vp
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.messages import ChunkMeta, Usage
 from omnistage.protocol.params import SEED_LIMIT, StageParams, VideoParams
 from omnistage.protocol.video_params import EVEN, VideoJob, video_job
 
@@ -127,7 +127,7 @@ class VideoEngine(DenoisingEngine[vp.VideoInfo, vp.Clip, vp.Video]):
             data=video.mp4,
             finished=True,
             finish_reason=FinishReason.STOP,
-            usage={"prompt_tokens": count_tokens(self._pipe, prompt), "completion_tokens": 0},
+            usage=Usage(count_tokens(self._pipe, prompt)),
             meta=ChunkMeta(
                 format="mp4",
                 width=video.width,
