@@ -13,10 +13,12 @@ from omnistage.api.ids import next_id
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import StageFailedError, as_api_error
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, Usage
+from omnistage.protocol.messages import OutputChunk, ToolCallMeta, Usage
 
 # ResponseError.code by HTTP status, for a failure after the stream started.
 _FAILURE_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
+# A TOOL_CALL chunk that does not say which call: the first, unnamed.
+_NO_CALL = ToolCallMeta(0, "")
 
 
 class _Item:
@@ -143,11 +145,11 @@ class Output:
             assert self._open is not None
             events.append(self._open.piece(out.text))
         elif out.modality == Modality.TOOL_CALL:
-            meta = out.meta or ChunkMeta()
-            index = meta.index or 0
+            meta = out.meta if isinstance(out.meta, ToolCallMeta) else _NO_CALL
+            index = meta.index
             call = self._calls.get(index)
             if call is None:
-                call = self._calls[index] = _Call(len(self.items), meta.name or "")
+                call = self._calls[index] = _Call(len(self.items), meta.name)
                 events += self._start(call)
             elif call is not self._open:
                 raise StageFailedError(

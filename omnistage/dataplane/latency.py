@@ -25,7 +25,7 @@ import msgspec
 from omnistage.control.latency_window import LatencyWindow
 from omnistage.dataplane.run import Run, StageProgress
 from omnistage.protocol.enums import Modality
-from omnistage.protocol.messages import OutputChunk
+from omnistage.protocol.messages import AudioMeta, OutputChunk
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _AUDIO = Modality.AUDIO
@@ -192,9 +192,8 @@ class LatencyRecorder:
 
     def _audio(self, run: Run, sid: int, chunk: OutputChunk) -> None:
         meta = chunk.meta
-        rate = meta.sample_rate if meta is not None else None
-        if rate and meta is not None and (meta.format or "pcm16") == "pcm16":
-            self.audio_seconds[sid] += len(chunk.data) / 2 / rate
+        if isinstance(meta, AudioMeta) and meta.sample_rate and meta.format == "pcm16":
+            self.audio_seconds[sid] += len(chunk.data) / 2 / meta.sample_rate
         if run.first_audio_at is None:
             run.first_audio_at = now = self.clock()
             self._request("first_audio", run, now - run.opened_at)

@@ -26,7 +26,9 @@ from omnistage.protocol.params import StageParams
 
 __all__ = ["Reason", "ReplicaState"]  # re-exported: they were declared here first
 
-PROTOCOL_VERSION = 1
+# Raised with every change to a message's wire shape: registration and the handshake
+# refuse a replica that states another version.
+PROTOCOL_VERSION = 2
 
 
 def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
@@ -303,35 +305,77 @@ class Usage(msgspec.Struct, array_like=True, frozen=True, gc=False):
         return self.prompt_tokens + self.completion_tokens
 
 
-class ChunkMeta(msgspec.Struct, omit_defaults=True, frozen=True):
-    """What a chunk's bytes or text are, by modality; unset fields are left out.
+class _Meta(msgspec.Struct, array_like=True, frozen=True):
+    """What a chunk's bytes or text are: one kind per payload, told apart on the wire by
+    the tag that leads its array (``ChunkMeta``)."""
 
-    - audio: ``sample_rate``, ``format`` ("pcm16"), ``voice``;
-    - tool_call: ``index`` and ``name`` of the call the arguments belong to;
-    - image: ``index`` of the image in the request, then either ``step`` of ``steps``
-      (progress, no data) or ``format``, ``width``, ``height`` and ``seed`` (the file);
-    - video: ``step`` of ``steps`` (progress, no data); then an image chunk, the first
-      frame as a thumbnail (``format`` "png", ``width``, ``height``); then the video
-      (``format`` "mp4", ``width``, ``height``, ``frames``, ``fps``, ``seed``);
-    - text of a transcription: ``segment`` (one per chunk), and on the last chunk the
-      detected ``language`` and the audio's ``duration``.
-    """
 
-    sample_rate: int | None = None
-    format: str | None = None
-    voice: str | None = None
-    index: int | None = None
-    name: str | None = None
-    step: int | None = None
-    steps: int | None = None
-    width: int | None = None
-    height: int | None = None
-    seed: int | None = None
+class TextMeta(_Meta, tag="text"):
+    """Text of a transcription: ``segment`` (one per chunk), and on the last chunk the
+    detected ``language`` and the audio's ``duration`` in seconds."""
+
     segment: Segment | None = None
     language: str | None = None
     duration: float | None = None
-    frames: int | None = None
-    fps: int | None = None
+
+
+class ToolCallMeta(_Meta, tag="tool_call"):
+    """The call a TOOL_CALL chunk's arguments belong to: its ``index`` in the answer."""
+
+    index: int
+    name: str
+
+
+class AudioMeta(_Meta, tag="audio"):
+    """Audio bytes: raw little-endian int16 mono at ``sample_rate``."""
+
+    sample_rate: int
+    format: str = "pcm16"
+    voice: str | None = None
+
+
+class ImageMeta(_Meta, tag="image"):
+    """An image file (``format`` "png", "jpeg", "webp"). ``index``: the image's place
+    among the request's images; ``seed``: what drew it. Both None for a video's first
+    frame, sent as its thumbnail."""
+
+    format: str
+    width: int
+    height: int
+    seed: int | None = None
+    index: int | None = None
+
+
+class VideoMeta(_Meta, tag="video"):
+    """A video file: ``frames`` at ``fps``, drawn from ``seed``."""
+
+    width: int
+    height: int
+    frames: int
+    fps: int
+    seed: int
+    format: str = "mp4"
+
+
+class ProgressMeta(_Meta, tag="progress"):
+    """A chunk without data from an image or video stage: ``step`` of ``steps`` done,
+    of the request's image ``index`` (None for a video)."""
+
+    step: int
+    steps: int
+    index: int | None = None
+
+
+class TensorMeta(_Meta, tag="tensor"):
+    """A tensor in the chunk's bytes (C order), e.g. one stage's ``hidden_states`` for the
+    next: its ``dtype`` as torch and numpy name it ("float16", "bfloat16") and ``shape``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+ChunkMeta = TextMeta | ToolCallMeta | AudioMeta | ImageMeta | VideoMeta | ProgressMeta | TensorMeta
 
 
 class OutputChunk(Tagged):
@@ -342,7 +386,7 @@ class OutputChunk(Tagged):
     stages, straight or through the head, whose engines read it as their input.
 
     ``modality`` TOOL_CALL: ``text`` is the next piece of a function call's JSON
-    arguments and ``meta`` says which call (``index``, ``name``).
+    arguments and ``meta`` (a ``ToolCallMeta``) says which call.
     """
 
     request_id: str

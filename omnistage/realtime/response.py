@@ -26,7 +26,14 @@ from omnistage.audio.formats import OutputStream as AudioOut
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, Usage
+from omnistage.protocol.messages import (
+    AudioMeta,
+    ChatMessage,
+    OutputChunk,
+    Prompt,
+    ToolCallMeta,
+    Usage,
+)
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.realtime.conversation import (
     Item,
@@ -216,8 +223,8 @@ class ResponseRun:
     # ----------------------------------------------------------------------------------
 
     def _output(self, out: OutputChunk) -> FinishReason | None:
-        if out.modality == _TOOL_CALL and out.meta is not None:
-            self._call_delta(out.meta.index or 0, out.meta.name or "", out.text)
+        if out.modality == _TOOL_CALL and isinstance(out.meta, ToolCallMeta):
+            self._call_delta(out.meta.index, out.meta.name, out.text)
         elif out.stage_id == self._talker:
             self._spoken(out)
         elif out.text and out.modality == _TEXT:
@@ -261,7 +268,7 @@ class ResponseRun:
     def _spoken(self, out: OutputChunk) -> None:
         if not out.data:
             return
-        rate = (out.meta and out.meta.sample_rate) or DEFAULT_TTS_RATE
+        rate = out.meta.sample_rate if isinstance(out.meta, AudioMeta) else DEFAULT_TTS_RATE
         if self._encoder is None:
             self._encoder = AudioOut(self.settings.output_format, rate)
         pcm = np.frombuffer(out.data, dtype="<i2")

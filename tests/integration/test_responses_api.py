@@ -22,7 +22,7 @@ from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
 from omnistage.protocol.errors import BadRequestError, StageFailedError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, ToolCall
+from omnistage.protocol.messages import ChatMessage, OutputChunk, ToolCall, ToolCallMeta
 from omnistage.protocol.params import GenerationParams
 from tests.integration.harness import HeadProc
 
@@ -281,7 +281,7 @@ def _chunk(modality: str, text: str = "", **kw: Any) -> OutputChunk:
 
 
 def _call(index: int, name: str, text: str, **kw: Any) -> OutputChunk:
-    return _chunk("tool_call", text, meta=ChunkMeta(index=index, name=name), **kw)
+    return _chunk("tool_call", text, meta=ToolCallMeta(index=index, name=name), **kw)
 
 
 TEXT_THEN_TWO_CALLS = [

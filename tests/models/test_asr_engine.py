@@ -18,7 +18,7 @@ from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage
 from omnistage.engines.speech.asr import AsrEngine, resolve_model
 from omnistage.engines.speech.tts import TtsEngine
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta, Prompt
+from omnistage.protocol.messages import AudioMeta, Prompt
 from tests import params as P
 
 pytestmark = pytest.mark.slow
@@ -121,7 +121,7 @@ async def test_upstream_pcm16_chunks_are_heard_once_the_upstream_ends(
 ) -> None:
     pcm, rate = spoken
     half = len(pcm) // 4 * 2
-    meta = ChunkMeta(sample_rate=rate, format="pcm16")
+    meta = AudioMeta(sample_rate=rate, format="pcm16")
 
     async def talker() -> AsyncIterator[StageInput]:
         for piece in (pcm[:half], pcm[half:]):

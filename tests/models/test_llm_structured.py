@@ -15,7 +15,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, Prompt
+from omnistage.protocol.messages import ChatMessage, Prompt, ToolCallMeta
 from tests import params as P
 
 pytestmark = pytest.mark.slow
@@ -235,7 +235,7 @@ def test_named_tool_choice_streams_arguments_matching_the_parameters(
     chunks = outputs["named"]
     assert len(chunks) > 1  # streamed as written
     assert all(c.modality == "tool_call" for c in chunks)
-    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in chunks)
+    assert all(c.meta == ToolCallMeta(index=0, name="get_weather") for c in chunks)
     last = chunks[-1]
     assert last.finished and last.finish_reason == "tool_calls" and last.usage is not None
     arguments = json.loads(_text(chunks))
@@ -287,7 +287,7 @@ def test_a_resumed_named_call_continues_to_the_same_arguments(
     delivered, _, chunks = resumed
     assert delivered + _text(chunks) == _text(outputs["named"])
     assert all(c.modality == "tool_call" for c in chunks)
-    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in chunks)
+    assert all(c.meta == ToolCallMeta(index=0, name="get_weather") for c in chunks)
     assert chunks[-1].finish_reason == "tool_calls"
 
 

@@ -18,7 +18,7 @@ from omnistage.api.remote import RemoteService
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot
 from omnistage.protocol.front import FrontSnapshot, PipelineRequest
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, Usage
+from omnistage.protocol.messages import AudioMeta, OutputChunk, Usage
 from omnistage.service import RequestCounts
 from tests.unit.fakes import FakeClock, FakeService
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
@@ -124,7 +124,7 @@ async def test_audio_chunks_count_seconds_and_the_first_one_with_data() -> None:
     head, clock, rec = _head("echo-1stage", {0: 1})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     rid = head.replica_of(0)
-    meta = ChunkMeta(sample_rate=24000, format="pcm16")
+    meta = AudioMeta(sample_rate=24000, format="pcm16")
 
     def audio(seq: int, data: bytes, **kw: object) -> None:
         chunk = OutputChunk("r1", 0, rid, 1, seq, "audio", data=data, meta=meta, **kw)  # type: ignore[arg-type]

@@ -15,14 +15,14 @@ from omnistage.audio.formats import PCM, PCMU, AudioFormat
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, Usage
+from omnistage.protocol.messages import AudioMeta, ChatMessage, ToolCallMeta, Usage
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.response import ResponseRun, ResponseSettings
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
 
 THINKER, TALKER = 0, 1
 TTS_RATE = 22050
-AUDIO = ChunkMeta(sample_rate=TTS_RATE, format="pcm16")
+AUDIO = AudioMeta(sample_rate=TTS_RATE, format="pcm16")
 
 
 def settings(modality: str = "audio", fmt: AudioFormat = PCM, **kw: Any) -> ResponseSettings:
@@ -237,8 +237,8 @@ async def test_a_failed_transcription_fails_the_response() -> None:
 async def test_tool_calls_become_function_call_items() -> None:
     r = Run(settings("text"))
     r.start()
-    weather = ChunkMeta(index=0, name="weather")
-    clock = ChunkMeta(index=1, name="time")
+    weather = ToolCallMeta(index=0, name="weather")
+    clock = ToolCallMeta(index=1, name="time")
     r.stream.put(
         chunk(THINKER, Modality.TOOL_CALL, '{"city": ', meta=weather),
         chunk(THINKER, Modality.TOOL_CALL, "{}", meta=clock),

@@ -32,7 +32,14 @@ from omnistage.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
+from omnistage.protocol.messages import (
+    AudioMeta,
+    ChatMessage,
+    OutputChunk,
+    Prompt,
+    ToolCall,
+    ToolCallMeta,
+)
 from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
 from omnistage.service import OutputStream, PipelineService
 
@@ -291,8 +298,8 @@ class _Chunks:
             if not data:
                 return None
             return {"audio": {"id": self._audio_id, "data": base64.b64encode(data).decode()}}
-        if out.modality == _TOOL_CALL and out.meta:
-            return {"tool_calls": [self._call_delta(out)]}
+        if out.modality == _TOOL_CALL and isinstance(out.meta, ToolCallMeta):
+            return {"tool_calls": [self._call_delta(out, out.meta)]}
         if out.text and i in self._spoken:
             return {"audio": {"id": self._audio_id, "transcript": out.text}}
         if out.text:
@@ -302,20 +309,20 @@ class _Chunks:
     def _resampled(self, i: int, out: OutputChunk) -> bytes:
         encoder = self._pcm24.get(i)
         if encoder is None:
-            rate = (out.meta and out.meta.sample_rate) or DEFAULT_INPUT_RATE
+            meta = out.meta
+            rate = meta.sample_rate if isinstance(meta, AudioMeta) else DEFAULT_INPUT_RATE
             encoder = self._pcm24[i] = AudioEncoder("pcm16", rate)
         data = encoder.feed(out.data) if out.data else b""
         if out.finished:
             data += self._pcm24.pop(i).finish()
         return data
 
-    def _call_delta(self, out: OutputChunk) -> dict[str, Any]:
-        assert out.meta is not None
-        key = (out.stage_id, out.meta.index or 0)
+    def _call_delta(self, out: OutputChunk, meta: ToolCallMeta) -> dict[str, Any]:
+        key = (out.stage_id, meta.index)
         if key in self._started_calls:
             return {"index": key[1], "function": {"arguments": out.text}}
         self._started_calls.add(key)
-        call = _tool_call(self._shape.request_id, key[1], out.meta.name or "", out.text)
+        call = _tool_call(self._shape.request_id, key[1], meta.name, out.text)
         return {"index": key[1], **call}
 
     def _stage_finished(self, i: int, out: OutputChunk) -> list[bytes]:

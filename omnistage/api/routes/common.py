@@ -19,7 +19,7 @@ from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unle
 from omnistage.jobs.state import Persistence
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
-from omnistage.protocol.messages import OutputChunk, TokenLogprob, Usage
+from omnistage.protocol.messages import AudioMeta, OutputChunk, TokenLogprob, ToolCallMeta, Usage
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
 from omnistage.service import OutputStream, PipelineService
 
@@ -171,15 +171,15 @@ class Collected:
     def add(self, out: OutputChunk) -> None:
         if out.text and out.modality == _TEXT:
             self.text.setdefault(out.stage_id, []).append(out.text)
-        if out.modality == _TOOL_CALL and out.meta:
+        if out.modality == _TOOL_CALL and isinstance(out.meta, ToolCallMeta):
             calls = self.calls.setdefault(out.stage_id, {})
-            _, pieces = calls.setdefault(out.meta.index or 0, (out.meta.name or "", []))
+            _, pieces = calls.setdefault(out.meta.index, (out.meta.name, []))
             pieces.append(out.text)
         if out.logprobs:
             self.logprobs.setdefault(out.stage_id, []).extend(out.logprobs)
         if out.data and out.modality == _AUDIO:
             self.audio.setdefault(out.stage_id, []).append(out.data)
-        if out.meta and out.meta.sample_rate:
+        if isinstance(out.meta, AudioMeta):
             self.sample_rate[out.stage_id] = out.meta.sample_rate
         if out.finished:
             self.finish[out.stage_id] = out.finish_reason or _STOP

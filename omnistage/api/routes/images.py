@@ -48,7 +48,14 @@ from omnistage.config.schema import StageConfig
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.image_params import image_job
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt, Usage
+from omnistage.protocol.messages import (
+    ChatMessage,
+    ImageMeta,
+    OutputChunk,
+    ProgressMeta,
+    Prompt,
+    Usage,
+)
 from omnistage.protocol.params import (
     NO_PARAMS,
     SEED_LIMIT,
@@ -145,14 +152,14 @@ class ImageSink:
     """A whole request's outputs: the revised prompt and the images, in order."""
 
     revised: list[str] = field(default_factory=list)
-    images: dict[int, tuple[bytes, ChunkMeta]] = field(default_factory=dict)
+    images: dict[int, tuple[bytes, ImageMeta]] = field(default_factory=dict)
     wrote: bool = False  # some stage before the image stage ran
 
     def add(self, out: OutputChunk) -> None:
         if out.modality == Modality.TEXT:
             self.wrote = True
             self.revised.append(out.text)
-        elif out.data and out.meta:
+        elif out.data and isinstance(out.meta, ImageMeta):
             index = out.meta.index if out.meta.index is not None else len(self.images)
             self.images[index] = (out.data, out.meta)
 
@@ -194,10 +201,10 @@ class ImageEvents:
     def render(self, out: OutputChunk) -> list[bytes]:
         self._got.add(out)
         meta = out.meta
-        if out.modality == Modality.TEXT or meta is None:
-            return []
-        if not out.data:
+        if isinstance(meta, ProgressMeta):
             return [sse({"type": f"{self._kind}.progress", **_progress(meta)})]
+        if out.modality == Modality.TEXT or not out.data or not isinstance(meta, ImageMeta):
+            return []
         event: dict[str, Any] = {
             "type": f"{self._kind}.completed",
             "b64_json": base64.b64encode(out.data).decode(),
@@ -216,5 +223,5 @@ class ImageEvents:
         return [sse(event)]
 
 
-def _progress(meta: ChunkMeta) -> dict[str, Any]:
+def _progress(meta: ProgressMeta) -> dict[str, Any]:
     return {"image_index": meta.index or 0, "step": meta.step, "steps": meta.steps}

@@ -4,7 +4,7 @@ The request becomes a chat prompt (see ``api.response_runs``). Structured output
 function tools reach the text stage in the chat shape, in its stage params
 (``response_format``, ``tools``, ``tool_choice``). What the stage writes becomes one
 ``message`` output item; each call it makes (chunks of modality "tool_call": a piece of
-the call's JSON arguments, ``meta.index`` and ``.name``) a ``function_call`` item.
+the call's JSON arguments, its ``ToolCallMeta`` naming the call) a ``function_call`` item.
 
 Responses are stored (``store``, default true, as OpenAI): ``previous_response_id``
 continues a stored conversation, and /v1/responses/{id} reads it back (see

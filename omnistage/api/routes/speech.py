@@ -28,7 +28,7 @@ from omnistage.api.routes.common import (
 )
 from omnistage.api.schemas.speech import SpeechRequest
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.protocol.messages import AudioMeta, OutputChunk, Prompt
 from omnistage.protocol.params import SpeechParams, StageParams
 from omnistage.service import OutputStream, PipelineService
 
@@ -59,7 +59,7 @@ async def _audio(
     encoder: AudioEncoder | None = None
     try:
         async for out in outputs:
-            if encoder is None and out.meta and out.meta.sample_rate:
+            if encoder is None and isinstance(out.meta, AudioMeta):
                 encoder = AudioEncoder(fmt, out.meta.sample_rate)
                 if fmt == "wav":
                     yield encoder.feed(b"")  # the header, as soon as the rate is known

@@ -45,7 +45,7 @@ from omnistage.api.transcripts import (
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import OutputChunk, Prompt
+from omnistage.protocol.messages import OutputChunk, Prompt, TextMeta
 from omnistage.service import OutputStream
 
 router = APIRouter()
@@ -141,7 +141,7 @@ class _Heard:
 
     def add(self, out: OutputChunk) -> None:
         meta = out.meta
-        if meta is None:
+        if not isinstance(meta, TextMeta):
             return
         if meta.segment is not None:
             self.segments.append(meta.segment)

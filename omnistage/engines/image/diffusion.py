@@ -5,8 +5,8 @@ waits for all of its upstream text and draws that. A request asks for ``n`` imag
 image i is drawn with seed ``seed + i`` from a CPU ``torch.Generator``, so the same
 request gives the same bytes on any replica (the images route fixes the seed before the
 request runs; without one the engine draws a random one and reports it). Each image is one
-output chunk: the encoded file in ``data``, ``meta = {"format", "width", "height",
-"seed", "index"}``; the last one is finished and carries the usage.
+output chunk: the encoded file in ``data``, an ``ImageMeta`` (format, size, seed, index)
+in ``meta``; the last one is finished and carries the usage.
 
 A prompt with ``images`` is an edit (POST /v1/images/edits): image-to-image from its
 (single) image, or inpainting where its ``mask`` is transparent, each on a variant of the
@@ -15,8 +15,8 @@ loaded pipeline over the same weights, built on first use per slot and kept (see
 ``max_generated_image_size``; the source is resized to the size drawn.
 
 Slots, progress and abort are the shared ``denoising`` engine's: with the param
-``progress`` every denoising step also streams a chunk with no data and
-``meta = {"step", "steps", "index"}`` (an edit's ``steps`` are those it runs).
+``progress`` every denoising step also streams a chunk with no data and a
+``ProgressMeta`` (step, steps, index; an edit's ``steps`` are those it runs).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from omnistage.engines.image import diffusers_pipe as dp
 from omnistage.engines.image.denoising import DenoisingEngine, Slot, missing_model_message
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.image_params import ImageJob, image_job, output_size
-from omnistage.protocol.messages import ChunkMeta, Usage
+from omnistage.protocol.messages import ImageMeta, ProgressMeta, Usage
 from omnistage.protocol.params import SEED_LIMIT, StageParams
 
 __all__ = ["DiffusionEngine", "missing_model_message"]
@@ -137,7 +137,7 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
         name = f"{request_id} image {index + 1}/{job.n}"
         generation = await self._generation(drawing, job.progress, lambda: name)
         async for step, steps in generation:
-            meta = ChunkMeta(step=step, steps=steps, index=index)
+            meta = ProgressMeta(step, steps, index)
             yield EngineChunk(Modality.IMAGE, meta=meta)
         data = generation.result()
         self.progress += 1
@@ -150,7 +150,7 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
             time.perf_counter() - started,
             drawing.seed,
         )
-        meta = ChunkMeta(
+        meta = ImageMeta(
             format=drawing.output_format,
             width=drawing.width,
             height=drawing.height,
