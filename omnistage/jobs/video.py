@@ -56,12 +56,12 @@ def video_object(job: Job) -> dict[str, Any]:
     )
     completed = job.status == JobStatus.COMPLETED
     # Videos have no cancelled state in OpenAI's API: a cancelled job reads as failed.
-    status = "failed" if job.status == JobStatus.CANCELLED else str(job.status)
+    status = JobStatus.FAILED if job.status == JobStatus.CANCELLED else job.status
     return {
         "id": job.id,
         "object": "video",
         "created_at": int(job.created_at),
-        "status": status,
+        "status": status.value,
         "model": spec.get("model"),
         "progress": 100 if completed else job.progress,
         "seconds": "auto" if seconds is None else f"{float(seconds):g}",

@@ -168,7 +168,7 @@ def _prompt(omni: PipelineService, body: ChatCompletionRequest) -> tuple[Prompt,
         return Prompt(messages=messages), None
     index, parts = heard[-1]
     param = f"messages.{index}.content"
-    if not omni.graph.stages_reading("audio"):
+    if not omni.graph.stages_reading(Modality.AUDIO):
         raise ApiError(
             400,
             f"pipeline {omni.config.pipeline!r} has no stage that takes audio input",
@@ -215,7 +215,7 @@ def _plan(omni: PipelineService, body: ChatCompletionRequest, text: list[int]) -
     modalities = set(body.modalities or ["text"])
     if "audio" not in modalities:
         return _Plan(text, [], "")
-    audio = omni.graph.finals_with({"audio"})
+    audio = omni.graph.finals_with({Modality.AUDIO})
     if not audio:
         raise ApiError(
             400,

@@ -17,7 +17,7 @@ from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
 from omnistage.jobs.state import Persistence
-from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.enums import EngineName, FinishReason, Modality
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
 from omnistage.protocol.messages import AudioMeta, OutputChunk, TokenLogprob, ToolCallMeta, Usage
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
@@ -117,13 +117,13 @@ def text_call(
         raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
     if refuse is not None:
         refuse(body)
-    text = omni.graph.finals_with({"text"})
+    text = omni.graph.finals_with({Modality.TEXT})
     if not text:
         raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
     return omni, text
 
 
-def engine_stages(omni: PipelineService, engine: str, missing: str, code: str) -> list[Any]:
+def engine_stages(omni: PipelineService, engine: EngineName, missing: str, code: str) -> list[Any]:
     """The pipeline's stages running ``engine``; none is a 404 saying ``missing``."""
     stages = [s for s in omni.config.stages if s.engine == engine]
     if not stages:

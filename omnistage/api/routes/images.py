@@ -45,7 +45,7 @@ from omnistage.api.schemas.images import ImageFields, ImageGenerationRequest
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
-from omnistage.protocol.enums import Modality
+from omnistage.protocol.enums import EngineName, Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.image_params import image_job
 from omnistage.protocol.messages import (
@@ -124,7 +124,7 @@ def image_stage(omni: PipelineService, wanted: str | None, path: str) -> StageCo
     missing = (
         f"image stage (engine diffusion); {path} needs one (e.g. the built-in painter pipeline)"
     )
-    stages = engine_stages(omni, "diffusion", missing, "no_image_stage")
+    stages = engine_stages(omni, EngineName.DIFFUSION, missing, "no_image_stage")
     return pick_stage(omni, stages, wanted, "image stage", "no_image_stage")  # type: ignore[no-any-return]
 
 

@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from omnistage import defaults
 from omnistage.api.errors import error_response
 from omnistage.audio.vad import load_silero
+from omnistage.protocol.enums import Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.events import MAX_EVENT_BYTES
@@ -113,11 +114,11 @@ def _rate_limits(limits: RealtimeLimits) -> list[dict[str, Any]]:
 
 def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
     graph = omni.graph
-    text = graph.finals_with({"text"})
+    text = graph.finals_with({Modality.TEXT})
     if not text:
         return None
-    audio = graph.finals_with({"audio"})
-    listeners = graph.stages_reading("audio")
+    audio = graph.finals_with({Modality.AUDIO})
+    listeners = graph.stages_reading(Modality.AUDIO)
     return SessionContext(
         omni,
         thinker=text[0],

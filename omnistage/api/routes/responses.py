@@ -41,7 +41,7 @@ from omnistage.jobs.state import Persistence
 from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.messages import OutputChunk
 from omnistage.service import OutputStream
-from omnistage.store.records import Job, JobKind
+from omnistage.store.records import Job, JobKind, ResponseStatus
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -81,7 +81,7 @@ async def _queue(
     persist: Persistence, turn: Turn, shape: ResponseShape, asked: ResponsesRequest, sid: int
 ) -> Response:
     """A background response: stored queued, and a job the runner will run."""
-    queued = shape.body("queued")
+    queued = shape.body(ResponseStatus.QUEUED)
     spec = {
         "body": asked.model_dump(mode="json", exclude_none=True, by_alias=True),
         "previous_response_id": asked.previous_response_id,

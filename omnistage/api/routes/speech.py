@@ -27,6 +27,7 @@ from omnistage.api.routes.common import (
     streaming_response,
 )
 from omnistage.api.schemas.speech import SpeechRequest
+from omnistage.protocol.enums import EngineName
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import AudioMeta, OutputChunk, Prompt
 from omnistage.protocol.params import SpeechParams, StageParams
@@ -48,7 +49,7 @@ async def speech(request: Request) -> Response:
 
 
 def _tts_stage(omni: PipelineService, wanted: str | None) -> int:
-    stages = engine_stages(omni, "tts", "TTS stage", "no_tts_stage")
+    stages = engine_stages(omni, EngineName.TTS, "TTS stage", "no_tts_stage")
     return int(pick_stage(omni, stages, wanted, "TTS stage", "no_tts_stage").stage_id)
 
 

@@ -195,7 +195,7 @@ class VllmEngine(Engine):
                 if out.finished:
                     reason = (
                         FinishReason.LENGTH
-                        if piece.finish_reason == "length"
+                        if piece.finish_reason == FinishReason.LENGTH
                         else FinishReason.STOP
                     )
                     yield EngineChunk(
