@@ -11,9 +11,10 @@ from typing import Any
 
 from omnistage.api.ids import next_id
 from omnistage.api.schemas.responses import ResponsesRequest
+from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import StageFailedError, as_api_error
-from omnistage.protocol.messages import OutputChunk, ToolCallMeta, Usage
+from omnistage.protocol.messages import OutputChunk, Usage
 from omnistage.store.records import ResponseStatus
 
 # ResponseError.code by HTTP status, for a failure after the stream started.

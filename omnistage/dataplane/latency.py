@@ -24,8 +24,9 @@ import msgspec
 
 from omnistage.control.latency_window import LatencyWindow
 from omnistage.dataplane.run import Run, StageProgress
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import Modality
-from omnistage.protocol.messages import AudioMeta, OutputChunk
+from omnistage.protocol.messages import OutputChunk
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _AUDIO = Modality.AUDIO

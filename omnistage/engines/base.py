@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import msgspec
 
 from omnistage.config.schema import StageConfig
+from omnistage.protocol.chunk_meta import ChunkMeta
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, Prompt, TokenLogprob, Usage
+from omnistage.protocol.messages import OutputChunk, Prompt, TokenLogprob, Usage
 from omnistage.protocol.params import StageParams
 
 # An upstream stage's output, read as this stage's input: the same message the upstream

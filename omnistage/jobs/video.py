@@ -11,9 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from omnistage.jobs.runner import JobFailed, open_patiently
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta, VideoMeta
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ImageMeta, ProgressMeta, Prompt, VideoMeta
+from omnistage.protocol.messages import Prompt
 from omnistage.protocol.params import StageParams, VideoParams
 from omnistage.service import PipelineService
 from omnistage.store.media import MediaStore

@@ -23,17 +23,11 @@ import numpy as np
 
 from omnistage.audio.formats import AudioFormat
 from omnistage.audio.formats import OutputStream as AudioOut
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import (
-    AudioMeta,
-    ChatMessage,
-    OutputChunk,
-    Prompt,
-    ToolCallMeta,
-    Usage,
-)
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, Usage
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.realtime.conversation import (
     Item,

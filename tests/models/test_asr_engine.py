@@ -17,8 +17,9 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.speech.asr import AsrEngine, resolve_model
 from omnistage.engines.speech.tts import TtsEngine
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import AudioMeta, Prompt
+from omnistage.protocol.messages import Prompt
 from tests import params as P
 
 pytestmark = pytest.mark.slow

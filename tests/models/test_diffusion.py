@@ -21,8 +21,9 @@ import pytest
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, stage_input
 from omnistage.engines.image.diffusion import DiffusionEngine
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ImageMeta, ProgressMeta, Prompt
+from omnistage.protocol.messages import Prompt
 from tests import params as P
 from tests.diffusion_tiny import build_tiny_pipeline
 from tests.integration.harness import HeadProc, free_port

@@ -14,8 +14,9 @@ import pytest
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
+from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, Prompt, ToolCallMeta
+from omnistage.protocol.messages import ChatMessage, Prompt
 from tests import params as P
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,9 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.speech.tts import TtsArgs, TtsEngine
 from omnistage.engines.speech.voices import VoiceCatalog, discover_voices
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import AudioMeta, Prompt, Usage
+from omnistage.protocol.messages import Prompt, Usage
 from tests import params as P
 
 # Async tests share one event loop, so the started engine can serve them all.

@@ -19,9 +19,10 @@ from omnistage.config.load import load_config
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest
 from omnistage.engines.video.engine import VideoEngine
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta, VideoMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ImageMeta, ProgressMeta, Prompt, VideoMeta
+from omnistage.protocol.messages import Prompt
 from tests import params as P
 from tests.integration.harness import HeadProc
 from tests.integration.inproc_head import running_head

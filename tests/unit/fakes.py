@@ -11,9 +11,10 @@ from typing import Any
 
 from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.latency import LatencySnapshot
+from omnistage.protocol.chunk_meta import ChunkMeta
 from omnistage.protocol.enums import FinishReason, Modality, Reason
 from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, ReplicaState, Usage
+from omnistage.protocol.messages import OutputChunk, ReplicaState, Usage
 from omnistage.service import OutputStream, ReplicaStats, RequestCounts
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]

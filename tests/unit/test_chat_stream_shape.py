@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 from omnistage.api.routes.chat import _events, _Plan
 from omnistage.api.routes.common import ChunkShape
-from omnistage.protocol.messages import OutputChunk, ToolCallMeta
+from omnistage.protocol.chunk_meta import ToolCallMeta
+from omnistage.protocol.messages import OutputChunk, Usage
 
 
 class _Stream:
@@ -17,8 +18,8 @@ class _Stream:
     def close(self) -> None:
         pass
 
-    def usage(self) -> dict[str, int]:
-        return {}
+    def usage(self) -> Usage:
+        return Usage()
 
 
 async def _outputs(chunks: list[OutputChunk]) -> AsyncIterator[OutputChunk]:

@@ -17,8 +17,9 @@ from omnistage.api.prometheus import Exposition
 from omnistage.api.remote import RemoteService
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.front import FrontSnapshot, PipelineRequest
-from omnistage.protocol.messages import AudioMeta, OutputChunk, Usage
+from omnistage.protocol.messages import OutputChunk, Usage
 from omnistage.service import RequestCounts
 from tests.unit.fakes import FakeClock, FakeService
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect

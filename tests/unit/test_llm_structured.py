@@ -24,8 +24,9 @@ from omnistage.engines.llm.tools import (  # noqa: E402
     chat_messages,
     plan_tools,
 )
+from omnistage.protocol.chunk_meta import ToolCallMeta  # noqa: E402
 from omnistage.protocol.errors import BadRequestError  # noqa: E402
-from omnistage.protocol.messages import ChatMessage, TokenLogprob, ToolCall, ToolCallMeta, Usage  # noqa: E402
+from omnistage.protocol.messages import ChatMessage, TokenLogprob, ToolCall, Usage  # noqa: E402
 from omnistage.protocol.params import (  # noqa: E402
     MAX_TOP_LOGPROBS,
     GenerationParams,

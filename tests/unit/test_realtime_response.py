@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from omnistage.audio.formats import PCM, PCMU, AudioFormat
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import AudioMeta, ChatMessage, ToolCallMeta, Usage
+from omnistage.protocol.messages import ChatMessage, Usage
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.response import ResponseRun, ResponseSettings
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, until

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped, VadEvent
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import AudioMeta
 from omnistage.realtime import audio_input
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.session import RealtimeSession, SessionContext

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from omnistage.api.transcripts import Segment, Transcript, render, srt, timestamp, vtt
-from omnistage.protocol.messages import ChunkMeta, TextMeta
+from omnistage.protocol.chunk_meta import ChunkMeta, TextMeta
 
 
 def _segment(i: int, start: float, end: float, text: str) -> Segment:

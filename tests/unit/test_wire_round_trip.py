@@ -16,8 +16,9 @@ import pytest
 
 import omnistage.protocol
 from omnistage.protocol import codec
+from omnistage.protocol.chunk_meta import TensorMeta
 from omnistage.protocol.enums import Modality
-from omnistage.protocol.messages import OutputChunk, TensorMeta
+from omnistage.protocol.messages import OutputChunk
 from omnistage.protocol.registration import RegisterReply, RegisterRequest
 from omnistage.protocol.tags import TAGS
 

@@ -29,17 +29,11 @@ from omnistage.api.routes.common import (
     text_call,
 )
 from omnistage.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import (
-    AudioMeta,
-    ChatMessage,
-    OutputChunk,
-    Prompt,
-    ToolCall,
-    ToolCallMeta,
-)
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
 from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
 from omnistage.service import OutputStream, PipelineService
 

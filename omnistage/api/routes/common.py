@@ -17,9 +17,10 @@ from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
 from omnistage.jobs.state import Persistence
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import EngineName, FinishReason, Modality
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
-from omnistage.protocol.messages import AudioMeta, OutputChunk, TokenLogprob, ToolCallMeta, Usage
+from omnistage.protocol.messages import OutputChunk, TokenLogprob, Usage
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
 from omnistage.service import OutputStream, PipelineService
 

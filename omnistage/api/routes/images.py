@@ -45,17 +45,11 @@ from omnistage.api.schemas.images import ImageFields, ImageGenerationRequest
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta
 from omnistage.protocol.enums import EngineName, Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.image_params import image_job
-from omnistage.protocol.messages import (
-    ChatMessage,
-    ImageMeta,
-    OutputChunk,
-    ProgressMeta,
-    Prompt,
-    Usage,
-)
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, Usage
 from omnistage.protocol.params import (
     NO_PARAMS,
     SEED_LIMIT,

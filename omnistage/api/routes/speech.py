@@ -27,9 +27,10 @@ from omnistage.api.routes.common import (
     streaming_response,
 )
 from omnistage.api.schemas.speech import SpeechRequest
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import EngineName
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import AudioMeta, OutputChunk, Prompt
+from omnistage.protocol.messages import OutputChunk, Prompt
 from omnistage.protocol.params import SpeechParams, StageParams
 from omnistage.service import OutputStream, PipelineService
 

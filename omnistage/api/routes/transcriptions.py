@@ -42,11 +42,12 @@ from omnistage.api.transcripts import (
     Transcript,
     render,
 )
+from omnistage.protocol.chunk_meta import TextMeta
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
 from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import OutputChunk, Prompt, TextMeta
+from omnistage.protocol.messages import OutputChunk, Prompt
 from omnistage.service import OutputStream
 
 router = APIRouter()

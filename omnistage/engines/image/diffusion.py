@@ -33,9 +33,10 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest
 from omnistage.engines.image import diffusers_pipe as dp
 from omnistage.engines.image.denoising import DenoisingEngine, Slot, missing_model_message
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.image_params import ImageJob, image_job, output_size
-from omnistage.protocol.messages import ImageMeta, ProgressMeta, Usage
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import SEED_LIMIT, StageParams
 
 __all__ = ["DiffusionEngine", "missing_model_message"]

@@ -27,9 +27,10 @@ from typing import Any
 
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.guided import dumps
+from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, TokenLogprob, ToolCallMeta
+from omnistage.protocol.messages import ChatMessage, TokenLogprob
 from omnistage.protocol.params import GenerationParams
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"

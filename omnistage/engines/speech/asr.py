@@ -43,9 +43,10 @@ from omnistage.config.engine_args import AsrArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, joined_prompt
 from omnistage.engines.speech.whisper_short import ShortInfo, ShortResult, transcribe_short
+from omnistage.protocol.chunk_meta import AudioMeta, Segment, TextMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import AudioMeta, Segment, TextMeta, Usage
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import StageParams, TranscriptionParams
 
 if TYPE_CHECKING:

@@ -39,9 +39,10 @@ from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_te
 from omnistage.engines.priority_slots import PrioritySlots
 from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import AudioMeta, Usage
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import StageParams
 
 if TYPE_CHECKING:

@@ -35,9 +35,10 @@ from omnistage.engines.base import EngineChunk, EngineRequest
 from omnistage.engines.image.denoising import DenoisingEngine, Slot
 from omnistage.engines.image.diffusers_pipe import StepHook, count_tokens
 from omnistage.engines.video import pipe as vp
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta, VideoMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ImageMeta, ProgressMeta, Usage, VideoMeta
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import SEED_LIMIT, StageParams, VideoParams
 from omnistage.protocol.video_params import EVEN, VideoJob, video_job
 
