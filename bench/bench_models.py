@@ -166,7 +166,7 @@ async def run_direct(
 ) -> tuple[list[LoadResult], StepBytes | None]:
     from omnistage.engines import build_engine
     from omnistage.engines.base import EngineRequest, StageInput
-    from omnistage.protocol.messages import ChatMessage, Prompt
+    from omnistage.protocol.messages import ChatMessage, Prompt, Usage
 
     engine = build_engine(stage)
     from omnistage.protocol.params import ParamKind, decode
@@ -187,8 +187,8 @@ async def run_direct(
             if chunk.text and ttft is None:
                 ttft = time.perf_counter() - t0
             if chunk.finished:
-                usage = chunk.usage or {}
-                tokens, prompt = usage.get("completion_tokens", 0), usage.get("prompt_tokens", 0)
+                usage = chunk.usage or Usage()
+                tokens, prompt = usage.completion_tokens, usage.prompt_tokens
                 return (ttft if ttft is not None else time.perf_counter() - t0), tokens, prompt
         raise RuntimeError("the engine's stream ended without a finished chunk")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from omnistage.protocol.enums import LbPolicy
+
 HTTP_PORT = 8091
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -21,7 +23,7 @@ REALTIME_IDLE_TIMEOUT_S = 600.0
 MEDIA_TTL_S = 7 * 24 * 3600.0
 JOB_LEASE_S = 30.0
 JOB_MAX_ATTEMPTS = 3
-LB_POLICY = "random"
+LB_POLICY = LbPolicy.RANDOM
 RESTART_POLICY = "on-failure"
 LOG_LEVEL = "INFO"
 # The store (jobs, stored responses) and generated media, under envs.cache_dir() unless

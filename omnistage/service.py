@@ -13,7 +13,7 @@ from omnistage.control.replica_table import ReplicaEntry
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencySnapshot
 from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot, ReplicaStats, RequestCounts
-from omnistage.protocol.messages import OutputChunk
+from omnistage.protocol.messages import OutputChunk, Usage
 
 __all__ = ["ReplicaStats", "RequestCounts"]  # what the routes read, with the protocol
 
@@ -36,7 +36,7 @@ class OutputStream(Protocol):
         """Abort what is unfinished; safe to call twice."""
         ...
 
-    def usage(self) -> dict[str, int]: ...
+    def usage(self) -> Usage: ...
 
 
 class PipelineService(Protocol):

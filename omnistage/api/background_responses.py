@@ -18,7 +18,7 @@ from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.jobs.runner import JobFailed, open_patiently
 from omnistage.service import PipelineService
 from omnistage.store.base import Store
-from omnistage.store.records import Job, JobKind
+from omnistage.store.records import Job, JobKind, ResponseStatus
 
 
 class ResponseJobs:
@@ -40,8 +40,8 @@ class ResponseJobs:
         stored = await self.store.get_response(job.id, job.owner)
         if stored is None:
             raise JobFailed("not_found", "the stored response was deleted")
-        stored.status = "in_progress"
-        stored.body = shape.body("in_progress")
+        stored.status = ResponseStatus.IN_PROGRESS
+        stored.body = shape.body(ResponseStatus.IN_PROGRESS)
         await self.store.put_response(stored)
         request = pipeline_request(
             self.omni, body, self.stage_id, f"{job.id}-{job.attempts}", spec["conversation"]
@@ -51,11 +51,11 @@ class ResponseJobs:
         # Cancelled or deleted meanwhile: the runner finds the lease gone and keeps
         # nothing; the stored row must not be overwritten either.
         current = await self.store.get_response(job.id, job.owner)
-        if current is None or current.status == "cancelled":
+        if current is None or current.status == ResponseStatus.CANCELLED:
             raise JobFailed("cancelled", "the response was cancelled")
-        stored.status, stored.body = str(final["status"]), final
+        stored.status, stored.body = ResponseStatus(final["status"]), final
         await self.store.put_response(stored)
-        if final["status"] == "failed":
+        if stored.status == ResponseStatus.FAILED:
             raise JobFailed("generation_failed", str((final.get("error") or {}).get("message")))
         return {"status": final["status"]}
 

@@ -37,7 +37,7 @@ from omnistage.protocol.front import (
     PipelineRequest,
     RealtimeSnapshot,
 )
-from omnistage.protocol.messages import OutputChunk
+from omnistage.protocol.messages import OutputChunk, Usage
 from omnistage.realtime.stats import RealtimeStats, combine
 from omnistage.service import ReplicaStats, RequestCounts
 from omnistage.zmqio import NOBLOCK, Outbox, Pump
@@ -66,7 +66,7 @@ class RemoteStream:
         self._input_ended = False
         self.opened: asyncio.Future[ErrorInfo | None] = asyncio.get_running_loop().create_future()
         self.queue: Mailbox[OutputChunk | _Done] = Mailbox()
-        self._usage: dict[str, int] = {}
+        self._usage = Usage()
         self._finished = False
 
     async def _outputs(self) -> AsyncIterator[OutputChunk]:
@@ -99,8 +99,8 @@ class RemoteStream:
         self._service._forget(self.request_id, tell_head=not self._finished)
         self._finished = True
 
-    def usage(self) -> dict[str, int]:
-        return dict(self._usage)
+    def usage(self) -> Usage:
+        return self._usage
 
 
 class RemoteService:

@@ -11,12 +11,16 @@ from typing import Any
 
 from omnistage.api.ids import next_id
 from omnistage.api.schemas.responses import ResponsesRequest
+from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import StageFailedError, as_api_error
-from omnistage.protocol.messages import ChunkMeta, OutputChunk
+from omnistage.protocol.messages import OutputChunk, Usage
+from omnistage.store.records import ResponseStatus
 
 # ResponseError.code by HTTP status, for a failure after the stream started.
 _FAILURE_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
+# A TOOL_CALL chunk that does not say which call: the first, unnamed.
+_NO_CALL = ToolCallMeta(0, "")
 
 
 class _Item:
@@ -49,7 +53,7 @@ class _Message(_Item):
     index: int
     id: str = field(default_factory=lambda: f"msg_{next_id()}")
     text: list[str] = field(default_factory=list)
-    status: str = "in_progress"
+    status: ResponseStatus = ResponseStatus.IN_PROGRESS
 
     def part(self) -> dict[str, Any]:
         return {
@@ -60,7 +64,7 @@ class _Message(_Item):
         }
 
     def item(self) -> dict[str, Any]:
-        content = [self.part()] if self.status != "in_progress" else []
+        content = [self.part()] if self.status != ResponseStatus.IN_PROGRESS else []
         return {
             "type": "message",
             "id": self.id,
@@ -99,7 +103,7 @@ class _Call(_Item):
     id: str = field(default_factory=lambda: f"fc_{next_id()}")
     call_id: str = field(default_factory=lambda: f"call_{next_id()}")
     arguments: list[str] = field(default_factory=list)
-    status: str = "in_progress"
+    status: ResponseStatus = ResponseStatus.IN_PROGRESS
 
     def item(self) -> dict[str, Any]:
         return {
@@ -143,11 +147,11 @@ class Output:
             assert self._open is not None
             events.append(self._open.piece(out.text))
         elif out.modality == Modality.TOOL_CALL:
-            meta = out.meta or ChunkMeta()
-            index = meta.index or 0
+            meta = out.meta if isinstance(out.meta, ToolCallMeta) else _NO_CALL
+            index = meta.index
             call = self._calls.get(index)
             if call is None:
-                call = self._calls[index] = _Call(len(self.items), meta.name or "")
+                call = self._calls[index] = _Call(len(self.items), meta.name)
                 events += self._start(call)
             elif call is not self._open:
                 raise StageFailedError(
@@ -162,22 +166,23 @@ class Output:
     def finish(self) -> list[dict[str, Any]]:
         """Events that end the output; an answer with no item gets an empty message."""
         events = [] if self.items else self._start(_Message(0))
-        status = "incomplete" if self.finish_reason == FinishReason.LENGTH else "completed"
+        length = self.finish_reason == FinishReason.LENGTH
+        status = ResponseStatus.INCOMPLETE if length else ResponseStatus.COMPLETED
         return events + self._end(status)
 
     def abandon(self) -> None:
         """The request failed: the open item stays unfinished (no events)."""
         if self._open is not None:
-            self._open.status = "incomplete"
+            self._open.status = ResponseStatus.INCOMPLETE
             self._open = None
 
     def _start(self, item: _Message | _Call) -> list[dict[str, Any]]:
-        events = self._end("completed")
+        events = self._end(ResponseStatus.COMPLETED)
         self.items.append(item)
         self._open = item
         return events + item.started()
 
-    def _end(self, status: str) -> list[dict[str, Any]]:
+    def _end(self, status: ResponseStatus) -> list[dict[str, Any]]:
         item, self._open = self._open, None
         if item is None:
             return []
@@ -219,7 +224,7 @@ class ResponseShape:
 
     def body(
         self,
-        status: str,
+        status: ResponseStatus,
         output: Output | None = None,
         usage: dict[str, Any] | None = None,
         **extra: Any,
@@ -238,23 +243,23 @@ class ResponseShape:
             **extra,
         }
 
-    def final(self, output: Output, usage: dict[str, int]) -> dict[str, Any]:
+    def final(self, output: Output, usage: Usage) -> dict[str, Any]:
         tokens = {
-            "input_tokens": usage.get("prompt_tokens", 0),
+            "input_tokens": usage.prompt_tokens,
             "input_tokens_details": {
-                "cached_tokens": usage.get("cached_tokens", 0),
+                "cached_tokens": usage.cached_tokens or 0,
                 "cache_write_tokens": 0,
             },
-            "output_tokens": usage.get("completion_tokens", 0),
+            "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.get("total_tokens", 0),
+            "total_tokens": usage.total_tokens,
         }
         if output.finish_reason == FinishReason.LENGTH:
             reason = {"reason": "max_output_tokens"}
-            return self.body("incomplete", output, tokens, incomplete_details=reason)
-        return self.body("completed", output, tokens, completed_at=int(time.time()))
+            return self.body(ResponseStatus.INCOMPLETE, output, tokens, incomplete_details=reason)
+        return self.body(ResponseStatus.COMPLETED, output, tokens, completed_at=int(time.time()))
 
     def failed(self, output: Output, exc: Exception) -> dict[str, Any]:
         e = as_api_error(exc)
         error = {"code": _FAILURE_CODES.get(e.status, "server_error"), "message": e.message}
-        return self.body("failed", output, error=error)
+        return self.body(ResponseStatus.FAILED, output, error=error)

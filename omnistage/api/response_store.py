@@ -20,7 +20,7 @@ from omnistage.api.ids import next_id
 from omnistage.api.schemas.responses import ResponseInputItem, ResponsesRequest
 from omnistage.jobs.state import Persistence
 from omnistage.protocol.errors import ApiError
-from omnistage.store.records import StoredResponse
+from omnistage.store.records import ResponseStatus, StoredResponse
 
 MAX_CHAIN = 1000  # turns one previous_response_id may reach back
 
@@ -87,7 +87,7 @@ class Turn:
             id=self.id,
             owner=self.owner,
             created_at=float(body.get("created_at") or time.time()),
-            status=str(body.get("status")),
+            status=ResponseStatus(body.get("status")),
             previous_response_id=previous,
             conversation=self.conversation,
             input_items=self.items,
@@ -121,7 +121,7 @@ async def _chain(persist: Persistence, last: str, owner: str | None) -> list[Sto
                 "previous_response_id",
                 "not_found",
             )
-        if stored.status in ("queued", "in_progress"):
+        if stored.status.running:
             raise ApiError(
                 400,
                 f"response {rid!r} is {stored.status}; continue it once it has finished",

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from omnistage.protocol.messages import Segment
+from omnistage.protocol.chunk_meta import Segment
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAMABLE_FORMATS = ("json", "text")

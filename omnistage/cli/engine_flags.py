@@ -22,11 +22,11 @@ from omnistage.cli.flags import DIFFUSION_FLAGS, DIFFUSION_JSON
 from omnistage.config.load import validate_config
 from omnistage.config.schema import DeployConfig
 from omnistage.engines.image.denoising import missing_model_message
+from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import ConfigError
 
-DIFFUSION = "diffusion"
 # Engines on a local diffusers directory, which no package ships: the model is required.
-DIFFUSERS_ENGINES = (DIFFUSION, "video")
+DIFFUSERS_ENGINES = (EngineName.DIFFUSION, EngineName.VIDEO)
 # engine_args key -> flag; the JSON ones merge key by key into the stage's own map.
 FLAGS = {each.dest: each.name for each in DIFFUSION_FLAGS}
 
@@ -57,14 +57,14 @@ def apply_diffusion_flags(config: DeployConfig, args: argparse.Namespace) -> Dep
     extra = diffusion_engine_args(args)
     if not extra:
         return config
-    if not any(s.engine == DIFFUSION for s in config.stages):
+    if not any(s.engine == EngineName.DIFFUSION for s in config.stages):
         flags = ", ".join(FLAGS[k] for k in extra)
         raise UsageError(
             f"{flags}: pipeline {config.pipeline!r} has no diffusion stage to apply to"
         )
     raw = config.model_dump()
     for stage in raw["stages"]:
-        if stage["engine"] == DIFFUSION:
+        if stage["engine"] == EngineName.DIFFUSION:
             stage["engine_args"] = _merged(stage["engine_args"], extra)
     try:
         return validate_config(raw, f"{config.pipeline} with {', '.join(FLAGS[k] for k in extra)}")

@@ -21,6 +21,7 @@ import urllib.request
 from typing import Any
 
 from omnistage import defaults, envs
+from omnistage.protocol.enums import ReplicaState
 from omnistage.realtime.stats import quantile
 
 DEFAULT_URL = f"http://127.0.0.1:{defaults.HTTP_PORT}"
@@ -143,7 +144,7 @@ def _header(data: dict[str, Any], url: str | None, color: bool) -> list[str]:
     stages = data["stages"]
     waiting = [s["name"] for s in stages if s.get("status", "ready") != "ready"]
     health = "ok" if not waiting else f"unavailable (no live replica: {', '.join(waiting)})"
-    health = _paint(health, "UP" if not waiting else "ERROR", color)
+    health = _paint(health, ReplicaState.UP if not waiting else ReplicaState.ERROR, color)
     line = f"pipeline {data.get('pipeline', '?')}"
     if url:
         line += f"  {url}"
@@ -246,7 +247,7 @@ def _stage_block(
     rows = [list(_COLUMNS)] + [_replica_cells(stage, r) for r in replicas]
     lines += _table(rows, color)
     for r in replicas:
-        if r.get("reason") and r.get("state") != "UP":
+        if r.get("reason") and r.get("state") != ReplicaState.UP:
             state = _paint(str(r.get("state")), str(r.get("state")), color)
             lines.append(f"    {stage['name']}/{r.get('replica_id')} {state}: {r['reason']}")
     return lines

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from omnistage.cli.args import UsageError
 from omnistage.config.schema import DeployConfig, StageConfig
-from omnistage.protocol.enums import Modality
+from omnistage.protocol.enums import EngineName, Modality
 
 
 def llm_stage(config: DeployConfig, stage: str | None) -> StageConfig:
     """The named ``llm`` stage (name or id), or by default the one writing text."""
     if stage is None:
-        llms = [s for s in config.stages if s.engine == "llm"]
+        llms = [s for s in config.stages if s.engine == EngineName.LLM]
         if not llms:
             raise UsageError(f"pipeline {config.pipeline!r} has no llm stage")
         # The stage whose text is the answer; a pipeline of several llm stages may have
@@ -28,7 +28,7 @@ def llm_stage(config: DeployConfig, stage: str | None) -> StageConfig:
         return (answering or llms)[0]
     for s in config.stages:
         if s.name == stage or (stage.isascii() and stage.isdigit() and s.stage_id == int(stage)):
-            if s.engine != "llm":
+            if s.engine != EngineName.LLM:
                 raise UsageError(
                     f"--stage {stage}: stage {s.stage_id} ({s.name}) runs the {s.engine!r} "
                     "engine, not llm: it has no tokenizer"

@@ -45,6 +45,7 @@ from omnistage.control.autoscale import (
     out_of_bounds,
 )
 from omnistage.control.latency_window import LatencyWindow, WindowStats
+from omnistage.protocol.enums import Modality
 
 # Latencies a window can hold, by the name in the target keys (target_p90_<family>_s).
 FAMILIES = ("first_token", "first_audio", "queue_wait")
@@ -230,5 +231,5 @@ class LatencyPolicy:
 def measurable(final_output: bool, output_modality: str) -> tuple[str, ...]:
     """The latency families the head can time for a stage (as the config checks them:
     ``StageConfig._latency_targets_measurable``)."""
-    firsts = {"text": ("first_token",), "audio": ("first_audio",)}
+    firsts = {Modality.TEXT: ("first_token",), Modality.AUDIO: ("first_audio",)}
     return (*(firsts.get(output_modality, ()) if final_output else ()), "queue_wait")

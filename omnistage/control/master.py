@@ -108,8 +108,9 @@ class Master:
         req = codec.decode_register_request(body, self._verifier)
         if self.closing:
             raise RegistrationError("the head is shutting down; register with the next one")
-        version = req.protocol_version if req.protocol_version is not None else 1
-        if version != PROTOCOL_VERSION:
+        # A seed client states no version: the registration map is still the seed's.
+        version = req.protocol_version
+        if version is not None and version != PROTOCOL_VERSION:
             raise RegistrationError(
                 f"protocol_version {version} is not supported; this head speaks "
                 f"{PROTOCOL_VERSION} (upgrade the replica or the head so they match)"

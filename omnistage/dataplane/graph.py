@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from omnistage.config.schema import DeployConfig, StageConfig
+from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.params import StageParams, decode, kind_of
 
@@ -55,10 +56,10 @@ class StageGraph:
     def upstream(self, stage_id: int) -> tuple[int, ...]:
         return self.inputs[stage_id]
 
-    def stages_reading(self, modality: str) -> list[int]:
+    def stages_reading(self, modality: Modality) -> list[int]:
         return [sid for sid, kinds in self.reads_prompt.items() if modality in kinds]
 
-    def finals_with(self, modalities: set[str]) -> list[int]:
+    def finals_with(self, modalities: set[Modality]) -> list[int]:
         return [sid for sid in self.final if self.stages[sid].output_modality in modalities]
 
     def required_for(self, finals: list[int], given: frozenset[str] = frozenset()) -> set[int]:

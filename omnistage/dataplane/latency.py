@@ -24,6 +24,7 @@ import msgspec
 
 from omnistage.control.latency_window import LatencyWindow
 from omnistage.dataplane.run import Run, StageProgress
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.messages import OutputChunk
 
@@ -171,8 +172,8 @@ class LatencyRecorder:
                 now = self.clock()
             self.stages["duration"][sid].observe(now - st.dispatched_at)
             usage = run.usage.get(sid)
-            if usage and sid in run.finals:
-                self.completion_tokens[sid] += usage.get("completion_tokens", 0)
+            if usage is not None and sid in run.finals:
+                self.completion_tokens[sid] += usage.completion_tokens
 
     def done(self, run: Run) -> None:
         """Every stage of the request finished: its last final chunk arrived."""
@@ -192,9 +193,8 @@ class LatencyRecorder:
 
     def _audio(self, run: Run, sid: int, chunk: OutputChunk) -> None:
         meta = chunk.meta
-        rate = meta.sample_rate if meta is not None else None
-        if rate and meta is not None and (meta.format or "pcm16") == "pcm16":
-            self.audio_seconds[sid] += len(chunk.data) / 2 / rate
+        if isinstance(meta, AudioMeta) and meta.sample_rate and meta.format == "pcm16":
+            self.audio_seconds[sid] += len(chunk.data) / 2 / meta.sample_rate
         if run.first_audio_at is None:
             run.first_audio_at = now = self.clock()
             self._request("first_audio", run, now - run.opened_at)

@@ -38,7 +38,7 @@ from omnistage.protocol.errors import (
     StageFailedError,
 )
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import Abort, OutputChunk
+from omnistage.protocol.messages import Abort, OutputChunk, Usage
 from omnistage.tracing import RequestTraces, request_traces
 
 log = logging.getLogger(__name__)
@@ -191,9 +191,9 @@ class Orchestrator:
             else:
                 run.fail(StageFailedError(sid, self._name(sid), chunk.error))
             return
-        if chunk.usage:
+        if chunk.usage is not None:
             run.usage[sid] = chunk.usage
-            st.tokens = chunk.usage.get("completion_tokens", 0)
+            st.tokens = chunk.usage.completion_tokens
         self.latency.output(run, sid, st, chunk)
         for down in self.graph.downstream[sid]:
             if down in run.active and (sid, down) not in run.direct:
@@ -202,9 +202,9 @@ class Orchestrator:
             run.finished.add(sid)
             self.traces.stage_ended(run, sid, _OK)
             usage = run.usage.get(sid)
-            if usage:  # per replica: how much of what it read its prefix cache had
-                handle.prompt_tokens_total += usage.get("prompt_tokens", 0)
-                handle.cached_tokens_total += usage.get("cached_tokens", 0)
+            if usage is not None:  # per replica: how much of what it read its prefix cache had
+                handle.prompt_tokens_total += usage.prompt_tokens
+                handle.cached_tokens_total += usage.cached_tokens or 0
             if not any(up == sid for up, _ in run.direct):
                 st.inputs.clear()  # nothing can make it run again: free what it kept
             self.pools[sid].release(handle, run.request_id)
@@ -288,7 +288,7 @@ class RequestStream:
     def close(self) -> None:
         self._orchestrator._finish(self._run)
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> Usage:
         """Prompt tokens read by the stages given the client's prompt; completion tokens
         of the finals."""
         graph = self._orchestrator.graph
@@ -298,17 +298,9 @@ class RequestStream:
             for sid, u in run.usage.items()
             if graph.prompt_for(sid, bool(run.active.intersection(graph.upstream(sid))))
         ]
-        prompt = sum(u.get("prompt_tokens", 0) for u in reading)
-        completion = sum(
-            u.get("completion_tokens", 0) for sid, u in run.usage.items() if sid in run.finals
-        )
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        if any("cached_tokens" in u for u in reading):
-            # Of the prompt tokens, those an engine's prefix cache had (the API shows
-            # them as prompt_tokens_details.cached_tokens).
-            usage["cached_tokens"] = sum(u.get("cached_tokens", 0) for u in reading)
-        return usage
+        prompt = sum(u.prompt_tokens for u in reading)
+        completion = sum(u.completion_tokens for sid, u in run.usage.items() if sid in run.finals)
+        cached = [u.cached_tokens for u in reading if u.cached_tokens is not None]
+        # Of the prompt tokens, those an engine's prefix cache had; None when no stage
+        # that read the prompt keeps a prefix cache.
+        return Usage(prompt, completion, sum(cached) if cached else None)

@@ -12,7 +12,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.stage_pool import ReplicaHandle
 from omnistage.dataplane.streamed import StreamedInput
 from omnistage.net import is_loopback, is_loopback_url
-from omnistage.protocol.messages import OutputChunk, Prompt, Resume
+from omnistage.protocol.messages import OutputChunk, Prompt, Resume, Usage
 from omnistage.protocol.params import StageParams
 
 
@@ -76,7 +76,7 @@ class Run:
     queue: asyncio.Queue[OutputChunk | BaseException | Done] = field(default_factory=asyncio.Queue)
     assigned: dict[int, ReplicaHandle] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
-    usage: dict[int, dict[str, int]] = field(default_factory=dict)
+    usage: dict[int, Usage] = field(default_factory=dict)
     stages: dict[int, StageProgress] = field(default_factory=dict)
     # Edges (upstream, downstream) whose chunks go replica to replica.
     direct: set[tuple[int, int]] = field(default_factory=set)

@@ -25,7 +25,7 @@ ENGINE_CLASSES: dict[str, str] = {
 # Engines whose OpenMP threads should spin between ops: the thinker hands hundreds of
 # small ops per decode step to its helper threads, and waking a sleeping helper for each
 # cost it a third of its speed (SmolLM2, 2 cores: 73 -> 49 tok/s with PASSIVE).
-SPINNING_ENGINES = frozenset({"llm", "vllm"})
+SPINNING_ENGINES = frozenset({EngineName.LLM, EngineName.VLLM})
 
 
 def build_engine(stage: StageConfig) -> Engine:

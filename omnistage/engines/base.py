@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
 from omnistage.config.schema import StageConfig
+from omnistage.protocol.chunk_meta import ChunkMeta
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, Prompt, TokenLogprob
+from omnistage.protocol.messages import OutputChunk, Prompt, TokenLogprob, Usage
 from omnistage.protocol.params import StageParams
 
 # An upstream stage's output, read as this stage's input: the same message the upstream
@@ -60,7 +61,7 @@ class EngineChunk:
     data: bytes = b""
     finished: bool = False
     finish_reason: FinishReason | None = None
-    usage: dict[str, int] | None = field(default=None)
+    usage: Usage | None = None
     meta: ChunkMeta | None = None
     logprobs: list[TokenLogprob] | None = None
 

@@ -25,12 +25,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from itertools import islice
 
+import msgspec
+
 from omnistage.config.engine_args import EchoArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.protocol.enums import FinishReason
 from omnistage.protocol.errors import EngineError
-from omnistage.protocol.messages import Prompt
+from omnistage.protocol.messages import Prompt, Usage
 from omnistage.protocol.prefix import MAX_REPORTED, prefix_keys, prefix_weights
 
 
@@ -61,7 +63,7 @@ class EchoEngine(Engine):
         modality = self.stage.output_modality
         received: list[str] = []
         pieces: list[str]
-        prefill: dict[str, int] | None = None
+        prefill: Usage | None = None
         if request.prompt_chunks is not None:
             # A piece may end inside a character: decode across pieces.
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -93,19 +95,20 @@ class EchoEngine(Engine):
         await self._work()
         # The last piece carries the end of the request: one message fewer per stage.
         words_in = len("".join(received).split())
-        usage = {
-            "prompt_tokens": words_in,
-            "completion_tokens": words_in + len(self.suffix.split()),
-        }
+        completion = words_in + len(self.suffix.split())
+        if prefill is None:
+            usage = Usage(words_in, completion)
+        else:
+            usage = msgspec.structs.replace(prefill, completion_tokens=completion)
         yield EngineChunk(
             modality,
             text=pieces[-1],
             finished=True,
             finish_reason=FinishReason.STOP,
-            usage=usage if prefill is None else {**usage, **prefill},
+            usage=usage,
         )
 
-    async def _prefill(self, prompt: Prompt) -> dict[str, int] | None:
+    async def _prefill(self, prompt: Prompt) -> Usage | None:
         """The simulated prefill of a chat prompt: time for what the cache lacks, then
         the prompt's prefixes cached. The usage it makes (in characters); None when neither
         the cache nor the prefill cost is configured, or the prompt has no messages."""
@@ -124,8 +127,8 @@ class EchoEngine(Engine):
             if cache is not None:
                 cache.add(keys)
         if cache is None:
-            return {"prompt_tokens": weights[-1]}
-        return {"prompt_tokens": weights[-1], "cached_tokens": cached}
+            return Usage(weights[-1])
+        return Usage(weights[-1], cached_tokens=cached)
 
     def _prompt_text(self, prompt: Prompt) -> str:
         if self.args.echo_messages and prompt.messages:

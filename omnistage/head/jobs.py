@@ -11,6 +11,7 @@ from omnistage.dataplane.stage_pool import StagePool
 from omnistage.jobs.runner import JobHandler, JobRunner, RunnerSettings
 from omnistage.jobs.state import Persistence
 from omnistage.jobs.video import VideoJobs
+from omnistage.protocol.enums import EngineName, Modality
 from omnistage.service import PipelineService
 from omnistage.store.records import JobKind
 
@@ -30,10 +31,10 @@ def build_runner(
 ) -> JobRunner | None:
     """The runner of the job kinds this pipeline can run (None: none)."""
     handlers: dict[JobKind, JobHandler] = {}
-    video = [s.stage_id for s in omni.config.stages if s.engine == "video"]
+    video = [s.stage_id for s in omni.config.stages if s.engine == EngineName.VIDEO]
     if video:
         handlers[JobKind.VIDEO] = VideoJobs(omni, persist.media, video[0])
-    text = omni.graph.finals_with({"text"})
+    text = omni.graph.finals_with({Modality.TEXT})
     if text:
         handlers[JobKind.RESPONSE] = ResponseJobs(omni, persist.store, text[0])
     if not handlers:

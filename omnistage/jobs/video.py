@@ -11,9 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from omnistage.jobs.runner import JobFailed, open_patiently
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta, VideoMeta
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChunkMeta, Prompt
+from omnistage.protocol.messages import Prompt
 from omnistage.protocol.params import StageParams, VideoParams
 from omnistage.service import PipelineService
 from omnistage.store.media import MediaStore
@@ -56,12 +57,12 @@ def video_object(job: Job) -> dict[str, Any]:
     )
     completed = job.status == JobStatus.COMPLETED
     # Videos have no cancelled state in OpenAI's API: a cancelled job reads as failed.
-    status = "failed" if job.status == JobStatus.CANCELLED else str(job.status)
+    status = JobStatus.FAILED if job.status == JobStatus.CANCELLED else job.status
     return {
         "id": job.id,
         "object": "video",
         "created_at": int(job.created_at),
-        "status": status,
+        "status": status.value,
         "model": spec.get("model"),
         "progress": 100 if completed else job.progress,
         "seconds": "auto" if seconds is None else f"{float(seconds):g}",
@@ -104,18 +105,20 @@ class VideoJobs:
             only=True,
         )
         stream = await open_patiently(self.omni, request)
-        video: tuple[bytes, ChunkMeta] | None = None
+        video: tuple[bytes, VideoMeta | None] | None = None
         thumbnail: bytes | None = None
         try:
             async for out in stream:
-                meta = out.meta or ChunkMeta()
-                if not out.data:
-                    if meta.step and meta.steps:
+                meta = out.meta
+                if isinstance(meta, ProgressMeta):
+                    if meta.steps:
                         progress(meta.step * 100 // meta.steps)
-                elif meta.format == "png":
+                elif not out.data:
+                    continue
+                elif isinstance(meta, ImageMeta):
                     thumbnail = out.data
-                elif out.modality == Modality.VIDEO or meta.format == "mp4":
-                    video = (out.data, meta)
+                elif isinstance(meta, VideoMeta) or out.modality == Modality.VIDEO:
+                    video = (out.data, meta if isinstance(meta, VideoMeta) else None)
         finally:
             stream.close()
         if video is None:
@@ -123,7 +126,7 @@ class VideoJobs:
         return await self._keep(job, video, thumbnail)
 
     async def _keep(
-        self, job: Job, video: tuple[bytes, ChunkMeta], thumbnail: bytes | None
+        self, job: Job, video: tuple[bytes, VideoMeta | None], thumbnail: bytes | None
     ) -> dict[str, Any]:
         data, meta = video
         await self.media.put(video_key(job.id), data)
@@ -131,11 +134,11 @@ class VideoJobs:
         if thumbnail is not None:
             await self.media.put(thumbnail_key(job.id), thumbnail)
             result["thumbnail"] = thumbnail_key(job.id)
-        for name in ("width", "height", "frames", "fps", "seed"):
-            if (value := getattr(meta, name, None)) is not None:
-                result[name] = value
-        if meta.frames and meta.fps:
-            result["seconds"] = meta.frames / meta.fps
+        if meta is not None:
+            for name in ("width", "height", "frames", "fps", "seed"):
+                result[name] = getattr(meta, name)
+            if meta.frames and meta.fps:
+                result["seconds"] = meta.frames / meta.fps
         return result
 
     async def discard(self, job: Job) -> None:

@@ -56,7 +56,7 @@ class Reason(enum.StrEnum):
 
 class Modality(enum.StrEnum):
     """What one output chunk carries. TOOL_CALL: ``text`` is the next piece of a function
-    call's JSON arguments (``ChunkMeta.index`` / ``name`` say which call)."""
+    call's JSON arguments (its ``ToolCallMeta`` says which call)."""
 
     TEXT = "text"
     AUDIO = "audio"

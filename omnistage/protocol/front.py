@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from omnistage.protocol.messages import Prompt, Tagged
+from omnistage.protocol.messages import Prompt, Tagged, Usage
 from omnistage.protocol.params import StageParams
 
 # --------------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ class FrontDone(Tagged):
     """Head -> API server, after the request's last OutputChunk (or instead of more)."""
 
     request_id: str
-    usage: dict[str, int]
+    usage: Usage
     error: ErrorInfo | None = None
 
 

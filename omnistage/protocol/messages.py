@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from omnistage.protocol.chunk_meta import ChunkMeta
 from omnistage.protocol.enums import (
     ErrorKind,
     FinishReason,
@@ -26,7 +27,9 @@ from omnistage.protocol.params import StageParams
 
 __all__ = ["Reason", "ReplicaState"]  # re-exported: they were declared here first
 
-PROTOCOL_VERSION = 1
+# Raised with every change to a message's wire shape: registration and the handshake
+# refuse a replica that states another version.
+PROTOCOL_VERSION = 2
 
 
 def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
@@ -273,50 +276,19 @@ class Ping(Tagged):
     proves the replica's connection is gone."""
 
 
-class Segment(msgspec.Struct, frozen=True):
-    """One segment of a transcript, as OpenAI's verbose_json has it (times in seconds)."""
+class Usage(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Tokens read and written: one stage's so far (on its chunks), or a request's (the
+    sum the API reports, OpenAI's ``usage``)."""
 
-    id: int
-    seek: int
-    start: float
-    end: float
-    text: str
-    tokens: list[int]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Of ``prompt_tokens``, those whose KV a prefix cache held. None where the engine
+    # keeps no prefix cache: the API then leaves out ``prompt_tokens_details``.
+    cached_tokens: int | None = None
 
-
-class ChunkMeta(msgspec.Struct, omit_defaults=True, frozen=True):
-    """What a chunk's bytes or text are, by modality; unset fields are left out.
-
-    - audio: ``sample_rate``, ``format`` ("pcm16"), ``voice``;
-    - tool_call: ``index`` and ``name`` of the call the arguments belong to;
-    - image: ``index`` of the image in the request, then either ``step`` of ``steps``
-      (progress, no data) or ``format``, ``width``, ``height`` and ``seed`` (the file);
-    - video: ``step`` of ``steps`` (progress, no data); then an image chunk, the first
-      frame as a thumbnail (``format`` "png", ``width``, ``height``); then the video
-      (``format`` "mp4", ``width``, ``height``, ``frames``, ``fps``, ``seed``);
-    - text of a transcription: ``segment`` (one per chunk), and on the last chunk the
-      detected ``language`` and the audio's ``duration``.
-    """
-
-    sample_rate: int | None = None
-    format: str | None = None
-    voice: str | None = None
-    index: int | None = None
-    name: str | None = None
-    step: int | None = None
-    steps: int | None = None
-    width: int | None = None
-    height: int | None = None
-    seed: int | None = None
-    segment: Segment | None = None
-    language: str | None = None
-    duration: float | None = None
-    frames: int | None = None
-    fps: int | None = None
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 class OutputChunk(Tagged):
@@ -327,7 +299,7 @@ class OutputChunk(Tagged):
     stages, straight or through the head, whose engines read it as their input.
 
     ``modality`` TOOL_CALL: ``text`` is the next piece of a function call's JSON
-    arguments and ``meta`` says which call (``index``, ``name``).
+    arguments and ``meta`` (a ``ToolCallMeta``) says which call.
     """
 
     request_id: str
@@ -341,7 +313,7 @@ class OutputChunk(Tagged):
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
-    usage: dict[str, int] | None = None
+    usage: Usage | None = None
     meta: ChunkMeta | None = None
     # With ``error``: BAD_REQUEST when the input cannot be served (a 4xx for the
     # client, e.g. a prompt longer than the context window), else a server fault.

@@ -30,7 +30,7 @@ class RegisterRequest(msgspec.Struct, omit_defaults=True):
     replica_input_port: int | None = None
     replica_output_port: int | None = None
     replica_binds_sockets: bool | None = None
-    # Absent in seed clients, which speak version 1 of this format.
+    # Absent in seed clients, which the head accepts: this map keeps the seed's keys.
     protocol_version: int | None = None
     # A replica rejoining after losing its head: the head instance and replica id it
     # had. A head that is that same instance gives the replica its old id back.

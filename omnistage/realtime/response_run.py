@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from omnistage.audio.formats import OutputStream as AudioOut
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, Usage
 from omnistage.realtime import events as ev
 from omnistage.realtime.conversation import (
     Item,
@@ -148,7 +149,7 @@ class ResponseRun:
         self._words: list[str] = []
         self._encoder: AudioOut | None = None
         self._calls = _Calls(self.id, emit, self._add_output)
-        self._usage: dict[str, int] = {}
+        self._usage = Usage()
         self.first_audio_at: float | None = None  # monotonic time of the first audio delta
         self.on_first_audio: Callable[[float], None] | None = None
         self.audio_sent_ms = 0.0
@@ -237,8 +238,8 @@ class ResponseRun:
     # ----------------------------------------------------------------------------------
 
     def _output(self, out: OutputChunk) -> FinishReason | None:
-        if out.modality == _TOOL_CALL and out.meta is not None:
-            self._calls.delta(out.meta.index or 0, out.meta.name or "", out.text)
+        if out.modality == _TOOL_CALL and isinstance(out.meta, ToolCallMeta):
+            self._calls.delta(out.meta.index, out.meta.name, out.text)
         elif out.stage_id == self._talker:
             self._spoken(out)
         elif out.text and out.modality == _TEXT:
@@ -280,7 +281,7 @@ class ResponseRun:
     def _spoken(self, out: OutputChunk) -> None:
         if not out.data:
             return
-        rate = (out.meta and out.meta.sample_rate) or DEFAULT_TTS_RATE
+        rate = out.meta.sample_rate if isinstance(out.meta, AudioMeta) else DEFAULT_TTS_RATE
         if self._encoder is None:
             self._encoder = AudioOut(self.settings.output_format, rate)
         pcm = np.frombuffer(out.data, dtype="<i2")
@@ -347,18 +348,17 @@ class ResponseRun:
             self._emit(ev.ItemDone(previous_item_id=None, item=item))
 
 
-def usage_json(usage: dict[str, int]) -> dict[str, Any]:
+def usage_json(usage: Usage) -> dict[str, Any]:
     """A pipeline request's usage as ``response.done`` reports it."""
-    prompt = usage.get("prompt_tokens", 0)
-    completion = usage.get("completion_tokens", 0)
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     return {
-        "total_tokens": prompt + completion,
+        "total_tokens": usage.total_tokens,
         "input_tokens": prompt,
         "output_tokens": completion,
         "input_token_details": {
             "text_tokens": prompt,
             "audio_tokens": 0,
-            "cached_tokens": usage.get("cached_tokens", 0),
+            "cached_tokens": usage.cached_tokens or 0,
         },
         "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
     }

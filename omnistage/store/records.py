@@ -36,6 +36,22 @@ class JobKind(enum.StrEnum):
     RESPONSE = "response"  # a Responses API request with background: true
 
 
+class ResponseStatus(enum.StrEnum):
+    """A Responses API response's status, and its output items' (OpenAI's names)."""
+
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def running(self) -> bool:
+        """Background work that has not ended: the stored body is not the final one."""
+        return self in (ResponseStatus.QUEUED, ResponseStatus.IN_PROGRESS)
+
+
 class Job(msgspec.Struct, kw_only=True):
     id: str
     kind: JobKind
@@ -58,7 +74,7 @@ class StoredResponse(msgspec.Struct, kw_only=True):
     id: str
     owner: str | None
     created_at: float
-    status: str  # the response object's status: completed, failed, queued, ...
+    status: ResponseStatus  # the response object's status
     previous_response_id: str | None = None
     # The id of the first response of the chain: turns of one conversation share it
     # (the balancer's affinity key, so they land where the prefix cache holds them).

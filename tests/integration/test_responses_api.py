@@ -20,9 +20,10 @@ from starlette.testclient import TestClient
 from omnistage.api.app import create_app
 from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
+from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.errors import BadRequestError, StageFailedError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, ToolCall
+from omnistage.protocol.messages import ChatMessage, OutputChunk, ToolCall, Usage
 from omnistage.protocol.params import GenerationParams
 from tests.integration.harness import HeadProc
 
@@ -251,8 +252,8 @@ class _Stream:
     def close(self) -> None:
         self.closed = True
 
-    def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=5, completion_tokens=7)
 
 
 @dataclass
@@ -281,7 +282,7 @@ def _chunk(modality: str, text: str = "", **kw: Any) -> OutputChunk:
 
 
 def _call(index: int, name: str, text: str, **kw: Any) -> OutputChunk:
-    return _chunk("tool_call", text, meta=ChunkMeta(index=index, name=name), **kw)
+    return _chunk("tool_call", text, meta=ToolCallMeta(index=index, name=name), **kw)
 
 
 TEXT_THEN_TWO_CALLS = [

@@ -17,8 +17,9 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.speech.asr import AsrEngine, resolve_model
 from omnistage.engines.speech.tts import TtsEngine
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta, Prompt
+from omnistage.protocol.messages import Prompt
 from tests import params as P
 
 pytestmark = pytest.mark.slow
@@ -112,7 +113,7 @@ async def test_a_wav_file_becomes_its_words_segment_by_segment(
     assert last.meta is not None and last.meta.language == "en"
     assert last.meta.duration == pytest.approx(len(pcm) / 2 / rate, abs=0.01)
     assert all(c.meta.segment.end <= last.meta.duration for c in segments)  # type: ignore[index]
-    assert last.usage is not None and last.usage["completion_tokens"] > len(words(SENTENCE))
+    assert last.usage is not None and last.usage.completion_tokens > len(words(SENTENCE))
 
 
 @module_loop
@@ -121,7 +122,7 @@ async def test_upstream_pcm16_chunks_are_heard_once_the_upstream_ends(
 ) -> None:
     pcm, rate = spoken
     half = len(pcm) // 4 * 2
-    meta = ChunkMeta(sample_rate=rate, format="pcm16")
+    meta = AudioMeta(sample_rate=rate, format="pcm16")
 
     async def talker() -> AsyncIterator[StageInput]:
         for piece in (pcm[:half], pcm[half:]):

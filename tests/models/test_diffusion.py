@@ -21,8 +21,9 @@ import pytest
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, stage_input
 from omnistage.engines.image.diffusion import DiffusionEngine
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta, Prompt
+from omnistage.protocol.messages import Prompt
 from tests import params as P
 from tests.diffusion_tiny import build_tiny_pipeline
 from tests.integration.harness import HeadProc, free_port
@@ -91,12 +92,12 @@ async def test_n_images_of_the_asked_size_one_chunk_each_the_last_finished(
     assert [c.modality for c in chunks] == ["image"] * 3
     assert [c.finished for c in chunks] == [False, False, True]
     assert [c.meta for c in chunks] == [
-        ChunkMeta(format="png", width=128, height=64, seed=40 + i, index=i) for i in range(3)
+        ImageMeta(format="png", width=128, height=64, seed=40 + i, index=i) for i in range(3)
     ]
     for chunk in chunks:
         image = _decoded(chunk.data)
         assert (image.format, image.size) == ("PNG", (128, 64))
-    assert chunks[-1].usage is not None and chunks[-1].usage["prompt_tokens"] > 0
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
     # auto: the model's native size (its UNet's 8x8 latents, times the VAE's 8).
     [auto] = _images(await _run(engine, {"seed": 1}))
     assert _decoded(auto).size == (64, 64)
@@ -144,7 +145,9 @@ async def test_progress_is_counted_per_step_and_streamed_when_asked(tiny_model: 
     before = engine.progress
     chunks = await _run(engine, {"seed": 5, "n": 2, "progress": True})
     steps = [c.meta for c in chunks if not c.data]
-    assert steps == [ChunkMeta(step=s, steps=STEPS, index=i) for i in range(2) for s in range(1, 5)]
+    assert steps == [
+        ProgressMeta(step=s, steps=STEPS, index=i) for i in range(2) for s in range(1, 5)
+    ]
     assert engine.progress - before == 2 * (STEPS + 1)  # each step, and each finished image
     quiet = await _run(engine, {"seed": 5})
     assert all(c.data for c in quiet)

@@ -62,8 +62,8 @@ def test_answers_the_capital_of_france_with_exact_usage() -> None:
             )
             if hasattr(expected_prompt, "keys"):
                 expected_prompt = expected_prompt["input_ids"]
-            assert last.usage["prompt_tokens"] == len(expected_prompt)
-            assert last.usage["completion_tokens"] == len(tok.encode(text))
+            assert last.usage.prompt_tokens == len(expected_prompt)
+            assert last.usage.completion_tokens == len(tok.encode(text))
         finally:
             await engine.shutdown()
 
@@ -76,7 +76,7 @@ def test_max_tokens_and_stop_are_honoured() -> None:
         try:
             capped = await _run(engine, _request("Count from 1 to 30.", max_tokens=7, **GREEDY))
             assert capped[-1].finish_reason == "length"
-            assert capped[-1].usage["completion_tokens"] == 7
+            assert capped[-1].usage.completion_tokens == 7
             stopped = await _run(
                 engine, _request("Count from 1 to 30.", max_tokens=80, stop=["7"], **GREEDY)
             )

@@ -16,7 +16,7 @@ from omnistage.engines.base import EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.engines.llm.prefix_cache import PrefixCache
 from omnistage.engines.llm.prompts import token_ids
-from omnistage.protocol.messages import ChatMessage, Prompt
+from omnistage.protocol.messages import ChatMessage, Prompt, Usage
 from omnistage.protocol.prefix import prefix_keys
 from tests import params as P
 
@@ -45,17 +45,17 @@ def _answer(engine: LlmEngine, prompt: Prompt, rid: str) -> str:
 
 def _answer_usage(
     engine: LlmEngine, prompt: Prompt, rid: str, max_tokens: int
-) -> tuple[str, str | None, dict[str, int]]:
+) -> tuple[str, str | None, Usage]:
     """The greedy answer's text, finish reason and usage."""
 
-    async def run() -> tuple[str, str | None, dict[str, int]]:
+    async def run() -> tuple[str, str | None, Usage]:
         params = P.text({"temperature": 0, "max_tokens": max_tokens})
         chunks = [
             c async for c in engine.generate(EngineRequest(rid, prompt, params, _no_inputs()))
         ]
         last = chunks[-1]
         reason = last.finish_reason.value if last.finish_reason else None
-        return "".join(c.text for c in chunks), reason, dict(last.usage or {})
+        return "".join(c.text for c in chunks), reason, last.usage or Usage()
 
     return asyncio.run(run())
 
@@ -182,7 +182,7 @@ def test_an_answer_is_kept_and_the_next_turn_starts_from_it(engine: LlmEngine) -
     # The next turn takes all of that from the cache: only its own question is computed.
     second = [*answered, ChatMessage("user", "And what is its most famous tower called?")]
     _, _, usage = _answer_usage(engine, Prompt(messages=second), "a2", max_tokens=8)
-    assert usage["cached_tokens"] == len(entry)
+    assert usage.cached_tokens == len(entry)
 
     # Without answers kept, the same turn gets only the turns its own prefill cut.
     cache.clear()
@@ -192,4 +192,4 @@ def test_an_answer_is_kept_and_the_next_turn_starts_from_it(engine: LlmEngine) -
         _, _, usage = _answer_usage(engine, Prompt(messages=second), "a4", max_tokens=8)
     finally:
         cache.answers = True
-    assert usage["cached_tokens"] < len(_prefix(engine, _turns(first)))
+    assert usage.cached_tokens < len(_prefix(engine, _turns(first)))

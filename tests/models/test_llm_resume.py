@@ -42,11 +42,11 @@ def _run(engine: LlmEngine, request: EngineRequest) -> list[EngineChunk]:
     return asyncio.run(main())
 
 
-def _counts(chunk: EngineChunk) -> dict[str, int]:
+def _counts(chunk: EngineChunk) -> tuple[int, int]:
     """A chunk's prompt and completion tokens (cached_tokens depends on what the prefix
     cache held at the time, not on the request)."""
     assert chunk.usage is not None
-    return {k: chunk.usage[k] for k in ("prompt_tokens", "completion_tokens")}
+    return chunk.usage.prompt_tokens, chunk.usage.completion_tokens
 
 
 def _text(chunks: list[EngineChunk]) -> str:
@@ -71,7 +71,7 @@ def original(engine: LlmEngine) -> list[EngineChunk]:
     # The prompt asks for a story: 24 tokens end by length, not by EOS, so every
     # resumed run below has tokens left to generate.
     assert last.finished and last.finish_reason == "length"
-    assert last.usage is not None and last.usage["completion_tokens"] == N
+    assert last.usage is not None and last.usage.completion_tokens == N
     return chunks
 
 
@@ -103,8 +103,8 @@ def test_greedy_resume_continues_with_exactly_the_rest_of_the_output(
     # text), and every completion token, the earlier replica's included.
     assert _counts(last) == _counts(original[-1])
     assert last.usage is not None and first_usage is not None
-    assert last.usage["prompt_tokens"] == first_usage["prompt_tokens"]  # type: ignore[index]
-    assert last.usage["completion_tokens"] == N
+    assert last.usage.prompt_tokens == first_usage.prompt_tokens
+    assert last.usage.completion_tokens == N
 
 
 def test_delivered_tokens_count_against_max_tokens(
@@ -195,7 +195,7 @@ def _resumed_request(chunks: list[EngineChunk], cut: int, rid: str = "r") -> Eng
     assert usage is not None
     prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
     return EngineRequest(
-        rid, prompt, P.text(SEEDED), _no_inputs(), delivered, usage["completion_tokens"]
+        rid, prompt, P.text(SEEDED), _no_inputs(), delivered, usage.completion_tokens
     )
 
 
@@ -254,6 +254,6 @@ def test_penalties_count_the_delivered_tokens_on_resume(engine: LlmEngine) -> No
     assert usage is not None
     prompt = Prompt(messages=[ChatMessage("user", PROMPT)])
     request = EngineRequest(
-        "r", prompt, P.text(params), _no_inputs(), delivered, usage["completion_tokens"]
+        "r", prompt, P.text(params), _no_inputs(), delivered, usage.completion_tokens
     )
     assert delivered + _text(_run(engine, request)) == full

@@ -14,8 +14,9 @@ import pytest
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
+from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, Prompt
+from omnistage.protocol.messages import ChatMessage, Prompt
 from tests import params as P
 
 pytestmark = pytest.mark.slow
@@ -235,7 +236,7 @@ def test_named_tool_choice_streams_arguments_matching_the_parameters(
     chunks = outputs["named"]
     assert len(chunks) > 1  # streamed as written
     assert all(c.modality == "tool_call" for c in chunks)
-    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in chunks)
+    assert all(c.meta == ToolCallMeta(index=0, name="get_weather") for c in chunks)
     last = chunks[-1]
     assert last.finished and last.finish_reason == "tool_calls" and last.usage is not None
     arguments = json.loads(_text(chunks))
@@ -263,7 +264,7 @@ def _chunk_cut(chunks: list[EngineChunk], at_least: int) -> tuple[str, int]:
         text += chunk.text
         if len(text) >= at_least:
             assert chunk.usage is not None, "every chunk carries the usage so far"
-            return text, chunk.usage["completion_tokens"]
+            return text, chunk.usage.completion_tokens
     raise AssertionError(f"output shorter than {at_least}: {text!r}")
 
 
@@ -287,7 +288,7 @@ def test_a_resumed_named_call_continues_to_the_same_arguments(
     delivered, _, chunks = resumed
     assert delivered + _text(chunks) == _text(outputs["named"])
     assert all(c.modality == "tool_call" for c in chunks)
-    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in chunks)
+    assert all(c.meta == ToolCallMeta(index=0, name="get_weather") for c in chunks)
     assert chunks[-1].finish_reason == "tool_calls"
 
 
@@ -302,7 +303,7 @@ def test_a_resumed_call_counts_the_tokens_the_failed_replica_reported(
     assert tokens > len(engine.tokenizer.encode(delivered, add_special_tokens=False))
     generated = sum(len(c.logprobs or []) for c in chunks)
     assert chunks[-1].usage is not None
-    assert chunks[-1].usage["completion_tokens"] == tokens + generated
+    assert chunks[-1].usage.completion_tokens == tokens + generated
 
 
 # -- logprobs ---------------------------------------------------------------------------
@@ -316,7 +317,7 @@ def test_greedy_logprobs_cover_the_text_and_the_top_choice(
     text = _text(chunks)
     assert text and "".join(e.token for e in entries) == text
     last = chunks[-1]
-    assert last.usage is not None and len(entries) == last.usage["completion_tokens"]
+    assert last.usage is not None and len(entries) == last.usage.completion_tokens
     for e in entries:
         assert e.logprob <= 0
         assert e.bytes is not None and bytes(e.bytes).decode() == e.token
@@ -336,7 +337,7 @@ def test_greedy_logprobs_cover_the_text_and_the_top_choice(
 def _completion_tokens(chunks: list[EngineChunk]) -> int:
     usage = chunks[-1].usage
     assert usage is not None
-    return usage["completion_tokens"]
+    return usage.completion_tokens
 
 
 def test_min_tokens_holds_off_the_end(outputs: dict[str, list[EngineChunk]]) -> None:

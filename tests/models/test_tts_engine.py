@@ -18,8 +18,9 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.speech.tts import TtsArgs, TtsEngine
 from omnistage.engines.speech.voices import VoiceCatalog, discover_voices
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta, Prompt
+from omnistage.protocol.messages import Prompt, Usage
 from tests import params as P
 
 # Async tests share one event loop, so the started engine can serve them all.
@@ -131,7 +132,7 @@ async def test_longer_text_gives_longer_valid_wav(engine: TtsEngine):
         assert not any(c.finished for c in chunks[:-1])
         for chunk in chunks:
             assert chunk.modality == "audio"
-            assert chunk.meta == ChunkMeta(sample_rate=rate, format="pcm16", voice=JOE)
+            assert chunk.meta == AudioMeta(sample_rate=rate, format="pcm16", voice=JOE)
         with wave.open(io.BytesIO(wav_bytes(pcm_of(chunks), rate))) as w:
             assert w.getnchannels() == 1
             assert w.getsampwidth() == 2
@@ -147,7 +148,7 @@ async def test_longer_text_gives_longer_valid_wav(engine: TtsEngine):
         "And a third sentence closes this little paragraph for good.",
     ]
     assert all(c.data for c in long)
-    assert long[-1].usage == {"prompt_tokens": len(LONG.split()), "completion_tokens": 0}
+    assert long[-1].usage == Usage(prompt_tokens=len(LONG.split()), completion_tokens=0)
 
 
 @pytest.mark.slow

@@ -19,9 +19,10 @@ from omnistage.config.load import load_config
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest
 from omnistage.engines.video.engine import VideoEngine
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta, VideoMeta
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChunkMeta, Prompt
+from omnistage.protocol.messages import Prompt
 from tests import params as P
 from tests.integration.harness import HeadProc
 from tests.integration.inproc_head import running_head
@@ -114,9 +115,9 @@ async def test_an_h264_mp4_of_the_asked_size_frames_and_fps_after_its_thumbnail(
     thumb, video = chunks
     assert (thumb.modality, video.modality) == ("image", "video")
     assert not thumb.finished and video.finished and video.finish_reason == "stop"
-    assert thumb.meta == ChunkMeta(format="png", width=64, height=32)
-    assert video.meta == ChunkMeta(format="mp4", width=64, height=32, frames=9, fps=8, seed=7)
-    assert video.usage is not None and video.usage["prompt_tokens"] > 0
+    assert thumb.meta == ImageMeta(format="png", width=64, height=32)
+    assert video.meta == VideoMeta(format="mp4", width=64, height=32, frames=9, fps=8, seed=7)
+    assert video.usage is not None and video.usage.prompt_tokens > 0
     seen = _decoded(video.data)
     assert (seen["codec"], seen["pix_fmt"], seen["size"]) == ("h264", "yuv420p", (64, 32))
     assert seen["rate"] == Fraction(8) and len(seen["frames"]) == 9
@@ -141,7 +142,7 @@ async def test_seconds_at_fps_round_to_the_nearest_length_the_vae_makes(
     # No length at all: the stage's default (2 s at 4 fps: 8 -> 9).
     short = await _engine(tiny_video, default_seconds=2, default_fps=4, default_size="32x16")
     chunks = await _run(short, {"seed": 1})
-    assert chunks[-1].meta == ChunkMeta(format="mp4", width=32, height=16, frames=9, fps=4, seed=1)
+    assert chunks[-1].meta == VideoMeta(format="mp4", width=32, height=16, frames=9, fps=4, seed=1)
 
 
 async def test_the_same_seed_gives_the_same_bytes_on_any_replica(tiny_video: Path) -> None:
@@ -165,7 +166,7 @@ async def test_progress_is_counted_per_step_and_streamed_when_asked(tiny_video: 
     before = engine.progress
     chunks = await _run(engine, {"size": "32x32", "num_frames": 5, "seed": 2, "progress": True})
     steps = [c for c in chunks if not c.data]
-    assert [c.meta for c in steps] == [ChunkMeta(step=s, steps=STEPS) for s in range(1, 4)]
+    assert [c.meta for c in steps] == [ProgressMeta(step=s, steps=STEPS) for s in range(1, 4)]
     assert all(c.modality == "video" for c in steps) and chunks[-1].finished
     assert engine.progress - before == STEPS + 1  # each step, and the finished video
     assert len(await _run(engine, {"size": "32x32", "num_frames": 5})) == 2
@@ -274,8 +275,8 @@ def test_a_pipeline_request_gets_progress_a_thumbnail_and_the_mp4(tiny_video: Pa
     assert [c.meta.step for c in chunks[:STEPS]] == [1, 2, 3]
     thumb, video = chunks[STEPS:]
     assert thumb.meta.format == "png" and not thumb.finished
-    assert video.finished and video.error is None and video.usage["prompt_tokens"] > 0
-    assert video.meta == ChunkMeta(format="mp4", width=32, height=32, frames=5, fps=4, seed=5)
+    assert video.finished and video.error is None and video.usage.prompt_tokens > 0
+    assert video.meta == VideoMeta(format="mp4", width=32, height=32, frames=5, fps=4, seed=5)
     seen = _decoded(video.data)
     assert (seen["size"], len(seen["frames"]), seen["rate"]) == ((32, 32), 5, Fraction(4))
 

@@ -161,8 +161,8 @@ class TestEngine:
         assert len(chunks) > 3 and all(c.modality == "text" for c in chunks)
         last = chunks[-1]
         assert last.finished and last.finish_reason == "length"
-        assert last.usage is not None and last.usage["completion_tokens"] == N
-        assert last.usage["prompt_tokens"] > 10
+        assert last.usage is not None and last.usage.completion_tokens == N
+        assert last.usage.prompt_tokens > 10
         assert len(_text(chunks).split()) > 8
         assert engine.progress > 0
 

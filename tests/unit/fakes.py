@@ -11,9 +11,10 @@ from typing import Any
 
 from omnistage.control.replica_table import ReplicaEntry, Transition
 from omnistage.dataplane.latency import LatencySnapshot
+from omnistage.protocol.chunk_meta import ChunkMeta
 from omnistage.protocol.enums import FinishReason, Modality, Reason
 from omnistage.protocol.front import PipelineRequest, RealtimeSnapshot
-from omnistage.protocol.messages import ChunkMeta, OutputChunk, ReplicaState
+from omnistage.protocol.messages import OutputChunk, ReplicaState, Usage
 from omnistage.service import OutputStream, ReplicaStats, RequestCounts
 
 Opener = Callable[[PipelineRequest], Awaitable[OutputStream]]
@@ -85,13 +86,13 @@ class ScriptedStream:
     ``fail`` with an exception, ``end`` it. ``close`` (the consumer's abort) ends the
     iteration at once, as a real stream's does; ``closed`` says whether it was called."""
 
-    def __init__(self, request_id: str = "r", usage: dict[str, int] | None = None) -> None:
+    def __init__(self, request_id: str = "r", usage: Usage | None = None) -> None:
         self.request_id = request_id
         self.closed = False
         self.fed: list[bytes] = []
         self.input_ended = False
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
-        self._usage = usage or {}
+        self._usage = usage or Usage()
 
     @property
     def pending(self) -> int:
@@ -117,7 +118,7 @@ class ScriptedStream:
         self.fed.append(data)
         self.input_ended = self.input_ended or last
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> Usage:
         return self._usage
 
     async def __aiter__(self) -> AsyncIterator[OutputChunk]:

@@ -8,7 +8,7 @@ import numpy as np
 
 from omnistage.audio.vad import WINDOW
 from omnistage.engines.speech.asr_stream import RATE, PauseFinder, Pcm16Feed, shifted
-from omnistage.protocol.messages import Segment
+from omnistage.protocol.chunk_meta import Segment
 
 
 class Scripted:

@@ -25,7 +25,8 @@ from omnistage.api.audio_out import (  # noqa: E402
 from omnistage.api.routes.chat import _events, _Plan  # noqa: E402
 from omnistage.api.routes.common import ChunkShape  # noqa: E402
 from omnistage.api.schemas.speech import SpeechRequest  # noqa: E402
-from omnistage.protocol.messages import ChunkMeta, OutputChunk  # noqa: E402
+from omnistage.protocol.chunk_meta import AudioMeta  # noqa: E402
+from omnistage.protocol.messages import OutputChunk, Usage  # noqa: E402
 
 IN_RATE = 22050  # Piper's default voice
 SECONDS = 1.3
@@ -153,12 +154,12 @@ class _Stream:
     def close(self) -> None:
         pass
 
-    def usage(self) -> dict[str, int]:
-        return {}
+    def usage(self) -> Usage:
+        return Usage()
 
 
 async def _chunks(pcm: bytes) -> AsyncIterator[OutputChunk]:
-    meta = ChunkMeta(sample_rate=IN_RATE, format="pcm16")
+    meta = AudioMeta(sample_rate=IN_RATE, format="pcm16")
     yield OutputChunk("r", 0, 0, 1, 0, "text", "A tone.", finished=True)
     cuts = [*CUTS, len(pcm)]
     for seq, (a, b) in enumerate(pairwise(cuts)):

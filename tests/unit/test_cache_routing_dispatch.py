@@ -17,6 +17,7 @@ from omnistage.protocol.messages import (
     Prompt,
     Reason,
     ReplicaState,
+    Usage,
 )
 from omnistage.protocol.prefix import prefix_keys
 from tests.unit.test_orchestrator_retry import FakeChannels, collect, entry
@@ -75,7 +76,7 @@ async def test_a_finished_stages_usage_counts_for_the_replica_that_served_it():
     orch, pools = _head({0: "cache-aware", 1: "random", 2: "random"})
     stream = await orch.open(PipelineRequest("r1", CHAT, [0], only=True))
     rid = _bound(pools[0], "r1")
-    usage = {"prompt_tokens": 30, "completion_tokens": 5, "cached_tokens": 12}
+    usage = Usage(prompt_tokens=30, completion_tokens=5, cached_tokens=12)
     chunk = OutputChunk("r1", 0, rid, 1, 0, "text", "hi", finished=True, usage=usage)
     orch.on_outputs([chunk])
     await collect(stream)
@@ -83,4 +84,4 @@ async def test_a_finished_stages_usage_counts_for_the_replica_that_served_it():
     assert (handle.prompt_tokens_total, handle.cached_tokens_total) == (30, 12)
     other = pools[0].replicas[1 - rid]
     assert (other.prompt_tokens_total, other.cached_tokens_total) == (0, 0)
-    assert stream.usage()["cached_tokens"] == 12
+    assert stream.usage().cached_tokens == 12

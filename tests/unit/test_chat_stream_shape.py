@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 from omnistage.api.routes.chat import _events, _Plan
 from omnistage.api.routes.common import ChunkShape
-from omnistage.protocol.messages import ChunkMeta, OutputChunk
+from omnistage.protocol.chunk_meta import ToolCallMeta
+from omnistage.protocol.messages import OutputChunk, Usage
 
 
 class _Stream:
@@ -17,8 +18,8 @@ class _Stream:
     def close(self) -> None:
         pass
 
-    def usage(self) -> dict[str, int]:
-        return {}
+    def usage(self) -> Usage:
+        return Usage()
 
 
 async def _outputs(chunks: list[OutputChunk]) -> AsyncIterator[OutputChunk]:
@@ -65,7 +66,7 @@ async def test_with_audio_the_text_is_the_transcript_and_audio_chunks_carry_data
 async def test_tool_call_pieces_stream_as_openai_tool_call_deltas() -> None:
     plan = _Plan(text=[0], audio=[], audio_format="")
     shape = ChunkShape("chatcmpl-7", "chat.completion.chunk", 0, "voice", False)
-    meta = ChunkMeta(index=0, name="get_weather")
+    meta = ToolCallMeta(index=0, name="get_weather")
     chunks = [
         OutputChunk("r", 0, 0, 1, 0, "tool_call", '{"city":', meta=meta),
         OutputChunk("r", 0, 0, 1, 1, "tool_call", '"Paris"}', meta=meta),

@@ -41,6 +41,7 @@ from omnistage.protocol.messages import (
     Ready,
     Resume,
     Shutdown,
+    Usage,
 )
 from omnistage.protocol.params import GenerationParams, SpeechParams, StageParams
 from omnistage.protocol.registration import ErrorReply, RegisterReply
@@ -102,7 +103,7 @@ SAMPLES: dict[type, msgspec.Struct] = {
         finished=True,
         finish_reason="stop",
         error=None,
-        usage={"prompt_tokens": 2, "completion_tokens": 5},
+        usage=Usage(prompt_tokens=2, completion_tokens=5),
     ),
     Heartbeat: Heartbeat(
         stage_id=1,
@@ -126,7 +127,7 @@ SAMPLES: dict[type, msgspec.Struct] = {
         request_id="chatcmpl-1",
         error=ErrorInfo(429, "stage 0 (x) is overloaded", "rate_limit_exceeded", None, "o"),
     ),
-    FrontDone: FrontDone(request_id="chatcmpl-1", usage={"prompt_tokens": 3}, error=None),
+    FrontDone: FrontDone(request_id="chatcmpl-1", usage=Usage(prompt_tokens=3), error=None),
     FrontClose: FrontClose(request_id="chatcmpl-1"),
     FrontInput: FrontInput(request_id="rt-1", data=b"\x01\x00", last=True),
     InputChunk: InputChunk(request_id="rt-1", attempt=1, seq=3, data=b"\x01\x00", last=False),

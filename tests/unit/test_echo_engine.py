@@ -13,7 +13,7 @@ from omnistage.engines import build_engine
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.echo import EchoEngine, split_even
 from omnistage.protocol.errors import EngineError
-from omnistage.protocol.messages import ChatMessage, Prompt
+from omnistage.protocol.messages import ChatMessage, Prompt, Usage
 from tests import params as P
 
 
@@ -53,7 +53,7 @@ async def test_source_request_yields_num_chunks_the_last_one_finished():
     assert "".join(c.text for c in chunks) == "hello there world [talker]"
     assert last.finished is True
     assert last.finish_reason == "stop"
-    assert last.usage == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert last.usage == Usage(prompt_tokens=3, completion_tokens=4)
 
 
 async def test_source_request_reads_last_user_message_from_chat():
@@ -91,7 +91,7 @@ async def test_downstream_request_passes_inputs_through_in_order_then_suffix():
     assert not any(c.finished for c in chunks[:-1])
     last = chunks[-1]
     assert last.finished and last.finish_reason == "stop"
-    assert last.usage == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert last.usage == Usage(prompt_tokens=3, completion_tokens=4)
 
 
 async def test_downstream_request_skips_empty_input_chunks():
@@ -105,7 +105,7 @@ async def test_downstream_request_with_no_inputs_yields_only_suffix():
     chunks = await collect(engine, EngineRequest("r", None, P.text(), no_inputs()))
     assert [c.text for c in chunks] == [" [vocoder]"]
     assert chunks[0].finished
-    assert chunks[-1].usage == {"prompt_tokens": 0, "completion_tokens": 1}
+    assert chunks[-1].usage == Usage(prompt_tokens=0, completion_tokens=1)
 
 
 async def test_fail_on_marker_in_prompt_raises_engine_error():

@@ -18,7 +18,7 @@ from omnistage.control.replica_table import ReplicaTable
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.echo import EchoEngine, SimulatedPrefixCache
 from omnistage.protocol import codec
-from omnistage.protocol.messages import ChatMessage, Heartbeat, Prompt, ReplicaState
+from omnistage.protocol.messages import ChatMessage, Heartbeat, Prompt, ReplicaState, Usage
 from omnistage.protocol.prefix import MAX_REPORTED, prefix_keys, prefix_weights
 from tests import params as P
 from tests.unit.fakes import FakeClock
@@ -40,7 +40,7 @@ def _chat(*contents: str) -> list[ChatMessage]:
     return [ChatMessage(role=roles[i % 2], content=c) for i, c in enumerate(contents)]
 
 
-async def _usage(engine: EchoEngine, messages: list[ChatMessage]) -> dict[str, int]:
+async def _usage(engine: EchoEngine, messages: list[ChatMessage]) -> Usage:
     request = EngineRequest("r", Prompt(messages=messages), P.text(), _no_inputs())
     chunks: list[EngineChunk] = [c async for c in engine.generate(request)]
     assert chunks[-1].usage is not None
@@ -50,16 +50,14 @@ async def _usage(engine: EchoEngine, messages: list[ChatMessage]) -> dict[str, i
 async def test_a_later_turn_reads_its_history_from_the_cache():
     engine = _engine(prefix_cache_entries=64)
     first = _chat("hello there")
-    assert await _usage(engine, first) == {
-        "prompt_tokens": prefix_weights(first)[-1],
-        "completion_tokens": 3,
-        "cached_tokens": 0,
-    }
+    assert await _usage(engine, first) == Usage(
+        prompt_tokens=prefix_weights(first)[-1], completion_tokens=3, cached_tokens=0
+    )
     second = _chat("hello there", "hi! how can I help?", "tell me a joke")
     usage = await _usage(engine, second)
     # The first turn's prompt is cached; the answer is not (an llm engine caches prompts).
-    assert usage["prompt_tokens"] == prefix_weights(second)[-1]
-    assert usage["cached_tokens"] == prefix_weights(first)[-1]
+    assert usage.prompt_tokens == prefix_weights(second)[-1]
+    assert usage.cached_tokens == prefix_weights(first)[-1]
 
 
 async def test_cached_prefixes_reports_every_prefix_most_recent_first_with_a_version():
@@ -91,7 +89,7 @@ async def test_without_the_cache_an_engine_reports_none_and_usage_counts_words()
     engine = _engine()
     assert engine.cached_prefixes() is None
     usage = await _usage(engine, _chat("three little words"))
-    assert usage == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert usage == Usage(prompt_tokens=3, completion_tokens=4)
 
 
 async def test_prefill_spends_cpu_only_on_what_the_cache_lacks():
@@ -111,7 +109,7 @@ async def test_a_prompt_without_messages_is_untouched_by_the_cache():
     engine = _engine(prefix_cache_entries=64, prefill_ms_per_char=1.0)
     request = EngineRequest("r", Prompt(text="plain words here"), P.text(), _no_inputs())
     chunks = [c async for c in engine.generate(request)]
-    assert chunks[-1].usage == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert chunks[-1].usage == Usage(prompt_tokens=3, completion_tokens=4)
     assert engine.cached_prefixes() == (0, ())
 
 

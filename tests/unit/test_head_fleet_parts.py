@@ -20,8 +20,9 @@ from omnistage.engines import build_engine
 from omnistage.head.gossip import HeadFleet
 from omnistage.protocol import codec
 from omnistage.protocol.enums import ErrorKind
-from omnistage.protocol.errors import IdConflict
+from omnistage.protocol.errors import IdConflict, ProtocolError
 from omnistage.protocol.messages import (
+    PROTOCOL_VERSION,
     AddRequest,
     HeadAnnounce,
     Prompt,
@@ -213,6 +214,17 @@ def _ask(master: Master, req: RegisterRequest) -> RegisterReply:
     frames = master.handle([b"peer", codec.encode_register_request(wire_map(req), None)])
     assert frames is not None and frames[0] == b"peer"
     return codec.decode_register_reply(frames[-1])
+
+
+def test_a_registration_of_another_protocol_version_is_refused_and_one_without_is_not() -> None:
+    master = _master([])
+    older = RegisterRequest(stage_id=0, replica_id=-1, protocol_version=PROTOCOL_VERSION - 1)
+    with pytest.raises(ProtocolError, match=f"this head speaks {PROTOCOL_VERSION}"):
+        _ask(master, older)
+    # A seed client states none: its map is the one this head reads.
+    assert _ask(master, RegisterRequest(stage_id=0, replica_id=-1)).replica_id == 0
+    stated = RegisterRequest(stage_id=0, replica_id=-1, protocol_version=PROTOCOL_VERSION)
+    assert _ask(master, stated).protocol_version == PROTOCOL_VERSION
 
 
 def test_a_head_refuses_an_id_another_head_gave_out_and_names_its_holder() -> None:

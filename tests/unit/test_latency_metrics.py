@@ -17,8 +17,9 @@ from omnistage.api.prometheus import Exposition
 from omnistage.api.remote import RemoteService
 from omnistage.config.load import load_config
 from omnistage.dataplane.latency import BUCKETS_S, Histogram, LatencyRecorder, LatencySnapshot
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.front import FrontSnapshot, PipelineRequest
-from omnistage.protocol.messages import ChunkMeta, OutputChunk
+from omnistage.protocol.messages import OutputChunk, Usage
 from omnistage.service import RequestCounts
 from tests.unit.fakes import FakeClock, FakeService
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
@@ -74,13 +75,13 @@ async def test_open_dispatch_first_chunk_and_finish_are_timed() -> None:
     clock.now += 0.2
     head.out(0, 0, 0, "a")
     clock.now += 0.3
-    head.out(0, 0, 1, "b", finished=True, usage={"completion_tokens": 4})
+    head.out(0, 0, 1, "b", finished=True, usage=Usage(completion_tokens=4))
     clock.now += 1.0
     head.out(1, 0, 0, "A", finished=True)
     clock.now += 0.5
     head.out(2, 0, 0, "x")  # a final text stage's first chunk: the first token
     clock.now += 2.0
-    head.out(2, 0, 1, "y", finished=True, usage={"completion_tokens": 7})
+    head.out(2, 0, 1, "y", finished=True, usage=Usage(completion_tokens=7))
     await collect(stream)
 
     assert observed(rec.stages["first_output"][0]) == [0.25]
@@ -124,7 +125,7 @@ async def test_audio_chunks_count_seconds_and_the_first_one_with_data() -> None:
     head, clock, rec = _head("echo-1stage", {0: 1})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     rid = head.replica_of(0)
-    meta = ChunkMeta(sample_rate=24000, format="pcm16")
+    meta = AudioMeta(sample_rate=24000, format="pcm16")
 
     def audio(seq: int, data: bytes, **kw: object) -> None:
         chunk = OutputChunk("r1", 0, rid, 1, seq, "audio", data=data, meta=meta, **kw)  # type: ignore[arg-type]

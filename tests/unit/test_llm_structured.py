@@ -24,8 +24,9 @@ from omnistage.engines.llm.tools import (  # noqa: E402
     chat_messages,
     plan_tools,
 )
+from omnistage.protocol.chunk_meta import ToolCallMeta  # noqa: E402
 from omnistage.protocol.errors import BadRequestError  # noqa: E402
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, TokenLogprob, ToolCall  # noqa: E402
+from omnistage.protocol.messages import ChatMessage, TokenLogprob, ToolCall, Usage  # noqa: E402
 from omnistage.protocol.params import (  # noqa: E402
     MAX_TOP_LOGPROBS,
     GenerationParams,
@@ -517,7 +518,7 @@ def _chunks(pieces: list[str], finish: str = "stop", logprobs: bool = False) -> 
         EngineChunk("text", text=p, logprobs=[_lp(p)] if logprobs and p else None) for p in pieces
     ]
     out[-1].finished, out[-1].finish_reason = True, finish
-    out[-1].usage = {"prompt_tokens": 3, "completion_tokens": len(pieces)}
+    out[-1].usage = Usage(prompt_tokens=3, completion_tokens=len(pieces))
     return out
 
 
@@ -540,11 +541,11 @@ def test_named_mode_streams_every_chunk_as_a_call_piece() -> None:
     assert all(len(step) == 1 for step in steps)  # nothing held back
     out = _flat(steps)
     assert all(c.modality == "tool_call" for c in out)
-    assert all(c.meta == ChunkMeta(index=0, name="get_weather") for c in out)
+    assert all(c.meta == ToolCallMeta(index=0, name="get_weather") for c in out)
     assert json.loads("".join(c.text for c in out)) == {"city": "Paris"}
     assert [c.finished for c in out] == [False, False, False, True]
     assert out[-1].finish_reason == "tool_calls"
-    assert out[-1].usage == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert out[-1].usage == Usage(prompt_tokens=3, completion_tokens=4)
     assert _logprob_tokens(out) == pieces[:3]
 
 
@@ -560,10 +561,10 @@ def test_required_mode_emits_one_compact_call_at_the_end() -> None:
     steps = _shape(CallShaper(plan), _chunks(pieces, logprobs=True))
     assert steps[:-1] == [[], []]
     (call,) = steps[-1]
-    assert call.modality == "tool_call" and call.meta == ChunkMeta(index=0, name="get_weather")
+    assert call.modality == "tool_call" and call.meta == ToolCallMeta(index=0, name="get_weather")
     assert call.text == '{"city":"Paris","unit":"c"}'
     assert call.finished and call.finish_reason == "tool_calls"
-    assert call.usage == {"prompt_tokens": 3, "completion_tokens": 3}
+    assert call.usage == Usage(prompt_tokens=3, completion_tokens=3)
     assert _logprob_tokens([call]) == pieces
 
 
@@ -597,10 +598,10 @@ def test_auto_mode_parses_a_call_whose_tag_arrives_split() -> None:
     assert steps[:-1] == [[], [], [], []]
     (call,) = steps[-1]
     assert call.modality == "tool_call"
-    assert call.meta == ChunkMeta(index=0, name="get_weather")
+    assert call.meta == ToolCallMeta(index=0, name="get_weather")
     assert call.text == '{"city":"Oslo"}'
     assert call.finished and call.finish_reason == "tool_calls"
-    assert call.usage == {"prompt_tokens": 3, "completion_tokens": 5}
+    assert call.usage == Usage(prompt_tokens=3, completion_tokens=5)
     assert _logprob_tokens([call]) == pieces
 
 
@@ -614,8 +615,8 @@ def test_auto_mode_parses_two_calls() -> None:
     assert steps[0] == []
     first, second = steps[1]
     assert [c.modality for c in (first, second)] == ["tool_call", "tool_call"]
-    assert first.meta == ChunkMeta(index=0, name="get_weather")
-    assert second.meta == ChunkMeta(index=1, name="get_time")
+    assert first.meta == ToolCallMeta(index=0, name="get_weather")
+    assert second.meta == ToolCallMeta(index=1, name="get_time")
     assert first.text == '{"city":"Rome"}'
     assert second.text == "{}"  # arguments written as a JSON string are parsed
     assert not first.finished and first.finish_reason is None
@@ -628,7 +629,7 @@ def test_auto_mode_parses_a_call_cut_off_before_its_closing_tag() -> None:
     plan = _plan({"tools": TOOLS})
     text = '<tool_call>\n{"name": "get_time", "arguments": {}}'
     (call,) = _flat(_shape(CallShaper(plan), _chunks([text], finish="length")))
-    assert call.modality == "tool_call" and call.meta == ChunkMeta(index=0, name="get_time")
+    assert call.modality == "tool_call" and call.meta == ToolCallMeta(index=0, name="get_time")
     assert call.finish_reason == "length"
 
 

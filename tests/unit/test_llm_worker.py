@@ -19,7 +19,7 @@ from omnistage.engines.llm.stream_pace import StreamPace
 from omnistage.engines.llm.worker import Batch, BatchLimits, LlmWorker, Sequence
 from omnistage.engines.torch_threads import TorchThread
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import TokenLogprob
+from omnistage.protocol.messages import TokenLogprob, Usage
 
 EOS = 15
 VOCAB = 16
@@ -179,7 +179,7 @@ def test_a_sequence_streams_a_chunk_per_token_and_stops_at_eos(thread: TorchThre
     out = _out(seq)
     assert [c.text for c in out.chunks] == ["l", "m", "n", "o", ""]
     assert out.last.finished and out.last.finish_reason == "stop"
-    assert out.last.usage == {"prompt_tokens": 2, "completion_tokens": 4, "cached_tokens": 0}
+    assert out.last.usage == Usage(prompt_tokens=2, completion_tokens=4, cached_tokens=0)
     assert not any(c.finished for c in out.chunks[:-1])
     assert batch.rows == 0 and worker.running == 0  # the finished row left the batch
 
@@ -331,7 +331,7 @@ def test_replay_and_labels_reach_prefill_and_cached_prompt_tokens_reach_usage(
     assert batch.prefills[0][:2] == ([1, 2, 3, 4, 12], 2)
     assert batch.labels == [{2: 77}]
     usage = _out(resumed).last.usage
-    assert usage == {"prompt_tokens": 3, "completion_tokens": 2 + 2, "cached_tokens": 3}
+    assert usage == Usage(prompt_tokens=3, completion_tokens=2 + 2, cached_tokens=3)
 
 
 def test_stop_ends_the_loop_and_frees_the_thread(thread: TorchThread) -> None:
@@ -369,7 +369,7 @@ def test_paced_text_goes_out_once_per_interval_with_the_first_and_last_at_once(
     # the end (20 ms) at once.
     assert [c.text for c in out.chunks] == ["l", "mno", ""]
     assert out.last.finished and out.last.finish_reason == "stop"
-    assert out.chunks[1].usage == {"prompt_tokens": 2, "completion_tokens": 4, "cached_tokens": 0}
+    assert out.chunks[1].usage == Usage(prompt_tokens=2, completion_tokens=4, cached_tokens=0)
 
 
 def test_held_text_goes_out_before_another_prefill_and_with_the_finish(
@@ -441,18 +441,20 @@ def test_stream_pace_merges_text_usage_and_logprobs() -> None:
     pace = StreamPace(0.010)
     first = TokenLogprob(token="a", logprob=-0.1, bytes=None, top_logprobs=[])
     second = TokenLogprob(token="b", logprob=-0.2, bytes=None, top_logprobs=[])
-    chunk = EngineChunk(Modality.TEXT, text="a", usage={"completion_tokens": 1}, logprobs=[first])
+    chunk = EngineChunk(Modality.TEXT, text="a", usage=Usage(completion_tokens=1), logprobs=[first])
     assert pace.offer(chunk, now=1.0) is chunk  # the first goes at once
-    later = EngineChunk(Modality.TEXT, text="b", usage={"completion_tokens": 2}, logprobs=[second])
+    later = EngineChunk(
+        Modality.TEXT, text="b", usage=Usage(completion_tokens=2), logprobs=[second]
+    )
     assert pace.offer(later, now=1.005) is None
     assert pace.take(now=1.006) == EngineChunk(
-        Modality.TEXT, text="b", usage={"completion_tokens": 2}, logprobs=[second]
+        Modality.TEXT, text="b", usage=Usage(completion_tokens=2), logprobs=[second]
     )
     assert pace.take(now=1.007) is None  # taken once
     # Held, then merged into the next one due (usage is the later's: it counts both).
     assert pace.offer(EngineChunk(Modality.TEXT, text="c", logprobs=[first]), now=1.010) is None
     out = pace.offer(later, now=1.017)
-    assert out is not None and (out.text, out.usage) == ("cb", {"completion_tokens": 2})
+    assert out is not None and (out.text, out.usage) == ("cb", Usage(completion_tokens=2))
     assert out.logprobs == [first, second]
     # A finish is never held.
     pace.offer(EngineChunk(Modality.TEXT, text="d"), now=1.018)

@@ -27,6 +27,7 @@ from omnistage.protocol.messages import (
     Reason,
     ReplicaState,
     Resume,
+    Usage,
     routing_id,
 )
 from omnistage.protocol.params import StageParams
@@ -338,7 +339,7 @@ async def test_the_tokens_behind_the_delivered_text_go_with_the_resume() -> None
     head = Head("echo-1stage", {0: 2})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
     failing = head.replica_of(0)
-    usage = {"prompt_tokens": 9, "completion_tokens": 3}
+    usage = Usage(prompt_tokens=9, completion_tokens=3)
     head.orch.on_outputs([OutputChunk("r1", 0, failing, 1, 0, "text", '{"a":', usage=usage)])
     head.channels.take()
     head.fail(0, failing)

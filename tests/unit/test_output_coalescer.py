@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omnistage.protocol.messages import OutputChunk
+from omnistage.protocol.messages import OutputChunk, Usage
 from omnistage.replica.outputs import OutputCoalescer
 
 
@@ -23,11 +23,11 @@ def test_consecutive_text_of_one_request_merges_into_one_chunk() -> None:
     c = OutputCoalescer()
     c.add(chunk("a", "hel"))
     c.add(chunk("a", "lo"))
-    c.add(chunk("a", "!", finished=True, finish_reason="stop", usage={"completion_tokens": 3}))
+    c.add(chunk("a", "!", finished=True, finish_reason="stop", usage=Usage(completion_tokens=3)))
     (out,) = c.drain()
     assert out.text == "hello!"
     assert out.finished and out.finish_reason == "stop"
-    assert out.usage == {"completion_tokens": 3}
+    assert out.usage == Usage(completion_tokens=3)
     assert out.seq == 0
 
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from omnistage.audio.formats import PCM, PCMU, AudioFormat
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, ChunkMeta
+from omnistage.protocol.messages import ChatMessage, Usage
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.events import ServerEvent
 from omnistage.realtime.replies import ResponseSettings
@@ -25,7 +26,7 @@ from tests.unit.fakes import FakeService, ScriptedStream, chunk, until
 
 THINKER, TALKER = 0, 1
 TTS_RATE = 22050
-AUDIO = ChunkMeta(sample_rate=TTS_RATE, format="pcm16")
+AUDIO = AudioMeta(sample_rate=TTS_RATE, format="pcm16")
 
 
 def settings(modality: str = "audio", fmt: AudioFormat = PCM, **kw: Any) -> ResponseSettings:
@@ -54,7 +55,7 @@ class Pipeline:
     """A fake service whose one request streams what the test puts."""
 
     def __init__(self) -> None:
-        self.stream = ScriptedStream(usage={"prompt_tokens": 7, "completion_tokens": 3})
+        self.stream = ScriptedStream(usage=Usage(prompt_tokens=7, completion_tokens=3))
         self.requests: list[PipelineRequest] = []
 
         async def opener(request: PipelineRequest) -> ScriptedStream:
@@ -248,8 +249,8 @@ async def test_a_failed_transcription_fails_the_response() -> None:
 async def test_tool_calls_become_function_call_items() -> None:
     r = Run(settings("text"))
     r.start()
-    weather = ChunkMeta(index=0, name="weather")
-    clock = ChunkMeta(index=1, name="time")
+    weather = ToolCallMeta(index=0, name="weather")
+    clock = ToolCallMeta(index=1, name="time")
     r.stream.put(
         chunk(THINKER, Modality.TOOL_CALL, '{"city": ', meta=weather),
         chunk(THINKER, Modality.TOOL_CALL, "{}", meta=clock),

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped, VadEvent
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChunkMeta
 from omnistage.realtime import audio_input
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
@@ -27,7 +27,7 @@ from omnistage.realtime.session import RealtimeSession
 from tests.unit.fakes import FakeService, ScriptedStream, chunk, ticks, until
 
 THINKER, TALKER, LISTENER = 0, 1, 2
-AUDIO = ChunkMeta(sample_rate=22050, format="pcm16")
+AUDIO = AudioMeta(sample_rate=22050, format="pcm16")
 
 
 class ScriptedVad:

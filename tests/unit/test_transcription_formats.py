@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from omnistage.api.transcripts import Segment, Transcript, render, srt, timestamp, vtt
-from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.chunk_meta import ChunkMeta, TextMeta
 
 
 def _segment(i: int, start: float, end: float, text: str) -> Segment:
@@ -124,7 +124,7 @@ def test_an_unknown_language_code_is_reported_as_given() -> None:
 
 
 def test_a_segment_round_trips_in_a_chunk_s_meta() -> None:
-    wire = msgspec.msgpack.encode(ChunkMeta(segment=SEGMENTS[1]))
+    wire = msgspec.msgpack.encode(TextMeta(segment=SEGMENTS[1]))
     assert msgspec.msgpack.decode(wire, type=ChunkMeta).segment == SEGMENTS[1]
 
 

@@ -29,6 +29,7 @@ from omnistage.api.routes.common import (
     text_call,
 )
 from omnistage.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.front import PipelineRequest
@@ -161,7 +162,7 @@ def _prompt(omni: PipelineService, body: ChatCompletionRequest) -> tuple[Prompt,
         return Prompt(messages=messages), None
     index, parts = heard[-1]
     param = f"messages.{index}.content"
-    if not omni.graph.stages_reading("audio"):
+    if not omni.graph.stages_reading(Modality.AUDIO):
         raise ApiError(
             400,
             f"pipeline {omni.config.pipeline!r} has no stage that takes audio input",
@@ -208,7 +209,7 @@ def _plan(omni: PipelineService, body: ChatCompletionRequest, text: list[int]) -
     modalities = set(body.modalities or ["text"])
     if "audio" not in modalities:
         return _Plan(text, [], "")
-    audio = omni.graph.finals_with({"audio"})
+    audio = omni.graph.finals_with({Modality.AUDIO})
     if not audio:
         raise ApiError(
             400,
@@ -291,8 +292,8 @@ class _Chunks:
             if not data:
                 return None
             return {"audio": {"id": self._audio_id, "data": base64.b64encode(data).decode()}}
-        if out.modality == _TOOL_CALL and out.meta:
-            return {"tool_calls": [self._call_delta(out)]}
+        if out.modality == _TOOL_CALL and isinstance(out.meta, ToolCallMeta):
+            return {"tool_calls": [self._call_delta(out, out.meta)]}
         if out.text and i in self._spoken:
             return {"audio": {"id": self._audio_id, "transcript": out.text}}
         if out.text:
@@ -302,20 +303,20 @@ class _Chunks:
     def _resampled(self, i: int, out: OutputChunk) -> bytes:
         encoder = self._pcm24.get(i)
         if encoder is None:
-            rate = (out.meta and out.meta.sample_rate) or DEFAULT_INPUT_RATE
+            meta = out.meta
+            rate = meta.sample_rate if isinstance(meta, AudioMeta) else DEFAULT_INPUT_RATE
             encoder = self._pcm24[i] = AudioEncoder("pcm16", rate)
         data = encoder.feed(out.data) if out.data else b""
         if out.finished:
             data += self._pcm24.pop(i).finish()
         return data
 
-    def _call_delta(self, out: OutputChunk) -> dict[str, Any]:
-        assert out.meta is not None
-        key = (out.stage_id, out.meta.index or 0)
+    def _call_delta(self, out: OutputChunk, meta: ToolCallMeta) -> dict[str, Any]:
+        key = (out.stage_id, meta.index)
         if key in self._started_calls:
             return {"index": key[1], "function": {"arguments": out.text}}
         self._started_calls.add(key)
-        call = _tool_call(self._shape.request_id, key[1], out.meta.name or "", out.text)
+        call = _tool_call(self._shape.request_id, key[1], meta.name, out.text)
         return {"index": key[1], **call}
 
     def _stage_finished(self, i: int, out: OutputChunk) -> list[bytes]:

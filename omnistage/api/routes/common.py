@@ -17,9 +17,10 @@ from omnistage.api.schemas.completions import CompletionRequest
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.api.streaming import SSE_DONE, ClientDisconnectedError, sse, unless_disconnected
 from omnistage.jobs.state import Persistence
-from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
+from omnistage.protocol.enums import EngineName, FinishReason, Modality
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
-from omnistage.protocol.messages import OutputChunk, TokenLogprob
+from omnistage.protocol.messages import OutputChunk, TokenLogprob, Usage
 from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
 from omnistage.service import OutputStream, PipelineService
 
@@ -117,13 +118,13 @@ def text_call(
         raise ApiError(400, "n > 1 is not supported by this pipeline", "invalid_request_error", "n")
     if refuse is not None:
         refuse(body)
-    text = omni.graph.finals_with({"text"})
+    text = omni.graph.finals_with({Modality.TEXT})
     if not text:
         raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
     return omni, text
 
 
-def engine_stages(omni: PipelineService, engine: str, missing: str, code: str) -> list[Any]:
+def engine_stages(omni: PipelineService, engine: EngineName, missing: str, code: str) -> list[Any]:
     """The pipeline's stages running ``engine``; none is a 404 saying ``missing``."""
     stages = [s for s in omni.config.stages if s.engine == engine]
     if not stages:
@@ -171,15 +172,15 @@ class Collected:
     def add(self, out: OutputChunk) -> None:
         if out.text and out.modality == _TEXT:
             self.text.setdefault(out.stage_id, []).append(out.text)
-        if out.modality == _TOOL_CALL and out.meta:
+        if out.modality == _TOOL_CALL and isinstance(out.meta, ToolCallMeta):
             calls = self.calls.setdefault(out.stage_id, {})
-            _, pieces = calls.setdefault(out.meta.index or 0, (out.meta.name or "", []))
+            _, pieces = calls.setdefault(out.meta.index, (out.meta.name, []))
             pieces.append(out.text)
         if out.logprobs:
             self.logprobs.setdefault(out.stage_id, []).extend(out.logprobs)
         if out.data and out.modality == _AUDIO:
             self.audio.setdefault(out.stage_id, []).append(out.data)
-        if out.meta and out.meta.sample_rate:
+        if isinstance(out.meta, AudioMeta):
             self.sample_rate[out.stage_id] = out.meta.sample_rate
         if out.finished:
             self.finish[out.stage_id] = out.finish_reason or _STOP
@@ -263,7 +264,7 @@ class ChunkShape:
     model: str
     include_usage: bool
 
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
         body: dict[str, Any] = {
             "id": self.request_id,
             "object": self.object,
@@ -276,13 +277,17 @@ class ChunkShape:
         return sse(body)
 
 
-def openai_usage(usage: dict[str, int]) -> dict[str, Any]:
+def openai_usage(usage: Usage) -> dict[str, Any]:
     """A request's token counts as chat and completions report them: a prefix cache's
     share of the prompt as ``prompt_tokens_details.cached_tokens``, where an engine
     keeps one (OpenAI's field; clients and aiperf read it)."""
-    body: dict[str, Any] = {k: v for k, v in usage.items() if k != "cached_tokens"}
-    if "cached_tokens" in usage:
-        body["prompt_tokens_details"] = {"cached_tokens": usage["cached_tokens"]}
+    body: dict[str, Any] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+    if usage.cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
     return body
 
 

@@ -36,6 +36,7 @@ from omnistage.api.routes.images import answer, seeded_params
 from omnistage.api.schemas.images import EDIT_FORM_DOC, ImageEditForm
 from omnistage.engines.image.edits import check_edit
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
+from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import ApiError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, Prompt
@@ -60,7 +61,7 @@ _MAX_FILES = 16 + 1
 async def edits(request: Request) -> Response:
     omni = service(request)
     missing = f"image stage (engine diffusion); {PATH} needs one (e.g. the painter pipeline)"
-    stages = engine_stages(omni, "diffusion", missing, "no_image_stage")
+    stages = engine_stages(omni, EngineName.DIFFUSION, missing, "no_image_stage")
     form = await request.form(max_files=_MAX_FILES, max_fields=64)
     try:
         fields, images, mask = await _read_form(form)

@@ -45,10 +45,11 @@ from omnistage.api.schemas.images import ImageFields, ImageGenerationRequest
 from omnistage.api.streaming import sse
 from omnistage.config.engine_args import DiffusionArgs
 from omnistage.config.schema import StageConfig
-from omnistage.protocol.enums import Modality
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta
+from omnistage.protocol.enums import EngineName, Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.image_params import image_job
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, OutputChunk, Prompt
+from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, Usage
 from omnistage.protocol.params import (
     NO_PARAMS,
     SEED_LIMIT,
@@ -117,7 +118,7 @@ def image_stage(omni: PipelineService, wanted: str | None, path: str) -> StageCo
     missing = (
         f"image stage (engine diffusion); {path} needs one (e.g. the built-in painter pipeline)"
     )
-    stages = engine_stages(omni, "diffusion", missing, "no_image_stage")
+    stages = engine_stages(omni, EngineName.DIFFUSION, missing, "no_image_stage")
     return pick_stage(omni, stages, wanted, "image stage", "no_image_stage")  # type: ignore[no-any-return]
 
 
@@ -128,9 +129,9 @@ def _writers(omni: PipelineService, painter: StageConfig) -> list[int]:
     ]
 
 
-def usage_body(usage: dict[str, int]) -> dict[str, Any]:
+def usage_body(usage: Usage) -> dict[str, Any]:
     """OpenAI's image usage: input is the prompt's tokens, output the revised prompt's."""
-    read, wrote = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    read, wrote = usage.prompt_tokens, usage.completion_tokens
     return {
         "input_tokens": read,
         "input_tokens_details": {"text_tokens": read, "image_tokens": 0},
@@ -145,23 +146,21 @@ class ImageSink:
     """A whole request's outputs: the revised prompt and the images, in order."""
 
     revised: list[str] = field(default_factory=list)
-    images: dict[int, tuple[bytes, ChunkMeta]] = field(default_factory=dict)
+    images: dict[int, tuple[bytes, ImageMeta]] = field(default_factory=dict)
     wrote: bool = False  # some stage before the image stage ran
 
     def add(self, out: OutputChunk) -> None:
         if out.modality == Modality.TEXT:
             self.wrote = True
             self.revised.append(out.text)
-        elif out.data and out.meta:
+        elif out.data and isinstance(out.meta, ImageMeta):
             index = out.meta.index if out.meta.index is not None else len(self.images)
             self.images[index] = (out.data, out.meta)
 
     def revised_prompt(self) -> str | None:
         return "".join(self.revised).strip() if self.wrote else None
 
-    def response(
-        self, size: str | None, output_format: str, usage: dict[str, int]
-    ) -> dict[str, Any]:
+    def response(self, size: str | None, output_format: str, usage: Usage) -> dict[str, Any]:
         """OpenAI's answer: ``size`` as asked until an image says what it is."""
         revised = self.revised_prompt()
         data = []
@@ -196,10 +195,10 @@ class ImageEvents:
     def render(self, out: OutputChunk) -> list[bytes]:
         self._got.add(out)
         meta = out.meta
-        if out.modality == Modality.TEXT or meta is None:
-            return []
-        if not out.data:
+        if isinstance(meta, ProgressMeta):
             return [sse({"type": f"{self._kind}.progress", **_progress(meta)})]
+        if out.modality == Modality.TEXT or not out.data or not isinstance(meta, ImageMeta):
+            return []
         event: dict[str, Any] = {
             "type": f"{self._kind}.completed",
             "b64_json": base64.b64encode(out.data).decode(),
@@ -218,5 +217,5 @@ class ImageEvents:
         return [sse(event)]
 
 
-def _progress(meta: ChunkMeta) -> dict[str, Any]:
+def _progress(meta: ProgressMeta) -> dict[str, Any]:
     return {"image_index": meta.index or 0, "step": meta.step, "steps": meta.steps}

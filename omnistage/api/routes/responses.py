@@ -4,7 +4,7 @@ The request becomes a chat prompt (see ``api.response_runs``). Structured output
 function tools reach the text stage in the chat shape, in its stage params
 (``response_format``, ``tools``, ``tool_choice``). What the stage writes becomes one
 ``message`` output item; each call it makes (chunks of modality "tool_call": a piece of
-the call's JSON arguments, ``meta.index`` and ``.name``) a ``function_call`` item.
+the call's JSON arguments, its ``ToolCallMeta`` naming the call) a ``function_call`` item.
 
 Responses are stored (``store``, default true, as OpenAI): ``previous_response_id``
 continues a stored conversation, and /v1/responses/{id} reads it back (see
@@ -41,7 +41,7 @@ from omnistage.jobs.state import Persistence
 from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.messages import OutputChunk
 from omnistage.service import OutputStream
-from omnistage.store.records import Job, JobKind
+from omnistage.store.records import Job, JobKind, ResponseStatus
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -81,7 +81,7 @@ async def _queue(
     persist: Persistence, turn: Turn, shape: ResponseShape, asked: ResponsesRequest, sid: int
 ) -> Response:
     """A background response: stored queued, and a job the runner will run."""
-    queued = shape.body("queued")
+    queued = shape.body(ResponseStatus.QUEUED)
     spec = {
         "body": asked.model_dump(mode="json", exclude_none=True, by_alias=True),
         "previous_response_id": asked.previous_response_id,

@@ -27,6 +27,8 @@ from omnistage.api.routes.common import (
     streaming_response,
 )
 from omnistage.api.schemas.speech import SpeechRequest
+from omnistage.protocol.chunk_meta import AudioMeta
+from omnistage.protocol.enums import EngineName
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import OutputChunk, Prompt
 from omnistage.protocol.params import SpeechParams, StageParams
@@ -48,7 +50,7 @@ async def speech(request: Request) -> Response:
 
 
 def _tts_stage(omni: PipelineService, wanted: str | None) -> int:
-    stages = engine_stages(omni, "tts", "TTS stage", "no_tts_stage")
+    stages = engine_stages(omni, EngineName.TTS, "TTS stage", "no_tts_stage")
     return int(pick_stage(omni, stages, wanted, "TTS stage", "no_tts_stage").stage_id)
 
 
@@ -59,7 +61,7 @@ async def _audio(
     encoder: AudioEncoder | None = None
     try:
         async for out in outputs:
-            if encoder is None and out.meta and out.meta.sample_rate:
+            if encoder is None and isinstance(out.meta, AudioMeta):
                 encoder = AudioEncoder(fmt, out.meta.sample_rate)
                 if fmt == "wav":
                     yield encoder.feed(b"")  # the header, as soon as the rate is known

@@ -14,7 +14,7 @@ from omnistage.api.owner import owner_of
 from omnistage.api.routes.common import json_response, persistence
 from omnistage.jobs.state import Persistence
 from omnistage.protocol.errors import ApiError
-from omnistage.store.records import JobKind, JobStatus, StoredResponse
+from omnistage.store.records import JobKind, JobStatus, ResponseStatus, StoredResponse
 
 router = APIRouter()
 
@@ -42,7 +42,7 @@ async def get_response(request: Request, response_id: str, stream: bool = False)
             "stream",
         )
     stored = await _stored(request, response_id)
-    if stored.status in ("queued", "in_progress"):
+    if stored.status.running:
         stored = await _settled(persistence(request), stored)
     return json_response(stored.body)
 
@@ -56,9 +56,10 @@ async def _settled(persist: Persistence, stored: StoredResponse) -> StoredRespon
         return stored
     if job is not None and job.status == JobStatus.COMPLETED:
         return stored  # its handler stores the final body before the job completes
-    status = "cancelled" if job is not None and job.status == JobStatus.CANCELLED else "failed"
+    cancelled = job is not None and job.status == JobStatus.CANCELLED
+    status = ResponseStatus.CANCELLED if cancelled else ResponseStatus.FAILED
     error = None
-    if status == "failed":
+    if status == ResponseStatus.FAILED:
         error = (job.error if job is not None else None) or {
             "code": "interrupted",
             "message": "the response's job was lost before it finished",
@@ -138,9 +139,9 @@ async def cancel_response(request: Request, response_id: str) -> Response:
             "response_id",
         )
     job = await persist.store.cancel_job(response_id, owner, time.time())
-    if stored.status in ("queued", "in_progress") and job is not None:
+    if stored.status.running and job is not None:
         # The runner stops at its next renewal and stores nothing after this.
-        stored.body = {**stored.body, "status": "cancelled"}
-        stored.status = "cancelled"
+        stored.body = {**stored.body, "status": ResponseStatus.CANCELLED}
+        stored.status = ResponseStatus.CANCELLED
         await persist.store.put_response(stored)
     return json_response(stored.body)

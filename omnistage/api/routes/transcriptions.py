@@ -42,7 +42,9 @@ from omnistage.api.transcripts import (
     Transcript,
     render,
 )
+from omnistage.protocol.chunk_meta import TextMeta
 from omnistage.protocol.codec import MAX_MESSAGE_BYTES
+from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import ApiError, as_api_error, error_body
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import OutputChunk, Prompt
@@ -62,7 +64,9 @@ _MAX_AUDIO_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 @router.post(PATH, openapi_extra=FORM_DOC)
 async def transcriptions(request: Request) -> Response:
     omni = service(request)
-    stages = engine_stages(omni, "asr", "ASR stage: transcriptions are not served", "no_asr_stage")
+    stages = engine_stages(
+        omni, EngineName.ASR, "ASR stage: transcriptions are not served", "no_asr_stage"
+    )
     form = await request.form(max_files=1, max_fields=64)
     try:
         fields, audio, audio_format = await _read_form(form)
@@ -141,7 +145,7 @@ class _Heard:
 
     def add(self, out: OutputChunk) -> None:
         meta = out.meta
-        if meta is None:
+        if not isinstance(meta, TextMeta):
             return
         if meta.segment is not None:
             self.segments.append(meta.segment)

@@ -36,6 +36,7 @@ from omnistage.api.routes.common import (
 from omnistage.api.schemas.videos import VideoCreateRequest
 from omnistage.config.engine_args import VideoArgs
 from omnistage.jobs.video import input_key, media_keys, video_object
+from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import ApiError
 from omnistage.protocol.params import SEED_LIMIT
 from omnistage.protocol.video_params import video_job
@@ -51,7 +52,7 @@ _VARIANTS = {"video": ("video", "video/mp4"), "thumbnail": ("thumbnail", "image/
 def video_stage(request: Request, wanted: str | None = None) -> int:
     omni = service(request)
     missing = "video stage (engine video); /v1/videos needs one (e.g. the built-in video pipeline)"
-    stages = engine_stages(omni, "video", missing, "no_video_stage")
+    stages = engine_stages(omni, EngineName.VIDEO, missing, "no_video_stage")
     return int(pick_stage(omni, stages, wanted, "video stage", "no_video_stage").stage_id)
 
 

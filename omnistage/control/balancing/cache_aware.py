@@ -30,6 +30,7 @@ from typing import Protocol
 
 from omnistage.control.balancing.base import ReplicaLoad, RouteReason
 from omnistage.control.balancing.least_queue import LeastQueueLengthPolicy
+from omnistage.protocol.enums import LbPolicy
 
 
 class CachedLoad(ReplicaLoad, Protocol):
@@ -49,7 +50,7 @@ def load_bound(live: int, in_flight: int, least_candidate: int) -> int:
 
 
 class CacheAwarePolicy:
-    name = "cache-aware"
+    name = LbPolicy.CACHE_AWARE
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()

@@ -4,6 +4,7 @@ import random
 from collections.abc import Sequence
 
 from omnistage.control.balancing.base import ReplicaLoad, load_of
+from omnistage.protocol.enums import LbPolicy
 
 
 class LeastQueueLengthPolicy:
@@ -14,7 +15,7 @@ class LeastQueueLengthPolicy:
     live count moves with every dispatch. Ties break at random so equal replicas share.
     """
 
-    name = "least-queue-length"
+    name = LbPolicy.LEAST_QUEUE_LENGTH
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()

@@ -4,6 +4,7 @@ import random
 from collections.abc import Sequence
 
 from omnistage.control.balancing.base import ReplicaLoad, load_of
+from omnistage.protocol.enums import LbPolicy
 
 
 class PowerOfTwoPolicy:
@@ -13,7 +14,7 @@ class PowerOfTwoPolicy:
     converging on the same replica when counts are equal or stale.
     """
 
-    name = "power-of-two"
+    name = LbPolicy.POWER_OF_TWO
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()

@@ -4,10 +4,11 @@ import random
 from collections.abc import Sequence
 
 from omnistage.control.balancing.base import ReplicaLoad
+from omnistage.protocol.enums import LbPolicy
 
 
 class RandomPolicy:
-    name = "random"
+    name = LbPolicy.RANDOM
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()

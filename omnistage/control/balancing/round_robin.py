@@ -3,13 +3,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from omnistage.control.balancing.base import ReplicaLoad
+from omnistage.protocol.enums import LbPolicy
 
 
 class RoundRobinPolicy:
     """Cycles through the candidates. The counter is per pool, so when the candidate
     list changes (a replica joins or dies) the rotation continues over the new list."""
 
-    name = "round-robin"
+    name = LbPolicy.ROUND_ROBIN
 
     def __init__(self) -> None:
         self._next = 0

@@ -5,8 +5,8 @@ waits for all of its upstream text and draws that. A request asks for ``n`` imag
 image i is drawn with seed ``seed + i`` from a CPU ``torch.Generator``, so the same
 request gives the same bytes on any replica (the images route fixes the seed before the
 request runs; without one the engine draws a random one and reports it). Each image is one
-output chunk: the encoded file in ``data``, ``meta = {"format", "width", "height",
-"seed", "index"}``; the last one is finished and carries the usage.
+output chunk: the encoded file in ``data``, an ``ImageMeta`` (format, size, seed, index)
+in ``meta``; the last one is finished and carries the usage.
 
 A prompt with ``images`` is an edit (POST /v1/images/edits): image-to-image from its
 (single) image, or inpainting where its ``mask`` is transparent, each on a variant of the
@@ -15,8 +15,8 @@ loaded pipeline over the same weights, built on first use per slot and kept (see
 ``max_generated_image_size``; the source is resized to the size drawn.
 
 Slots, progress and abort are the shared ``denoising`` engine's: with the param
-``progress`` every denoising step also streams a chunk with no data and
-``meta = {"step", "steps", "index"}`` (an edit's ``steps`` are those it runs).
+``progress`` every denoising step also streams a chunk with no data and a
+``ProgressMeta`` (step, steps, index; an edit's ``steps`` are those it runs).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest
 from omnistage.engines.image import diffusers_pipe as dp
 from omnistage.engines.image.denoising import DenoisingEngine, Slot, missing_model_message
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.image_params import ImageJob, image_job, output_size
-from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import SEED_LIMIT, StageParams
 
 __all__ = ["DiffusionEngine", "missing_model_message"]
@@ -97,7 +98,7 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
         max_pixels = self.args.max_generated_image_size
         width, height = output_size(job.size, source, info.default_size, max_pixels)
         modality = self.stage.output_modality
-        usage = {"prompt_tokens": dp.count_tokens(self._pipe, prompt), "completion_tokens": 0}
+        usage = Usage(dp.count_tokens(self._pipe, prompt))
         for index in range(job.n):
             seed = (base_seed + index) % SEED_LIMIT
             drawing = self._drawing(job, prompt, (width, height), seed, edit)
@@ -137,7 +138,7 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
         name = f"{request_id} image {index + 1}/{job.n}"
         generation = await self._generation(drawing, job.progress, lambda: name)
         async for step, steps in generation:
-            meta = ChunkMeta(step=step, steps=steps, index=index)
+            meta = ProgressMeta(step, steps, index)
             yield EngineChunk(Modality.IMAGE, meta=meta)
         data = generation.result()
         self.progress += 1
@@ -150,7 +151,7 @@ class DiffusionEngine(DenoisingEngine[dp.PipelineInfo, dp.Drawing, bytes]):
             time.perf_counter() - started,
             drawing.seed,
         )
-        meta = ChunkMeta(
+        meta = ImageMeta(
             format=drawing.output_format,
             width=drawing.width,
             height=drawing.height,

@@ -22,6 +22,7 @@ from omnistage.engines.llm.worker import BatchLimits, LlmWorker, Sequence
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, cores, thread_ladder
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import EngineError
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import StageParams
 
 log = logging.getLogger(__name__)
@@ -129,11 +130,7 @@ class LlmEngine(Engine):
         worker, inputs = self._started()
         req = inputs.process(request, await upstream_text(request.inputs))
         if req.already_done:
-            usage = {
-                "prompt_tokens": len(req.prompt_ids),
-                "completion_tokens": req.resume.tokens,
-                "cached_tokens": 0,
-            }
+            usage = Usage(len(req.prompt_ids), req.resume.tokens, cached_tokens=0)
             yield EngineChunk(
                 Modality.TEXT, finished=True, finish_reason=FinishReason.LENGTH, usage=usage
             )

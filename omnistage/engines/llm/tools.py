@@ -27,9 +27,10 @@ from typing import Any
 
 from omnistage.engines.base import EngineChunk
 from omnistage.engines.llm.guided import dumps
+from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, ChunkMeta, TokenLogprob
+from omnistage.protocol.messages import ChatMessage, TokenLogprob
 from omnistage.protocol.params import GenerationParams
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
@@ -230,7 +231,7 @@ class CallShaper:
     def _call_piece(self, chunk: EngineChunk) -> EngineChunk:
         assert self.plan.named is not None
         chunk.modality = Modality.TOOL_CALL
-        chunk.meta = ChunkMeta(index=0, name=self.plan.named.name)
+        chunk.meta = ToolCallMeta(0, self.plan.named.name)
         if chunk.finished and chunk.finish_reason == FinishReason.STOP:
             chunk.finish_reason = FinishReason.TOOL_CALLS
         return chunk
@@ -249,9 +250,7 @@ class CallShaper:
             return [last]
         out = []
         for i, (name, arguments) in enumerate(found):
-            chunk = EngineChunk(
-                Modality.TOOL_CALL, text=arguments, meta=ChunkMeta(index=i, name=name)
-            )
+            chunk = EngineChunk(Modality.TOOL_CALL, text=arguments, meta=ToolCallMeta(i, name))
             out.append(chunk)
         out[-1].finished = True
         if last.finish_reason == FinishReason.STOP:

@@ -40,7 +40,7 @@ from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import chat_messages, plan_tools
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import Prompt, TokenLogprob, TopLogprob
+from omnistage.protocol.messages import Prompt, TokenLogprob, TopLogprob, Usage
 from omnistage.protocol.params import GenerationParams, StageParams
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class VllmEngine(Engine):
         self._check_length(len(ids) + len(prior))
         if prior and done >= params.max_tokens:
             # The failed replica had generated everything but the final message.
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
+            usage = Usage(prompt_tokens, done)
             yield EngineChunk(
                 Modality.TEXT, finished=True, finish_reason=FinishReason.LENGTH, usage=usage
             )
@@ -191,11 +191,11 @@ class VllmEngine(Engine):
                 if skip and out.finished:
                     raise _Diverged("the seeded replay ended before the delivered text")
                 logprobs = None if skip else _logprobs(piece, params.logprobs)
-                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}
+                usage = Usage(prompt_tokens, completion)
                 if out.finished:
                     reason = (
                         FinishReason.LENGTH
-                        if piece.finish_reason == "length"
+                        if piece.finish_reason == FinishReason.LENGTH
                         else FinishReason.STOP
                     )
                     yield EngineChunk(

@@ -31,7 +31,7 @@ from omnistage.engines.llm.sampling import Sampler
 from omnistage.engines.llm.stream_pace import StreamPace
 from omnistage.engines.torch_threads import ThreadTuner, TorchThread, use_threads
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import TokenLogprob, TopLogprob
+from omnistage.protocol.messages import TokenLogprob, TopLogprob, Usage
 
 log = logging.getLogger(__name__)
 
@@ -347,13 +347,10 @@ class LlmWorker:
                 seq.deliver(exc)
 
 
-def _usage(seq: Sequence) -> dict[str, int]:
+def _usage(seq: Sequence) -> Usage:
     prompt = seq.prompt_tokens or len(seq.prompt_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": seq.prior_tokens + len(seq.generated),
-        "cached_tokens": min(seq.cached_tokens, prompt),
-    }
+    generated = seq.prior_tokens + len(seq.generated)
+    return Usage(prompt, generated, cached_tokens=min(seq.cached_tokens, prompt))
 
 
 def _logprob(seq: Sequence, token: int) -> TokenLogprob:

@@ -6,10 +6,10 @@ the upstream's pcm16 chunks. Upstream audio is gathered until the upstream finis
 Whisper reads 30 s windows, not a live stream.
 
 Output: one text chunk per segment as Whisper decodes it (a 30 s window at a time, its
-segments together), each with ``meta.segment`` (OpenAI's verbose_json
-segment: id from 0, seek, start, end, text, tokens, temperature, avg_logprob,
-compression_ratio, no_speech_prob); then a last chunk without text whose meta holds
-``language`` (a code, "en") and ``duration`` (seconds of audio), with usage.
+segments together), each with a ``TextMeta`` whose ``segment`` is OpenAI's verbose_json
+segment (id from 0, seek, start, end, text, tokens, temperature, avg_logprob,
+compression_ratio, no_speech_prob); then a last chunk without text whose ``TextMeta``
+holds ``language`` (a code, "en") and ``duration`` (seconds of audio), with usage.
 
 A streamed input (``EngineRequest.prompt_chunks``) of raw pcm16 (``Prompt.audio_format``
 "pcm16" at ``Prompt.sample_rate``) is transcribed while it arrives: cut at its pauses
@@ -43,9 +43,10 @@ from omnistage.config.engine_args import AsrArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, joined_prompt
 from omnistage.engines.speech.whisper_short import ShortInfo, ShortResult, transcribe_short
+from omnistage.protocol.chunk_meta import AudioMeta, Segment, TextMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta, Segment
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import StageParams, TranscriptionParams
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class AsrEngine(Engine):
                 yield EngineChunk(
                     Modality.TEXT,
                     text=segment.text,
-                    meta=ChunkMeta(segment=_segment(index, segment, info.duration)),
+                    meta=TextMeta(segment=_segment(index, segment, info.duration)),
                 )
                 index += 1
                 # The replica merges text chunks made in one loop tick into one message,
@@ -158,8 +159,8 @@ class AsrEngine(Engine):
                 Modality.TEXT,
                 finished=True,
                 finish_reason=FinishReason.STOP,
-                usage={"prompt_tokens": 0, "completion_tokens": tokens},
-                meta=ChunkMeta(language=info.language, duration=round(info.duration, 3)),
+                usage=Usage(0, tokens),
+                meta=TextMeta(language=info.language, duration=round(info.duration, 3)),
             )
         finally:
             job.stop.set()
@@ -205,8 +206,8 @@ class AsrEngine(Engine):
                 Modality.TEXT,
                 finished=True,
                 finish_reason=FinishReason.STOP,
-                usage={"prompt_tokens": 0, "completion_tokens": tokens},
-                meta=ChunkMeta(language=language or "en", duration=round(feed.duration_s, 3)),
+                usage=Usage(0, tokens),
+                meta=TextMeta(language=language or "en", duration=round(feed.duration_s, 3)),
             )
         finally:
             reader.cancel()
@@ -335,8 +336,8 @@ async def _source(request: EngineRequest) -> bytes:
     pcm = bytearray()
     rate = 0
     async for item in request.inputs:
-        if item.modality == Modality.AUDIO and item.data and item.meta:
-            if (item.meta.format or "pcm16") != "pcm16":
+        if item.modality == Modality.AUDIO and item.data and isinstance(item.meta, AudioMeta):
+            if item.meta.format != "pcm16":
                 raise EngineError(f"asr reads pcm16 audio from upstream, got {item.meta}")
             rate = item.meta.sample_rate or rate
             pcm += item.data
@@ -441,4 +442,4 @@ def _streamed_chunk(index: int, segment: Any, duration: float, stretch: Stretch)
     from omnistage.engines.speech.asr_stream import shifted
 
     seg = shifted(_segment(index, segment, duration), stretch.start_s, index > 0)
-    return EngineChunk(Modality.TEXT, text=seg.text, meta=ChunkMeta(segment=seg))
+    return EngineChunk(Modality.TEXT, text=seg.text, meta=TextMeta(segment=seg))

@@ -21,7 +21,7 @@ import numpy as np
 
 from omnistage.audio.resample import StreamResampler
 from omnistage.audio.vad import WINDOW, SileroVad, WindowScorer
-from omnistage.protocol.messages import Segment
+from omnistage.protocol.chunk_meta import Segment
 
 RATE = 16_000  # what Whisper and the VAD read
 # Realtime's pcm rate: what raw pcm16 without a stated rate is taken to be.

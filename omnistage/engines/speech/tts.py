@@ -3,7 +3,7 @@
 A source stage speaks its prompt; a downstream stage speaks its upstream text as it
 streams in, one sentence at a time, so the first sentence is audible while the rest is
 still being written. Each output chunk holds one sentence's raw PCM (little-endian
-int16, mono) with ``meta`` giving ``sample_rate``, ``format`` "pcm16" and ``voice``; packing it
+int16, mono) with an ``AudioMeta`` giving its ``sample_rate`` and ``voice``; packing it
 into a container (WAV, ...) is the API layer's business.
 
 Synthesis runs in worker threads, at most ``max_concurrent`` at once, so the replica's
@@ -39,9 +39,10 @@ from omnistage.engines.priority_slots import PrioritySlots
 from omnistage.engines.speech.sentences import StreamedPieces, prompt_pieces
 from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
+from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
-from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import StageParams
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class TtsEngine(Engine):
         voice = self._catalog().resolve(params.voice)
         length_scale = self._length_scale(params.speed)
         piper_voice = await self._voice(voice)
-        meta = ChunkMeta(sample_rate=voice.sample_rate, format="pcm16", voice=voice.id)
+        meta = AudioMeta(voice.sample_rate, voice=voice.id)
         modality = self.stage.output_modality
         words_in = 0
 
@@ -154,7 +155,7 @@ class TtsEngine(Engine):
             if finished:
                 chunk.finished = True
                 chunk.finish_reason = FinishReason.STOP
-                chunk.usage = {"prompt_tokens": words_in, "completion_tokens": 0}
+                chunk.usage = Usage(words_in)
             return chunk
 
         if request.prompt is not None:

@@ -7,12 +7,11 @@ and the chunks report the count made. The seed drives a CPU ``torch.Generator``,
 same request gives the same bytes on any replica (without one the engine draws a random
 one and reports it). Output, in order:
 
-- with the param ``progress``, a chunk per denoising step: no data,
-  ``meta = {"step", "steps"}``;
-- the first frame as a thumbnail, an IMAGE chunk: PNG bytes,
-  ``meta = {"format": "png", "width", "height"}``;
-- the video, the finished VIDEO chunk with the usage: MP4 bytes (H.264, 4:2:0),
-  ``meta = {"format": "mp4", "width", "height", "frames", "fps", "seed"}``.
+- with the param ``progress``, a chunk per denoising step: no data, a ``ProgressMeta``;
+- the first frame as a thumbnail, an IMAGE chunk: PNG bytes, an ``ImageMeta`` (format
+  "png", width, height);
+- the video, the finished VIDEO chunk with the usage: MP4 bytes (H.264, 4:2:0), a
+  ``VideoMeta`` (width, height, frames, fps, seed).
 
 A pipeline whose ``__call__`` takes ``image`` animates the prompt's first image
 (``Prompt.images[0]``, resized to the video's size); any other refuses images with a 400
@@ -36,9 +35,10 @@ from omnistage.engines.base import EngineChunk, EngineRequest
 from omnistage.engines.image.denoising import DenoisingEngine, Slot
 from omnistage.engines.image.diffusers_pipe import StepHook, count_tokens
 from omnistage.engines.video import pipe as vp
+from omnistage.protocol.chunk_meta import ImageMeta, ProgressMeta, VideoMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChunkMeta
+from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import SEED_LIMIT, StageParams, VideoParams
 from omnistage.protocol.video_params import EVEN, VideoJob, video_job
 
@@ -106,7 +106,7 @@ class VideoEngine(DenoisingEngine[vp.VideoInfo, vp.Clip, vp.Video]):
         name = f"{request.request_id} video"
         generation = await self._generation(clip, job.progress, lambda: name)
         async for step, steps in generation:
-            yield EngineChunk(Modality.VIDEO, meta=ChunkMeta(step=step, steps=steps))
+            yield EngineChunk(Modality.VIDEO, meta=ProgressMeta(step, steps))
         video = generation.result()
         self.progress += 1
         log.info(
@@ -120,16 +120,15 @@ class VideoEngine(DenoisingEngine[vp.VideoInfo, vp.Clip, vp.Video]):
             time.perf_counter() - started,
             seed,
         )
-        thumb = ChunkMeta(format="png", width=video.width, height=video.height)
+        thumb = ImageMeta(format="png", width=video.width, height=video.height)
         yield EngineChunk(Modality.IMAGE, data=video.thumbnail, meta=thumb)
         yield EngineChunk(
             Modality.VIDEO,
             data=video.mp4,
             finished=True,
             finish_reason=FinishReason.STOP,
-            usage={"prompt_tokens": count_tokens(self._pipe, prompt), "completion_tokens": 0},
-            meta=ChunkMeta(
-                format="mp4",
+            usage=Usage(count_tokens(self._pipe, prompt)),
+            meta=VideoMeta(
                 width=video.width,
                 height=video.height,
                 frames=video.frames,
