@@ -127,6 +127,7 @@ class HeadSession:
             pid=os.getpid(),
             address=self._address,
             peer_address=peer_address,
+            kernel=runner.engine.kernel,
         )
         self._in.send(codec.pack(ready))
         self._pump = Pump(loop, self._in, self._on_frames)
