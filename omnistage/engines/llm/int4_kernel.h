@@ -71,35 +71,32 @@ OMNI_API void omni_ctx_free(omni_ctx *ctx);
 
 /* y[m_rows, n] = x[m_rows, k] W^T, or y += x W^T with ``accumulate``; ``two`` 0: x to
  * one int8 part (~8 bits), else two (~15); on ``threads`` threads. 0, or -1: no memory. */
-OMNI_API int omni_avx512_matmul(omni_ctx *ctx, const float *x, int m_rows, int k, const uint8_t *w,
-                       const uint16_t *scale, const uint16_t *lo, int n, float *y, int accumulate,
-                       int two, int threads);
-OMNI_API void omni_avx512_rms_norm(const float *x, int rows, int hidden, const float *weight, float eps,
-                          float *out);
+OMNI_API int omni_avx512_matmul(omni_ctx *ctx, const float *x, int m_rows, int k,
+    const uint8_t *w, const uint16_t *scale, const uint16_t *lo, int n, float *y,
+    int accumulate, int two, int threads);
+OMNI_API void omni_avx512_rms_norm(const float *x, int rows, int hidden, const float *weight,
+    float eps, float *out);
 OMNI_API void omni_avx512_silu_mul(const float *gate_up, int rows, int width, float *out);
 /* 0, or -1: k outside 1..min(n, OMNI_MAX_TOPK). */
 OMNI_API int omni_avx512_topk(const float *x, int rows, int n, int k, int64_t *out);
 OMNI_API void omni_avx512_q8_dots(const int8_t *q, const float *scale, int k, const float *x,
-                         const int64_t *ids, int rows, int per_row, float *out);
+    const int64_t *ids, int rows, int per_row, float *out);
 OMNI_API int omni_avx512_decode_attention(omni_ctx *ctx, const float *qkv, int rows, int heads,
-                                 int kv_heads, int hd, const float *rope,
-                                 const int64_t *positions, float *kcache, float *vcache,
-                                 int capacity, float *out);
+    int kv_heads, int hd, const float *rope, const int64_t *positions, float *kcache,
+    float *vcache, int capacity, float *out);
 OMNI_API int omni_avx512_decode_layers(omni_ctx *ctx, float *h, int rows, int layers,
-                              const omni_layer *ls, float *const *kcache, float *const *vcache,
-                              int capacity, int hidden, int heads, int kv_heads, int hd,
-                              int inter, float eps, const float *rope, const int64_t *positions,
-                              int threads);
+    const omni_layer *ls, float *const *kcache, float *const *vcache, int capacity, int hidden,
+    int heads, int kv_heads, int hd, int inter, float eps, const float *rope,
+    const int64_t *positions, int threads);
 OMNI_API int omni_avx512_prefill_layers(omni_ctx *ctx, float *h, int rows, int layers,
-                               const omni_layer *ls, float *const *kslot, float *const *vslot,
-                               int capacity, int hidden, int heads, int kv_heads, int hd,
-                               int inter, float eps, const float *rope, const int64_t *positions,
-                               int threads);
+    const omni_layer *ls, float *const *kslot, float *const *vslot, int capacity, int hidden,
+    int heads, int kv_heads, int hd, int inter, float eps, const float *rope,
+    const int64_t *positions, int threads);
 
 /* ---- AVX2 (int4_kernel_avx2.c): the matmul only, on the caller's thread ---- */
 
-OMNI_API int omni_avx2_matmul(omni_ctx *ctx, const float *x, int m_rows, int k, const uint8_t *w,
-                     const uint16_t *scale, const uint16_t *lo, int n, float *y, int accumulate,
-                     int two, int threads);
+OMNI_API int omni_avx2_matmul(omni_ctx *ctx, const float *x, int m_rows, int k,
+    const uint8_t *w, const uint16_t *scale, const uint16_t *lo, int n, float *y,
+    int accumulate, int two, int threads);
 
 #endif

@@ -131,7 +131,8 @@ int omni_reserve(omni_ctx *ctx, int threads, const omni_needs *n) {
                  grow((void **)&ctx->gate_up, &ctx->gate_up_cap, n->gate_up);
     for (int t = 0; t < threads; t++) {
         omni_scratch *s = ctx->scratch + t;
-        failed |= grow((void **)&s->x, &s->x_cap, n->x) | grow((void **)&s->act, &s->act_cap, n->act) |
+        failed |= grow((void **)&s->x, &s->x_cap, n->x) |
+                  grow((void **)&s->act, &s->act_cap, n->act) |
                   grow((void **)&s->sx, &s->sx_cap, n->sx) |
                   grow((void **)&s->scores, &s->scores_cap, n->scores) |
                   grow((void **)&s->xq, &s->xq_cap, n->xq);
