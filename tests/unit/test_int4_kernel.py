@@ -473,3 +473,42 @@ def test_a_forked_child_starts_a_team_of_its_own() -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         _KERNEL.threads = 1
+
+
+@needs_kernel
+def test_contexts_are_independent_and_close_ends_their_teams() -> None:
+    # Two kernels, each with its own buffers and team, stepping at once from two
+    # threads: the bits of one step alone; closing one joins its team's threads.
+    import threading
+
+    assert not isinstance(_KERNEL, str)
+    lib = int4_abi.library()
+    assert not isinstance(lib, str)
+    shape, table, _, rope = _tiny_model()
+    caches = [[torch.randn(3, 2, 32, 16) for _ in range(2)] for _ in range(2)]
+    positions = torch.tensor([4, 9, 30])
+    h0 = torch.randn(3, 64)
+
+    def step(kernel: int4_kernel.Int4Kernel, threads: int) -> tuple[torch.Tensor, list[Any]]:
+        h, kv = h0.clone(), [t.clone() for c in caches for t in c]
+        kernel.decode_layers(h, table, kv[0::2], kv[1::2], shape, rope, positions, threads)
+        return h, kv
+
+    alone = step(_KERNEL, 1)
+    kernels = [int4_kernel.Int4Kernel(lib, int4_kernel.VARIANTS[0]) for _ in range(2)]
+    results: list[Any] = [None, None]
+
+    def run(i: int) -> None:
+        results[i] = [step(kernels[i], 2) for _ in range(5)]
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    for kernel in kernels:
+        kernel.close()
+        kernel.close()  # a second close does nothing
+    for got in [r for rs in results for r in rs]:
+        assert torch.equal(got[0], alone[0])
+        assert all(torch.equal(a, b) for a, b in zip(got[1], alone[1], strict=True))

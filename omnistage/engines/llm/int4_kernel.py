@@ -51,6 +51,7 @@ class Int4Kernel:
         # set by the model from the thread tuner's count). One process, one setting.
         self.threads = 1
         # For the process's life: the team's threads wait in it between calls.
+        self._lib = lib
         self._ctx = lib.omni_ctx_new()
         if not self._ctx:
             raise MemoryError("int4 kernel: no memory for its context")
@@ -65,6 +66,13 @@ class Int4Kernel:
         self._attention = fn("decode_attention")
         self._layers = fn("decode_layers")
         self._prefill_layers = fn("prefill_layers")
+
+    def close(self) -> None:
+        """End the team's threads and free the working buffers (the process's kernels
+        live as long as it does; this is for one made for a while)."""
+        if self._ctx:
+            self._lib.omni_ctx_free(self._ctx)
+            self._ctx = None
 
     def pack(
         self, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor
