@@ -391,7 +391,7 @@ def _tiny_model() -> tuple[Any, Any, list[Any], torch.Tensor]:
         weights.append((norms, packs))
     angles = torch.rand(64, 8) * 6
     rope = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).contiguous()
-    return shape, _KERNEL.layer_table(layers), weights, rope
+    return shape, int4_kernel.layer_table(layers), weights, rope
 
 
 @needs_kernel

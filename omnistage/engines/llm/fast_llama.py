@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from omnistage.engines.llm.int4_abi import GROUP
-from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention
+from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention, layer_table
 from omnistage.engines.llm.int4_linear import Int4Linear, TiedTable
 from omnistage.engines.torch_threads import use_threads
 
@@ -180,7 +180,7 @@ class FastLlama:
         self._norm, self._gate = self._row_ops()
         self._layer_table = None
         if kernel is not None and kernel.fused and fits_attention(s.head_dim, s.heads, s.kv_heads):
-            self._layer_table = kernel.layer_table(
+            self._layer_table = layer_table(
                 [
                     (
                         layer.attn_norm,

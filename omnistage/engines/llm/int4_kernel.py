@@ -196,21 +196,6 @@ class Int4Kernel:
             raise MemoryError("decode attention: no memory for its working buffers")
         return out
 
-    @staticmethod
-    def layer_table(layers: list[LayerWeights]) -> ctypes.Array[OmniLayer]:
-        """The C table of every layer's weights, for ``decode_layers`` (the tensors must
-        outlive it: the model holds them)."""
-        table = (OmniLayer * len(layers))()
-        for entry, (attn_norm, mlp_norm, linears) in zip(table, layers, strict=True):
-            entry.attn_norm, entry.mlp_norm = attn_norm.data_ptr(), mlp_norm.data_ptr()
-            for i, (w, scale, lo) in enumerate(linears):
-                entry.w[i], entry.scale[i], entry.lo[i] = (
-                    w.data_ptr(),
-                    scale.data_ptr(),
-                    lo.data_ptr(),
-                )
-        return table
-
     def decode_layers(
         self,
         h: torch.Tensor,
@@ -293,6 +278,21 @@ class Int4Kernel:
 
 # (attn_norm, mlp_norm, [(packed, scale, lo) of qkv, o, gate_up, down])
 LayerWeights = tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, ...]]]
+
+
+def layer_table(layers: list[LayerWeights]) -> ctypes.Array[OmniLayer]:
+    """The C table of every layer's weights, for ``Int4Kernel.decode_layers`` (the tensors must
+    outlive it: the model holds them)."""
+    table = (OmniLayer * len(layers))()
+    for entry, (attn_norm, mlp_norm, linears) in zip(table, layers, strict=True):
+        entry.attn_norm, entry.mlp_norm = attn_norm.data_ptr(), mlp_norm.data_ptr()
+        for i, (w, scale, lo) in enumerate(linears):
+            entry.w[i], entry.scale[i], entry.lo[i] = (
+                w.data_ptr(),
+                scale.data_ptr(),
+                lo.data_ptr(),
+            )
+    return table
 
 
 def fits_attention(head_dim: int, heads: int, kv_heads: int) -> bool:
