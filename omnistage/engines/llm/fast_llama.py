@@ -4,13 +4,14 @@ Decoding a 135M model one token at a time is bound by memory bandwidth and by pe
 overhead, not by arithmetic. fp32 weights are ~540 MB a token; these are ~85 MB:
 every projection is int4 in groups of 32 along the input (the grid the Q4_1 GGUF
 already ships, so re-quantizing it loses nothing but the scales' rounding), and the
-tied embedding / LM head keeps its GGUF tensor's Q8_0 values (see ``TiedTable``).
-The int4 matmuls run on our kernel where the CPU has AVX512-VNNI (``int4_kernel``:
-int8 activations per group, ~2x torch's at one row, ~3x at eight), else on torch's
-(bfloat16 activations). The residual stream, norms, RoPE, attention and the logits
-stay float32. Per layer a step is ~20 ops: q/k/v and gate/up are one matmul each, RoPE
-is one complex multiply (q/k rows are permuted at load so each head's rotated halves
-are interleaved pairs; q.k is unchanged under the same permutation of both).
+tied embedding / LM head keeps its GGUF tensor's Q8_0 values (both in ``int4_linear``).
+The int4 matmuls run on our kernel where the CPU has AVX512-VNNI or AVX2
+(``int4_kernel``: int8 activations per group, ~2x torch's at one row, ~3x at eight),
+else on torch's (bfloat16 activations); with AVX512-VNNI a decode step's layers are one
+call into it. The residual stream, norms, RoPE, attention and the logits stay float32.
+Per layer a step is ~20 ops: q/k/v and gate/up are one matmul each, RoPE is one complex
+multiply (q/k rows are permuted at load so each head's rotated halves are interleaved
+pairs; q.k is unchanged under the same permutation of both).
 
 The KV cache and the running batch are ``slot_batch.SlotBatch``.
 """
