@@ -11,8 +11,9 @@ fi
 if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-# The thinker's int4 kernel is built with the machine's C compiler (without one it runs
-# on torch's kernel and the kernel's own tests skip): CI tests it.
+# The thinker's int4 kernel is built by the install below with the machine's C compiler
+# (without one the install goes on, the thinker runs on torch's kernel and the kernel's
+# own tests skip): CI tests it.
 if ! command -v cc >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq gcc >/dev/null
 fi

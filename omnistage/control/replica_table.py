@@ -62,6 +62,7 @@ class ReplicaEntry:
     # When progress last moved (or the replica last held no work): the stall clock.
     progress_at: float = 0.0
     starting: str = ""  # while STARTING: what the engine's start is doing
+    kernel: str = ""  # what its engine computes on (Ready.kernel)
     # Requests it holds for the fleet's other heads (Heartbeat.others).
     others: int = 0
 
@@ -161,7 +162,13 @@ class ReplicaTable:
         return out
 
     def ready(
-        self, key: ReplicaKey, epoch: int, capacity: int, pid: int, peer_address: str = ""
+        self,
+        key: ReplicaKey,
+        epoch: int,
+        capacity: int,
+        pid: int,
+        peer_address: str = "",
+        kernel: str = "",
     ) -> Transition | None:
         entry = self._current(key, epoch)
         if entry is None or entry.state != ReplicaState.STARTING:
@@ -169,6 +176,7 @@ class ReplicaTable:
         entry.capacity = capacity
         entry.pid = pid
         entry.peer_address = peer_address
+        entry.kernel = kernel
         entry.starting = ""
         # The session's heartbeats count their own sequence from 1 (the loading ones
         # had another thread's numbers).

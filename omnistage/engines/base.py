@@ -82,6 +82,9 @@ class Engine(abc.ABC):
         # What ``start`` is doing right now (shown as the replica's STARTING detail in
         # /v1/omni/stages and on the dashboard); engines with long starts update it.
         self.starting = ""
+        # What it computes on, once started (Ready.kernel: shown per replica in
+        # /v1/omni/stages and on the dashboard); empty where there is nothing to say.
+        self.kernel = ""
 
     @property
     def name(self) -> str:

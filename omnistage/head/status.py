@@ -81,6 +81,8 @@ def _replica(
         # The node a backend placed it on (--worker-backend ray); None: a process.
         "node": node,
         "pid": e.pid,
+        # What its engine computes on (e.g. "int4-avx512vnni"; "" where it does not say).
+        "kernel": e.kernel,
         "capacity": e.capacity,
         "queue_length": e.queue_length,
         "in_flight": live.in_flight if live else 0,

@@ -93,6 +93,9 @@ class Ready(Tagged):
     # Where other replicas push this one's inputs straight to it (a PULL socket it
     # binds); empty when it takes inputs only through the head.
     peer_address: str = ""
+    # What the engine computes on, e.g. the thinker's "int4-avx512vnni", "int4-avx2" or
+    # "torch" (Engine.kernel); empty where the engine does not say.
+    kernel: str = ""
 
 
 class ToolCall(msgspec.Struct, array_like=True):

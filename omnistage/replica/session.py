@@ -236,6 +236,7 @@ def ready(runner: RequestRunner, reply: RegisterReply, address: str, peer_addres
         pid=os.getpid(),
         address=address,
         peer_address=peer_address,
+        kernel=runner.engine.kernel,
     )
 
 

@@ -9,6 +9,7 @@ transformers backend still selectable.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -179,10 +180,36 @@ def test_every_int4_kernel_answers_the_capital_of_france(kernel: str) -> None:
     eng = _engine(int4_kernel=kernel)
     asyncio.run(eng.start())
     try:
+        # What the replica reports it runs on (Ready.kernel).
+        assert eng.kernel == {"torch": "torch", "avx2": "int4-avx2"}[kernel]
         chunks = asyncio.run(_collect(eng, _request(QUESTIONS[0], max_tokens=24)))
         assert "Paris" in _text(chunks)
     finally:
         asyncio.run(eng.shutdown())
+
+
+def test_without_our_kernel_the_torch_path_answers_alike_and_start_up_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A machine where the install built no library (no C compiler) or whose CPU lacks
+    # the instructions: the default engine runs on torch's int4 kernel, answering as
+    # one told to, and says so once as a WARNING naming why.
+    monkeypatch.setattr(int4_kernel, "load", lambda: "_int4_kernel is not built")
+    answers = []
+    for args in ({}, {"int4_kernel": "torch"}):
+        eng = _engine(**args)
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(eng.start())
+        try:
+            assert eng.kernel == "torch"
+            chunks = asyncio.run(_collect(eng, _request(QUESTIONS[0], max_tokens=24)))
+            answers.append(_text(chunks))
+        finally:
+            asyncio.run(eng.shutdown())
+    assert answers[0] == answers[1] and "Paris" in answers[0]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([w for w in warned if "torch's kernel" in w]) == 1
+    assert any("_int4_kernel is not built" in w for w in warned)
 
 
 def test_the_transformers_backend_is_still_selectable() -> None:

@@ -1,11 +1,17 @@
-"""Our CPU kernels (int4_kernel.c) against plain torch: the int4 matmul, RMS norm, the
-SiLU gate and a decode step's attention with its RoPE and cache write. Skipped, saying
-why, on a CPU without AVX512-VNNI or a machine without a C compiler."""
+"""Our CPU kernels (int4_kernel_*.c) against plain torch: the int4 matmul, RMS norm, the
+SiLU gate and a decode step's attention with its RoPE and cache write; each variant's
+tests skipped, saying why, on a CPU without its instructions or where the library was not
+built (no C compiler at install). The library's interface against its header, the ABI
+check at load, and the fallback to torch's kernel."""
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import re
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +21,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from omnistage.config.engine_args import LlmArgs  # noqa: E402
-from omnistage.engines.llm import backends, int4_kernel  # noqa: E402
-from omnistage.engines.llm.fast_llama import Int4Linear  # noqa: E402
+from omnistage.engines.llm import backends, int4_abi, int4_kernel  # noqa: E402
+from omnistage.engines.llm.int4_linear import Int4Linear  # noqa: E402
 from omnistage.protocol.errors import EngineError  # noqa: E402
 
 _KERNEL = int4_kernel.load_variant("avx512-vnni")
@@ -26,7 +32,7 @@ needs_kernel = pytest.mark.skipif(isinstance(_KERNEL, str), reason=f"no int4 ker
 
 
 def _runnable() -> list[str]:
-    """The variants that load here: the CPU runs them and a C compiler built them
+    """The variants that load here: the CPU runs them and the install built the library
     (their matmuls are tested alike)."""
     return [v.name for v in int4_kernel.VARIANTS if not isinstance(_load(v.name), str)]
 
@@ -52,7 +58,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-@pytest.mark.parametrize("variant", _runnable())
+def _variant_or_skip(name: str) -> Any:
+    why = _load(name)
+    return pytest.param(name, marks=pytest.mark.skipif(isinstance(why, str), reason=str(why)))
+
+
+@pytest.mark.parametrize("variant", [_variant_or_skip(v.name) for v in int4_kernel.VARIANTS])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (48, 64)])
 def test_the_matmul_matches_the_dequantized_weights(
@@ -223,11 +234,17 @@ def test_decode_attention_writes_the_cache_and_matches_sdpa(lengths: list[int]) 
     assert torch.equal(keys, old_k) and torch.equal(values, old_v)
 
 
-def test_the_engine_arg_picks_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_arg_picks_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     assert backends._int4_kernel("torch") is None
-    monkeypatch.setattr(int4_kernel, "load", lambda: "the CPU lacks avx512_vnni")
-    assert backends._int4_kernel("auto") is None  # torch's, said in the log
-    with pytest.raises(EngineError, match="the CPU lacks avx512_vnni"):
+    monkeypatch.setattr(int4_kernel, "load", lambda: "the CPU lacks avx512vnni")
+    with caplog.at_level(logging.WARNING, logger=backends.__name__):
+        assert backends._int4_kernel("auto") is None  # torch's, with a warning
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "torch's kernel" in warned[0].getMessage()
+    assert "the CPU lacks avx512vnni" in warned[0].getMessage()
+    with pytest.raises(EngineError, match="the CPU lacks avx512vnni"):
         backends._int4_kernel("omnistage")
     monkeypatch.setattr(int4_kernel, "load_variant", lambda name: f"{name}: the CPU lacks it")
     with pytest.raises(EngineError, match="int4_kernel avx2 cannot run here: avx2: the CPU"):
@@ -238,42 +255,124 @@ def test_the_engine_arg_picks_the_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def _fresh_load() -> int4_kernel.Int4Kernel | str:
-    int4_kernel.load.cache_clear()
-    int4_kernel.load_variant.cache_clear()
+    caches = (int4_kernel.load, int4_kernel.load_variant, int4_abi.library)
+    for cache in caches:
+        cache.cache_clear()
     try:
         return int4_kernel.load()
     finally:
-        int4_kernel.load.cache_clear()
-        int4_kernel.load_variant.cache_clear()
+        for cache in caches:
+            cache.cache_clear()
+
+
+def _built() -> ctypes.CDLL:
+    lib = int4_abi.library()
+    if isinstance(lib, str):
+        pytest.skip(lib)
+    return lib
 
 
 def test_a_cpu_without_the_instructions_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: {"avx512f", "fma"})
+    _built()
+    lacks = {"avx512-vnni": "avx512bw, avx512vnni", "avx2": "avx2, f16c"}
+    monkeypatch.setattr(int4_kernel, "cpu_lacks", lambda v: lacks[v.name])
     why = _fresh_load()
-    assert isinstance(why, str) and "avx512_vnni" in why and "avx512bw" in why
-    assert "avx2: the CPU lacks avx2, f16c" in why
+    assert why == (
+        "avx512-vnni: the CPU lacks avx512bw, avx512vnni; avx2: the CPU lacks avx2, f16c"
+    )
 
 
 def test_a_cpu_with_avx2_only_gets_the_matmul_only(monkeypatch: pytest.MonkeyPatch) -> None:
     if "avx2" not in _runnable():
         pytest.skip("this CPU cannot run the avx2 variant")
-    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setattr(int4_kernel, "cpu_lacks", lambda v: "avx512vnni" if v.fused else "")
     kernel = _fresh_load()
     assert not isinstance(kernel, str), kernel
-    assert (kernel.variant, kernel.fused) == ("avx2", False)
+    assert (kernel.variant, kernel.fused, kernel.label) == ("avx2", False, "int4-avx2")
 
 
-def test_a_failed_build_is_named_and_leaves_no_library(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo to compare")
+def test_the_librarys_cpu_detection_agrees_with_the_kernels_cpuinfo() -> None:
+    _built()
+    text = Path("/proc/cpuinfo").read_text()
+    flags = set(re.search(r"^flags\s*:(.*)$", text, re.M).group(1).split())  # type: ignore[union-attr]
+    for variant in int4_kernel.VARIANTS:
+        lacks = int4_abi.cpu_lacks(variant)
+        named = {f.replace("avx512vnni", "avx512_vnni") for f in lacks.split(", ") if f}
+        assert all(f not in flags for f in named), (variant.name, lacks)
+        runs = not lacks
+        assert runs == (not isinstance(_load(variant.name), str))
+    vnni = int4_abi.cpu_lacks(int4_kernel.VARIANTS[0])
+    assert ("avx512_vnni" in flags) == ("avx512vnni" not in vnni)
+
+
+def test_an_unbuilt_library_is_named_and_leaves_torchs_kernel(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    needs = {f for v in int4_kernel.VARIANTS for f in v.needs}
-    monkeypatch.setattr(int4_kernel, "cpu_flags", lambda: needs)
-    monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    monkeypatch.setattr(int4_abi, "library_path", lambda: None)
+    monkeypatch.setattr(int4_abi.platform, "machine", lambda: "x86_64")
     why = _fresh_load()
-    assert isinstance(why, str) and "building int4_kernel.c failed" in why
-    assert "building int4_kernel_avx2.c failed" in why
-    assert list((tmp_path / "kernels").iterdir()) == []
+    assert isinstance(why, str) and "_int4_kernel is not built" in why
+    assert "pip install -e ." in why
+    monkeypatch.setattr(int4_abi.platform, "machine", lambda: "aarch64")
+    assert _fresh_load() == "the kernels are written for x86-64 CPUs, not aarch64"
+
+
+class _FakeLibrary:
+    """Answers omni_abi as the real library would, but for ``wrong``."""
+
+    def __init__(self, real: Any, wrong: dict[int, int]) -> None:
+        self._real, self._wrong = real, wrong
+
+    def omni_abi(self, question: int) -> int:
+        return self._wrong.get(question, self._real.omni_abi(question))
+
+
+def test_a_library_built_from_other_sources_is_refused() -> None:
+    lib = _built()
+    path = int4_abi.library_path()
+    assert path is not None
+    int4_abi.check_abi(lib, path)  # the real one agrees
+    for question, answer, named in [
+        (1, 64, "OMNI_GROUP 64 (here 32)"),
+        (0, 99, "OMNI_ABI_VERSION 99 (here 1)"),
+        (6, 120, "sizeof(omni_layer) 120"),
+        (10, 56, "offsetof(omni_layer, scale) 56"),
+    ]:
+        with pytest.raises(int4_abi.KernelAbiError, match=re.escape(named)) as raised:
+            int4_abi.check_abi(_FakeLibrary(lib, {question: answer}), path)
+        assert "rebuild it (pip install -e .)" in str(raised.value)
+
+
+_HEADER = Path(int4_abi.__file__).with_name("int4_kernel.h").read_text()
+_C_TYPES = {"int": ctypes.c_int, "long": ctypes.c_long, "float": ctypes.c_float}
+
+
+def _header_functions() -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    """int4_kernel.h's exported functions: (result, arguments) as ctypes types, every
+    pointer a void * and a char * a c_char_p (as the binding declares them)."""
+    found = {}
+    prototype = r"OMNI_API ([\w ]+?\**)\s*(omni_\w+)\(([^)]*)\);"
+    for result, name, args in re.findall(prototype, _HEADER):
+        types = []
+        for arg in [a.strip() for a in args.split(",") if a.strip() not in ("", "void")]:
+            if arg.startswith("char *"):
+                types.append(ctypes.c_char_p)
+            elif "*" in arg:
+                types.append(ctypes.c_void_p)
+            else:
+                types.append(_C_TYPES[arg.split()[0]])
+        ret = None if result == "void" else ctypes.c_void_p if "*" in result else _C_TYPES[result]
+        found[name] = (ret, tuple(types))
+    return found
+
+
+def test_the_binding_declares_the_headers_functions_and_constants() -> None:
+    assert _header_functions() == int4_abi.SIGNATURES
+    constants = dict(re.findall(r"#define (OMNI_\w+) (\d+)", _HEADER))
+    for name, (_, ours) in int4_abi.ABI_ANSWERS.items():
+        if name.startswith("OMNI_"):
+            assert int(constants[name]) == ours, name
 
 
 def _tiny_model() -> tuple[Any, Any, list[Any], torch.Tensor]:
@@ -292,7 +391,7 @@ def _tiny_model() -> tuple[Any, Any, list[Any], torch.Tensor]:
         weights.append((norms, packs))
     angles = torch.rand(64, 8) * 6
     rope = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).contiguous()
-    return shape, _KERNEL.layer_table(layers), weights, rope
+    return shape, int4_kernel.layer_table(layers), weights, rope
 
 
 @needs_kernel
@@ -374,3 +473,42 @@ def test_a_forked_child_starts_a_team_of_its_own() -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         _KERNEL.threads = 1
+
+
+@needs_kernel
+def test_contexts_are_independent_and_close_ends_their_teams() -> None:
+    # Two kernels, each with its own buffers and team, stepping at once from two
+    # threads: the bits of one step alone; closing one joins its team's threads.
+    import threading
+
+    assert not isinstance(_KERNEL, str)
+    lib = int4_abi.library()
+    assert not isinstance(lib, str)
+    shape, table, _, rope = _tiny_model()
+    caches = [[torch.randn(3, 2, 32, 16) for _ in range(2)] for _ in range(2)]
+    positions = torch.tensor([4, 9, 30])
+    h0 = torch.randn(3, 64)
+
+    def step(kernel: int4_kernel.Int4Kernel, threads: int) -> tuple[torch.Tensor, list[Any]]:
+        h, kv = h0.clone(), [t.clone() for c in caches for t in c]
+        kernel.decode_layers(h, table, kv[0::2], kv[1::2], shape, rope, positions, threads)
+        return h, kv
+
+    alone = step(_KERNEL, 1)
+    kernels = [int4_kernel.Int4Kernel(lib, int4_kernel.VARIANTS[0]) for _ in range(2)]
+    results: list[Any] = [None, None]
+
+    def run(i: int) -> None:
+        results[i] = [step(kernels[i], 2) for _ in range(5)]
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    for kernel in kernels:
+        kernel.close()
+        kernel.close()  # a second close does nothing
+    for got in [r for rs in results for r in rs]:
+        assert torch.equal(got[0], alone[0])
+        assert all(torch.equal(a, b) for a, b in zip(got[1], alone[1], strict=True))

@@ -89,6 +89,12 @@ def test_ready_moves_starting_to_up_and_records_capacity_and_pid(table, clock):
     assert (entry.capacity, entry.pid, entry.last_seen) == (8, 4242, 103.0)
 
 
+def test_ready_records_what_the_engine_computes_on(table):
+    register(table)
+    assert table.ready(KEY, 1, capacity=8, pid=4242, kernel="int4-avx2") is not None
+    assert table.get(KEY).kernel == "int4-avx2"
+
+
 def test_second_ready_for_an_up_replica_is_ignored(table):
     make_up(table)
     assert table.ready(KEY, 1, capacity=1, pid=1) is None

@@ -1,4 +1,4 @@
-"""Which thinker runs a model: the fast CPU Llama forward or transformers.
+"""Which backend runs an llm stage's model: the fast CPU Llama forward or transformers.
 
 ``fast`` (``fast_llama``): 4-bit weights, lean forward, CPU only, Llama architecture.
 ``transformers``: the HF model in the configured dtype, any architecture, CPU or GPU.
@@ -29,8 +29,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Thinker:
+class LoadedModel:
+    """A model loaded to generate with, on either backend."""
+
     backend: str  # "fast" or "transformers"
+    # What its matmuls run on, as the replica reports it: our int4 kernel's variant
+    # ("int4-avx512vnni", "int4-avx2") or "torch".
+    kernel: str
     batch: Batch
     tokenizer: Any
     device: Any  # torch.device
@@ -39,7 +44,7 @@ class Thinker:
     eos_ids: frozenset[int]
 
 
-def load(args: LlmArgs) -> Thinker:
+def load(args: LlmArgs) -> LoadedModel:
     """Load the model behind the stage's args; blocking."""
     envs.keep_model_hubs_offline()
     import torch
@@ -71,7 +76,7 @@ def _why_not_fast(config: dict[str, Any], device: str) -> str | None:
     return supported(config)
 
 
-def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Thinker:
+def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> LoadedModel:
     import torch
     from transformers import AutoTokenizer
 
@@ -83,7 +88,7 @@ def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Thinke
     model = FastLlama(directory, _int4_kernel(args.int4_kernel))
     _give_back_freed_memory()
     log.info(
-        "loaded %s (fast, int4 on %s's kernel) in %.2fs",
+        "loaded %s (fast, int4 matmuls on %s) in %.2fs",
         directory.name,
         model.kernel,
         time.monotonic() - started,
@@ -97,8 +102,9 @@ def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Thinke
     batch = SlotBatch(
         model, args.max_num_seqs, eos, args.prefix_cache_tokens, answers=args.cache_answers
     )
-    return Thinker(
+    return LoadedModel(
         backend="fast",
+        kernel=model.kernel,
         batch=batch,
         tokenizer=tokenizer,
         device=torch.device("cpu"),
@@ -121,7 +127,11 @@ def _int4_kernel(choice: str) -> Int4Kernel | None:
     if isinstance(kernel, str):
         if choice != "auto":
             raise EngineError(f"int4_kernel {choice} cannot run here: {kernel}")
-        log.info("int4 matmuls on torch's kernel (ours cannot run here: %s)", kernel)
+        log.warning(
+            "the thinker's int4 matmuls run on torch's kernel, about half the decode speed "
+            "of ours, which cannot run here: %s",
+            kernel,
+        )
         return None
     return kernel
 
@@ -138,13 +148,14 @@ def _give_back_freed_memory() -> None:
         pass  # not glibc: nothing to do
 
 
-def _load_transformers(args: LlmArgs, config: dict[str, Any]) -> Thinker:
+def _load_transformers(args: LlmArgs, config: dict[str, Any]) -> LoadedModel:
     from omnistage.engines.llm.kv_batch import HfBatch
 
     model, tokenizer, device = weights.load(args.model, args.dtype, args.device, args.cache_dir)
     window = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
-    return Thinker(
+    return LoadedModel(
         backend="transformers",
+        kernel="torch",
         batch=HfBatch(model, device),
         tokenizer=tokenizer,
         device=device,

@@ -64,7 +64,7 @@ class LlmEngine(Engine):
         self.tokenizer: Any = None
         self.vocabulary: TokenVocabulary | None = None
         self.max_model_len = 0
-        self.backend = ""  # which thinker runs the model (see backends)
+        self.backend = ""  # which backend runs the model (see backends)
         self._torch: TorchThread | None = None
         self._prefixes: PrefixCache | None = None
         self._inputs: InputProcessor | None = None
@@ -82,17 +82,18 @@ class LlmEngine(Engine):
         # No count given: the step loop picks one by timing itself (see threads).
         tuner = None if self.args.torch_threads else ThreadTuner(thread_ladder(threads))
         self.starting = f"loading weights of {self.args.model} (a first start converts a GGUF)"
-        thinker = backends.load(self.args)
-        self.backend = thinker.backend
-        self.tokenizer = thinker.tokenizer
-        self._vocab = thinker.vocab
-        self._torch_device = thinker.device
-        self.max_model_len = min(self.args.max_model_len or thinker.window, thinker.window)
-        self._eos_ids = thinker.eos_ids
+        model = backends.load(self.args)
+        self.backend = model.backend
+        self.kernel = model.kernel
+        self.tokenizer = model.tokenizer
+        self._vocab = model.vocab
+        self._torch_device = model.device
+        self.max_model_len = min(self.args.max_model_len or model.window, model.window)
+        self._eos_ids = model.eos_ids
         # Grammars and logprobs see tokens as bytes through it.
         self.starting = "indexing the vocabulary for constrained decoding"
         self.vocabulary = TokenVocabulary(self.tokenizer, self._vocab)
-        prefixes = thinker.batch.prefixes
+        prefixes = model.batch.prefixes
         if prefixes is not None and prefixes.budget_tokens > 0:
             self._prefixes = prefixes
         self._inputs = InputProcessor(
@@ -104,12 +105,13 @@ class LlmEngine(Engine):
             label_prefixes=self._prefixes is not None,
         )
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
-        self._worker = LlmWorker(thinker.batch, set(self._eos_ids), limits, self._count_step, tuner)
+        self._worker = LlmWorker(model.batch, set(self._eos_ids), limits, self._count_step, tuner)
         assert self._torch is not None
         self._worker.start(self._torch)
         log.info(
-            "llm ready (%s): window %d tokens, up to %d sequences per step, %s torch threads",
+            "llm ready (%s, %s): window %d tokens, up to %d sequences per step, %s torch threads",
             self.backend,
+            self.kernel,
             self.max_model_len,
             limits.max_num_seqs,
             threads if tuner is None else f"1-{threads} (tuned)",

@@ -4,13 +4,14 @@ Decoding a 135M model one token at a time is bound by memory bandwidth and by pe
 overhead, not by arithmetic. fp32 weights are ~540 MB a token; these are ~85 MB:
 every projection is int4 in groups of 32 along the input (the grid the Q4_1 GGUF
 already ships, so re-quantizing it loses nothing but the scales' rounding), and the
-tied embedding / LM head keeps its GGUF tensor's Q8_0 values (see ``TiedTable``).
-The int4 matmuls run on our kernel where the CPU has AVX512-VNNI (``int4_kernel``:
-int8 activations per group, ~2x torch's at one row, ~3x at eight), else on torch's
-(bfloat16 activations). The residual stream, norms, RoPE, attention and the logits
-stay float32. Per layer a step is ~20 ops: q/k/v and gate/up are one matmul each, RoPE
-is one complex multiply (q/k rows are permuted at load so each head's rotated halves
-are interleaved pairs; q.k is unchanged under the same permutation of both).
+tied embedding / LM head keeps its GGUF tensor's Q8_0 values (both in ``int4_linear``).
+The int4 matmuls run on our kernel where the CPU has AVX512-VNNI or AVX2
+(``int4_kernel``: int8 activations per group, ~2x torch's at one row, ~3x at eight),
+else on torch's (bfloat16 activations); with AVX512-VNNI a decode step's layers are one
+call into it. The residual stream, norms, RoPE, attention and the logits stay float32.
+Per layer a step is ~20 ops: q/k/v and gate/up are one matmul each, RoPE is one complex
+multiply (q/k rows are permuted at load so each head's rotated halves are interleaved
+pairs; q.k is unchanged under the same permutation of both).
 
 The KV cache and the running batch are ``slot_batch.SlotBatch``.
 """
@@ -25,10 +26,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention
+from omnistage.engines.llm.int4_abi import GROUP
+from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention, layer_table
+from omnistage.engines.llm.int4_linear import Int4Linear, TiedTable
 from omnistage.engines.torch_threads import use_threads
-
-GROUP = 32  # int4 group size along the input dimension
 
 
 @dataclass(frozen=True)
@@ -80,114 +81,12 @@ def supported(config: dict) -> str | None:
     return None
 
 
-_ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries of a big matrix
 # A prefill chunk of n tokens from position p goes through our kernels' layers in one
 # call (each row as a decode step computes it) while n * (p + n) is at most this; a
 # bigger one through torch's attention, whose blocked products beat attending row by
 # row there. Short chunks (a chat turn) spent more in torch's ops between the matmuls,
 # and in waking the kernel's threads for each, than in the matmuls.
 FUSED_PREFILL_CELLS = 256 * 256
-
-
-class Int4Linear:
-    """y = x @ W.T with W in int4, asymmetric per group of 32 inputs (the Q4_1 grid),
-    float32 in and out.
-
-    Run by our kernel (``int4_kernel``, scales in float16, activations quantized to int8
-    per group inside it) where given one, else by torch's CPU int4 kernel (scales and
-    zero points in bfloat16, activations rounded to bfloat16 around it).
-    """
-
-    def __init__(
-        self, weight: torch.Tensor, kernel: Int4Kernel | None = None, coarse: bool = False
-    ) -> None:
-        """``coarse``: our kernel may round activations to ~8 bits (a shortlist's pass)."""
-        self._kernel = kernel
-        self._coarse = coarse
-        self.out_features = weight.shape[0]
-        packed: list = []
-        scales: list[torch.Tensor] = []
-        for block in weight.split(_ROWS):
-            n, k = block.shape
-            groups = block.float().reshape(n, k // GROUP, GROUP)
-            lo, hi = groups.amin(-1), groups.amax(-1)
-            scale = ((hi - lo) / 15).clamp_min(1e-12)
-            q = torch.round((groups - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp_(0, 15)
-            q = q.to(torch.int32).reshape(n, k)
-            if kernel is not None:
-                packed.append(kernel.pack(q, scale, lo))
-                continue
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-            # The kernel computes (q - 8) * scale + zero.
-            scales.append(torch.stack([scale, lo + 8 * scale], -1))
-        if kernel is not None:
-            # _ROWS is a multiple of the kernel's 16-column blocks: the blocks' bytes,
-            # scales and lows simply follow one another.
-            self.packed = tuple(torch.cat(part) for part in zip(*packed, strict=True))
-        else:
-            self.packed = torch.cat(packed)
-            self.scales = torch.cat(scales).transpose(0, 1).contiguous().to(torch.bfloat16)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes a call reads: packed weights and their scales."""
-        if self._kernel is not None:
-            return sum(t.numel() * t.element_size() for t in self.packed)
-        return self.packed.numel() + self.scales.numel() * 2
-
-    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ W.T, or ``into`` += x @ W.T (``into`` contiguous)."""
-        if self._kernel is not None:
-            return self._kernel.matmul(x, self.packed, self.out_features, into, self._coarse)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(torch.bfloat16), self.packed, GROUP, self.scales
-        ).float()
-        return out if into is None else into.add_(out)
-
-
-class TiedTable:
-    """The tied embedding / LM head.
-
-    Kept exactly as the GGUF ships it (Q8_0: int8 in groups of 32 with a scale each)
-    for embedding lookups and exact logits, plus an int4 copy for a fast first pass
-    over the vocabulary. That pass's bfloat16 logits are only good to ~0.1-0.5, enough to
-    flip a greedy near-tie, so the ``REFINE`` best of every row are recomputed in float32
-    from the exact rows: they decide greedy picks, top-k/top-p sampling and reported
-    logprobs; the rest of the vocabulary keeps the first pass's values.
-    """
-
-    REFINE = 64
-
-    def __init__(self, weight: torch.Tensor, kernel: Int4Kernel | None = None) -> None:
-        k = weight.shape[1]
-        q, scale = [], []
-        for block in weight.split(_ROWS):
-            groups = block.reshape(block.shape[0], k // GROUP, GROUP)
-            gscale = (groups.abs().amax(-1) / 127).clamp_min(1e-12).unsqueeze(-1)
-            q.append(torch.round(groups / gscale).to(torch.int8))
-            scale.append(gscale)
-        self._q = torch.cat(q)  # [rows, k/32, 32]
-        self._scale = torch.cat(scale)  # [rows, k/32, 1]
-        self._k = k
-        self._coarse = Int4Linear(weight, kernel, coarse=True)
-        self._kernel = kernel if kernel is not None and kernel.fused else None
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Exact float32 rows."""
-        return (self._q[ids].float() * self._scale[ids]).reshape(*ids.shape, self._k)
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """[n, vocab] float32 logits of float32 hidden states [n, hidden]."""
-        logits = self._coarse(x)
-        if self._kernel is not None:  # ~10x torch.topk's speed on one thread
-            best = self._kernel.topk_indices(logits, self.REFINE)  # [n, R]
-        else:
-            best = torch.topk(logits, self.REFINE, dim=-1, sorted=False).indices
-        if self._kernel is not None:
-            exact = self._kernel.q8_dots(self._q, self._scale, x, best)
-        else:
-            exact = torch.bmm(self.rows(best), x.unsqueeze(-1)).squeeze(-1)
-        return logits.scatter_(1, best, exact)
 
 
 @dataclass
@@ -198,6 +97,11 @@ class _Layer:
     mlp_norm: torch.Tensor
     gate_up: Int4Linear
     down: Int4Linear
+
+
+# A layer's attention in ``_layers_by_ops``: (its q/k/v projection [n, width], the
+# layer's K and V caches) -> the attention's output [n, heads * head_dim].
+_Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class _Tensors:
@@ -240,7 +144,8 @@ class FastLlama:
     def __init__(self, directory: Path, kernel: Int4Kernel | None = None) -> None:
         """``kernel``: our int4 kernel (None: torch's)."""
         config = json.loads((directory / "config.json").read_text())
-        self.kernel = f"omnistage ({kernel.variant})" if kernel is not None else "torch"
+        # What the replica reports it runs on: "int4-avx512vnni", "int4-avx2" or "torch".
+        self.kernel = kernel.label if kernel is not None else "torch"
         self.config = config
         self.shape = s = LlamaShape.of(config)
         t = _Tensors(directory)
@@ -276,7 +181,7 @@ class FastLlama:
         self._norm, self._gate = self._row_ops()
         self._layer_table = None
         if kernel is not None and kernel.fused and fits_attention(s.head_dim, s.heads, s.kv_heads):
-            self._layer_table = kernel.layer_table(
+            self._layer_table = layer_table(
                 [
                     (
                         layer.attn_norm,
@@ -333,56 +238,85 @@ class FastLlama:
         """
         if self.fused_decode and prefill_slot is None:
             return self._decode_fused(ids, positions, keys, values, head)
-        s = self.shape
         n = ids.shape[0]
         if self.fused_decode and n * (prefill_start + n) <= FUSED_PREFILL_CELLS:
-            assert prefill_slot is not None and self._kernel is not None
-            h = self.embed.rows(ids).contiguous()
-            at = positions.to(torch.int64).contiguous()
-            self._kernel.prefill_layers(
-                h, self._layer_table, keys, values, prefill_slot, s, self._rope_cs, at
-            )
-            if not head:
-                return None
-            return self.head.logits(self._kernel.rms_norm(h[-1:], self.norm, s.eps))
-        chunk_mask = None
-        if prefill_slot is not None and prefill_start:
-            # Causal within the chunk, everything before it visible.
-            end = prefill_start + n
-            chunk_mask = torch.ones(n, end, dtype=torch.bool).tril(prefill_start)
+            assert prefill_slot is not None
+            return self._prefill_fused(ids, positions, keys, values, prefill_slot, head)
         h = self.embed.rows(ids)  # [n, hidden] float32
-        rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
-        qk_width = (s.heads + s.kv_heads) * s.head_dim
-        norm, gate = self._norm, self._gate
-        for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
-            x = norm(h, layer.attn_norm)
-            qkv = layer.qkv(x)
-            pairs = qkv[:, :qk_width].reshape(n, -1, s.head_dim // 2, 2)
-            qk = torch.view_as_real(torch.view_as_complex(pairs) * rot)
-            q = qk[:, : s.heads].reshape(n, s.heads, s.head_dim)
-            k = qk[:, s.heads :].reshape(n, s.kv_heads, s.head_dim)
-            v = qkv[:, qk_width:].view(n, s.kv_heads, s.head_dim)
-            if prefill_slot is not None:
-                attn = _prefill_attention(
-                    q, k, v, layer_k, layer_v, prefill_slot, prefill_start, chunk_mask
-                )
-            else:
-                assert slots is not None
-                layer_k.view(-1, s.head_dim).index_copy_(0, slots, k.reshape(-1, s.head_dim))
-                layer_v.view(-1, s.head_dim).index_copy_(0, slots, v.reshape(-1, s.head_dim))
-                # One new token per row: the query heads sharing a KV head act as that
-                # head's queries, so attention needs no GQA expansion.
-                q = q.view(n, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
-                attn = F.scaled_dot_product_attention(
-                    q, layer_k[:n, :, :length], layer_v[:n, :, :length], attn_mask=mask
-                ).reshape(n, -1)
-            layer.o(attn, into=h)  # the residual added in place
-            x = norm(h, layer.mlp_norm)
-            layer.down(gate(layer.gate_up(x)), into=h)
+        if prefill_slot is not None:
+            attention = self._prefill_attention(positions, prefill_slot, prefill_start)
+        else:
+            assert slots is not None
+            attention = self._decode_attention(positions, slots, mask, length)
+        self._layers_by_ops(h, keys, values, attention)
         if not head:
             return None
         last = h if prefill_slot is None else h[-1:]
-        return self.head.logits(norm(last, self.norm))
+        return self.head.logits(self._norm(last, self.norm))
+
+    def _layers_by_ops(
+        self,
+        h: torch.Tensor,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        attention: _Attention,
+    ) -> None:
+        """The residual stream ``h`` [n, hidden] through every layer, in place, an op
+        at a time; ``attention`` caches a layer's K/V and attends."""
+        norm, gate = self._norm, self._gate
+        for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
+            attn = attention(layer.qkv(norm(h, layer.attn_norm)), layer_k, layer_v)
+            layer.o(attn, into=h)  # the residual added in place
+            x = norm(h, layer.mlp_norm)
+            layer.down(gate(layer.gate_up(x)), into=h)
+
+    def _rotated(
+        self, qkv: torch.Tensor, rot: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [n, heads, hd] and k [n, kv_heads, hd] with RoPE (``rot`` [n, 1, hd/2]),
+        and v [n, kv_heads, hd], of the q/k/v projection ``qkv`` [n, width]."""
+        s, n = self.shape, qkv.shape[0]
+        qk_width = (s.heads + s.kv_heads) * s.head_dim
+        pairs = qkv[:, :qk_width].reshape(n, -1, s.head_dim // 2, 2)
+        qk = torch.view_as_real(torch.view_as_complex(pairs) * rot)
+        q = qk[:, : s.heads].reshape(n, s.heads, s.head_dim)
+        k = qk[:, s.heads :].reshape(n, s.kv_heads, s.head_dim)
+        return q, k, qkv[:, qk_width:].view(n, s.kv_heads, s.head_dim)
+
+    def _prefill_attention(self, positions: torch.Tensor, slot: int, start: int) -> _Attention:
+        """A prefill chunk's attention (see ``forward``) for ``_layers_by_ops``."""
+        n = positions.shape[0]
+        rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
+        mask = None
+        if start:
+            # Causal within the chunk, everything before it visible.
+            mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+
+        def attend(qkv: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._rotated(qkv, rot)
+            return _prefill_attention(q, k, v, layer_k, layer_v, slot, start, mask)
+
+        return attend
+
+    def _decode_attention(
+        self, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None, length: int
+    ) -> _Attention:
+        """A decode step's attention (see ``forward``) for ``_layers_by_ops``."""
+        s, n = self.shape, positions.shape[0]
+        rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
+
+        def attend(qkv: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._rotated(qkv, rot)
+            layer_k.view(-1, s.head_dim).index_copy_(0, slots, k.reshape(-1, s.head_dim))
+            layer_v.view(-1, s.head_dim).index_copy_(0, slots, v.reshape(-1, s.head_dim))
+            # One new token per row: the query heads sharing a KV head act as that
+            # head's queries, so attention needs no GQA expansion.
+            q = q.view(n, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
+            return F.scaled_dot_product_attention(
+                q, layer_k[:n, :, :length], layer_v[:n, :, :length], attn_mask=mask
+            ).reshape(n, -1)
+
+        return attend
 
     def _row_ops(
         self,
@@ -423,6 +357,26 @@ class FastLlama:
         if not head:
             return None
         return self.head.logits(kernel.rms_norm(h, self.norm, s.eps))
+
+    def _prefill_fused(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        slot: int,
+        head: bool,
+    ) -> torch.Tensor | None:
+        """``forward``'s prefill of a short chunk on our kernels: every layer in one call
+        (see ``Int4Kernel.prefill_layers``), each row as a decode step computes it."""
+        kernel, s = self._kernel, self.shape
+        assert kernel is not None and self._layer_table is not None
+        h = self.embed.rows(ids).contiguous()
+        at = positions.to(torch.int64).contiguous()
+        kernel.prefill_layers(h, self._layer_table, keys, values, slot, s, self._rope_cs, at)
+        if not head:
+            return None
+        return self.head.logits(kernel.rms_norm(h[-1:], self.norm, s.eps))
 
 
 def cache_index(positions: torch.Tensor, shape: LlamaShape, capacity: int) -> torch.Tensor:

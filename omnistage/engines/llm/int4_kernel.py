@@ -1,17 +1,17 @@
-"""Our CPU kernels (``int4_kernel.c``) for CPUs with AVX512-VNNI: the int4 matmul, and
-the rest of a decode step's layer (RMS norm, SiLU-gate, RoPE + KV write + attention),
-the whole step on threads of its own, and the LM head's shortlist (top-k indices),
-built with the machine's C compiler on first use, kept in the cache directory, called
-through ctypes (~3 us a call, against ~20 small torch ops a layer it replaces).
+"""The thinker's CPU kernels: the int4 matmul and, on AVX512-VNNI, the rest of a decode
+step's layer (RMS norm, SiLU-gate, RoPE + KV write + attention), the whole step on threads
+of its own, and the LM head's shortlist (top-k indices). C (``int4_kernel_*.c``, interface
+in ``int4_kernel.h``) built into one library when the package is installed (setup.py),
+called through ctypes (~3 us a call, against ~20 small torch ops a layer it replaces).
 
-Why not a torch C++ extension: compiling against torch's headers takes about a minute
-on two cores, this plain C file well under a second, so a replica's first start does
-not wait on it. It uses pthreads, not OpenMP: a second OpenMP runtime in the process
-would fight torch's (see ``torch_threads``); the decode step and the matmuls take
-``Int4Kernel.threads``, which the model sets from the engine's thread tuner
-(``FastLlama.use_threads``). ctypes lets go of the GIL during the call.
+Why not a torch C++ extension: compiling against torch's headers takes about a minute on
+two cores, these plain C files a few seconds. They use pthreads, not OpenMP: a second
+OpenMP runtime in the process would fight torch's (see ``torch_threads``); the decode step
+and the matmuls take ``Int4Kernel.threads``, which the model sets from the engine's
+thread tuner (``FastLlama.use_threads``). ctypes lets go of the GIL during the call.
 
-Where the CPU lacks the instructions or no compiler is found, ``load`` says why and the
+``load`` takes the best variant the CPU runs (the library asks the CPU), from a library
+whose interface ``int4_abi`` has checked. Where none can run, it says why, and the
 caller keeps torch's own int4 kernel.
 """
 
@@ -19,100 +19,60 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from omnistage import envs
-
-log = logging.getLogger(__name__)
-
-GROUP = 32  # weights per scale along the input dimension
-BLOCK = 16  # output columns the kernel computes together (one AVX512 register)
-_COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One build of the kernels: its C file, compiler flags and the /proc/cpuinfo flags
-    of what those let the compiler use; ``fused``: it has the whole decode step."""
-
-    name: str
-    source: Path
-    flags: tuple[str, ...]
-    needs: tuple[str, ...]
-    fused: bool
-
-
-_HERE = Path(__file__).parent
-# Best first: ``load`` takes the first the CPU can run.
-VARIANTS = (
-    Variant(
-        "avx512-vnni",
-        _HERE / "int4_kernel.c",
-        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"),
-        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"),
-        fused=True,
-    ),
-    Variant(
-        "avx2",
-        _HERE / "int4_kernel_avx2.c",
-        ("-mavx2", "-mfma", "-mf16c"),
-        ("avx2", "fma", "f16c"),
-        fused=False,
-    ),
+from omnistage.engines.llm.int4_abi import (
+    BLOCK,
+    GROUP,
+    MAX_GROUP,
+    MAX_HD,
+    MAX_TOPK,
+    VARIANTS,
+    OmniLayer,
+    Variant,
+    cpu_lacks,
+    library,
 )
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 class Int4Kernel:
-    """The loaded library: ``pack`` weights once, then ``matmul`` per call; with
-    ``fused``, the decode step's other functions too (``decode_layers`` and its parts)."""
+    """One variant of the loaded library, with a context of its own (working buffers
+    and thread team): ``pack`` weights once, then ``matmul`` per call; with ``fused``,
+    the decode step's other functions too (``decode_layers`` and its parts)."""
 
     def __init__(self, lib: ctypes.CDLL, variant: Variant) -> None:
-        ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         self.variant = variant.name
+        self.label = variant.label
         self.fused = variant.fused
         # Threads of our own for matmuls and the decode step (the fused variant's team;
         # set by the model from the thread tuner's count). One process, one setting.
         self.threads = 1
-        self._matmul = _bind(lib.omni_int4_matmul, ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32)
+        # For the process's life: the team's threads wait in it between calls.
+        self._lib = lib
+        self._ctx = lib.omni_ctx_new()
+        if not self._ctx:
+            raise MemoryError("int4 kernel: no memory for its context")
+        fn = functools.partial(_call, lib, variant.prefix, self._ctx)
+        self._matmul = fn("matmul")
         if not variant.fused:
             return
-        self._matmul_mt = _bind(
-            lib.omni_int4_matmul_mt, ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32, i32
-        )
-        self._rms_norm = _bind(lib.omni_rms_norm, ptr, i32, i32, ptr, f32, ptr, returns=None)
-        self._silu_mul = _bind(lib.omni_silu_mul, ptr, i32, i32, ptr, returns=None)
-        self._topk = _bind(lib.omni_topk, ptr, i32, i32, i32, ptr)
-        self._q8_dots = _bind(
-            lib.omni_q8_dots, ptr, ptr, i32, ptr, ptr, i32, i32, ptr, returns=None
-        )
-        self._attention = _bind(
-            lib.omni_decode_attention, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr
-        )
-        layer_args = (ptr, i32, i32, ptr, ptr, ptr, *(i32,) * 6, f32, ptr, ptr, i32)
-        self._layers = _bind(lib.omni_decode_layers_mt, *layer_args)
-        self._prefill_layers = _bind(lib.omni_prefill_layers_mt, *layer_args)
+        self._rms_norm = getattr(lib, variant.prefix + "rms_norm")
+        self._silu_mul = getattr(lib, variant.prefix + "silu_mul")
+        self._topk = getattr(lib, variant.prefix + "topk")
+        self._q8_dots = getattr(lib, variant.prefix + "q8_dots")
+        self._attention = fn("decode_attention")
+        self._layers = fn("decode_layers")
+        self._prefill_layers = fn("prefill_layers")
+
+    def close(self) -> None:
+        """End the team's threads and free the working buffers (the process's kernels
+        live as long as it does; this is for one made for a while)."""
+        if self._ctx:
+            self._lib.omni_ctx_free(self._ctx)
+            self._ctx = None
 
     def pack(
         self, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor
@@ -149,12 +109,7 @@ class Int4Kernel:
         w, scale, lo = packed
         y = torch.empty(m, n, dtype=torch.float32) if into is None else into
         args = (x.data_ptr(), m, k, w.data_ptr(), scale.data_ptr(), lo.data_ptr(), n)
-        tail = (y.data_ptr(), into is not None, not coarse)
-        if self.fused and self.threads > 1:
-            code = self._matmul_mt(*args, *tail, self.threads)
-        else:
-            code = self._matmul(*args, *tail)
-        if code != 0:
+        if self._matmul(*args, y.data_ptr(), into is not None, not coarse, self.threads) != 0:
             raise MemoryError("int4 kernel: no memory for its working buffers")
         return y
 
@@ -166,12 +121,12 @@ class Int4Kernel:
 
     def topk_indices(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """int64 [rows, k]: the indices of each row's k largest values, unordered (as
-        ``torch.topk(x, k, sorted=False).indices``, ties aside; k <= 1024)."""
+        ``torch.topk(x, k, sorted=False).indices``, ties aside; k <= MAX_TOPK)."""
         x = _floats(x)
         rows, n = x.shape
         out = torch.empty(rows, k, dtype=torch.int64)
         if self._topk(x.data_ptr(), rows, n, k, out.data_ptr()) != 0:
-            raise ValueError(f"top-k of {k} from rows of {n}: k must be 1..min(n, 1024)")
+            raise ValueError(f"top-k of {k} from rows of {n}: k must be 1..min(n, {MAX_TOPK})")
         return out
 
     def q8_dots(
@@ -241,24 +196,10 @@ class Int4Kernel:
             raise MemoryError("decode attention: no memory for its working buffers")
         return out
 
-    def layer_table(self, layers: list[LayerWeights]) -> ctypes.Array[_Layer]:
-        """The C table of every layer's weights, for ``decode_layers`` (the tensors must
-        outlive it: the model holds them)."""
-        table = (_Layer * len(layers))()
-        for entry, (attn_norm, mlp_norm, linears) in zip(table, layers, strict=True):
-            entry.attn_norm, entry.mlp_norm = attn_norm.data_ptr(), mlp_norm.data_ptr()
-            for i, (w, scale, lo) in enumerate(linears):
-                entry.w[i], entry.scale[i], entry.lo[i] = (
-                    w.data_ptr(),
-                    scale.data_ptr(),
-                    lo.data_ptr(),
-                )
-        return table
-
     def decode_layers(
         self,
         h: torch.Tensor,
-        table: ctypes.Array[_Layer],
+        table: ctypes.Array[OmniLayer],
         keys: Sequence[torch.Tensor],
         values: Sequence[torch.Tensor],
         shape: Any,
@@ -277,7 +218,7 @@ class Int4Kernel:
     def prefill_layers(
         self,
         h: torch.Tensor,
-        table: ctypes.Array[_Layer],
+        table: ctypes.Array[OmniLayer],
         keys: Sequence[torch.Tensor],
         values: Sequence[torch.Tensor],
         slot: int,
@@ -300,7 +241,7 @@ class Int4Kernel:
         self,
         fn: Any,
         h: torch.Tensor,
-        table: ctypes.Array[_Layer],
+        table: ctypes.Array[OmniLayer],
         keys: Sequence[torch.Tensor],
         values: Sequence[torch.Tensor],
         shape: Any,
@@ -339,23 +280,29 @@ class Int4Kernel:
 LayerWeights = tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, ...]]]
 
 
-class _Layer(ctypes.Structure):
-    """int4_kernel.c's omni_layer."""
-
-    _fields_ = [
-        ("attn_norm", ctypes.c_void_p),
-        ("mlp_norm", ctypes.c_void_p),
-        ("w", ctypes.c_void_p * 4),
-        ("scale", ctypes.c_void_p * 4),
-        ("lo", ctypes.c_void_p * 4),
-    ]
+def layer_table(layers: list[LayerWeights]) -> ctypes.Array[OmniLayer]:
+    """The C table of every layer's weights, for ``Int4Kernel.decode_layers`` (the tensors must
+    outlive it: the model holds them)."""
+    table = (OmniLayer * len(layers))()
+    for entry, (attn_norm, mlp_norm, linears) in zip(table, layers, strict=True):
+        entry.attn_norm, entry.mlp_norm = attn_norm.data_ptr(), mlp_norm.data_ptr()
+        for i, (w, scale, lo) in enumerate(linears):
+            entry.w[i], entry.scale[i], entry.lo[i] = (
+                w.data_ptr(),
+                scale.data_ptr(),
+                lo.data_ptr(),
+            )
+    return table
 
 
 def fits_attention(head_dim: int, heads: int, kv_heads: int) -> bool:
-    """Whether ``decode_attention`` takes this shape (int4_kernel.c's MAX_HD and
-    MAX_GROUP, and whole AVX512 registers per head)."""
+    """Whether ``decode_attention`` takes this shape (MAX_HD and MAX_GROUP, and whole
+    AVX512 registers per head)."""
     return (
-        head_dim % 16 == 0 and head_dim <= 128 and heads % kv_heads == 0 and heads <= 8 * kv_heads
+        head_dim % 16 == 0
+        and head_dim <= MAX_HD
+        and heads % kv_heads == 0
+        and heads <= MAX_GROUP * kv_heads
     )
 
 
@@ -365,67 +312,32 @@ def _floats(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _bind(fn: Any, *argtypes: Any, returns: Any = ctypes.c_int) -> Any:
-    fn.argtypes = list(argtypes)
-    fn.restype = returns
-    return fn
+def _call(lib: ctypes.CDLL, prefix: str, ctx: int, name: str) -> Any:
+    """The variant's function ``name``, its context bound as the first argument."""
+    return functools.partial(getattr(lib, prefix + name), ctx)
 
 
 @functools.cache
 def load() -> Int4Kernel | str:
-    """The best kernel this CPU runs, or why none can (built once per machine and
-    source)."""
+    """The best variant this CPU runs, or why none can."""
     why = []
     for variant in VARIANTS:
         kernel = load_variant(variant.name)
         if not isinstance(kernel, str):
             return kernel
         why.append(f"{variant.name}: {kernel}")
-    return "; ".join(why)
+    lib = library()
+    return lib if isinstance(lib, str) else "; ".join(why)
 
 
 @functools.cache
 def load_variant(name: str) -> Int4Kernel | str:
     """One variant, or why it cannot run here."""
     variant = next(v for v in VARIANTS if v.name == name)
-    flags = cpu_flags()
-    missing = [f for f in variant.needs if f not in flags]
+    lib = library()
+    if isinstance(lib, str):
+        return lib
+    missing = cpu_lacks(variant)
     if missing:
-        return f"the CPU lacks {', '.join(missing)}"
-    try:
-        return Int4Kernel(ctypes.CDLL(str(_build(variant))), variant)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        return str(exc)
-
-
-def _build(variant: Variant) -> Path:
-    source = variant.source.read_bytes()
-    flags = (*_COMMON_FLAGS, *variant.flags)
-    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
-    target = Path(envs.cache_dir()).expanduser() / "kernels" / f"int4_{variant.name}_{digest}.so"
-    if target.exists():
-        return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) to build it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Replicas starting together may build at once: each writes its own file and the
-    # rename makes one of them the library, whole.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [compiler, *flags, "-o", tmp, str(variant.source), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if done.returncode != 0:
-            name = variant.source.name
-            raise RuntimeError(f"building {name} failed: {done.stderr.strip()[-400:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    log.info("built the int4 kernel (%s) into %s", variant.name, target)
-    return target
+        return f"the CPU lacks {missing}"
+    return Int4Kernel(lib, variant)

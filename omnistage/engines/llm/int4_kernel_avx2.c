@@ -1,4 +1,4 @@
-/* The int4 matmul of int4_kernel.c for CPUs with AVX2 but no AVX512-VNNI (AMD Zen 2/3,
+/* The int4 matmul of int4_kernel_avx512.c for CPUs with AVX2 but no AVX512-VNNI (AMD Zen 2/3,
  * most Intel client CPUs): the same packed layout, the same two int8 parts per
  * activation, the same results to float rounding. Only the matmul: where this one
  * runs, a decode step's other work stays on torch (see fast_llama).
@@ -8,14 +8,17 @@
  * 3,810, so a group's 8 such pairs per output lane (4 steps, low and high nibbles)
  * add up to at most 30,480 in int16: no saturation, one VPMADDWD per group. A 16-column
  * block is two halves of 8 columns (one 256-bit register each), done one after the other.
+ *
+ * Compiled with AVX2's -m flags (setup.py); called only where omni_cpu_lacks says the
+ * CPU has them.
  */
 #include <immintrin.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
-#define GROUP 32
-#define NB 16
+#include "int4_kernel_team.h"
+
+#define GROUP OMNI_GROUP
+#define NB OMNI_BLOCK
 #define MR 4
 #define RES 254
 #define PREFETCH 2048
@@ -27,7 +30,7 @@ static float hmax8(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-/* As int4_kernel.c's quantize_rows: [k] hi then [k] lo int8 per row, sx = d / RES. */
+/* As int4_kernel_avx512.c's quantize_rows: [k] hi then [k] lo int8 per row, sx = d / RES. */
 static void quantize_rows(const float *x, int m_rows, int k, int two, int8_t *xq, float *sx,
                           float *sumx) {
     const int groups = k / GROUP;
@@ -132,28 +135,31 @@ static void rows_half(int mr, int k, int n, int b, int half, const uint8_t *w,
 #undef TILE
 }
 
-/* As int4_kernel.c's omni_int4_matmul. */
-int omni_int4_matmul(const float *x, int m_rows, int k, const uint8_t *w, const uint16_t *scale,
-                     const uint16_t *lo, int n, float *y, int accumulate, int two) {
+/* As omni_avx512_matmul, on the caller's thread (``threads`` is ignored); x quantized
+ * into the context's scratch. 0, or -1: no memory. */
+int omni_avx2_matmul(omni_ctx *ctx, const float *x, int m_rows, int k, const uint8_t *w,
+                     const uint16_t *scale, const uint16_t *lo, int n, float *y, int accumulate,
+                     int two, int threads) {
+    (void)threads;
     const int groups = k / GROUP;
-    int8_t *xq = malloc((size_t)m_rows * 2 * k);
-    float *sx = malloc(sizeof(float) * (size_t)m_rows * groups * 2);
-    if (xq == NULL || sx == NULL) {
-        free(xq);
-        free(sx);
-        return -1;
+    omni_needs needs = {0};
+    needs.xq = (size_t)m_rows * 2 * k;
+    needs.sx = sizeof(float) * (size_t)m_rows * groups * 2;
+    omni_take(ctx);
+    const int code = omni_reserve(ctx, 1, &needs);
+    if (code == 0) {
+        int8_t *xq = ctx->scratch[0].xq;
+        float *sx = ctx->scratch[0].sx, *sumx = sx + (size_t)m_rows * groups;
+        quantize_rows(x, m_rows, k, two, xq, sx, sumx);
+        for (int b = 0; b < n / NB; b++)
+            for (int half = 0; half < 2; half++)
+                for (int m0 = 0; m0 < m_rows; m0 += MR) {
+                    const int mr = m_rows - m0 < MR ? m_rows - m0 : MR;
+                    rows_half(mr, k, n, b, half, w, scale, lo, xq + (size_t)m0 * 2 * k,
+                              sx + (size_t)m0 * groups, sumx + (size_t)m0 * groups,
+                              y + (size_t)m0 * n, accumulate, two);
+                }
     }
-    float *sumx = sx + (size_t)m_rows * groups;
-    quantize_rows(x, m_rows, k, two, xq, sx, sumx);
-    for (int b = 0; b < n / NB; b++)
-        for (int half = 0; half < 2; half++)
-            for (int m0 = 0; m0 < m_rows; m0 += MR) {
-                const int mr = m_rows - m0 < MR ? m_rows - m0 : MR;
-                rows_half(mr, k, n, b, half, w, scale, lo, xq + (size_t)m0 * 2 * k,
-                          sx + (size_t)m0 * groups, sumx + (size_t)m0 * groups, y + (size_t)m0 * n,
-                          accumulate, two);
-            }
-    free(xq);
-    free(sx);
-    return 0;
+    omni_give(ctx);
+    return code;
 }

@@ -16,25 +16,23 @@
  * its low nibble and q[16b+j][32g+8s+4+t] in its high nibble. Scales and lows are
  * float16, [N/16][K/32][16]. N, K: multiples of 16 and 32.
  *
- * Threads: the matmul itself is single-threaded. The whole decode step
- * (omni_decode_layers_mt), and a short prefill chunk's layers (omni_prefill_layers_mt,
- * each row as a decode step computes it), can run on a team of threads of our own (pthreads, not
- * OpenMP: a second OpenMP runtime would fight torch's), which split every matmul's
- * column blocks and the attention's rows; the engine's thread tuner picks the count
- * (torch_threads.py), since a second thread pays only while a core is free for it.
+ * Threads: a matmul, the whole decode step (omni_avx512_decode_layers) and a short
+ * prefill chunk's layers (omni_avx512_prefill_layers, each row as a decode step
+ * computes it) run on the context's team (int4_kernel_team.c), whose threads split every
+ * matmul's column blocks and the attention's rows. Working buffers are the context's:
+ * reserved before a call's work starts, so the work itself allocates nothing.
+ *
+ * Compiled with AVX512-VNNI's -m flags (setup.py); called only where omni_cpu_lacks
+ * says the CPU has them.
  */
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#define GROUP 32
-#define NB 16
+#include "int4_kernel_team.h"
+
+#define GROUP OMNI_GROUP
+#define NB OMNI_BLOCK
 #define MR 4
 #ifndef PREFETCH
 #define PREFETCH 4096 /* bytes ahead of the weights being read (2048: ~8% slower at 8 rows) */
@@ -165,10 +163,6 @@ static void rows_blocks(int mr, int nb, int k, int n, int b, const uint8_t *w,
 #undef TILE
 }
 
-/* y = x W^T, or y += x W^T with ``accumulate`` (a residual add for free). ``two`` 0
- * quantizes x to one int8 part only (half the multiplies, ~8 bits): for a pass whose
- * result is only a shortlist (the LM head's, see fast_llama.TiedTable). Returns 0, or
- * -1 when a working buffer could not be allocated. */
 /* Two blocks side by side where a tile has one or two rows (see tile): the unit a
  * thread's share of the blocks is counted in. */
 static inline int block_unit(int m_rows) { return m_rows <= 2 ? 2 : 1; }
@@ -190,28 +184,27 @@ static void matmul_blocks(int m_rows, int k, const uint8_t *w, const uint16_t *s
     }
 }
 
-int omni_int4_matmul(const float *x, int m_rows, int k, const uint8_t *w, const uint16_t *scale,
-                     const uint16_t *lo, int n, float *y, int accumulate, int two) {
-    const int groups = k / GROUP;
-    int8_t *xq = malloc((size_t)m_rows * 2 * k);
-    float *sx = malloc(sizeof(float) * (size_t)m_rows * groups * 2);
-    if (xq == NULL || sx == NULL) {
-        free(xq);
-        free(sx);
-        return -1;
-    }
-    float *sumx = sx + (size_t)m_rows * groups;
+/* x quantized into ``xq``/``sx`` (a thread's scratch), then column blocks [b_lo, b_hi). */
+static void quantize_and_multiply(const float *x, int m_rows, int k, const uint8_t *w,
+                                  const uint16_t *scale, const uint16_t *lo, int n, float *y,
+                                  int accumulate, int two, int8_t *xq, float *sx, int b_lo,
+                                  int b_hi) {
+    float *sumx = sx + (size_t)m_rows * (k / GROUP);
     quantize_rows(x, m_rows, k, two, xq, sx, sumx);
-    matmul_blocks(m_rows, k, w, scale, lo, n, y, accumulate, two, xq, sx, sumx, 0, n / NB);
-    free(xq);
-    free(sx);
-    return 0;
+    matmul_blocks(m_rows, k, w, scale, lo, n, y, accumulate, two, xq, sx, sumx, b_lo, b_hi);
+}
+
+/* The scratch a matmul of ``rows`` rows of ``k`` inputs needs per thread. */
+static void matmul_needs(omni_needs *needs, int rows, int k) {
+    const size_t xq = (size_t)rows * 2 * k, sx = sizeof(float) * (size_t)rows * (k / GROUP) * 2;
+    needs->xq = needs->xq > xq ? needs->xq : xq;
+    needs->sx = needs->sx > sx ? needs->sx : sx;
 }
 
 /* ---- the rest of a decode step's layer: few calls instead of ~20 small torch ops ---- */
 
 /* out[r] = x[r] / rms(x[r]) * weight, rows of ``hidden`` (a multiple of 16) floats. */
-void omni_rms_norm(const float *x, int rows, int hidden, const float *weight, float eps,
+void omni_avx512_rms_norm(const float *x, int rows, int hidden, const float *weight, float eps,
                    float *out) {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * hidden;
@@ -247,9 +240,9 @@ static void sift_down(float *v, int64_t *ix, int k, int at) {
     }
 }
 
-int omni_topk(const float *x, int rows, int n, int k, int64_t *out) {
-    if (k < 1 || k > n || k > 1024) return -1;
-    float v[1024];
+int omni_avx512_topk(const float *x, int rows, int n, int k, int64_t *out) {
+    if (k < 1 || k > n || k > OMNI_MAX_TOPK) return -1;
+    float v[OMNI_MAX_TOPK];
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * n;
         int64_t *ix = out + (size_t)r * k;
@@ -282,8 +275,8 @@ int omni_topk(const float *x, int rows, int n, int k, int64_t *out) {
  * fast_llama.TiedTable). Each weight is q * scale rounded to float32 first, as torch's
  * q.float() * scale; every dot product is on its own, so a row's values do not depend
  * on the other rows (torch's gather, convert and bmm took ~0.4 ms at 8 rows of 64). */
-void omni_q8_dots(const int8_t *q, const float *scale, int k, const float *x, const int64_t *ids,
-                  int rows, int per_row, float *out) {
+void omni_avx512_q8_dots(const int8_t *q, const float *scale, int k, const float *x,
+                         const int64_t *ids, int rows, int per_row, float *out) {
     const int groups = k / GROUP;
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * k;
@@ -323,7 +316,7 @@ static inline __m512 exp_neg(__m512 x) {
 }
 
 /* out[r] = silu(gate) * up, row r of ``gate_up`` being [gate (width), up (width)]. */
-void omni_silu_mul(const float *gate_up, int rows, int width, float *out) {
+void omni_avx512_silu_mul(const float *gate_up, int rows, int width, float *out) {
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (size_t)r * 2 * width, *u = g + width;
         float *o = out + (size_t)r * width;
@@ -348,12 +341,12 @@ void omni_silu_mul(const float *gate_up, int rows, int width, float *out) {
  *   kcache, vcache [slots, kv_heads, capacity, hd]: the layer's cache, where this
  *     step's k (rotated) and v are written;
  *   out [rows, heads * hd].
- * hd: a multiple of 16 up to MAX_HD; heads / kv_heads up to MAX_GROUP (int4_kernel.py
- * checks both). Returns 0, or -1 when a working buffer could not be allocated. */
-#define MAX_HD 128
-/* K rows read ahead of the one in use (see omni_decode_attention). */
+ * hd: a multiple of 16 up to OMNI_MAX_HD; heads / kv_heads up to OMNI_MAX_GROUP
+ * (int4_kernel.py checks both). */
+#define MAX_HD OMNI_MAX_HD
+#define MAX_GROUP OMNI_MAX_GROUP
+/* K rows read ahead of the one in use (see attend). */
 #define APF 16
-#define MAX_GROUP 8
 /* RoPE on each row's q (scaled by 1/sqrt(hd), into q [rows, heads * hd]) and k, and k
  * and v into the cache at the row's position: row r's cache is kcache + r * slot_stride
  * (a decode step: a slot per row; a prefill: 0, every row in one slot). */
@@ -384,16 +377,21 @@ static void rope_and_store(const float *qkv, int rows, int heads, int kv_heads, 
     }
 }
 
-/* Attention of each row (its rotated q from rope_and_store) over positions
- * 0..positions[r] of its cache (kcache + r * slot_stride), into out [rows, heads * hd]. */
-static int attend(const float *q, int rows, int heads, int kv_heads, int hd,
-                  const int64_t *positions, const float *kcache, const float *vcache, int capacity,
-                  size_t slot_stride, float *out) {
-    const int group = heads / kv_heads;
+/* The longest a row attends to: ``scores`` holds that many per query head of a group. */
+static int most_positions(const int64_t *positions, int rows) {
     int most = 0;
     for (int r = 0; r < rows; r++) most = positions[r] + 1 > most ? (int)positions[r] + 1 : most;
-    float *scores = malloc(sizeof(float) * (size_t)most * group);
-    if (scores == NULL) return -1;
+    return most;
+}
+
+/* Attention of each row (its rotated q from rope_and_store) over positions
+ * 0..positions[r] of its cache (kcache + r * slot_stride), into out [rows, heads * hd];
+ * ``scores``: most_positions(positions, rows) * heads / kv_heads floats. */
+static void attend(const float *q, int rows, int heads, int kv_heads, int hd,
+                   const int64_t *positions, const float *kcache, const float *vcache, int capacity,
+                   size_t slot_stride, float *out, float *scores) {
+    const int group = heads / kv_heads;
+    const int most = most_positions(positions, rows);
     for (int r = 0; r < rows; r++) {
         const int length = (int)positions[r] + 1;
         const float *kr = kcache + r * slot_stride, *vr = vcache + r * slot_stride;
@@ -463,69 +461,30 @@ static int attend(const float *q, int rows, int heads, int kv_heads, int hd,
             }
         }
     }
-    free(scores);
-    return 0;
 }
 
-int omni_decode_attention(const float *qkv, int rows, int heads, int kv_heads, int hd,
-                          const float *rope, const int64_t *positions, float *kcache,
-                          float *vcache, int capacity, float *out) {
+/* One decode step's RoPE, K/V write and attention (see above). 0, or -1: no memory. */
+int omni_avx512_decode_attention(omni_ctx *ctx, const float *qkv, int rows, int heads,
+                                 int kv_heads, int hd, const float *rope,
+                                 const int64_t *positions, float *kcache, float *vcache,
+                                 int capacity, float *out) {
     const size_t stride = (size_t)kv_heads * capacity * hd;
-    float *q = malloc(sizeof(float) * (size_t)rows * heads * hd);
-    if (q == NULL) return -1;
-    rope_and_store(qkv, rows, heads, kv_heads, hd, rope, positions, kcache, vcache, capacity, stride, q);
-    const int code = attend(q, rows, heads, kv_heads, hd, positions, kcache, vcache, capacity, stride, out);
-    free(q);
+    omni_needs needs = {0};
+    needs.q = sizeof(float) * (size_t)rows * heads * hd;
+    needs.scores = sizeof(float) * (size_t)most_positions(positions, rows) * (heads / kv_heads);
+    omni_take(ctx);
+    const int code = omni_reserve(ctx, 1, &needs);
+    if (code == 0) {
+        rope_and_store(qkv, rows, heads, kv_heads, hd, rope, positions, kcache, vcache, capacity,
+                       stride, ctx->q);
+        attend(ctx->q, rows, heads, kv_heads, hd, positions, kcache, vcache, capacity, stride, out,
+               ctx->scratch[0].scores);
+    }
+    omni_give(ctx);
     return code;
 }
 
-/* ---- a decode step's layers in one call ---- */
-
-/* One layer's weights: the norms, and (packed, scale, lo) of qkv, o, gate_up, down. */
-typedef struct {
-    const float *attn_norm, *mlp_norm;
-    const uint8_t *w[4];
-    const uint16_t *scale[4], *lo[4];
-} omni_layer;
-
-/* ---- the decode step on a team of threads ---- */
-
-#define MAX_TEAM 64
-
-typedef struct {
-    float *h;
-    int rows, layers;
-    const omni_layer *ls;
-    float *const *kcache, *const *vcache;
-    int capacity, hidden, heads, kv_heads, hd, inter;
-    float eps;
-    const float *rope;
-    const int64_t *positions;
-    float *qkv, *q, *attn, *gate_up; /* shared: each thread writes its own columns or rows */
-    size_t slot_stride;              /* a row's cache from the previous row's (0: one slot) */
-    int threads;
-    atomic_int code;
-} step_args;
-
-/* A spinning barrier: the phases between them last microseconds, far less than a
- * sleep and wake through the kernel. A thread the OS has not scheduled (another
- * process has the core) is waited for with sched_yield, not a hot spin. */
-static atomic_uint bar_count, bar_gen;
-
-static void barrier(int threads) {
-    const unsigned gen = atomic_load_explicit(&bar_gen, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&bar_count, 1, memory_order_acq_rel) + 1 == (unsigned)threads) {
-        atomic_store_explicit(&bar_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&bar_gen, 1, memory_order_release);
-        return;
-    }
-    for (int spins = 0; atomic_load_explicit(&bar_gen, memory_order_acquire) == gen; spins++) {
-        if (spins < 4000)
-            _mm_pause();
-        else
-            sched_yield();
-    }
-}
+/* ---- a matmul, and a decode step's layers, on the context's team ---- */
 
 /* [lo, hi) of ``count`` things for thread ``tid`` of ``threads``, in whole ``unit``s. */
 static void share(int count, int unit, int tid, int threads, int *lo, int *hi) {
@@ -536,242 +495,148 @@ static void share(int count, int unit, int tid, int threads, int *lo, int *hi) {
     if (*lo > count) *lo = count;
 }
 
-/* This thread's share of y = x W^T: its column blocks, x quantized on its own buffers
+/* This thread's share of y = x W^T: its column blocks, x quantized into its own scratch
  * (every thread quantizes the whole x: cheaper than a barrier). */
 static void matmul_share(const float *x, int rows, int k, const uint8_t *w, const uint16_t *scale,
-                         const uint16_t *lo, int n, float *y, int accumulate, int two, int8_t *xq,
-                         float *sx, int tid, int threads) {
+                         const uint16_t *lo, int n, float *y, int accumulate, int two,
+                         const omni_scratch *mine, int tid, int threads) {
     int b_lo, b_hi;
     share(n / NB, block_unit(rows), tid, threads, &b_lo, &b_hi);
-    if (b_lo >= b_hi) return;
-    float *sumx = sx + (size_t)rows * (k / GROUP);
-    quantize_rows(x, rows, k, two, xq, sx, sumx);
-    matmul_blocks(rows, k, w, scale, lo, n, y, accumulate, two, xq, sx, sumx, b_lo, b_hi);
+    if (b_lo < b_hi)
+        quantize_and_multiply(x, rows, k, w, scale, lo, n, y, accumulate, two, mine->xq, mine->sx,
+                              b_lo, b_hi);
 }
+
+typedef struct {
+    omni_ctx *ctx;
+    float *h;
+    int rows, layers;
+    const omni_layer *ls;
+    float *const *kcache, *const *vcache;
+    int capacity, hidden, heads, kv_heads, hd, inter;
+    float eps;
+    const float *rope;
+    const int64_t *positions;
+    size_t slot_stride; /* a row's cache from the previous row's (0: one slot) */
+    int threads;
+} step_args;
 
 /* One thread's part of a step: the residual stream ``h`` [rows, hidden] through every
  * layer, in place, with the step's K/V written into the caches (as
- * omni_decode_attention): what fast_llama's per-op decode does, without a Python round
- * trip between the ~8 calls a layer makes (~3 us each). A barrier wherever a step reads
- * what all threads wrote. Norms and the SiLU gate are small and computed by
- * every thread into buffers of its own. A thread without buffers still meets every
- * barrier (the others would wait for it forever), doing no work, and the step fails. */
-static void step_part(step_args *s, int tid) {
+ * omni_avx512_decode_attention): what fast_llama's per-op decode does, without a Python
+ * round trip between the ~8 calls a layer makes (~3 us each). A barrier wherever a step
+ * reads what all threads wrote. Norms and the SiLU gate are small and computed by every
+ * thread into its own scratch; the context's shared buffers (qkv, q, attn, gate_up) are
+ * written a share by each thread. */
+static void step_part(void *args, int tid) {
     /* Nothing of *s may be read after the last barrier: the caller's thread is free to
-     * return then, and *s is on its stack. So the loop's bound is a copy. */
+     * return then, and *s is on its stack. So everything the loop reads is a copy. */
+    const step_args *s = args;
+    omni_ctx *const ctx = s->ctx;
+    const omni_scratch *mine = ctx->scratch + tid;
     const int rows = s->rows, hidden = s->hidden, inter = s->inter, T = s->threads;
     const int layers = s->layers;
     const int qkv_width = (s->heads + 2 * s->kv_heads) * s->hd, attn_width = s->heads * s->hd;
-    int kmax = hidden > inter ? hidden : inter;
-    kmax = kmax > attn_width ? kmax : attn_width;
-    float *x = malloc(sizeof(float) * (size_t)rows * hidden);
-    float *act = malloc(sizeof(float) * (size_t)rows * inter);
-    int8_t *xq = malloc((size_t)rows * 2 * kmax);
-    float *sx = malloc(sizeof(float) * (size_t)rows * (kmax / GROUP) * 2);
-    const int ok = x && act && xq && sx;
-    if (!ok) atomic_store(&s->code, -1);
+    float *const qkv = ctx->qkv, *const q = ctx->q, *const attn = ctx->attn;
+    float *const gate_up = ctx->gate_up;
     int r_lo, r_hi;
     share(rows, 1, tid, T, &r_lo, &r_hi);
     const size_t stride = s->slot_stride;
     for (int l = 0; l < layers; l++) {
         const omni_layer *L = s->ls + l;
-        if (ok) {
-            omni_rms_norm(s->h, rows, hidden, L->attn_norm, s->eps, x);
-            matmul_share(x, rows, hidden, L->w[0], L->scale[0], L->lo[0], qkv_width, s->qkv, 0, 1,
-                         xq, sx, tid, T);
-        }
-        barrier(T);
+        omni_avx512_rms_norm(s->h, rows, hidden, L->attn_norm, s->eps, mine->x);
+        matmul_share(mine->x, rows, hidden, L->w[0], L->scale[0], L->lo[0], qkv_width, qkv, 0, 1,
+                     mine, tid, T);
+        omni_barrier(ctx, T);
         float *kc = s->kcache[l] + r_lo * stride, *vc = s->vcache[l] + r_lo * stride;
-        if (ok && r_lo < r_hi)
-            rope_and_store(s->qkv + (size_t)r_lo * qkv_width, r_hi - r_lo, s->heads, s->kv_heads,
+        if (r_lo < r_hi)
+            rope_and_store(qkv + (size_t)r_lo * qkv_width, r_hi - r_lo, s->heads, s->kv_heads,
                            s->hd, s->rope, s->positions + r_lo, kc, vc, s->capacity, stride,
-                           s->q + (size_t)r_lo * attn_width);
+                           q + (size_t)r_lo * attn_width);
         /* One slot (a prefill): a row attends to the K/V other threads' rows wrote. */
-        if (stride == 0) barrier(T);
-        if (ok && r_lo < r_hi &&
-            attend(s->q + (size_t)r_lo * attn_width, r_hi - r_lo, s->heads, s->kv_heads, s->hd,
+        if (stride == 0) omni_barrier(ctx, T);
+        if (r_lo < r_hi)
+            attend(q + (size_t)r_lo * attn_width, r_hi - r_lo, s->heads, s->kv_heads, s->hd,
                    s->positions + r_lo, kc, vc, s->capacity, stride,
-                   s->attn + (size_t)r_lo * attn_width) != 0)
-            atomic_store(&s->code, -1);
-        barrier(T);
-        if (ok)
-            matmul_share(s->attn, rows, attn_width, L->w[1], L->scale[1], L->lo[1], hidden, s->h,
-                         1, 1, xq, sx, tid, T);
-        barrier(T);
-        if (ok) {
-            omni_rms_norm(s->h, rows, hidden, L->mlp_norm, s->eps, x);
-            matmul_share(x, rows, hidden, L->w[2], L->scale[2], L->lo[2], 2 * inter, s->gate_up, 0, 1,
-                         xq, sx, tid, T);
-        }
-        barrier(T);
-        if (ok) {
-            omni_silu_mul(s->gate_up, rows, inter, act);
-            matmul_share(act, rows, inter, L->w[3], L->scale[3], L->lo[3], hidden, s->h, 1, 1, xq, sx,
-                         tid, T);
-        }
-        barrier(T);
+                   attn + (size_t)r_lo * attn_width, mine->scores);
+        omni_barrier(ctx, T);
+        matmul_share(attn, rows, attn_width, L->w[1], L->scale[1], L->lo[1], hidden, s->h, 1, 1,
+                     mine, tid, T);
+        omni_barrier(ctx, T);
+        omni_avx512_rms_norm(s->h, rows, hidden, L->mlp_norm, s->eps, mine->x);
+        matmul_share(mine->x, rows, hidden, L->w[2], L->scale[2], L->lo[2], 2 * inter, gate_up, 0,
+                     1, mine, tid, T);
+        omni_barrier(ctx, T);
+        omni_avx512_silu_mul(gate_up, rows, inter, mine->act);
+        matmul_share(mine->act, rows, inter, L->w[3], L->scale[3], L->lo[3], hidden, s->h, 1, 1,
+                     mine, tid, T);
+        omni_barrier(ctx, T);
     }
-    free(x);
-    free(act);
-    free(xq);
-    free(sx);
 }
 
-/* The team: threads 1.. wait on a condition variable between steps (no spinning while
- * the engine is idle) and run their part of each step posted. One step at a time in
- * the process (step_mu): the team and the barrier are shared. */
-static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t team_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t team_cv = PTHREAD_COND_INITIALIZER;
-static int team_started = 1; /* threads in the team, the caller's included */
-typedef void (*team_fn)(void *args, int tid);
-static atomic_ulong team_job; /* written under team_mu; read without it while spinning */
-static int team_sleepers;     /* under team_mu: threads waiting on team_cv */
-static team_fn team_work; /* the posted job: a decode step or one matmul */
-static void *team_args;
-static int team_threads; /* the posted job's: read under team_mu, as a thread not in the
-                            job may wake after it ended (and its args are gone) */
-
-/* After a job a thread watches for the next one for TEAM_SPIN_NS before it sleeps: a
- * prefill's matmuls come every ~0.1 ms, and a step's LM head right after its layers,
- * and waking a sleeping thread for each took longer than its share of the work (the
- * caller waited at the barrier for it). It yields the core every 64 pauses, so a
- * process that wants it (the head streaming this step's tokens) runs then, not in the
- * middle of the next step, where the other thread would wait for it at a barrier
- * (served at 8 clients, a pure spin of 0.3 ms: 2.98-3.05x c=1; yielding: 3.18-3.68x). */
-#ifndef TEAM_SPIN_NS
-#define TEAM_SPIN_NS 300000L
-#endif
-static long now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-static void *team_worker(void *arg) {
-    const int tid = (int)(intptr_t)arg;
-    unsigned long seen = 0;
-    for (;;) {
-        const long until = now_ns() + TEAM_SPIN_NS;
-        for (int spins = 0; atomic_load_explicit(&team_job, memory_order_acquire) == seen; spins++) {
-            _mm_pause();
-            if ((spins & 63) == 63) {
-                if (now_ns() > until) break;
-                sched_yield();
-            }
-        }
-        pthread_mutex_lock(&team_mu);
-        while (team_job == seen) {
-            team_sleepers++;
-            pthread_cond_wait(&team_cv, &team_mu);
-            team_sleepers--;
-        }
-        seen = team_job;
-        team_fn fn = tid < team_threads ? team_work : NULL;
-        void *args = team_args;
-        pthread_mutex_unlock(&team_mu);
-        if (fn != NULL) fn(args, tid);
-    }
-    return NULL;
-}
-
-/* Hand a job to threads 1..threads-1 (the caller then does its own part, 0). */
-static void post(team_fn fn, void *args, int threads) {
-    pthread_mutex_lock(&team_mu);
-    team_work = fn;
-    team_args = args;
-    team_threads = threads;
-    team_job++;
-    if (team_sleepers > 0) pthread_cond_broadcast(&team_cv);
-    pthread_mutex_unlock(&team_mu);
-}
-
-static void step_job(void *args, int tid) { step_part((step_args *)args, tid); }
-
-/* A forked child has none of the team's threads (fork copies the calling thread only):
- * it starts a team of its own when it needs one. */
-static void team_forked(void) {
-    pthread_mutex_init(&step_mu, NULL);
-    pthread_mutex_init(&team_mu, NULL);
-    pthread_cond_init(&team_cv, NULL);
-    team_started = 1;
-    team_job = 0;
-    team_sleepers = 0;
-    atomic_store(&bar_count, 0);
-}
-
-/* Start threads until the team has ``threads``; returns how many it has. */
-static int grow_team(int threads) {
-    static int at_fork;
-    if (!at_fork) at_fork = pthread_atfork(NULL, NULL, team_forked) == 0;
-    while (team_started < threads) {
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int failed = pthread_create(&t, &attr, team_worker, (void *)(intptr_t)team_started);
-        pthread_attr_destroy(&attr);
-        if (failed) break;
-        team_started++;
-    }
-    return team_started < threads ? team_started : threads;
+/* What a step of ``s`` needs: per thread its norm and gate outputs, x quantized for the
+ * widest matmul input and the attention's scores; shared the four matmuls' outputs. */
+static omni_needs step_needs(const step_args *s) {
+    const int attn_width = s->heads * s->hd;
+    int kmax = s->hidden > s->inter ? s->hidden : s->inter;
+    kmax = kmax > attn_width ? kmax : attn_width;
+    const size_t f = sizeof(float), rows = (size_t)s->rows;
+    omni_needs needs = {0};
+    needs.x = f * rows * s->hidden;
+    needs.act = f * rows * s->inter;
+    matmul_needs(&needs, s->rows, kmax);
+    /* A thread's rows attend to at most the step's longest row. */
+    needs.scores = f * (size_t)most_positions(s->positions, s->rows) * (s->heads / s->kv_heads);
+    needs.qkv = f * rows * (s->heads + 2 * s->kv_heads) * s->hd;
+    needs.q = needs.attn = f * rows * attn_width;
+    needs.gate_up = f * rows * 2 * s->inter;
+    return needs;
 }
 
 /* The layers of a decode step (slot_stride: a slot per row) or of a prefill chunk (0)
- * on ``threads`` threads (1: the caller's alone). Returns 0, or -1 when a buffer could
- * not be allocated. */
-static int layers_mt(float *h, int rows, int layers, const omni_layer *ls, float *const *kcache,
-                     float *const *vcache, int capacity, int hidden, int heads, int kv_heads, int hd,
-                     int inter, float eps, const float *rope, const int64_t *positions,
-                     size_t slot_stride, int threads) {
-    if (threads > MAX_TEAM) threads = MAX_TEAM;
-    pthread_mutex_lock(&step_mu); /* the barrier is shared, even by a team of one */
-    threads = threads > 1 ? grow_team(threads) : 1;
-    const int qkv_width = (heads + 2 * kv_heads) * hd;
-    step_args s = {h, rows, layers, ls, kcache, vcache, capacity, hidden, heads, kv_heads, hd,
-                   inter, eps, rope, positions, NULL, NULL, NULL, NULL, slot_stride, threads, 0};
-    s.qkv = malloc(sizeof(float) * (size_t)rows * qkv_width);
-    s.q = malloc(sizeof(float) * (size_t)rows * heads * hd);
-    s.attn = malloc(sizeof(float) * (size_t)rows * heads * hd);
-    s.gate_up = malloc(sizeof(float) * (size_t)rows * 2 * inter);
-    int code = -1;
-    if (s.qkv && s.q && s.attn && s.gate_up) {
-        if (threads > 1) post(step_job, &s, threads);
-        step_part(&s, 0); /* ends with a barrier all threads pass: the step is done */
-        code = atomic_load(&s.code);
+ * on ``threads`` threads (1: the caller's alone). 0, or -1: no memory for the buffers. */
+static int run_layers(step_args *s, int threads) {
+    omni_take(s->ctx);
+    s->threads = threads > 1 ? omni_team(s->ctx, threads) : 1;
+    const omni_needs needs = step_needs(s);
+    const int code = omni_reserve(s->ctx, s->threads, &needs);
+    if (code == 0) {
+        if (s->threads > 1) omni_post(s->ctx, step_part, s, s->threads);
+        step_part(s, 0); /* ends with a barrier all threads pass: the step is done */
     }
-    free(s.qkv);
-    free(s.q);
-    free(s.attn);
-    free(s.gate_up);
-    pthread_mutex_unlock(&step_mu);
+    omni_give(s->ctx);
     return code;
 }
 
 /* A decode step's layers in one call: row r is slot r, at positions[r]. */
-int omni_decode_layers_mt(float *h, int rows, int layers, const omni_layer *ls,
-                          float *const *kcache, float *const *vcache, int capacity, int hidden,
-                          int heads, int kv_heads, int hd, int inter, float eps,
-                          const float *rope, const int64_t *positions, int threads) {
-    return layers_mt(h, rows, layers, ls, kcache, vcache, capacity, hidden, heads, kv_heads, hd,
-                     inter, eps, rope, positions, (size_t)kv_heads * capacity * hd, threads);
+int omni_avx512_decode_layers(omni_ctx *ctx, float *h, int rows, int layers,
+                              const omni_layer *ls, float *const *kcache, float *const *vcache,
+                              int capacity, int hidden, int heads, int kv_heads, int hd,
+                              int inter, float eps, const float *rope, const int64_t *positions,
+                              int threads) {
+    step_args s = {ctx,    h,  rows,  layers, ls,   kcache,    vcache,
+                   capacity, hidden, heads, kv_heads, hd, inter, eps,
+                   rope,   positions, (size_t)kv_heads * capacity * hd, 0};
+    return run_layers(&s, threads);
 }
 
 /* A prefill chunk's layers in one call: ``rows`` tokens of one sequence at ``positions``
  * (ascending), all in one slot (kslot[l], vslot[l]: that slot's cache in layer l), each
  * attending to the slot's positions up to its own (the ones cached before the chunk and
  * the chunk's own). Per row the same arithmetic as a decode step's row. */
-int omni_prefill_layers_mt(float *h, int rows, int layers, const omni_layer *ls,
-                           float *const *kslot, float *const *vslot, int capacity, int hidden,
-                           int heads, int kv_heads, int hd, int inter, float eps,
-                           const float *rope, const int64_t *positions, int threads) {
-    return layers_mt(h, rows, layers, ls, kslot, vslot, capacity, hidden, heads, kv_heads, hd,
-                     inter, eps, rope, positions, 0, threads);
+int omni_avx512_prefill_layers(omni_ctx *ctx, float *h, int rows, int layers,
+                               const omni_layer *ls, float *const *kslot, float *const *vslot,
+                               int capacity, int hidden, int heads, int kv_heads, int hd,
+                               int inter, float eps, const float *rope, const int64_t *positions,
+                               int threads) {
+    step_args s = {ctx,    h,  rows,  layers, ls,   kslot,     vslot,
+                   capacity, hidden, heads, kv_heads, hd, inter, eps,
+                   rope,   positions, 0, 0};
+    return run_layers(&s, threads);
 }
 
-/* ---- one matmul on the team (a prefill's, the LM head's) ---- */
-
 typedef struct {
+    omni_ctx *ctx;
     const float *x;
     int m_rows, k;
     const uint8_t *w;
@@ -779,46 +644,42 @@ typedef struct {
     int n;
     float *y;
     int accumulate, two, threads;
-    atomic_int code;
 } matmul_args;
 
 /* One thread's column blocks, then a barrier: as in step_part, nothing of *a is read
  * after it. */
 static void matmul_job(void *args, int tid) {
-    matmul_args *a = (matmul_args *)args;
+    const matmul_args *a = args;
+    omni_ctx *const ctx = a->ctx;
     const int T = a->threads;
-    int8_t *xq = malloc((size_t)a->m_rows * 2 * a->k);
-    float *sx = malloc(sizeof(float) * (size_t)a->m_rows * (a->k / GROUP) * 2);
-    if (xq && sx)
-        matmul_share(a->x, a->m_rows, a->k, a->w, a->scale, a->lo, a->n, a->y, a->accumulate,
-                     a->two, xq, sx, tid, T);
-    else
-        atomic_store(&a->code, -1);
-    free(xq);
-    free(sx);
-    barrier(T);
+    matmul_share(a->x, a->m_rows, a->k, a->w, a->scale, a->lo, a->n, a->y, a->accumulate, a->two,
+                 ctx->scratch + tid, tid, T);
+    omni_barrier(ctx, T);
 }
 
-/* omni_int4_matmul on ``threads`` threads, each a share of the column blocks. */
-int omni_int4_matmul_mt(const float *x, int m_rows, int k, const uint8_t *w,
-                        const uint16_t *scale, const uint16_t *lo, int n, float *y, int accumulate,
-                        int two, int threads) {
-    if (threads > MAX_TEAM) threads = MAX_TEAM;
+/* y = x W^T, or y += x W^T with ``accumulate`` (a residual add for free), on
+ * ``threads`` threads, each a share of the column blocks. ``two`` 0 quantizes x to one
+ * int8 part only (half the multiplies, ~8 bits): for a pass whose result is only a
+ * shortlist (the LM head's, see fast_llama's TiedTable). 0, or -1: no memory. */
+int omni_avx512_matmul(omni_ctx *ctx, const float *x, int m_rows, int k, const uint8_t *w,
+                       const uint16_t *scale, const uint16_t *lo, int n, float *y, int accumulate,
+                       int two, int threads) {
     /* Fewer column units than threads: no share for some; below two units, one thread. */
     const int units = (n / NB + block_unit(m_rows) - 1) / block_unit(m_rows);
     if (threads > units) threads = units;
-    if (threads <= 1) return omni_int4_matmul(x, m_rows, k, w, scale, lo, n, y, accumulate, two);
-    pthread_mutex_lock(&step_mu);
-    threads = grow_team(threads);
-    matmul_args a = {x, m_rows, k, w, scale, lo, n, y, accumulate, two, threads, 0};
-    int code;
-    if (threads > 1) {
-        post(matmul_job, &a, threads);
+    omni_take(ctx);
+    threads = threads > 1 ? omni_team(ctx, threads) : 1;
+    omni_needs needs = {0};
+    matmul_needs(&needs, m_rows, k);
+    const int code = omni_reserve(ctx, threads, &needs);
+    if (code == 0 && threads > 1) {
+        matmul_args a = {ctx, x, m_rows, k, w, scale, lo, n, y, accumulate, two, threads};
+        omni_post(ctx, matmul_job, &a, threads);
         matmul_job(&a, 0);
-        code = atomic_load(&a.code);
-    } else {
-        code = omni_int4_matmul(x, m_rows, k, w, scale, lo, n, y, accumulate, two);
+    } else if (code == 0) {
+        quantize_and_multiply(x, m_rows, k, w, scale, lo, n, y, accumulate, two,
+                              ctx->scratch[0].xq, ctx->scratch[0].sx, 0, n / NB);
     }
-    pthread_mutex_unlock(&step_mu);
+    omni_give(ctx);
     return code;
 }
