@@ -1,4 +1,4 @@
-"""Two heads in one fleet (``--omni-join``, issue 24): what a second head costs, what a
+"""Two heads in one fleet (``--omni-join``): what a second head costs, what a
 head killed under load costs the clients, and how soon a restarted head serves again.
 
 The ``echo-1stage`` pipeline; every head runs no replica of its own (``--stage-id 0

@@ -1,4 +1,4 @@
-"""Eight voices at once (issue 22): N concurrent voice chats on the default ``voice``
+"""Eight voices at once: N concurrent voice chats on the default ``voice``
 pipeline (SmolLM2 thinker -> Piper talker), streamed chat completions with text and audio.
 
 Starts ``omnistage serve voice`` itself. For each level N of ``--levels``, N clients at
