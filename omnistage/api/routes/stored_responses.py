@@ -22,13 +22,7 @@ router = APIRouter()
 async def _stored(request: Request, response_id: str) -> StoredResponse:
     found = await persistence(request).store.get_response(response_id, owner_of(request))
     if found is None:
-        raise ApiError(
-            404,
-            f"no stored response {response_id!r}",
-            "invalid_request_error",
-            "response_id",
-            "not_found",
-        )
+        raise _not_found(response_id)
     return found
 
 
@@ -79,13 +73,7 @@ async def delete_response(request: Request, response_id: str) -> Response:
     if job is not None and job.kind == JobKind.RESPONSE:
         await persist.store.delete_job(response_id, owner)
     if not await persist.store.delete_response(response_id, owner):
-        raise ApiError(
-            404,
-            f"no stored response {response_id!r}",
-            "invalid_request_error",
-            "response_id",
-            "not_found",
-        )
+        raise _not_found(response_id)
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
@@ -145,3 +133,13 @@ async def cancel_response(request: Request, response_id: str) -> Response:
         stored.status = ResponseStatus.CANCELLED
         await persist.store.put_response(stored)
     return json_response(stored.body)
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f"no stored response {response_id!r}",
+        "invalid_request_error",
+        "response_id",
+        "not_found",
+    )
