@@ -75,7 +75,9 @@ def test_a_long_function_and_a_long_module_are_found(tmp_path):
     assert any("long.py: module" in line for line in found)
 
 
-@pytest.mark.parametrize("doc", ["docs/layout.md"])
+# layout.md lists every module with a line; architecture.md tells how they work together,
+# and names each by its path relative to omnistage/, so neither falls behind the package.
+@pytest.mark.parametrize("doc", ["docs/layout.md", "docs/architecture.md"])
 def test_the_layout_doc_names_every_module(doc):
     text = (ROOT / doc).read_text()
     modules = sorted(
