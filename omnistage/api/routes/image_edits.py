@@ -6,7 +6,7 @@ A multipart form, as the openai SDK's ``client.images.edit`` sends it: the file
 from one), an optional file ``mask`` (the image's size; its fully transparent pixels mark
 where to edit), and the fields of ``ImageEditForm``. Served by the pipeline's image stage
 alone, with the prompt as given (no thinker revises it): image-to-image without a mask,
-inpainting with one (see engines/edit_images.py). The uploads are decoded here, in a
+inpainting with one (see engines/image/edits.py). The uploads are decoded here, in a
 worker thread, so a file that is no image or a mask that does not fit is a 400 before any
 replica sees it. ``stream: true`` sends ``image_edit.progress`` (omnistage's) and
 ``image_edit.completed`` events, as generations do.
