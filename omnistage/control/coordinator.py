@@ -118,10 +118,16 @@ class Coordinator:
         self._emit(transitions)
 
     def ready(
-        self, key: ReplicaKey, epoch: int, capacity: int, pid: int, peer_address: str = ""
+        self,
+        key: ReplicaKey,
+        epoch: int,
+        capacity: int,
+        pid: int,
+        peer_address: str = "",
+        host_key: str = "",
     ) -> bool:
         with self._lock:
-            t = self._table.ready(key, epoch, capacity, pid, peer_address)
+            t = self._table.ready(key, epoch, capacity, pid, peer_address, host_key)
         self._emit([t] if t else [])
         return t is not None
 

@@ -8,7 +8,14 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
 from omnistage.engines.echo import EchoEngine
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, Resume
+from omnistage.protocol.messages import (
+    Abort,
+    AddRequest,
+    OutputChunk,
+    PeerConnector,
+    Prompt,
+    Resume,
+)
 from omnistage.replica.early_inputs import EARLY_TTL_S
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import FakeClock, others_done, ticks, until
@@ -22,7 +29,7 @@ class Recorder:
     def to_head(self, chunks: list[OutputChunk]) -> None:
         self.head.extend(chunks)
 
-    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
+    def to_peer(self, address: str, chunks: list[OutputChunk], connector: PeerConnector) -> None:
         self.peers.setdefault(address, []).extend(chunks)
 
 
