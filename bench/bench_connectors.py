@@ -5,10 +5,11 @@ Per tensor size (``--sizes``) and connector, a head serves two echo stages: the 
 emits a tensor of that size per token (``tensor_bytes``), the talker reads them over a
 direct edge (``omni_kv_config``) and checks them (order, CRC-32) and times each one's
 transit, from the thinker's engine making it to the talker's engine reading it (one
-CLOCK_MONOTONIC on one host). Requests run one at a time. Reported per row: tensor bytes
-per second (tensor bytes of a request over its wall time at the client), the transit's
-p50 and mean per token, and the bytes the talker's TCP sockets received per request (the
-tensors themselves on zmq, descriptors on shm). See README.md.
+CLOCK_MONOTONIC on one host). Requests run one at a time, twice per row: flat out, for
+tensor bytes per second (a request's tensor bytes over its wall time at the client), and
+paced (a token every ``--pace-ms``), for the added latency per token (the transit's p50
+and mean when no token waits behind another). Also the bytes the talker's TCP sockets
+received per request: the tensors themselves on zmq, descriptors on shm. See README.md.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ stages:
   - stage_id: 0
     name: thinker
     engine: echo
-    engine_args: {{num_chunks: {tokens}, tensor_bytes: {nbytes}}}
+    engine_args: {{num_chunks: {tokens}, tensor_bytes: {nbytes}, chunk_delay_s: {pace_s}}}
   - stage_id: 1
     name: talker
     engine: echo
@@ -79,11 +80,17 @@ def _talker_pid(port: int) -> int:
     return int(talker["replicas"][0]["pid"])
 
 
-def run_one(args: argparse.Namespace, connector: str, nbytes: int, tmp: Path) -> dict[str, Any]:
-    path = tmp / f"{connector}-{nbytes}.yaml"
+def run_one(
+    args: argparse.Namespace, connector: str, nbytes: int, pace_s: float, tmp: Path
+) -> dict[str, Any]:
+    path = tmp / f"{connector}-{nbytes}-{pace_s}.yaml"
     path.write_text(
         PIPELINE.format(
-            connector=connector, tokens=args.tokens, nbytes=nbytes, segment=args.segment_bytes
+            connector=connector,
+            tokens=args.tokens,
+            nbytes=nbytes,
+            segment=args.segment_bytes,
+            pace_s=pace_s,
         )
     )
     port = free_port()
@@ -114,6 +121,7 @@ def run_one(args: argparse.Namespace, connector: str, nbytes: int, tmp: Path) ->
         return {
             "connector": connector,
             "tensor_bytes": nbytes,
+            "pace_ms": pace_s * 1000,
             "mb_per_s": tensor_bytes / statistics.median(walls) / 1e6,
             "transit_us_p50": statistics.median(p50s),
             "transit_us_mean": statistics.fmean(means),
@@ -131,6 +139,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=5, help="measured requests per row")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests per row")
     p.add_argument("--segment-bytes", type=int, default=128 << 20, help="shm ring size")
+    p.add_argument("--pace-ms", type=float, default=10.0, help="token interval, paced runs")
     common.add_common_args(p, health_timeout=60.0, request_timeout=120.0)
     args = p.parse_args()
     common.exit_on_sigterm()
@@ -138,16 +147,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for nbytes in (int(s) for s in args.sizes.split(",")):
             for connector in ("zmq", "shm"):
-                rows.append(run_one(args, connector, nbytes, Path(tmp)))
+                flat = run_one(args, connector, nbytes, 0.0, Path(tmp))
+                paced = run_one(args, connector, nbytes, args.pace_ms / 1000, Path(tmp))
+                rows.append({"flat_out": flat, "paced": paced})
     print(f"# {common.machine()}; {args.tokens} tokens/request, {args.requests} requests/row")
     print(
-        f"{'size':>9} {'connector':>9} {'MB/s':>9} {'transit p50 us':>15} "
-        f"{'mean us':>9} {'talker TCP B/req':>17}"
+        f"{'size':>9} {'connector':>9} {'MB/s':>8} {'flat-out transit us':>20} "
+        f"{'paced transit us':>17} {'talker TCP B/req':>17}"
     )
-    for r in rows:
+    print(f"{'':>28}{'p50 / mean':>20} {'p50 / mean':>17}")
+    for row in rows:
+        r, q = row["flat_out"], row["paced"]
         print(
-            f"{r['tensor_bytes']:>9} {r['connector']:>9} {r['mb_per_s']:>9.1f} "
-            f"{r['transit_us_p50']:>15.0f} {r['transit_us_mean']:>9.0f} "
+            f"{r['tensor_bytes']:>9} {r['connector']:>9} {r['mb_per_s']:>8.1f} "
+            f"{r['transit_us_p50']:>11.0f} / {r['transit_us_mean']:<6.0f} "
+            f"{q['transit_us_p50']:>8.0f} / {q['transit_us_mean']:<6.0f} "
             f"{r['talker_tcp_bytes_per_request']:>17.0f}"
         )
     if args.json:

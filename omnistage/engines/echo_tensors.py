@@ -10,6 +10,7 @@ the bytes to a CRC-32 of everything but the send times, and times each transit; 
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import time
@@ -27,12 +28,18 @@ _SUMMARY = re.compile(
 
 
 def payload(index: int, nbytes: int, sent_ns: int = 0) -> bytes:
-    """Tensor ``index`` of ``nbytes`` (>= 16) bytes, sent at ``sent_ns``."""
-    shift = index % 256
-    pattern = _BASE[shift:] + _BASE[:shift]
+    """Tensor ``index`` of ``nbytes`` (>= 16) bytes, sent at ``sent_ns``: after the header,
+    the bytes 0..255 repeated, starting at ``index % 256``. One copy, so that making a
+    large tensor does not cost more than moving it."""
     body_len = nbytes - 16
-    body = (pattern * (body_len // 256 + 1))[:body_len]
-    return index.to_bytes(8, "little") + sent_ns.to_bytes(8, "little") + body
+    shift = index % 256
+    body = memoryview(_periodic(body_len))[shift : shift + body_len]
+    return b"".join((index.to_bytes(8, "little"), sent_ns.to_bytes(8, "little"), body))
+
+
+@functools.lru_cache(maxsize=4)
+def _periodic(body_len: int) -> bytes:
+    return _BASE * (body_len // 256 + 2)
 
 
 def tensor_chunk(modality: Modality, index: int, nbytes: int) -> EngineChunk:
