@@ -4,10 +4,13 @@ them; shared-memory rings go when a replica dies or a request is aborted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +194,50 @@ def test_aborted_requests_leave_the_ring_free(slow_shm_head: HeadProc) -> None:
     # One ring per replica pair, its name gone once the receiver mapped it.
     assert ring_names(thinker["pid"]) == []
     assert len(rings_mapped(thinker["pid"])) == 1
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = "mount -t tmpfs tmpfs /dev/shm"
+    probed = subprocess.run(["unshare", "-Urm", "sh", "-c", probe], capture_output=True)
+    return probed.returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs unprivileged user and mount namespaces")
+def test_replicas_that_do_not_share_memory_fall_back_to_zmq(tmp_path: Path) -> None:
+    # The talker runs with a /dev/shm of its own (a mount namespace): the same host to
+    # the network, not to shared memory.
+    path = tmp_path / "apart.yaml"
+    config = PIPELINE.format(connector="shm", **FAST)
+    path.write_text(config.replace("final_output: true", "final_output: true\n    replicas: 0"))
+    head = HeadProc(tmp_path, str(path), name="head-apart")
+    talker = None
+    try:
+        head.wait_http()
+        own_shm = (
+            'mount -t tmpfs tmpfs /dev/shm && exec "$0" -m omnistage serve --headless '
+            f"--stage-id 1 -oma 127.0.0.1 -omp {head.master_port}"
+        )
+        with open(tmp_path / "talker.log", "wb") as log:
+            talker = subprocess.Popen(
+                ["unshare", "-Urm", "sh", "-c", own_shm, sys.executable],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        head.wait_healthy(timeout=60)
+        (replica,) = head.up_replicas(1)
+        before = tcp_received(replica["pid"])
+        r = head.chat(PROMPT)
+        assert r.status_code == 200, r.text
+        _tally(r.json()["choices"][0]["message"]["content"], FAST["chunks"], FAST["nbytes"])
+        # The tensors came inline, over the peer socket.
+        assert tcp_received(replica["pid"]) - before >= FAST["chunks"] * FAST["nbytes"]
+        assert "do not share a host's memory; its tensors go over zmq instead of shm" in head.log()
+    finally:
+        if talker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(talker.pid, signal.SIGKILL)
+            talker.wait(10)
+        head.stop()
