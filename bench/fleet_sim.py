@@ -46,7 +46,13 @@ from omnistage.engines.base import Engine
 from omnistage.net import split_tcp_url, tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import AddRequest, HandshakeInit, HeartbeatAck, OutputChunk
+from omnistage.protocol.messages import (
+    AddRequest,
+    HandshakeInit,
+    HeartbeatAck,
+    OutputChunk,
+    PeerConnector,
+)
 from omnistage.protocol.messages import ReplicaState as State
 from omnistage.replica.heartbeat import HeartbeatSpec, ack_verdict, beat
 from omnistage.replica.options import ReplicaOptions
@@ -263,7 +269,7 @@ class HeadLink:
         except zmq.Again:
             self.out.send(batch)
 
-    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
+    def to_peer(self, address: str, chunks: list[OutputChunk], connector: PeerConnector) -> None:
         self.rep.fleet.peer_drops += len(chunks)  # never named: READY offers no peer address
 
     def _on_shutdown(self, reason: str) -> None:

@@ -52,6 +52,20 @@ class EchoArgs(_Args):
     # simulated replicas do not slow each other down).
     prefix_cache_entries: int = Field(default=0, ge=0, le=1_000_000)
     prefill_ms_per_char: float = Field(default=0.0, ge=0.0, le=100.0)
+    # Tensors between stages, for tests and benchmarks of the connectors: before each
+    # text chunk, a chunk with a ``TensorMeta`` of this many bytes (0: none; see
+    # engines/echo_tensors.py for what they hold).
+    tensor_bytes: int = Field(default=0, ge=0, le=1 << 30)
+    # A downstream stage checks the tensors it reads (order, checksum, transit time)
+    # and says what it found at the end of its output.
+    check_tensors: bool = False
+
+    @field_validator("tensor_bytes")
+    @classmethod
+    def _room_for_header(cls, value: int) -> int:
+        if 0 < value < 16:
+            raise ValueError("must be 0 or at least 16 (the tensor's index and send time)")
+        return value
 
 
 class LlmArgs(_Args):

@@ -49,6 +49,44 @@ class RaySpec(_Frozen):
         return value
 
 
+# The connectors an edge can take (``omnistage.connectors`` implements each).
+CONNECTORS = ("zmq", "shm")
+DEFAULT_SHM_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+class ConnectorConfig(_Frozen):
+    """How one edge's tensor payloads travel replica to replica: ``zmq`` (inline in the
+    chunk, on the data plane) or ``shm`` (a shared-memory ring the sender writes once; a
+    small descriptor travels on the data plane). ``shm`` falls back to ``zmq`` for two
+    replicas that do not share a host's memory."""
+
+    name: str = "zmq"
+    # shm: the ring one sending replica keeps per receiving replica. A payload that does
+    # not fit (or finds the ring full) travels inline instead.
+    segment_bytes: int = Field(default=DEFAULT_SHM_SEGMENT_BYTES, ge=1 << 16, le=1 << 40)
+    # Options of connectors added later (a transfer engine's addresses, say).
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known_connector(cls, value: str) -> str:
+        if value not in CONNECTORS:
+            raise ValueError(
+                f"unknown connector {value!r}; expected one of {', '.join(CONNECTORS)}"
+            )
+        return value
+
+
+class OmniKvConfig(_Frozen):
+    """One edge's connector, as the seed's ``omni_kv_config`` names it: the edge from
+    ``omni_from_stage`` to ``omni_to_stage`` (one of them the stage that declares it; a
+    missing one is that stage) takes ``connector_config``."""
+
+    connector_config: ConnectorConfig = Field(default_factory=ConnectorConfig)
+    omni_from_stage: int | None = Field(default=None, ge=0)
+    omni_to_stage: int | None = Field(default=None, ge=0)
+
+
 DEFAULT_INFLIGHT_TARGET = 4.0
 
 
@@ -150,6 +188,18 @@ class StageConfig(_Frozen):
     # How the head balances this stage's replicas (one of --omni-lb-policy's choices);
     # None: --omni-lb-policy. E.g. cache-aware for an llm thinker, the default elsewhere.
     lb_policy: str | None = None
+    # Connectors of edges into or out of this stage (default: zmq); see OmniKvConfig.
+    omni_kv_config: tuple[OmniKvConfig, ...] = ()
+
+    def edges(self) -> list[tuple[int, int, ConnectorConfig]]:
+        """(from, to, connector) of each ``omni_kv_config`` entry, this stage filled in."""
+        sid = self.stage_id
+        out = []
+        for kv in self.omni_kv_config:
+            up = sid if kv.omni_from_stage is None else kv.omni_from_stage
+            down = sid if kv.omni_to_stage is None else kv.omni_to_stage
+            out.append((up, down, kv.connector_config))
+        return out
 
     @field_validator("lb_policy")
     @classmethod
@@ -279,6 +329,7 @@ class DeployConfig(_Frozen):
                 if upstream == stage.stage_id:
                     raise _located(f"stages.{index}.inputs.{pos}", "a stage cannot feed itself")
         _check_acyclic(self.stages)
+        _check_connectors(self.stages)
         if not any(s.final_output for s in self.stages):
             raise _located("stages", "no stage has final_output: true")
         return self
@@ -293,6 +344,10 @@ class DeployConfig(_Frozen):
     def stage_ids(self) -> list[int]:
         return [s.stage_id for s in self.stages]
 
+    def connectors(self) -> dict[tuple[int, int], ConnectorConfig]:
+        """The configured connector of each edge (from, to); edges not named take zmq."""
+        return {(up, down): conn for s in self.stages for up, down, conn in s.edges()}
+
 
 class _LocatedError(ValueError):
     """A model-level check that knows which field is at fault."""
@@ -304,6 +359,20 @@ class _LocatedError(ValueError):
 
 def _located(path: str, message: str) -> _LocatedError:
     return _LocatedError(path, message)
+
+
+def _check_connectors(stages: tuple[StageConfig, ...]) -> None:
+    inputs = {s.stage_id: s.inputs for s in stages}
+    seen: dict[tuple[int, int], ConnectorConfig] = {}
+    for index, stage in enumerate(stages):
+        for pos, (up, down, conn) in enumerate(stage.edges()):
+            where = f"stages.{index}.omni_kv_config.{pos}"
+            if stage.stage_id not in (up, down):
+                raise _located(where, f"names the edge {up} -> {down}, not one of this stage's")
+            if up not in inputs.get(down, ()):
+                raise _located(where, f"no edge {up} -> {down}: stage {down} has no input {up}")
+            if seen.setdefault((up, down), conn) != conn:
+                raise _located(where, f"the edge {up} -> {down} is given two connectors")
 
 
 def _check_acyclic(stages: tuple[StageConfig, ...]) -> None:

@@ -125,9 +125,10 @@ class Coordinator:
         pid: int,
         peer_address: str = "",
         kernel: str = "",
+        host_key: str = "",
     ) -> bool:
         with self._lock:
-            t = self._table.ready(key, epoch, capacity, pid, peer_address, kernel)
+            t = self._table.ready(key, epoch, capacity, pid, peer_address, kernel, host_key)
         self._emit([t] if t else [])
         return t is not None
 

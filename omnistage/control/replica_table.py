@@ -59,6 +59,7 @@ class ReplicaEntry:
     pid: int = 0
     # Where other replicas push this one's inputs (see Ready.peer_address).
     peer_address: str = ""
+    host_key: str = ""  # which shared memory it sees (see Ready.host_key)
     # When progress last moved (or the replica last held no work): the stall clock.
     progress_at: float = 0.0
     starting: str = ""  # while STARTING: what the engine's start is doing
@@ -169,6 +170,7 @@ class ReplicaTable:
         pid: int,
         peer_address: str = "",
         kernel: str = "",
+        host_key: str = "",
     ) -> Transition | None:
         entry = self._current(key, epoch)
         if entry is None or entry.state != ReplicaState.STARTING:
@@ -177,6 +179,7 @@ class ReplicaTable:
         entry.pid = pid
         entry.peer_address = peer_address
         entry.kernel = kernel
+        entry.host_key = host_key
         entry.starting = ""
         # The session's heartbeats count their own sequence from 1 (the loading ones
         # had another thread's numbers).

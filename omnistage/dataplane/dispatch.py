@@ -7,17 +7,23 @@ one tick. Direct edges (replica to replica, the connector seam) are chosen per d
 
 from __future__ import annotations
 
+import logging
 import time
 
+from omnistage.connectors.registry import choose
 from omnistage.control.balancing.prefix_index import RequestPrefix
 from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
 from omnistage.dataplane.run import Run, direct_edge
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
+from omnistage.logs import Throttled
 from omnistage.protocol.enums import Modality
-from omnistage.protocol.messages import AddRequest
+from omnistage.protocol.messages import AddRequest, PeerConnector
 from omnistage.tracing import RequestTraces
+
+log = logging.getLogger(__name__)
+_fallback = Throttled(log)
 
 
 class Dispatcher:
@@ -42,6 +48,8 @@ class Dispatcher:
         self.direct_edges_total = 0
         # Stages whose pool routes by prefix cache: only their requests need prefix keys.
         self.cache_aware = frozenset(s for s, p in pools.items() if p.prefixes is not None)
+        # Each edge's configured connector (edges not named: zmq).
+        self.edge_connectors = graph.config.connectors()
 
     def prefix_of(self, run: Run) -> RequestPrefix | None:
         """The request's prefix keys, if a cache-aware stage of it reads its chat prompt
@@ -131,11 +139,13 @@ class Dispatcher:
     def _add_request(self, run: Run, sid: int, trace: str) -> AddRequest:
         upstream = [u for u in self.graph.upstream(sid) if u in run.active]
         peers, head_all = [], sid in run.finals
+        connectors: list[PeerConnector] = []
         for down in self.graph.downstream[sid]:
             if down not in run.active or down in run.finished:
                 continue
             if (sid, down) in run.direct:
                 peers.append(run.assigned[down].peer_address)
+                connectors.append(self._connector(run, sid, down))
             else:
                 head_all = True
         st = run.progress(sid)
@@ -148,11 +158,29 @@ class Dispatcher:
             resume=st.resume(),
             attempt=st.attempt,
             peers=peers,
+            connectors=connectors,
             head_all=head_all,
             ack=run.ack and sid in run.finals and st.dispatches == 1,
             trace=trace,
             input_streaming=reads and self._streams_to(run, sid, bool(upstream)),
         )
+
+    def _connector(self, run: Run, up: int, down: int) -> PeerConnector:
+        """The connector of the direct edge ``up`` -> ``down`` between the two replicas
+        bound to it: the configured one, or zmq where it needs one host and they differ."""
+        src, dst = run.assigned[up], run.assigned[down]
+        choice, fell_back = choose(self.edge_connectors.get((up, down)), src.host_key, dst.host_key)
+        if fell_back:
+            _fallback.warning(
+                "edge %d -> %d: replicas %d and %d do not share a host's memory; its "
+                "tensors go over zmq instead of %s",
+                up,
+                down,
+                src.replica_id,
+                dst.replica_id,
+                self.edge_connectors[(up, down)].name,
+            )
+        return choice
 
     def _streams_to(self, run: Run, sid: int, has_upstream: bool) -> bool:
         """Whether a stage given the prompt reads the streamed input too: a source stage, or

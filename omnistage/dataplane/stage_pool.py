@@ -34,6 +34,7 @@ class ReplicaHandle:
     capacity: int
     address: str = ""  # the host it registered from
     peer_address: str = ""  # where other replicas push its inputs ("" = only via the head)
+    host_key: str = ""  # which shared memory it sees (see Ready.host_key)
     up: bool = True
     in_flight: int = 0  # the head's live count: sent and not yet finished
     queue_length: int = 0  # from the last heartbeat
@@ -297,4 +298,5 @@ def _handle_from(e: ReplicaEntry) -> ReplicaHandle:
         capacity=max(1, e.capacity),
         address=e.address,
         peer_address=e.peer_address,
+        host_key=e.host_key,
     )

@@ -30,7 +30,9 @@ import msgspec
 from omnistage.config.engine_args import EchoArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
-from omnistage.protocol.enums import FinishReason
+from omnistage.engines.echo_tensors import TensorTally, tensor_chunk
+from omnistage.protocol.chunk_meta import TensorMeta
+from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import EngineError
 from omnistage.protocol.messages import Prompt, Usage
 from omnistage.protocol.prefix import MAX_REPORTED, prefix_keys, prefix_weights
@@ -61,6 +63,8 @@ class EchoEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         modality = self.stage.output_modality
+        tensors = _Tensors(modality, self.args.tensor_bytes)
+        tally = TensorTally() if self.args.check_tensors else None
         received: list[str] = []
         pieces: list[str]
         prefill: Usage | None = None
@@ -73,7 +77,8 @@ class EchoEngine(Engine):
                 received.append(text)
                 if text:
                     await self._work()
-                    yield EngineChunk(modality, text=text)
+                    for chunk in tensors.then(EngineChunk(modality, text=text)):
+                        yield chunk
             pieces = [decoder.decode(b"", final=True) + self.suffix]
         elif request.prompt is not None:
             text = self._prompt_text(request.prompt)
@@ -83,16 +88,24 @@ class EchoEngine(Engine):
             pieces = split_even(text + self.suffix, self.args.num_chunks)
         else:
             async for item in request.inputs:
+                if isinstance(item.meta, TensorMeta):
+                    if tally is not None:
+                        tally.add(item.data)
+                    continue
                 await self._check(item.text)
                 received.append(item.text)
                 if item.text:
                     await self._work()
-                    yield EngineChunk(modality, text=item.text)
-            pieces = [self.suffix]
+                    for chunk in tensors.then(EngineChunk(modality, text=item.text)):
+                        yield chunk
+            pieces = [self.suffix + (tally.summary() if tally is not None else "")]
         for piece in pieces[:-1]:
             await self._work()
-            yield EngineChunk(modality, text=piece)
+            for chunk in tensors.then(EngineChunk(modality, text=piece)):
+                yield chunk
         await self._work()
+        for chunk in tensors.then():
+            yield chunk
         # The last piece carries the end of the request: one message fewer per stage.
         words_in = len("".join(received).split())
         completion = words_in + len(self.suffix.split())
@@ -144,9 +157,26 @@ class EchoEngine(Engine):
     async def _work(self) -> None:
         if self.args.chunk_delay_s:
             await asyncio.sleep(self.args.chunk_delay_s)
+        elif self.args.tensor_bytes:
+            # A token per loop tick, as a model's step: each tensor leaves on its own.
+            await asyncio.sleep(0)
         if self.args.cpu_cost_ms:
             burn_cpu(self.args.cpu_cost_ms / 1000.0)
         self.progress += 1
+
+
+class _Tensors:
+    """A request's tensors (``tensor_bytes``), one per text chunk, numbered from 0."""
+
+    def __init__(self, modality: Modality, nbytes: int) -> None:
+        self.modality, self.nbytes, self.index = modality, nbytes, 0
+
+    def then(self, *chunks: EngineChunk) -> list[EngineChunk]:
+        """The next token's tensor (none without ``tensor_bytes``), then ``chunks``."""
+        if not self.nbytes:
+            return list(chunks)
+        self.index += 1
+        return [tensor_chunk(self.modality, self.index - 1, self.nbytes), *chunks]
 
 
 class SimulatedPrefixCache:

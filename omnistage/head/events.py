@@ -196,7 +196,13 @@ class ReplicaEvents:
             return
         key = (ready.stage_id, ready.replica_id)
         ok = self._coordinator.ready(
-            key, ready.epoch, ready.capacity, ready.pid, ready.peer_address, ready.kernel
+            key,
+            ready.epoch,
+            ready.capacity,
+            ready.pid,
+            ready.peer_address,
+            ready.kernel,
+            ready.host_key,
         )
         if not ok:
             log.warning(

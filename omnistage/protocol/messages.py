@@ -29,7 +29,7 @@ __all__ = ["Reason", "ReplicaState"]  # re-exported: they were declared here fir
 
 # Raised with every change to a message's wire shape: registration and the handshake
 # refuse a replica that states another version.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
@@ -96,6 +96,9 @@ class Ready(Tagged):
     # What the engine computes on, e.g. the thinker's "int4-avx512vnni", "int4-avx2" or
     # "torch" (Engine.kernel); empty where the engine does not say.
     kernel: str = ""
+    # Which shared memory this replica sees (``connectors.shm.host_key``): two replicas
+    # with the same key can hand tensors over in it; "" when it has none.
+    host_key: str = ""
 
 
 class ToolCall(msgspec.Struct, array_like=True):
@@ -180,6 +183,15 @@ class Resume(Tagged):
     tokens: int = 0
 
 
+class PeerConnector(msgspec.Struct, array_like=True, frozen=True):
+    """How a replica hands a stage's tensor payloads to one downstream peer: the
+    connector's ``name`` ("zmq": inline in the chunk; "shm": shared memory) and its
+    ``options`` as the edge's ``connector_config`` gives them."""
+
+    name: str = "zmq"
+    options: dict[str, Any] = {}
+
+
 class AddRequest(Tagged):
     """Head -> replica: start a request.
 
@@ -212,6 +224,8 @@ class AddRequest(Tagged):
     trace: str = ""
     # The prompt is the first piece of a streamed input: more follows as InputChunks.
     input_streaming: bool = False
+    # One per ``peers`` entry: the connector its tensor payloads take (missing: zmq).
+    connectors: list[PeerConnector] = []
 
 
 class InputChunk(Tagged):
@@ -294,6 +308,18 @@ class Usage(msgspec.Struct, array_like=True, frozen=True, gc=False):
         return self.prompt_tokens + self.completion_tokens
 
 
+class PayloadRef(msgspec.Struct, array_like=True, frozen=True):
+    """Where a chunk's ``data`` is when a connector moved it outside the message: the
+    ``connector`` that holds it, its ``key`` there (a shared-memory segment's name), the
+    ``offset`` and ``nbytes`` of the bytes. Only on the peer path: the receiving replica
+    puts the bytes back into ``data`` before its engine sees the chunk."""
+
+    connector: str
+    key: str
+    offset: int
+    nbytes: int
+
+
 class OutputChunk(Tagged):
     """One piece of a stage's output for a request: the one chunk type end to end.
 
@@ -326,6 +352,8 @@ class OutputChunk(Tagged):
     error_code: str | None = None  # with BAD_REQUEST: OpenAI's error code
     # The tokens behind ``text``, when the request asked for logprobs.
     logprobs: list[TokenLogprob] | None = None
+    # Set (and ``data`` empty) when a connector carries the bytes (``PayloadRef``).
+    ref: PayloadRef | None = None
 
 
 class Heartbeat(Tagged):

@@ -21,7 +21,15 @@ from omnistage.aio import Mailbox
 from omnistage.engines.base import Engine, EngineRequest, StageInput, joined_prompt
 from omnistage.protocol.enums import ErrorKind, FinishReason, Modality, Outcome
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import Abort, AddRequest, InputChunk, OutputChunk, Ping, Shutdown
+from omnistage.protocol.messages import (
+    Abort,
+    AddRequest,
+    InputChunk,
+    OutputChunk,
+    PeerConnector,
+    Ping,
+    Shutdown,
+)
 from omnistage.replica.admission import Admission
 from omnistage.replica.early_inputs import EarlyInputs
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
@@ -42,7 +50,12 @@ class ReplicaBusy(Exception):
 class Outlet(Protocol):
     def to_head(self, chunks: list[OutputChunk]) -> None: ...
 
-    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None: ...
+    def to_peer(self, address: str, chunks: list[OutputChunk], connector: PeerConnector) -> None:
+        """``chunks`` to a downstream replica, tensor payloads through ``connector``."""
+        ...
+
+
+_ZMQ = PeerConnector("zmq")
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class _Route:
     attempt: int
     head_all: bool
     peers: tuple[str, ...]
+    connectors: tuple[PeerConnector, ...]  # one per peer
 
 
 @dataclass
@@ -134,7 +148,9 @@ class RequestRunner:
         for chunk in self._early.take(rid):
             if chunk.attempt == msg.attempt and chunk.stage_id in running.upstream:
                 running.inputs.put_nowait(chunk)
-        self._routes[rid] = _Route(msg.attempt, msg.head_all, tuple(msg.peers))
+        connectors = tuple(msg.connectors[: len(msg.peers)])
+        connectors += (_ZMQ,) * (len(msg.peers) - len(connectors))
+        self._routes[rid] = _Route(msg.attempt, msg.head_all, tuple(msg.peers), connectors)
         request = EngineRequest(
             request_id=rid,
             prompt=msg.prompt,
@@ -280,7 +296,9 @@ class RequestRunner:
 
     def flush(self) -> None:
         to_head: list[OutputChunk] = []
-        to_peers: dict[str, list[OutputChunk]] = {}
+        # (peer, connector name) -> the connector and the chunks (a connector holds a
+        # dict: not hashable itself).
+        to_peers: dict[tuple[str, str], tuple[PeerConnector, list[OutputChunk]]] = {}
         for chunk in self._outputs.drain():
             route = self._routes.get(chunk.request_id)
             if route is None or route.attempt != chunk.attempt:
@@ -288,16 +306,16 @@ class RequestRunner:
                 continue
             if route.head_all or chunk.finished:
                 to_head.append(chunk)
-            for peer in route.peers:
-                to_peers.setdefault(peer, []).append(chunk)
+            for peer, conn in zip(route.peers, route.connectors, strict=True):
+                to_peers.setdefault((peer, conn.name), (conn, []))[1].append(chunk)
             if chunk.finished:
                 del self._routes[chunk.request_id]
         if self._outlet is None:
             return
         if to_head:
             self._outlet.to_head(to_head)
-        for peer, chunks in to_peers.items():
-            self._outlet.to_peer(peer, chunks)
+        for (peer, _), (connector, chunks) in to_peers.items():
+            self._outlet.to_peer(peer, chunks, connector)
 
     def forget_routes(self) -> None:
         """Leaving a head: what it asked for is void."""

@@ -16,12 +16,21 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
+from omnistage.connectors.registry import Connectors
+from omnistage.connectors.shm import host_key
 from omnistage.logs import Throttled
 from omnistage.net import tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import ProtocolError
-from omnistage.protocol.messages import HandshakeInit, OutputChunk, Ready, ReplicaState, routing_id
+from omnistage.protocol.messages import (
+    HandshakeInit,
+    OutputChunk,
+    PeerConnector,
+    Ready,
+    ReplicaState,
+    routing_id,
+)
 from omnistage.protocol.registration import RegisterReply
 from omnistage.replica.heartbeat import HeartbeatSpec, HeartbeatThread, LoadReport, Reports
 from omnistage.replica.options import ReplicaOptions
@@ -36,6 +45,8 @@ _bad_input = Throttled(log)
 _PEER_HWM = 10_000
 # A socket to a peer we have not pushed to for this long is closed.
 _PEER_IDLE_S = 60.0
+# How often what the connectors hold for replicas that died is looked for.
+_CONNECTOR_PRUNE_S = 2.0
 
 
 class HeadSession:
@@ -66,6 +77,9 @@ class HeadSession:
         # Downstream replicas we push to: address -> (socket, when last used).
         self._peer_out: dict[str, tuple[zmq.Socket, float]] = {}
         self._peers_pruned = time.monotonic()
+        # Tensor payloads to and from peers that do not travel inline (shared memory).
+        self._connectors = Connectors()
+        self._prune_timer: asyncio.TimerHandle | None = None
         self._output_tag = codec.TAGS[OutputChunk]
         self._output_decoder = msgspec.msgpack.Decoder(OutputChunk)
         self.heartbeat: HeartbeatThread | None = None
@@ -110,6 +124,12 @@ class HeadSession:
         self._pump = Pump(loop, self._in, self._on_frames)
         self._peer_pump = Pump(loop, self._peer_in, self._on_peer_frames) if self._peer_in else None
         self.heartbeat.start()
+        if self._peers_enabled:
+            self._prune_timer = loop.call_later(_CONNECTOR_PRUNE_S, self._prune_connectors, loop)
+
+    def _prune_connectors(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._connectors.prune()
+        self._prune_timer = loop.call_later(_CONNECTOR_PRUNE_S, self._prune_connectors, loop)
 
     def _listen_for_peers(self) -> str:
         """Bind the PULL that upstream replicas push to; "" (inputs only through the head)
@@ -134,6 +154,8 @@ class HeadSession:
     def close(self, say_down: bool) -> None:
         """Stop reading and heartbeating; ``say_down`` tells the head we leave for good."""
         self._pump.close()
+        if self._prune_timer is not None:
+            self._prune_timer.cancel()
         if self._peer_pump is not None:
             self._peer_pump.close()
         if self.heartbeat is not None:
@@ -145,6 +167,9 @@ class HeadSession:
             if sock is not None:
                 sock.close(linger=1000 if say_down else 0)
         self._peer_out.clear()
+        # After the sockets: a payload still queued by reference stays readable as long
+        # as the receiver maps its ring (the name goes, the memory stays mapped there).
+        self._connectors.close()
 
     # -- Outlet ----------------------------------------------------------------------
 
@@ -156,7 +181,7 @@ class HeadSession:
             # 100k messages queued: the head stopped reading. Keep them rather than drop.
             self._out.send(batch)
 
-    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
+    def to_peer(self, address: str, chunks: list[OutputChunk], connector: PeerConnector) -> None:
         now = time.monotonic()
         if now - self._peers_pruned > _PEER_IDLE_S:
             self._prune_peers(now)
@@ -170,6 +195,7 @@ class HeadSession:
         else:
             sock = kept[0]
         self._peer_out[address] = (sock, now)
+        chunks = self._connectors.outbound(address, connector, chunks)
         try:
             sock.send(_batch(chunks), NOBLOCK)
         except zmq.Again:
@@ -183,6 +209,7 @@ class HeadSession:
             if now - used > _PEER_IDLE_S:
                 sock.close(linger=0)
                 del self._peer_out[address]
+                self._connectors.forget_peer(address)
 
     # -- inbound ---------------------------------------------------------------------
 
@@ -200,8 +227,10 @@ class HeadSession:
         except ProtocolError as exc:
             _bad_input.warning("dropped a bad peer batch: %s", exc)
             return
+        connectors = self._connectors
         for chunk in chunks:
-            self._runner.feed(chunk)
+            if chunk.ref is None or connectors.inbound(chunk):
+                self._runner.feed(chunk)
 
 
 def data_sockets(
@@ -237,6 +266,7 @@ def ready(runner: RequestRunner, reply: RegisterReply, address: str, peer_addres
         address=address,
         peer_address=peer_address,
         kernel=runner.engine.kernel,
+        host_key=host_key() if peer_address else "",
     )
 
 

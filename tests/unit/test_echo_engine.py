@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from omnistage.config.schema import StageConfig
-from omnistage.engines import build_engine
+from omnistage.engines import build_engine, echo_tensors
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.echo import EchoEngine, split_even
 from omnistage.protocol.errors import EngineError
@@ -172,3 +172,34 @@ def test_split_even_properties_over_random_inputs():
 
 def test_split_even_treats_non_positive_parts_as_one():
     assert split_even("abc", 0) == ["abc"]
+
+
+async def test_a_source_with_tensor_bytes_sends_a_tensor_before_each_text_chunk():
+    engine = EchoEngine(stage("thinker", num_chunks=3, tensor_bytes=100))
+    chunks = await collect(engine, source_request("hello there world"))
+    assert [bool(c.data) for c in chunks] == [True, False] * 3
+    assert [c.meta.shape for c in chunks if c.data] == [(100,)] * 3
+    assert chunks[-1].finished and not chunks[-1].data
+
+
+async def test_a_stage_that_checks_tensors_says_what_it_read():
+    source = EchoEngine(stage("thinker", num_chunks=5, tensor_bytes=300))
+    made = await collect(source, source_request("hello there world"))
+
+    async def upstream() -> AsyncIterator[StageInput]:
+        for chunk in made:
+            yield stage_input(0, chunk.text, data=chunk.data, meta=chunk.meta)
+
+    sink = EchoEngine(stage("talker", check_tensors=True))
+    text = "".join(
+        c.text for c in await collect(sink, EngineRequest("r", None, P.text(), upstream()))
+    )
+    found = echo_tensors.parse(text)
+    assert found is not None and found["ordered"] == "yes"
+    assert (found["n"], found["bytes"], found["crc"]) == echo_tensors.expected(5, 300)
+    assert text.startswith("hello there world [thinker] [talker] [tensors n=5")
+
+
+def test_tensor_bytes_leave_room_for_the_header():
+    with pytest.raises(ValueError, match="at least 16"):
+        stage(tensor_bytes=8)

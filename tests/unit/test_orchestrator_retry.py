@@ -23,6 +23,7 @@ from omnistage.protocol.messages import (
     Abort,
     AddRequest,
     OutputChunk,
+    PeerConnector,
     Prompt,
     Reason,
     ReplicaState,
@@ -129,6 +130,8 @@ async def _collect(stream: RequestStream) -> list[OutputChunk]:
 def add(
     sid_upstream: list[int], resume: Resume | None, prompt: Prompt | None = None, **kw: Any
 ) -> AddRequest:
+    # Direct edges of a pipeline without omni_kv_config take zmq.
+    kw.setdefault("connectors", [PeerConnector("zmq")] * len(kw.get("peers", [])))
     return AddRequest("r1", prompt, sid_upstream, StageParams(), resume, **kw)
 
 

@@ -8,7 +8,14 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
 from omnistage.engines.echo import EchoEngine
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import Abort, AddRequest, OutputChunk, Prompt, Resume
+from omnistage.protocol.messages import (
+    Abort,
+    AddRequest,
+    OutputChunk,
+    PeerConnector,
+    Prompt,
+    Resume,
+)
 from omnistage.replica.early_inputs import EARLY_TTL_S
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import FakeClock, others_done, ticks, until
@@ -18,12 +25,14 @@ class Recorder:
     def __init__(self) -> None:
         self.head: list[OutputChunk] = []
         self.peers: dict[str, list[OutputChunk]] = {}
+        self.connectors: dict[str, set[str]] = {}
 
     def to_head(self, chunks: list[OutputChunk]) -> None:
         self.head.extend(chunks)
 
-    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
+    def to_peer(self, address: str, chunks: list[OutputChunk], connector: PeerConnector) -> None:
         self.peers.setdefault(address, []).extend(chunks)
+        self.connectors.setdefault(address, set()).add(connector.name)
 
 
 def _runner(
@@ -88,6 +97,22 @@ async def test_outputs_go_to_peers_and_only_the_last_chunk_to_the_head() -> None
         assert "".join(c.text for c in out.peers[peer]) == "abcdefgh"
         assert out.peers[peer][-1].finished
     assert len(out.head) == 1 and out.head[0].finished
+
+
+async def test_each_peer_gets_its_tensors_through_the_connector_the_head_named() -> None:
+    runner, out = _runner(num_chunks=4, chunk_delay_s=0.01, suffix="", tensor_bytes=64)
+    shm = PeerConnector("shm", {"segment_bytes": 1 << 20})
+    # One connector named for two peers: the other takes zmq.
+    add = _add("p", "abcdefgh", peers=["tcp://a:1", "tcp://b:2"], head_all=False)
+    add.connectors = [shm]
+    runner.handle(add)
+    await others_done()
+    assert out.connectors == {"tcp://a:1": {"shm"}, "tcp://b:2": {"zmq"}}
+    for peer in ("tcp://a:1", "tcp://b:2"):
+        tensors = [c for c in out.peers[peer] if c.data]
+        assert [c.meta.shape for c in tensors] == [(64,)] * 4  # type: ignore[union-attr]
+    # The head gets the last chunk, which carries text, not a tensor.
+    assert len(out.head) == 1 and not out.head[0].data
 
 
 async def test_head_all_sends_every_chunk_to_the_head_as_well() -> None:

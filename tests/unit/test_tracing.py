@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from omnistage import tracing
 from omnistage.engines.echo import EchoEngine
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import AddRequest, OutputChunk
+from omnistage.protocol.messages import AddRequest, OutputChunk, PeerConnector
 from omnistage.replica.requests import RequestRunner
 from tests.unit.fakes import others_done, until
 from tests.unit.test_orchestrator_retry import PROMPT, Head, collect
@@ -166,7 +166,7 @@ class _Outlet:
     def to_head(self, chunks: list[OutputChunk]) -> None:
         self.head.extend(chunks)
 
-    def to_peer(self, address: str, chunks: list[OutputChunk]) -> None:
+    def to_peer(self, address: str, chunks: list[OutputChunk], connector: PeerConnector) -> None:
         pass
 
 
