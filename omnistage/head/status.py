@@ -94,8 +94,8 @@ def _stage_status(pool: StagePool) -> str:
 
 def _add_restarts(replicas: list[dict[str, Any]], pool: StagePool, now: float, wall: float) -> None:
     """Mark the rows of the slots the head is restarting (``restarting``: when it is
-    due, unix time, and in how many seconds; 0 once it is on its way), and add a row
-    for one the table has no entry for."""
+    due, unix time, and in how many seconds, 0 once it is past), and add a row for one
+    the table has no entry for."""
     due = pool.comebacks.restarts()
     rows = {r["replica_id"]: r for r in replicas}
     for rid, at in sorted(due.items()):
@@ -105,8 +105,8 @@ def _add_restarts(replicas: list[dict[str, Any]], pool: StagePool, now: float, w
             replicas.append(row)
         elif row["state"] in (ReplicaState.UP, ReplicaState.STARTING):
             continue  # its new registration is on the way: that row says how it goes
-        left = max(0.0, at - now)
-        row["restarting"] = {"due_at": round(wall + left, 3), "in_s": round(left, 3)}
+        left = at - now
+        row["restarting"] = {"due_at": round(wall + left, 3), "in_s": round(max(0.0, left), 3)}
     replicas.sort(key=lambda r: r["replica_id"])
 
 
