@@ -264,7 +264,7 @@ def _stage_block(
 
 
 def _restart_note(restarting: Any) -> str:
-    """ "; restarting in 3.0s" for a slot the head restarts (``restarting`` of its row)."""
+    """What a slot the head restarts (its row's ``restarting``) adds to its reason."""
     if not isinstance(restarting, dict):
         return ""
     left = restarting.get("in_s")
