@@ -94,8 +94,8 @@ def test_up_ends_the_restart_of_that_slot_and_marks_the_stage_as_served() -> Non
     c.observe(0, 2, ReplicaState.STARTING)
     with pytest.raises(StageUnavailableError) as info:
         deadline(c, STARTED + 30)
-    assert "restarting replica 0 did not" in str(info.value)
-    assert "starting replica 0" not in str(info.value)
+    assert "no live replica: restarting replica 0 did not come up" in str(info.value)
+    assert " and starting" not in str(info.value)
     assert c.observe(0, 2, ReplicaState.UP)
     assert not c and c.restarts() == {}
 

@@ -20,7 +20,10 @@ from omnistage.protocol.messages import ReplicaState
 from tests.unit.fakes import FakeClock, ticks
 
 CONFIG = validate_config(
-    {"pipeline": "p", "stages": [{"stage_id": 0, "name": "a", "engine": "echo"}]}
+    {
+        "pipeline": "p",
+        "stages": [{"stage_id": 0, "name": "a", "engine": "echo", "final_output": True}],
+    }
 )
 
 
