@@ -12,6 +12,10 @@ INIT_TIMEOUT_S = 600.0
 DRAIN_TIMEOUT_S = 30.0
 STALL_TIMEOUT_S = 60.0
 STAGE_WAIT_TIMEOUT_S = 3.0
+# A request waits this long for a replica coming back: the longest restart backoff
+# (30 s, launch.restart) plus a model load on a busy machine (the voice models: 4 s on a
+# calm machine, 17 s with two loading at once on two busy cores), with room to spare.
+RESTART_WAIT_TIMEOUT_S = 60.0
 MAX_RETRIES = 2
 MAX_QUEUE = 1024
 MAX_REQUEST_BYTES = 16 * 1024 * 1024

@@ -147,6 +147,7 @@ BOUNDS = (
     Bound("--stage-init-timeout", 0, strict=True),
     Bound("--init-timeout", 0, strict=True),
     Bound("--omni-stage-wait-timeout", 0, strict=True),
+    Bound("--omni-restart-wait-timeout", 0, strict=True),
     Bound("--omni-max-retries", 0),
     Bound("--omni-stall-timeout", 0),
     Bound("--api-server-count", 1),

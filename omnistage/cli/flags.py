@@ -184,7 +184,17 @@ HEAD_FLAGS = (
         metavar="S",
         type=float,
         default=defaults.STAGE_WAIT_TIMEOUT_S,
-        help="seconds a request waits for a live replica before 503 (default %(default)s)",
+        help="seconds a request waits for a live replica before 503, when none is "
+        "coming back (default %(default)s)",
+    ),
+    flag(
+        "--omni-restart-wait-timeout",
+        metavar="S",
+        type=float,
+        default=defaults.RESTART_WAIT_TIMEOUT_S,
+        help="seconds a request waits for a replica that is restarting or starting, when "
+        "its stage has none live, before 503; the default covers the longest restart "
+        "backoff (30 s) plus a model load on a busy machine (default %(default)g)",
     ),
     flag(
         "--omni-max-retries",
@@ -227,8 +237,8 @@ HEAD_FLAGS = (
         "--omni-restart-policy",
         default=defaults.RESTART_POLICY,
         choices=RESTART_POLICIES,
-        help="restart the head's local replicas that exit (default %(default)s), with "
-        "backoff from 1 s to 30 s",
+        help="restart the head's local replicas that exit (default %(default)s): at once "
+        "after serving 10 s, else with backoff from 1 s to 30 s",
     ),
     flag(
         "--worker-backend",

@@ -148,6 +148,7 @@ def head_options(args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
         stage_init_timeout_s=args.stage_init_timeout,
         init_timeout_s=args.init_timeout,
         no_replica_wait_s=args.omni_stage_wait_timeout,
+        restart_wait_s=args.omni_restart_wait_timeout,
         max_retries=args.omni_max_retries,
         stall_timeout_s=args.omni_stall_timeout,
         log_level=args.log_level,

@@ -142,9 +142,16 @@ def _count(value: Any) -> str:
 
 def _header(data: dict[str, Any], url: str | None, color: bool) -> list[str]:
     stages = data["stages"]
-    waiting = [s["name"] for s in stages if s.get("status", "ready") != "ready"]
-    health = "ok" if not waiting else f"unavailable (no live replica: {', '.join(waiting)})"
-    health = _paint(health, ReplicaState.UP if not waiting else ReplicaState.ERROR, color)
+    waiting = [s["name"] for s in stages if s.get("status", "ready") not in ("ready", "restarting")]
+    coming = [s["name"] for s in stages if s.get("status") == "restarting"]
+    if waiting:
+        health = f"unavailable (no live replica: {', '.join(waiting)})"
+    elif coming:
+        health = f"restarting (no live replica, one coming back: {', '.join(coming)})"
+    else:
+        health = "ok"
+    state = ReplicaState.UP if health == "ok" else ReplicaState.STARTING
+    health = _paint(health, ReplicaState.ERROR if waiting else state, color)
     line = f"pipeline {data.get('pipeline', '?')}"
     if url:
         line += f"  {url}"
@@ -196,7 +203,9 @@ def _stage_title(stage: dict[str, Any], names: dict[int, str], waiting: Any) -> 
     if inputs:
         title += f" <- {', '.join(inputs)}"
     parts = [f"engine {stage.get('engine', '?')}"]
-    if stage.get("status", "ready") != "ready":
+    if stage.get("status") == "restarting":
+        parts.append("no live replica, one coming back")
+    elif stage.get("status", "ready") != "ready":
         parts.append("no live replica")
     if waiting is not None:
         parts.append(f"requests waiting {_count(waiting)}")
@@ -249,8 +258,19 @@ def _stage_block(
     for r in replicas:
         if r.get("reason") and r.get("state") != ReplicaState.UP:
             state = _paint(str(r.get("state")), str(r.get("state")), color)
-            lines.append(f"    {stage['name']}/{r.get('replica_id')} {state}: {r['reason']}")
+            why = r["reason"] + _restart_note(r.get("restarting"))
+            lines.append(f"    {stage['name']}/{r.get('replica_id')} {state}: {why}")
     return lines
+
+
+def _restart_note(restarting: Any) -> str:
+    """What a slot the head restarts (its row's ``restarting``) adds to its reason."""
+    if not isinstance(restarting, dict):
+        return ""
+    left = restarting.get("in_s")
+    if isinstance(left, int | float) and left > 0:
+        return f"; restarting in {_ago(left)}"
+    return "; restarting now"
 
 
 def _event_age(event: dict[str, Any], now: float) -> float | None:

@@ -13,6 +13,7 @@ import time
 from omnistage.connectors.registry import choose
 from omnistage.control.balancing.prefix_index import RequestPrefix
 from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.comebacks import WaitBounds
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
 from omnistage.dataplane.run import Run, direct_edge
@@ -34,14 +35,15 @@ class Dispatcher:
         channels: DataChannels,
         latency: LatencyRecorder,
         traces: RequestTraces,
-        no_replica_wait_s: float,
+        bounds: WaitBounds,
     ) -> None:
         self.graph = graph
         self.pools = pools
         self.channels = channels
         self.latency = latency
         self.traces = traces
-        self.no_replica_wait_s = no_replica_wait_s
+        # How long a request waits for a stage's replica (or a free slot on one).
+        self.bounds = bounds
         # Stage ids in an order where every stage comes after its inputs.
         self.order = graph.topological()
         # Stage-to-stage edges of dispatched requests whose chunks went replica to replica.
@@ -73,18 +75,21 @@ class Dispatcher:
         return False
 
     async def wait_live(self, active: set[int]) -> None:
-        """Wait (boundedly) until every stage in ``active`` has a live replica: a
-        missing downstream stage is a 503 up front, not an error mid-stream."""
-        deadline = time.monotonic() + self.no_replica_wait_s
-        for sid in self.order:
-            if sid in active and not self.pools[sid].has_live():
-                await self.pools[sid].wait_live(deadline, self.no_replica_wait_s)
+        """Wait (boundedly, see ``StagePool.wait_live``) until every stage in ``active``
+        has a live replica: a missing downstream stage is a 503 up front, not an error
+        mid-stream. Stages with no replica coming are judged first: their short wait
+        is not spent after a long one for a restart."""
+        started = time.monotonic()
+        lacking = [sid for sid in self.order if sid in active and not self.pools[sid].has_live()]
+        lacking.sort(key=lambda sid: bool(self.pools[sid].comebacks))
+        for sid in lacking:
+            await self.pools[sid].wait_live(started, self.bounds)
 
     async def dispatch(self, run: Run, group: set[int]) -> None:
         """Bind a replica of every stage in ``group``, then send their AddRequests."""
-        deadline = time.monotonic() + self.no_replica_wait_s
+        started = time.monotonic()
         while (lacking := self.try_acquire(run, group)) is not None:
-            await self.pools[lacking].wait_capacity(deadline, self.no_replica_wait_s)
+            await self.pools[lacking].wait_capacity(started, self.bounds)
         self.send_group(run, group)
 
     def try_acquire(self, run: Run, group: set[int]) -> int | None:

@@ -1,8 +1,9 @@
 """Moves each request through the stage DAG.
 
-Per request: check every needed stage has a live replica (else 503 before anything
-starts), bind a replica of every stage the request needs (waiting, boundedly, for
-capacity: 429 when there is none), and send each its AddRequest in one tick. Outputs
+Per request: check every needed stage has a live replica, or wait for one coming back
+(else 503 before anything starts: see ``comebacks``), bind a replica of every stage the
+request needs (waiting, boundedly, for capacity: 429 when there is none), and send each
+its AddRequest in one tick. Outputs
 of a stage that is not final for the request go straight to the downstream replicas
 (the connector seam: ``AddRequest.peers``) where they can; the head then sees only the
 last chunk of such a stage, to free its slot. Other edges go through the head, which
@@ -23,8 +24,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+from omnistage import defaults
 from omnistage.control.replica_table import Transition
 from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.comebacks import WaitBounds
 from omnistage.dataplane.dispatch import Dispatcher
 from omnistage.dataplane.failover import Failover
 from omnistage.dataplane.graph import StageGraph
@@ -53,11 +56,15 @@ class Orchestrator:
         graph: StageGraph,
         pools: dict[int, StagePool],
         channels: DataChannels,
-        no_replica_wait_s: float = 3.0,
-        max_retries: int = 2,
+        no_replica_wait_s: float = defaults.STAGE_WAIT_TIMEOUT_S,
+        max_retries: int = defaults.MAX_RETRIES,
         latency: LatencyRecorder | None = None,
         traces: RequestTraces | None = None,
+        restart_wait_s: float = defaults.RESTART_WAIT_TIMEOUT_S,
     ) -> None:
+        """``no_replica_wait_s``: how long a request waits for a stage with no live
+        replica and none coming, or for a free slot; ``restart_wait_s``: for a replica
+        that is coming back (see ``dataplane.comebacks``)."""
         self.graph = graph
         self.pools = pools
         self.channels = channels
@@ -70,7 +77,12 @@ class Orchestrator:
         # Spans of requests and stage dispatches; does nothing unless tracing is on.
         self.traces = traces or request_traces(graph.config.pipeline, names)
         self.dispatcher = Dispatcher(
-            graph, pools, channels, self.latency, self.traces, no_replica_wait_s
+            graph,
+            pools,
+            channels,
+            self.latency,
+            self.traces,
+            WaitBounds(no_replica_wait_s, restart_wait_s),
         )
         self.failover = Failover(self.dispatcher, max_retries)
 

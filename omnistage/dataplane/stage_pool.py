@@ -20,8 +20,9 @@ from omnistage.control.balancing.affinity import AffinityMap
 from omnistage.control.balancing.cache_aware import load_bound
 from omnistage.control.balancing.prefix_index import PrefixIndex, RequestPrefix
 from omnistage.control.replica_table import LoadReading, ReplicaEntry, Transition
+from omnistage.dataplane.comebacks import Comebacks, WaitBounds
 from omnistage.dataplane.pool_load import LivePool
-from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
+from omnistage.protocol.errors import StageOverloadedError
 from omnistage.protocol.messages import ReplicaState
 
 
@@ -79,6 +80,8 @@ class StagePool:
         # ``release``, read per request.
         self._live: LivePool[ReplicaHandle] = LivePool(rng)
         self.affinity = AffinityMap()
+        # Replicas on their way: what a request with none live waits for.
+        self.comebacks = Comebacks()
 
     def live(self) -> list[ReplicaHandle]:
         return list(self._live.replicas)
@@ -88,6 +91,8 @@ class StagePool:
 
     def apply(self, t: Transition) -> set[str]:
         """Apply a state transition; returns request ids lost with a failed replica."""
+        if self.comebacks.observe(t.entry.replica_id, t.entry.epoch, t.new):
+            self._wake()  # requests waiting for a replica re-judge what is coming
         try:
             return self._apply(t)
         finally:
@@ -226,38 +231,53 @@ class StagePool:
             return None
         return handle
 
-    async def wait_capacity(self, deadline: float, wait_s: float) -> None:
-        """Wait until the pool changes (a replica joins or frees a slot), up to
-        ``deadline``. StageOverloadedError when the wait queue is full or the deadline
-        passes with replicas live but busy; StageUnavailableError when none is live."""
-        if self.live() and self.waiting >= self.max_waiting:
-            raise StageOverloadedError(
-                self.stage_id, self.name, f"{self.waiting} requests already waiting"
-            )
-        left = deadline - time.monotonic()
-        if left <= 0:
-            live = self.live()
-            if live:
+    async def wait_capacity(self, started: float, bounds: WaitBounds) -> None:
+        """Wait until the pool changes (a replica joins or frees a slot), for a request
+        waiting since ``started`` (time.monotonic). StageOverloadedError when the queue
+        is full or the wait is over with replicas live but busy (as long as a wait for
+        a replica coming back, if one is); with none live, as ``wait_live``."""
+        now = time.monotonic()
+        live = self.live()
+        if not live:
+            left = self._no_live_deadline(started, now, bounds) - now
+        else:
+            if self.waiting >= self.max_waiting:
+                raise StageOverloadedError(
+                    self.stage_id, self.name, f"{self.waiting} requests already waiting"
+                )
+            wait_s = max(bounds.stage_s, bounds.restart_s) if self.comebacks else bounds.stage_s
+            left = started + wait_s - now
+            if left <= 0:
                 raise StageOverloadedError(
                     self.stage_id,
                     self.name,
                     f"all {len(live)} live replica(s) at capacity for {wait_s:.1f}s",
                 )
-            raise StageUnavailableError(self.stage_id, self.name, wait_s)
+        await self._wait_counted(left)
+
+    async def wait_live(self, started: float, bounds: WaitBounds) -> None:
+        """Return once the stage has a live replica; the errors and bounds of
+        ``Comebacks.deadline`` when that takes too long."""
+        while not self.has_live():
+            now = time.monotonic()
+            await self._wait_counted(self._no_live_deadline(started, now, bounds) - now)
+
+    def _no_live_deadline(self, started: float, now: float, bounds: WaitBounds) -> float:
+        queue = (self.waiting, self.max_waiting)
+        return self.comebacks.deadline(self.stage_id, self.name, started, now, bounds, queue)
+
+    async def _wait_counted(self, timeout: float) -> None:
         self.waiting += 1
         try:
-            await self._sleep(left)
+            await self._sleep(timeout)
         finally:
             self.waiting -= 1
 
-    async def wait_live(self, deadline: float, wait_s: float) -> None:
-        """Return once the stage has a live replica; StageUnavailableError at ``deadline``
-        (a time.monotonic value; ``wait_s`` is the whole wait, for the message)."""
-        while not self.has_live():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StageUnavailableError(self.stage_id, self.name, wait_s)
-            await self._sleep(left)
+    def restart(self, replica_id: int, at: float | None) -> None:
+        """The head restarts ``replica_id`` at ``at`` (time.monotonic); None: it will
+        not after all. Requests waiting for a replica re-judge."""
+        self.comebacks.restart(replica_id, at)
+        self._wake()
 
     def release(self, handle: ReplicaHandle, request_id: str) -> None:
         if request_id in handle.requests:

@@ -1,5 +1,8 @@
-"""The head's own replicas: launched into the head-local slots, restarted with backoff
-when they exit (``--omni-restart-policy``), and a failed start fails the head at once.
+"""The head's own replicas: launched into the head-local slots, restarted when they exit
+(``--omni-restart-policy``; how soon: ``launch.restart``), and a failed start fails the
+head at once. Each restart is announced to the stage's pool when it is decided, with the
+time it is due, so requests wait for it (``dataplane.comebacks``); and so is a restart
+that will not happen after all.
 
 The autoscaler (``head.scaler``) adds replicas into free ids it reserves as head-local,
 and retires them: a retiring replica is drained (the head routes nothing new to it, it
@@ -20,7 +23,7 @@ from omnistage.head.options import HeadOptions
 from omnistage.head.state import ControlState
 from omnistage.launch import make_launcher
 from omnistage.launch.base import Launcher, ReplicaProcess
-from omnistage.launch.restart import RestartPolicy
+from omnistage.launch.restart import SETTLE_S, RestartPolicy
 from omnistage.logs import Throttled
 from omnistage.protocol.messages import Reason, ReplicaState
 from omnistage.replica.options import ReplicaOptions
@@ -35,6 +38,7 @@ DRAIN_SETTLE_S = 0.25
 # A retiring replica still running this long after its own drain timeout is killed.
 DRAIN_KILL_GRACE_S = 10.0
 SCALED_DOWN = "scaled down"
+_EARLY = f"before UP or within {SETTLE_S:g}s of it"
 
 
 @dataclass
@@ -49,6 +53,10 @@ def _no_restart_note(stage_id: int, replica_id: int) -> None:
     pass
 
 
+def _no_due_note(stage_id: int, replica_id: int, at: float | None) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class LocalHooks:
     """What the head's shell lends its local replicas."""
@@ -59,6 +67,9 @@ class LocalHooks:
     fail_head: Callable[[], None]
     # A replica is about to be restarted (for the views of the running system).
     on_restart: Callable[[int, int], None] = _no_restart_note
+    # On the loop: a replica will be restarted at a time.monotonic() value, or (None)
+    # will not be after all; until it is UP again, requests for its stage wait for it.
+    on_restart_due: Callable[[int, int, float | None], None] = _no_due_note
 
 
 class LocalReplicas:
@@ -87,7 +98,7 @@ class LocalReplicas:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         # Every replica this head runs (or will restart), by (stage, replica) id; written
-        # from the loop and from launcher threads.
+        # from the loop and from launcher threads. The lock guards the restart policy too.
         self._owned: dict[tuple[int, int], _Owned] = {}
         self._owned_lock = threading.Lock()
 
@@ -175,8 +186,26 @@ class LocalReplicas:
         """Drop a replica the head no longer runs, and give its slot back."""
         with self._owned_lock:
             self._owned.pop(key, None)
+        self._dropped(key)
         with self._slots_lock:
             self._slots.unreserve(*key)
+
+    def came_up(self, key: tuple[int, int]) -> None:
+        """Any thread: a replica of this head's reached UP (the restart policy's clock
+        for telling a crash loop from bad luck starts)."""
+        with self._owned_lock:
+            if key in self._owned:
+                self.restarts.up(key)
+
+    def _due(self, key: tuple[int, int], delay: float) -> None:
+        """Tell the stage's pool (on the loop) that ``key`` restarts ``delay`` s from now."""
+        if self._loop is not None:
+            at = time.monotonic() + delay
+            self._loop.call_soon_threadsafe(self._hooks.on_restart_due, *key, at)
+
+    def _dropped(self, key: tuple[int, int]) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._hooks.on_restart_due, *key, None)
 
     # -- launching and exits -----------------------------------------------------------
 
@@ -189,7 +218,7 @@ class LocalReplicas:
             if owned.retiring:
                 return
             owned.options = options
-        self.restarts.started(key)
+            self.restarts.started(key)
         proc = self.launcher.launch(options)
         with self._owned_lock:
             owned.proc, owned.running = proc, True
@@ -201,7 +230,14 @@ class LocalReplicas:
             return
         if not self._stopping:
             self._hooks.on_restart(options.stage_id, options.replica_id)
-        self._launch(options)
+        try:
+            self._launch(options)
+        except Exception as exc:  # Ray refused the actor, say: nothing is coming now
+            key = (options.stage_id, options.replica_id)
+            log.error("stage %d replica %d: restart failed: %s", *key, exc)
+            with self._owned_lock:
+                self._owned.pop(key, None)  # gone for good; its slot stays the head's
+            self._dropped(key)
 
     def _on_exit(self, proc: ReplicaProcess, code: int) -> None:
         """Launcher thread: a local replica process ended."""
@@ -229,22 +265,31 @@ class LocalReplicas:
             )
             self._hooks.fail_head()
             return
+        delay, settled = None, False
+        if not self._stopping:
+            with self._owned_lock:
+                settled = self.restarts.settled(key)
+                delay = self.restarts.delay_after_exit(key, code)
+            if delay is not None:
+                # Before the ERROR below, through the same loop queue: a request never
+                # sees the stage with nothing live and nothing coming in between.
+                self._due(key, delay)
         self._coordinator.mark(
             key, None, ReplicaState.ERROR, Reason.PROCESS_EXITED, f"exit code {code}"
         )
         if self._stopping:
             return
-        delay = self.restarts.delay_after_exit(key, code)
         if delay is None:
             with self._owned_lock:
                 self._owned.pop(key, None)  # gone for good; its slot stays the head's
+            self._dropped(key)
             return
         if self._loop is not None:
             log.info(
-                "restarting stage %d replica %d in %.0fs (--omni-restart-policy %s)",
+                "restarting stage %d replica %d %s (--omni-restart-policy %s)",
                 o.stage_id,
                 o.replica_id,
-                delay,
+                "at once (it had served)" if settled else f"in {delay:g}s (it failed {_EARLY})",
                 self.restarts.mode,
             )
             loop = self._loop

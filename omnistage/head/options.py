@@ -28,6 +28,7 @@ class HeadOptions:
     stage_init_timeout_s: float = defaults.STAGE_INIT_TIMEOUT_S
     init_timeout_s: float = defaults.INIT_TIMEOUT_S
     no_replica_wait_s: float = defaults.STAGE_WAIT_TIMEOUT_S
+    restart_wait_s: float = defaults.RESTART_WAIT_TIMEOUT_S
     max_retries: int = defaults.MAX_RETRIES
     stall_timeout_s: float = defaults.STALL_TIMEOUT_S
     shutdown_grace_s: float = 10.0

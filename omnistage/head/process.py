@@ -40,7 +40,7 @@ from omnistage.jobs.runner import JobRunner
 from omnistage.jobs.setup import StoreUnavailable, open_persistence
 from omnistage.jobs.state import Persistence
 from omnistage.net import listen_tcp
-from omnistage.protocol.messages import Shutdown
+from omnistage.protocol.messages import ReplicaState, Shutdown
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ class Head:
         )
         control = wiring.control_plane(opts, self.state, self.sockets, self.events, self.fleet)
         self.master, self.control = control
-        hooks = LocalHooks(self._serving.is_set, self._fail_soon, history.restarted)
+        restart = self._restart_note
+        hooks = LocalHooks(self._serving.is_set, self._fail_soon, history.restarted, restart)
         self.local = LocalReplicas(
             opts, self.state, hooks, master_port=self.sockets.master_port, local_key=local_key
         )
@@ -263,6 +264,8 @@ class Head:
         return self.jobs.backlog(stage_id) if self.jobs is not None else 0
 
     def _post_transition(self, t: Transition) -> None:
+        if t.new == ReplicaState.UP and t.entry.local:
+            self.local.came_up(t.entry.key)
         self.events.post_transition(t)
 
     def _post_prefixes(self, report: PrefixReport) -> None:
@@ -272,6 +275,10 @@ class Head:
         # Start-up ends the moment every stage has a live replica (as /health sees it).
         if not self._serving.is_set() and not self.service.stages_without_replicas():
             self._serving.set()
+
+    def _restart_note(self, stage_id: int, replica_id: int, at: float | None) -> None:
+        """The loop: a local replica restarts at ``at`` (None: it will not after all)."""
+        self.pools[stage_id].restart(replica_id, at)
 
     def _fail_soon(self) -> None:
         """From a launcher thread: a replica could not start; stop the head."""

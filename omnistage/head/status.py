@@ -25,8 +25,11 @@ def stages_status(
     history: History | None = None,
     scaling: dict[int, dict[str, Any]] | None = None,
     nodes: dict[tuple[int, int], str] | None = None,
+    wall: float | None = None,
 ) -> dict[str, Any]:
+    """``now``: time.monotonic(); ``wall``: time.time() at the same moment."""
     now = time.monotonic() if now is None else now
+    wall = time.time() if wall is None else wall
     restarts = history.restarts if history is not None else {}
     stages = []
     for stage in config.stages:
@@ -36,6 +39,7 @@ def stages_status(
             for e in entries
             if e.stage_id == stage.stage_id
         ]
+        _add_restarts(replicas, pool, now, wall)
         stages.append(
             {
                 "stage_id": stage.stage_id,
@@ -44,7 +48,8 @@ def stages_status(
                 "inputs": list(stage.inputs),
                 "final_output": stage.final_output,
                 "output_modality": stage.output_modality,
-                "status": "ready" if pool.live() else "waiting",
+                # restarting: none live, and requests wait for one coming back.
+                "status": _stage_status(pool),
                 "waiting": pool.waiting,
                 # The stage's balancing policy, and how many requests it placed for which
                 # reason (cache: the replica held more of the prompt's prefix; load: the
@@ -63,6 +68,46 @@ def stages_status(
         "stages": stages,
         "recent_state_changes": changes,
     }
+
+
+# The row of a slot the head restarts whose replica never registered.
+_NO_ENTRY: dict[str, Any] = {
+    "epoch": 0,
+    "state": str(ReplicaState.ERROR),
+    "reason": "exited before it registered",
+    "address": "",
+    "local": True,
+    "node": None,
+    "pid": 0,
+    "capacity": 0,
+    "in_flight": 0,
+    "queue_length": 0,
+    "restarts": 0,
+}
+
+
+def _stage_status(pool: StagePool) -> str:
+    if pool.live():
+        return "ready"
+    return "restarting" if pool.comebacks.restarting else "waiting"
+
+
+def _add_restarts(replicas: list[dict[str, Any]], pool: StagePool, now: float, wall: float) -> None:
+    """Mark the rows of the slots the head is restarting (``restarting``: when it is
+    due, unix time, and in how many seconds, 0 once it is past), and add a row for one
+    the table has no entry for."""
+    due = pool.comebacks.restarts()
+    rows = {r["replica_id"]: r for r in replicas}
+    for rid, at in sorted(due.items()):
+        row = rows.get(rid)
+        if row is None:
+            row = {**_NO_ENTRY, "replica_id": rid}
+            replicas.append(row)
+        elif row["state"] in (ReplicaState.UP, ReplicaState.STARTING):
+            continue  # its new registration is on the way: that row says how it goes
+        left = at - now
+        row["restarting"] = {"due_at": round(wall + left, 3), "in_s": round(max(0.0, left), 3)}
+    replicas.sort(key=lambda r: r["replica_id"])
 
 
 def _replica(
@@ -97,6 +142,8 @@ def _replica(
         "progress": e.progress,
         "last_heartbeat_age_s": round(now - e.last_seen, 3),
         "restarts": restarts,
+        # Set while the head restarts this slot (see _add_restarts).
+        "restarting": None,
     }
 
 

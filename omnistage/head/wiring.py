@@ -39,6 +39,7 @@ def orchestrator(opts: HeadOptions, sockets: HeadSockets) -> Orchestrator:
         sockets.channels,
         no_replica_wait_s=opts.no_replica_wait_s,
         max_retries=opts.max_retries,
+        restart_wait_s=opts.restart_wait_s,
     )
 
 

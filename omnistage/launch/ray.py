@@ -17,7 +17,8 @@ Noticing: when the replica process exits, the actor's ``wait`` returns its exit 
 once; when the actor itself dies (killed, its node lost), the pending ``wait`` fails as
 soon as Ray knows, and the head counts the replica as exited. Either way the launcher's
 ``on_exit`` fires, and the head's restart policy asks for a replacement, which Ray places
-on a node with room.
+on a node with room. Until it is UP (placement included), requests for its stage wait for
+it, as for a local replica's restart (``head.local``).
 """
 
 from __future__ import annotations

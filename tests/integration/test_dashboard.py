@@ -151,6 +151,38 @@ def test_the_dashboard_shows_every_replica_and_a_killed_one_without_reloading(
         head.stop()
 
 
+def test_a_replica_the_head_restarts_shows_restarting_with_its_due_time(
+    tmp_path: Path, browser: Any
+) -> None:
+    slow_talker = '{"1": {"engine_args": {"start_delay_s": 3}}}'
+    head = HeadProc(tmp_path, "echo", "--stage-overrides", slow_talker)
+    try:
+        head.wait_healthy()
+        browser.get(f"{head.url}/dashboard")
+        _wait(browser, lambda b: len(_replicas(b)) == 3, 10, "every replica on the page")
+        (talker,) = head.up_replicas(1)
+        os.kill(talker["pid"], signal.SIGKILL)
+
+        def talker_row(b: Any) -> str:
+            row = b.find_element(By.CSS_SELECTOR, '.replica[data-stage="1"]')
+            return row.text if "restarting" in row.text else ""
+
+        text = _wait(browser, talker_row, 10, "the talker's slot restarting")
+        assert "ERROR \u00b7 restarting" in text
+        assert "restart due" in text or "restarting since" in text
+        box = browser.find_element(By.CSS_SELECTOR, '.stage[data-stage="1"]')
+
+        def stage_restarting(b: Any) -> bool:
+            metas = [m.text for m in box.find_elements(By.CSS_SELECTOR, ".meta")]
+            restarting = "restarting" in (box.get_attribute("class") or "").split()
+            return restarting and any(m.startswith("restarting") for m in metas)
+
+        _wait(browser, stage_restarting, 5, "the talker's stage restarting")
+        _wait(browser, lambda b: _replicas(b).get((1, 0)) == "UP", 30, "the talker back UP")
+    finally:
+        head.stop()
+
+
 def test_with_an_api_key_the_page_asks_for_it_or_takes_it_from_the_fragment(
     tmp_path: Path, browser: Any
 ) -> None:

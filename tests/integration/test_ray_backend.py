@@ -168,6 +168,36 @@ def test_killed_actor_is_replaced_without_losing_requests(
         head.stop()
 
 
+def test_requests_wait_for_the_replacement_of_a_stages_only_actor(
+    tmp_path: Path, cluster: tuple[Any, Any]
+) -> None:
+    """The thinker runs one actor: killed, its stage has no live replica until Ray has
+    placed and started the replacement, far past the 0.5 s stage wait; the requests
+    meanwhile wait for it, and none fails."""
+    c, _ = cluster
+    head = _start(tmp_path, c.address, "--omni-stage-wait-timeout", "0.5")
+    try:
+        (victim,) = head.up_replicas(0)
+        actor_pid = parent_pid(victim["pid"])
+        with _steady_load(head):
+            killed_at = time.monotonic()
+            os.kill(actor_pid, signal.SIGKILL)
+            wait_for(lambda: not head.up_replicas(0), 5, 0.02, what="the thinker down")
+            # Once Ray has reported the actor dead (the closed connection may say so
+            # first), the head knows a replacement is coming.
+            wait_for(
+                lambda: head.client.get("/health").json()["status"] == "restarting",
+                5,
+                0.02,
+                what="/health restarting",
+            )
+            (replacement,) = head.wait_up(0, 1, 60, "the replacement UP")
+            print(f"thinker actor replaced after {time.monotonic() - killed_at:.2f}s")
+        assert replacement["epoch"] > victim["epoch"]
+    finally:
+        head.stop()
+
+
 def test_headless_replica_joins_a_ray_head_and_shutdown_leaves_no_actor(
     tmp_path: Path, cluster: tuple[Any, Any]
 ) -> None:

@@ -85,6 +85,7 @@ def test_a_value_outside_the_choices_is_one_line_naming_flag_and_value(
         (["--omni-heartbeat-timeout", "-3"], "--omni-heartbeat-timeout must be > 0, got -3"),
         (["--stage-init-timeout", "0"], "--stage-init-timeout must be > 0, got 0"),
         (["--omni-stage-wait-timeout", "0"], "--omni-stage-wait-timeout must be > 0, got 0"),
+        (["--omni-restart-wait-timeout", "0"], "--omni-restart-wait-timeout must be > 0, got 0"),
         (["--drain-timeout", "-0.5"], "--drain-timeout must be >= 0, got -0.5"),
         (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1, got 0"),
         (["--api-server-count", "0"], "--api-server-count must be >= 1, got 0"),

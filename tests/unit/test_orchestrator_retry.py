@@ -17,7 +17,11 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.protocol import codec
-from omnistage.protocol.errors import StageFailedError, StageOverloadedError
+from omnistage.protocol.errors import (
+    StageFailedError,
+    StageOverloadedError,
+    StageUnavailableError,
+)
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import (
     Abort,
@@ -273,6 +277,55 @@ async def test_output_of_an_old_incarnation_is_ignored_when_its_slot_returns() -
     head.out(0, 0, 1, "OLD", epoch=1)
     head.out(0, 0, 1, "cd", epoch=2, finished=True, attempt=1)
     assert [o.text for o in await collect(stream)] == ["ab", "cd"]
+
+
+async def test_a_retry_waits_past_the_stage_wait_for_the_replica_the_head_restarts() -> None:
+    head = Head("echo-1stage", {0: 1}, no_replica_wait_s=0.05)
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0]))
+    head.out(0, 0, 0, "ab")
+    # The head restarts its replica (the restart is announced before the ERROR).
+    head.pools[0].restart(0, time.monotonic())
+    head.fail(0, 0)
+    head.channels.take()
+    await asyncio.sleep(0.3)  # six times the stage wait: still waiting, not failed
+    assert head.channels.take() == []
+    head.up(0, 0, epoch=2)
+    await until(lambda: head.channels.sent, what="the retry dispatched")
+    resume = Resume(text="ab", data_chunks=0, seq=1)
+    assert head.channels.take() == [(ident(0, 0, epoch=2), add([], resume, PROMPT, attempt=1))]
+    head.out(0, 0, 1, "cd", epoch=2, finished=True, attempt=1)
+    assert [o.text for o in await collect(stream)] == ["ab", "cd"]
+
+
+async def test_a_new_request_waits_for_a_restarting_replica_instead_of_a_503() -> None:
+    head = Head("echo", {0: 1, 1: 1, 2: 1}, no_replica_wait_s=0.05)
+    head.pools[1].restart(0, time.monotonic())
+    head.fail(1, 0)
+    opening = asyncio.create_task(head.orch.open(PipelineRequest("r1", PROMPT, [2])))
+    await asyncio.sleep(0.3)
+    assert not opening.done()
+    assert head.pools[1].waiting == 1
+    head.up(1, 0, epoch=2)
+    stream = await asyncio.wait_for(opening, 1)
+    assert {i for i, m in head.channels.take() if isinstance(m, AddRequest)} == {
+        ident(0, 0),
+        ident(1, 0, epoch=2),
+        ident(2, 0),
+    }
+    stream.close()
+
+
+async def test_a_stage_nothing_will_serve_is_judged_before_a_long_wait_for_another() -> None:
+    head = Head("echo", {0: 1, 1: 1, 2: 1}, no_replica_wait_s=0.05)
+    head.pools[0].restart(0, time.monotonic())
+    head.fail(0, 0)  # coming back
+    head.fail(2, 0)  # not coming back
+    started = time.monotonic()
+    with pytest.raises(StageUnavailableError) as info:
+        await head.orch.open(PipelineRequest("r1", PROMPT, [2]))
+    assert time.monotonic() - started < 1
+    message = str(info.value)
+    assert message.startswith("stage 2 (vocoder) has no live replica and none is restarting")
 
 
 async def test_inputs_arriving_while_a_retry_waits_are_sent_once_with_the_dispatch() -> None:

@@ -98,7 +98,10 @@ def comparable(status: dict[str, Any]) -> bytes:
 
 
 def _steady(replica: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in replica.items() if k not in _VOLATILE}
+    out = {k: v for k, v in replica.items() if k not in _VOLATILE}
+    if out.get("restarting"):  # its due time is news; the countdown to it is not
+        out["restarting"] = round(out["restarting"]["due_at"])
+    return out
 
 
 def latency_body(

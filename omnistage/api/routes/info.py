@@ -10,6 +10,7 @@ from starlette.responses import Response
 from omnistage.api.routes.common import check_model, service
 from omnistage.api.routes.common import json_response as _json_response
 from omnistage.protocol.errors import error_body
+from omnistage.protocol.messages import ReplicaState
 from omnistage.realtime.stats import as_json
 from omnistage.service import PipelineService
 
@@ -49,13 +50,45 @@ async def model(request: Request, model_id: str) -> Response:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    missing = service(request).stages_without_replicas()
-    if missing:
-        names = ", ".join(f"{sid} ({name})" for sid, name in missing)
-        body = error_body(f"no live replica for stage(s) {names}", "service_unavailable")
-        body["status"] = "unavailable"
-        return _json_response(body, 503)
-    return _json_response({"status": "ok"})
+    """200 "ok" when every stage has a live replica; 200 "restarting" when the stages
+    that have none each have one coming back (requests wait for it, so a load balancer
+    should keep this head); else 503, naming the stages nothing will serve."""
+    omni = service(request)
+    missing = omni.stages_without_replicas()
+    if not missing:
+        return _json_response({"status": "ok"})
+    coming = _restarting(omni)
+    down = [(sid, name) for sid, name in missing if sid not in coming]
+    if not down:
+        return _json_response({"status": "restarting", "restarting": list(coming.values())})
+    names = ", ".join(f"{sid} ({name})" for sid, name in down)
+    body = error_body(f"no live replica for stage(s) {names}", "service_unavailable")
+    body["status"] = "unavailable"
+    if coming:
+        body["restarting"] = list(coming.values())
+    return _json_response(body, 503)
+
+
+def _restarting(omni: PipelineService) -> dict[int, dict[str, Any]]:
+    """Stage id -> what /health says of a stage whose replica is coming back: its
+    name and its replicas on the way: those the head restarts, with when each is due
+    (unix time; None for a STARTING one, loading now)."""
+    out: dict[int, dict[str, Any]] = {}
+    for stage in omni.stages_status()["stages"]:
+        if stage.get("status") != "restarting":
+            continue
+        due = [
+            {
+                "replica_id": r["replica_id"],
+                "state": r["state"],
+                "due_at": r["restarting"]["due_at"] if r.get("restarting") else None,
+            }
+            for r in stage["replicas"]
+            if r.get("restarting") or r["state"] == ReplicaState.STARTING
+        ]
+        sid = stage["stage_id"]
+        out[sid] = {"stage_id": sid, "name": stage["name"], "replicas": due}
+    return out
 
 
 @router.get("/v1/omni/stages")

@@ -1,0 +1,131 @@
+"""The head's own replicas announce their restarts: to the stage's pool, before the
+ERROR that would leave it with nothing live and nothing coming; at once after a run that
+served; withdrawn when the restart will not happen. A fake launcher, no processes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from omnistage.config.load import validate_config
+from omnistage.control.coordinator import Coordinator
+from omnistage.control.replica_table import ReplicaTable, Transition
+from omnistage.control.slots import SlotTable
+from omnistage.head.local import LocalHooks, LocalReplicas
+from omnistage.head.options import HeadOptions
+from omnistage.head.state import ControlState
+from omnistage.launch.restart import SETTLE_S, RestartPolicy
+from omnistage.protocol.messages import ReplicaState
+from tests.unit.fakes import FakeClock, ticks
+
+CONFIG = validate_config(
+    {
+        "pipeline": "p",
+        "stages": [{"stage_id": 0, "name": "a", "engine": "echo", "final_output": True}],
+    }
+)
+
+
+class Process:
+    node = None
+
+    def __init__(self, options: Any) -> None:
+        self.options = options
+        self.pid = 1000 + options.replica_id
+
+    def terminate(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+class Launcher:
+    def __init__(self) -> None:
+        self.launched: list[Process] = []
+
+    def launch(self, options: Any) -> Process:
+        self.launched.append(Process(options))
+        return self.launched[-1]
+
+    def stop_all(self, grace_s: float) -> None:
+        pass
+
+
+class Rig:
+    """LocalReplicas over a real coordinator, recording what it tells the loop, in
+    order: ("due", replica id, delay from now or None) and ("state", replica id, state)."""
+
+    def __init__(self, policy: str = "on-failure") -> None:
+        self.clock = FakeClock()
+        self.said: list[tuple[str, int, Any]] = []
+        self.loop = asyncio.get_running_loop()
+        coordinator = Coordinator(ReplicaTable(self.clock, 5.0), threading.Lock(), self._transition)
+        self.coordinator = coordinator
+        slots = SlotTable([0], preallocated={0: 1}, head_local={0: [0]})
+        state = ControlState(threading.Lock(), slots, coordinator)
+        hooks = LocalHooks(lambda: True, lambda: None, on_restart_due=self._due)
+        opts = HeadOptions(config=CONFIG, restart_policy=policy)
+        self.local = LocalReplicas(opts, state, hooks, master_port=5555, local_key="k")
+        self.launcher = Launcher()
+        self.local.launcher = self.launcher  # type: ignore[assignment]
+        self.local.restarts = RestartPolicy(policy, self.clock)
+        self.local.start(self.loop)
+        coordinator.register((0, 0), 1, "127.0.0.1", True, 60)
+        coordinator.ready((0, 0), 1, 4, 1000)
+
+    def _transition(self, t: Transition) -> None:
+        # As the head posts transitions: through the loop, after whatever went before.
+        self.loop.call_soon_threadsafe(self.said.append, ("state", t.entry.replica_id, t.new))
+        if t.new == ReplicaState.UP:
+            self.local.came_up(t.entry.key)
+
+    def _due(self, stage_id: int, replica_id: int, at: float | None) -> None:
+        delay = None if at is None else round(at - self.loop.time(), 0)
+        self.said.append(("due", replica_id, delay))
+
+    @classmethod
+    async def serving(cls, policy: str = "on-failure") -> Rig:
+        """Its replica UP, and what that said already heard."""
+        rig = cls(policy)
+        await ticks()
+        rig.said.clear()
+        return rig
+
+    async def exit(self, code: int = -9) -> None:
+        proc = self.launcher.launched[-1]
+        await asyncio.to_thread(self.local._on_exit, proc, code)  # a launcher thread
+        await ticks()
+
+
+async def test_a_replica_that_served_is_announced_restarting_at_once_before_its_error() -> None:
+    rig = await Rig.serving()
+    rig.clock.now += SETTLE_S + 5
+    await rig.exit()
+    assert rig.said == [("due", 0, 0), ("state", 0, ReplicaState.ERROR)]
+    await asyncio.sleep(0.05)
+    assert len(rig.launcher.launched) == 2  # relaunched at once
+
+
+async def test_a_replica_failing_soon_after_up_is_announced_with_its_backoff() -> None:
+    rig = await Rig.serving()
+    rig.clock.now += 2
+    await rig.exit()
+    assert rig.said == [("due", 0, 1), ("state", 0, ReplicaState.ERROR)]
+    assert len(rig.launcher.launched) == 1  # not yet: it is due in a second
+
+
+async def test_no_restart_is_announced_as_none_coming() -> None:
+    rig = await Rig.serving("never")
+    await rig.exit()
+    assert rig.said == [("state", 0, ReplicaState.ERROR), ("due", 0, None)]
+
+
+async def test_a_slot_retired_while_waiting_for_its_restart_withdraws_it() -> None:
+    rig = await Rig.serving()
+    await rig.exit()
+    rig.said.clear()
+    assert rig.local.retire(0, 0, None)
+    await ticks()
+    assert rig.said == [("due", 0, None)]
