@@ -207,8 +207,12 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
     model = Qwen2_5OmniForConditionalGeneration(_config()).eval()
     # Random init leaves the vocoder's output near silence (~1e-4): louder, the waveform
     # survives int16 rounding, so comparing it sample by sample checks something.
+    # And the talker's end-of-speech logit is held at 0, below the best of the other 63
+    # (random, centred on 0), so greedy talking runs to max_new_tokens instead of ending
+    # after a code or two.
     with torch.no_grad():
         model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(1000.0)
+        model.talker.codec_head.weight[CODEC_EOS].zero_()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     _write_tokenizer(directory)

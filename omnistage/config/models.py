@@ -20,7 +20,6 @@ from omnistage.protocol.errors import ConfigError
 def qwen2_5_omni(model: str) -> dict[str, Any]:
     """thinker (text out, and per token the hidden states the talker reads) -> talker
     (codec codes) -> token2wav (the waveform). A text-only chat runs the thinker alone."""
-    args = {"model": model}
     return {
         "pipeline": "qwen2_5_omni",
         "description": f"Qwen2.5-Omni from {model}: thinker -> talker -> token2wav",
@@ -29,7 +28,7 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "stage_id": 0,
                 "name": "thinker",
                 "engine": EngineName.OMNI_THINKER.value,
-                "engine_args": args,
+                "engine_args": {"model": model},
                 "final_output": True,
                 "output_modality": "text",
                 # One request at a time: the model keeps per-request state (rope deltas).
@@ -39,7 +38,7 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "stage_id": 1,
                 "name": "talker",
                 "engine": EngineName.OMNI_TALKER.value,
-                "engine_args": args,
+                "engine_args": {"model": model},
                 "inputs": [0],
                 "max_inflight_per_replica": 1,
             },
@@ -47,7 +46,7 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "stage_id": 2,
                 "name": "token2wav",
                 "engine": EngineName.OMNI_TOKEN2WAV.value,
-                "engine_args": args,
+                "engine_args": {"model": model},
                 "inputs": [1],
                 "final_output": True,
                 "output_modality": "audio",
