@@ -47,3 +47,14 @@ class OmniToken2WavArgs(OmniArgs):
     num_steps: int = Field(default=10, ge=1, le=1000)
     guidance_scale: float = Field(default=0.5, ge=0.0)
     sway_coefficient: float = -1.0
+    # Decode in chunks of this many codes as they come, so audio leaves before the
+    # talker has finished (engines/omni/code_chunks.py); 0: the whole utterance at once,
+    # exactly as transformers decodes it. Each chunk is decoded with ``past_codes`` codes
+    # before it and ``future_codes`` after it, and vocoded with
+    # ``vocoder_context_frames`` mel frames on each side: more costs time, less moves
+    # the audio further from the whole decode's.
+    chunk_codes: int = Field(default=0, ge=0)
+    # A real DiT block is 24 frames, 12 codes: a block of margin each side by default.
+    past_codes: int = Field(default=12, ge=0)
+    future_codes: int = Field(default=12, ge=0)
+    vocoder_context_frames: int = Field(default=16, ge=0)

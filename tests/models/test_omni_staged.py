@@ -79,19 +79,42 @@ def reference(directory: Path, messages: list[dict[str, str]], voice: str) -> tu
     return text, pcm16(wav)
 
 
-def _chat(head: HeadProc, messages: list[dict[str, str]], voice: str) -> dict[str, Any]:
-    model = head.client.get("/v1/models").json()["data"][0]["id"]
-    body = {
-        "model": model,
+def _body(head: HeadProc, messages: list[dict[str, str]], voice: str) -> dict[str, Any]:
+    return {
+        "model": head.client.get("/v1/models").json()["data"][0]["id"],
         "messages": messages,
         "modalities": ["text", "audio"],
         "audio": {"voice": voice, "format": "pcm16"},
         "temperature": 0,
         "max_tokens": MAX_TOKENS,
     }
+
+
+def _chat(head: HeadProc, messages: list[dict[str, str]], voice: str) -> tuple[str, bytes]:
+    body = _body(head, messages, voice)
     response = head.client.post("/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["message"]
+    message = response.json()["choices"][0]["message"]
+    return message["audio"]["transcript"], base64.b64decode(message["audio"]["data"])
+
+
+def _chat_streamed(
+    head: HeadProc, messages: list[dict[str, str]], voice: str
+) -> tuple[str, bytes, int]:
+    """The streamed answer's transcript, its audio, and how many audio deltas it came in."""
+    body = {**_body(head, messages, voice), "stream": True}
+    text, audio = [], []
+    with head.client.stream("POST", "/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[len("data: ") :])["choices"]:
+                spoken = choice["delta"].get("audio") or {}
+                text.append(spoken.get("transcript", ""))
+                if spoken.get("data"):
+                    audio.append(base64.b64decode(spoken["data"]))
+    return "".join(text), b"".join(audio), len(audio)
 
 
 @pytest.mark.parametrize("voice", ["Chelsie", "Ethan"])
@@ -101,12 +124,21 @@ def test_staged_omni_answers_as_the_monolithic_model(
     messages = [{"role": "user", "content": "Say something about the sea."}]
     want_text, want_pcm = reference(omni_dir, messages, voice)
 
-    message = _chat(omni_head, messages, voice)
+    text, pcm = _chat(omni_head, messages, voice)
 
-    assert message["audio"]["transcript"] == want_text
-    got_pcm = base64.b64decode(message["audio"]["data"])
+    assert text == want_text
     assert len(want_pcm) == MAX_CODES * 2 * 16 * 2  # codes x DiT repeats x BigVGAN x bytes
-    assert got_pcm == want_pcm
+    assert pcm == want_pcm
+
+
+def test_the_streamed_answer_is_the_same(omni_head: HeadProc, omni_dir: Path) -> None:
+    messages = [{"role": "user", "content": "And the mountains?"}]
+    want_text, want_pcm = reference(omni_dir, messages, "Chelsie")
+
+    text, pcm, _ = _chat_streamed(omni_head, messages, "Chelsie")
+
+    assert text == want_text
+    assert pcm == want_pcm
 
 
 def test_the_checkpoint_picks_its_stage_graph(omni_head: HeadProc) -> None:
@@ -123,6 +155,18 @@ def test_a_text_chat_runs_the_thinker_alone(omni_head: HeadProc, omni_dir: Path)
     response = omni_head.client.post("/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == want_text
+
+
+def test_audio_input_is_a_400_naming_the_part_for_now(omni_head: HeadProc) -> None:
+    wav = base64.b64encode(b"RIFF").decode()
+    part = {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
+    body = {
+        "model": omni_head.client.get("/v1/models").json()["data"][0]["id"],
+        "messages": [{"role": "user", "content": [part]}],
+    }
+    response = omni_head.client.post("/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "messages.0.content"
 
 
 def test_an_unknown_voice_is_a_400_naming_the_voices(omni_head: HeadProc) -> None:
