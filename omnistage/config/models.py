@@ -31,8 +31,6 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "engine_args": {"model": model},
                 "final_output": True,
                 "output_modality": "text",
-                # One request at a time: the model keeps per-request state (rope deltas).
-                "max_inflight_per_replica": 1,
             },
             {
                 "stage_id": 1,
@@ -40,7 +38,6 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "engine": EngineName.OMNI_TALKER.value,
                 "engine_args": {"model": model},
                 "inputs": [0],
-                "max_inflight_per_replica": 1,
             },
             {
                 "stage_id": 2,
@@ -50,7 +47,6 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "inputs": [1],
                 "final_output": True,
                 "output_modality": "audio",
-                "max_inflight_per_replica": 1,
             },
         ],
     }

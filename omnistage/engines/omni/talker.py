@@ -100,10 +100,6 @@ class OmniTalkerEngine(Engine):
         self.embed: Any = None
         self.speakers: dict[str, Any] = {}
 
-    @property
-    def capacity(self) -> int:
-        return 1
-
     async def start(self) -> None:
         self.starting = f"loading the talker of {self.args.model}"
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load)

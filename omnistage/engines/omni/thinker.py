@@ -12,8 +12,9 @@
 
 The thinker runs transformers' own ``generate`` (greedy when the request's temperature is
 0); a forward hook reads each step's hidden states and a streamer each new token, so the
-tokens and tensors are exactly the monolithic model's. One request at a time: the model
-keeps per-request state (its rope deltas) between steps.
+tokens and tensors are exactly the monolithic model's. A replica takes many requests but
+generates for one at a time, in order (one worker thread): the model keeps per-request
+state (its rope deltas) between steps. Batching them is still to come.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from omnistage.engines.omni.checkpoint import (
     tensor_chunk,
 )
 from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Prompt, Usage
-from omnistage.protocol.params import GenerationParams
+from omnistage.protocol.params import GenerationParams, StageParams
 
 _REPLACEMENT = "\ufffd"
 
@@ -48,10 +50,6 @@ class OmniThinkerEngine(Engine):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="omni-thinker")
         self.thinker: Any = None
         self.tokenizer: Any = None
-
-    @property
-    def capacity(self) -> int:
-        return 1
 
     async def start(self) -> None:
         self.starting = f"loading the thinker of {self.args.model}"
@@ -72,6 +70,22 @@ class OmniThinkerEngine(Engine):
             special.image_token_index,
             special.video_token_index,
         )
+
+    def check(self, params: StageParams) -> None:
+        asked = params.generation
+        for field, value in (
+            ("tools", asked.tools),
+            ("logprobs", asked.logprobs),
+            ("stop", asked.stop),
+        ):
+            if value:
+                raise BadRequestError(f"{field} is not supported by the omni thinker yet", field)
+        kind = (asked.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise BadRequestError(
+                "response_format other than text is not supported by the omni thinker yet",
+                "response_format",
+            )
 
     def prompt_ids(self, prompt: Prompt | None) -> list[int]:
         """The token ids of a chat (through the checkpoint's chat template) or a text."""

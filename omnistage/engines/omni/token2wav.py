@@ -39,10 +39,6 @@ class OmniToken2WavEngine(Engine):
         self.token2wav: Any = None
         self.speakers: dict[str, Any] = {}
 
-    @property
-    def capacity(self) -> int:
-        return 1
-
     async def start(self) -> None:
         self.starting = f"loading the token2wav of {self.args.model}"
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
