@@ -201,7 +201,7 @@ def _speakers(seed: int):  # type: ignore[no-untyped-def]
 def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
     """Write the checkpoint into ``directory`` (save_pretrained layout) and return it."""
     import torch
-    from transformers import Qwen2_5OmniForConditionalGeneration
+    from transformers import Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(_config()).eval()
@@ -216,5 +216,6 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     _write_tokenizer(directory)
+    WhisperFeatureExtractor(feature_size=128).save_pretrained(directory)
     torch.save(_speakers(seed), directory / "spk_dict.pt")
     return directory

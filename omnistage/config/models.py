@@ -29,6 +29,7 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "name": "thinker",
                 "engine": EngineName.OMNI_THINKER.value,
                 "engine_args": {"model": model},
+                "prompt_modalities": ["text", "audio"],
                 "final_output": True,
                 "output_modality": "text",
             },

@@ -53,21 +53,34 @@ def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         head.stop()
 
 
-def reference(directory: Path, messages: list[dict[str, str]], voice: str) -> tuple[str, bytes]:
-    """The monolithic model's answer: its text and its waveform as int16 PCM."""
+def reference(
+    directory: Path, messages: list[dict[str, str]], voice: str, wav: bytes | None = None
+) -> tuple[str, bytes]:
+    """The monolithic model's answer: its text and its waveform as int16 PCM. A spoken
+    input (``wav``) is prepared as Qwen2.5-Omni's processor prepares it."""
     import torch
     from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
 
+    from omnistage.engines.omni import audio_in
     from omnistage.engines.omni.token2wav import pcm16
+    from omnistage.protocol.messages import Prompt
 
     torch.set_num_threads(1)
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(directory).eval()
     tokenizer = AutoTokenizer.from_pretrained(directory)
+    heard: dict[str, Any] = {}
+    if wav is not None:
+        spoken = audio_in.samples(Prompt(audio=wav, audio_format="wav"))
+        prepared = audio_in.prepare(audio_in.load_extractor(str(directory)), spoken)
+        text = prepared.placeholder() + messages[-1]["content"]
+        messages = [*messages[:-1], {**messages[-1], "content": text}]
+        heard = {"input_features": prepared.features, "feature_attention_mask": prepared.mask}
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
     torch.manual_seed(NOISE_SEED)  # greedy stages draw nothing: the DiT's noise is the first draw
-    sequences, wav = model.generate(
+    sequences, wav_out = model.generate(
         torch.tensor([ids]),
+        **heard,
         speaker=voice,
         thinker_max_new_tokens=MAX_TOKENS,
         thinker_do_sample=False,
@@ -76,10 +89,10 @@ def reference(directory: Path, messages: list[dict[str, str]], voice: str) -> tu
         talker_eos_token_id=[CODEC_EOS],
     )
     text = tokenizer.decode(sequences[0, len(ids) :], skip_special_tokens=True)
-    return text, pcm16(wav)
+    return text, pcm16(wav_out)
 
 
-def _body(head: HeadProc, messages: list[dict[str, str]], voice: str) -> dict[str, Any]:
+def _body(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> dict[str, Any]:
     return {
         "model": head.client.get("/v1/models").json()["data"][0]["id"],
         "messages": messages,
@@ -90,7 +103,7 @@ def _body(head: HeadProc, messages: list[dict[str, str]], voice: str) -> dict[st
     }
 
 
-def _chat(head: HeadProc, messages: list[dict[str, str]], voice: str) -> tuple[str, bytes]:
+def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
     body = _body(head, messages, voice)
     response = head.client.post("/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
@@ -157,16 +170,40 @@ def test_a_text_chat_runs_the_thinker_alone(omni_head: HeadProc, omni_dir: Path)
     assert response.json()["choices"][0]["message"]["content"] == want_text
 
 
-def test_audio_input_is_a_400_naming_the_part_for_now(omni_head: HeadProc) -> None:
-    wav = base64.b64encode(b"RIFF").decode()
-    part = {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
-    body = {
-        "model": omni_head.client.get("/v1/models").json()["data"][0]["id"],
-        "messages": [{"role": "user", "content": [part]}],
-    }
-    response = omni_head.client.post("/v1/chat/completions", json=body, timeout=60)
-    assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == "messages.0.content"
+def _tone_wav(seconds: float = 0.5, rate: int = 16_000) -> bytes:
+    """A WAV file of a 440 Hz tone."""
+    import io
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return out.getvalue()
+
+
+def test_a_spoken_question_is_answered_as_the_monolithic_model(
+    omni_head: HeadProc, omni_dir: Path
+) -> None:
+    wav = _tone_wav()
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode()}}
+    part["input_audio"]["format"] = "wav"
+    question = "What is this sound?"
+    want_text, want_pcm = reference(
+        omni_dir, [{"role": "user", "content": question}], "Chelsie", wav
+    )
+
+    content = [{"type": "text", "text": question}, part]
+    text, pcm = _chat(omni_head, [{"role": "user", "content": content}], "Chelsie")
+
+    assert text == want_text
+    assert pcm == want_pcm
 
 
 def test_an_unknown_voice_is_a_400_naming_the_voices(omni_head: HeadProc) -> None:

@@ -160,9 +160,13 @@ class OmniTalkerEngine(Engine):
             return self.embed(token(value)).to(device)
 
         bos = int(speaker["bos_token"])
+        extra = {}
+        if "audio_feature_lengths" in feed.named:  # a spoken input's length in frames
+            extra["audio_feature_lengths"] = feed.named["audio_feature_lengths"].to(device)
         codec = (talker.codec_mask_token, talker.codec_pad_token, talker.codec_bos_token)
         state = feed.named["prompt"].to(device).unsqueeze(0)
         return {
+            **extra,
             "input_ids": torch.cat(
                 [torch.full_like(ids, codec[0]), token(codec[1]), token(codec[2])], dim=1
             ),

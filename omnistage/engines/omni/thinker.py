@@ -27,6 +27,8 @@ from typing import Any
 from omnistage.config.omni_args import OmniThinkerArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
+from omnistage.engines.omni import audio_in
+from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import (
     ThreadRun,
     TokenStreamer,
@@ -50,6 +52,7 @@ class OmniThinkerEngine(Engine):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="omni-thinker")
         self.thinker: Any = None
         self.tokenizer: Any = None
+        self.extractor: Any = None
 
     async def start(self) -> None:
         self.starting = f"loading the thinker of {self.args.model}"
@@ -63,6 +66,7 @@ class OmniThinkerEngine(Engine):
         model.disable_talker()  # the talker and token2wav run in their own stages
         self.thinker = model.thinker.to(device_of(self.args))
         self.tokenizer = AutoTokenizer.from_pretrained(self.args.model)
+        self.extractor = audio_in.load_extractor(self.args.model)
         special = self.thinker.config
         # Positions whose embedding the talker does not see (transformers zeroes them).
         self._media_ids = (
@@ -87,10 +91,15 @@ class OmniThinkerEngine(Engine):
                 "response_format",
             )
 
-    def prompt_ids(self, prompt: Prompt | None) -> list[int]:
-        """The token ids of a chat (through the checkpoint's chat template) or a text."""
+    def prompt_ids(self, prompt: Prompt | None, heard: AudioInput | None = None) -> list[int]:
+        """The token ids of a chat (through the checkpoint's chat template) or a text; the
+        spoken input's placeholder goes before the last user message's text."""
         if prompt is not None and prompt.messages:
             messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+            if heard is not None:
+                last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+                spoken = messages[last]
+                messages[last] = {**spoken, "content": heard.placeholder() + spoken["content"]}
             ids = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True
             )
@@ -99,7 +108,11 @@ class OmniThinkerEngine(Engine):
         return list(self.tokenizer(text)["input_ids"])
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        ids = self.prompt_ids(request.prompt)
+        heard = None
+        prompt = request.prompt
+        if prompt is not None and prompt.audio is not None:
+            heard = audio_in.prepare(self.extractor, audio_in.samples(prompt))
+        ids = self.prompt_ids(prompt, heard)
         params = request.params.generation
         max_new = params.max_tokens or self.args.default_max_tokens
         run = ThreadRun(asyncio.get_running_loop())
@@ -107,7 +120,7 @@ class OmniThinkerEngine(Engine):
         tokens: list[int] = []
 
         def work(run: ThreadRun) -> None:
-            self._generate(ids, params, max_new, run)
+            self._generate(ids, heard, params, max_new, run)
 
         async for kind, value in run.events(self._executor, work):
             self.progress += 1
@@ -132,7 +145,12 @@ class OmniThinkerEngine(Engine):
         )
 
     def _generate(
-        self, ids: list[int], params: GenerationParams, max_new: int, run: ThreadRun
+        self,
+        ids: list[int],
+        heard: AudioInput | None,
+        params: GenerationParams,
+        max_new: int,
+        run: ThreadRun,
     ) -> None:
         import torch
 
@@ -145,12 +163,18 @@ class OmniThinkerEngine(Engine):
             embeds, last = hidden[0][0], hidden[-1][0]
             if embeds.shape[0] == len(ids):  # the prompt's step
                 embeds = embeds.masked_fill(media.unsqueeze(-1), 0.0)
+                if heard is not None:
+                    lengths = heard.mask.sum(-1)
+                    run.emit(("states", tensor_chunk("audio_feature_lengths", lengths)))
                 run.emit(("states", tensor_chunk("prompt_ids", input_ids[0])))
                 run.emit(("states", tensor_chunk("prompt", last + embeds)))
             else:
                 run.emit(("states", tensor_chunk("reply", last + embeds)))
 
         sampling: dict[str, Any] = {"do_sample": False}
+        if heard is not None:
+            sampling["input_features"] = heard.features.to(device)
+            sampling["feature_attention_mask"] = heard.mask.to(device)
         if params.temperature:
             sampling = {"do_sample": True, "temperature": params.temperature}
             if params.top_p is not None:
