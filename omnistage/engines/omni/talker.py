@@ -35,7 +35,6 @@ from omnistage.engines.omni.checkpoint import (
 )
 from omnistage.protocol.chunk_meta import TensorMeta
 from omnistage.protocol.enums import FinishReason, Modality
-from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import StageParams
 
 # How often a wait for the thinker looks whether the request was aborted (seconds).
@@ -124,7 +123,6 @@ class OmniTalkerEngine(Engine):
         run = ThreadRun(asyncio.get_running_loop())
         feed = ReplyFeed(run.stopped)
         reader = asyncio.create_task(_read(request.inputs, feed))
-        codes = 0
 
         def work(run: ThreadRun) -> None:
             self._generate(feed, self.speakers[voice], run)
@@ -132,16 +130,12 @@ class OmniTalkerEngine(Engine):
         try:
             async for code in run.events(self._executor, work):
                 self.progress += 1
-                codes += 1
                 yield tensor_chunk("codes", _long([code]))
         finally:
             reader.cancel()
-        yield EngineChunk(
-            Modality.TENSOR,
-            finished=True,
-            finish_reason=FinishReason.STOP,
-            usage=Usage(0, codes),
-        )
+        # No usage: the request's tokens are the thinker's (codes are not tokens a
+        # client is billed for).
+        yield EngineChunk(Modality.TENSOR, finished=True, finish_reason=FinishReason.STOP)
 
     def _inputs(self, feed: ReplyFeed, speaker: dict[str, Any]) -> dict[str, Any]:
         """The talker's prompt, as ``Qwen2_5OmniForConditionalGeneration.generate`` builds

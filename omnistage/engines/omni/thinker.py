@@ -158,10 +158,13 @@ class OmniThinkerEngine(Engine):
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
         media = torch.isin(input_ids[0], torch.tensor(self._media_ids, device=device))
 
+        steps = [0]
+
         def on_forward(module: Any, args: Any, output: Any) -> None:
             hidden = output.hidden_states
             embeds, last = hidden[0][0], hidden[-1][0]
-            if embeds.shape[0] == len(ids):  # the prompt's step
+            steps[0] += 1
+            if steps[0] == 1:  # the prompt's step
                 embeds = embeds.masked_fill(media.unsqueeze(-1), 0.0)
                 if heard is not None:
                     lengths = heard.mask.sum(-1)
@@ -176,7 +179,7 @@ class OmniThinkerEngine(Engine):
             sampling["input_features"] = heard.features.to(device)
             sampling["feature_attention_mask"] = heard.mask.to(device)
         if params.temperature:
-            sampling = {"do_sample": True, "temperature": params.temperature}
+            sampling.update(do_sample=True, temperature=params.temperature)
             if params.top_p is not None:
                 sampling["top_p"] = params.top_p
             if params.top_k is not None and params.top_k > 0:
