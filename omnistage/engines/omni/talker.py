@@ -122,7 +122,7 @@ class OmniTalkerEngine(Engine):
         voice = pick_voice(self.speakers, request.params.speaking.voice)
         run = ThreadRun(asyncio.get_running_loop())
         feed = ReplyFeed(run.stopped)
-        reader = asyncio.create_task(_read(request.inputs, feed))
+        reader = asyncio.create_task(self._read(request.inputs, feed))
 
         def work(run: ThreadRun) -> None:
             self._generate(feed, self.speakers[voice], run)
@@ -217,6 +217,16 @@ class OmniTalkerEngine(Engine):
         finally:
             hook.remove()
 
+    async def _read(self, inputs: AsyncIterator[StageInput], feed: ReplyFeed) -> None:
+        """The thinker's tensors into ``feed`` as they come; its text is the client's."""
+        try:
+            async for chunk in inputs:
+                self.progress += 1  # input taken in: waiting on the thinker is not a stall
+                if isinstance(chunk.meta, TensorMeta) and chunk.data:
+                    feed.put(chunk.meta.name, chunk_tensor(chunk.meta, chunk.data))
+        finally:
+            feed.end()
+
     async def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -233,16 +243,6 @@ class _UntilEos(TokenStreamer):
                 on_code(code)
 
         super().__init__(each)
-
-
-async def _read(inputs: AsyncIterator[StageInput], feed: ReplyFeed) -> None:
-    """The thinker's tensors into ``feed`` as they come; its text is the client's."""
-    try:
-        async for chunk in inputs:
-            if isinstance(chunk.meta, TensorMeta) and chunk.data:
-                feed.put(chunk.meta.name, chunk_tensor(chunk.meta, chunk.data))
-    finally:
-        feed.end()
 
 
 def _long(values: list[int]) -> Any:

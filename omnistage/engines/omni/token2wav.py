@@ -66,7 +66,10 @@ class OmniToken2WavEngine(Engine):
                 Modality.AUDIO, meta=meta_out, finished=True, finish_reason=FinishReason.STOP
             )
             return
-        codes = [code async for code in _codes(request)]
+        codes = []
+        async for code in _codes(request):
+            self.progress += 1  # input taken in: waiting on the talker is not a stall
+            codes.append(code)
         loop = asyncio.get_running_loop()
         pcm = await loop.run_in_executor(self._executor, self._decode, codes, voice)
         self.progress += 1
@@ -118,6 +121,7 @@ class OmniToken2WavEngine(Engine):
                 yield EngineChunk(Modality.AUDIO, data=pcm, meta=meta)
 
         async for code in _codes(request):
+            self.progress += 1
             codes.extend(code.reshape(-1).tolist())
             async for piece in ready(False):
                 yield piece
