@@ -311,6 +311,8 @@ class _Chunks:
 
     def _resampled(self, i: int, out: OutputChunk) -> bytes:
         encoder = self._pcm24.get(i)
+        if encoder is None and not out.data and not out.finished:
+            return b""  # an empty chunk (the stage's ack) states no rate: wait for audio
         if encoder is None:
             meta = out.meta
             rate = meta.sample_rate if isinstance(meta, AudioMeta) else DEFAULT_INPUT_RATE
