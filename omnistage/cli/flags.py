@@ -68,7 +68,9 @@ MODEL_OR_CONFIG = flag(
     nargs="?",
     default=None,
     metavar="MODEL_OR_CONFIG",
-    help="a built-in pipeline name or a deploy config YAML (default: the built-in default)",
+    help="a built-in pipeline name, a deploy config YAML, or a model checkpoint directory "
+    "whose config.json picks the stage graph (model_type qwen2_5_omni: thinker -> talker "
+    "-> token2wav); default: the built-in default",
 )
 
 PIPELINE_FLAGS = (

@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from omnistage.config.omni_args import OmniTalkerArgs, OmniThinkerArgs, OmniToken2WavArgs
 from omnistage.protocol.enums import EngineName
 from omnistage.protocol.params import MAX_VIDEO_FPS, MAX_VIDEO_FRAMES, MAX_VIDEO_SECONDS
 
@@ -397,7 +398,7 @@ class VllmArgs(_Args):
         return dict(self.model_extra or {})
 
 
-ENGINE_ARGS: dict[str, type[_Args]] = {
+ENGINE_ARGS: dict[str, type[BaseModel]] = {
     EngineName.ECHO: EchoArgs,
     EngineName.LLM: LlmArgs,
     EngineName.TTS: TtsArgs,
@@ -405,4 +406,7 @@ ENGINE_ARGS: dict[str, type[_Args]] = {
     EngineName.DIFFUSION: DiffusionArgs,
     EngineName.VLLM: VllmArgs,
     EngineName.VIDEO: VideoArgs,
+    EngineName.OMNI_THINKER: OmniThinkerArgs,
+    EngineName.OMNI_TALKER: OmniTalkerArgs,
+    EngineName.OMNI_TOKEN2WAV: OmniToken2WavArgs,
 }

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from omnistage.config.models import pipeline_for_checkpoint
 from omnistage.config.schema import DeployConfig, _LocatedError
 from omnistage.protocol.errors import ConfigError
 
@@ -24,7 +25,8 @@ def builtin_names() -> list[str]:
 def load_config(
     name_or_path: str | None = None, stage_overrides: str | dict[str, Any] | None = None
 ) -> DeployConfig:
-    """Load a built-in pipeline by name or a YAML file by path, then apply overrides."""
+    """Load a built-in pipeline by name, a YAML file by path, or the pipeline a model
+    checkpoint directory picks (``config.models``), then apply overrides."""
     source = name_or_path or DEFAULT_PIPELINE
     raw = _read_raw(source)
     if stage_overrides:
@@ -34,6 +36,8 @@ def load_config(
 
 def _read_raw(source: str) -> dict[str, Any]:
     path = Path(source)
+    if path.is_dir():
+        return pipeline_for_checkpoint(path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         try:
             text = path.read_text()

@@ -19,6 +19,9 @@ ENGINE_CLASSES: dict[str, str] = {
     EngineName.DIFFUSION: "omnistage.engines.image.diffusion:DiffusionEngine",
     EngineName.VLLM: "omnistage.engines.llm.vllm_engine:VllmEngine",
     EngineName.VIDEO: "omnistage.engines.video.engine:VideoEngine",
+    EngineName.OMNI_THINKER: "omnistage.engines.omni.thinker:OmniThinkerEngine",
+    EngineName.OMNI_TALKER: "omnistage.engines.omni.talker:OmniTalkerEngine",
+    EngineName.OMNI_TOKEN2WAV: "omnistage.engines.omni.token2wav:OmniToken2WavEngine",
 }
 
 

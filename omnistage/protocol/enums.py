@@ -63,6 +63,9 @@ class Modality(enum.StrEnum):
     IMAGE = "image"
     VIDEO = "video"
     TOOL_CALL = "tool_call"
+    # ``data`` is a tensor for the next stage (its ``TensorMeta`` says which); never
+    # shown to a client.
+    TENSOR = "tensor"
 
 
 class FinishReason(enum.StrEnum):
@@ -106,6 +109,10 @@ class EngineName(enum.StrEnum):
     DIFFUSION = "diffusion"
     VLLM = "vllm"
     VIDEO = "video"
+    # Qwen2.5-Omni's stages, from transformers' own classes (engines/omni/).
+    OMNI_THINKER = "omni-thinker"
+    OMNI_TALKER = "omni-talker"
+    OMNI_TOKEN2WAV = "omni-token2wav"
 
 
 class Outcome(enum.StrEnum):

@@ -149,6 +149,9 @@ PARAM_KIND = {
     EngineName.ASR: ParamKind.TRANSCRIPTION,
     EngineName.DIFFUSION: ParamKind.IMAGE,
     EngineName.VIDEO: ParamKind.VIDEO,
+    EngineName.OMNI_THINKER: ParamKind.TEXT,
+    EngineName.OMNI_TALKER: ParamKind.SPEECH,
+    EngineName.OMNI_TOKEN2WAV: ParamKind.SPEECH,
 }
 _GROUP_TYPE: dict[ParamKind, type[_Params]] = {
     ParamKind.TEXT: GenerationParams,

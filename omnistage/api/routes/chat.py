@@ -34,7 +34,7 @@ from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
-from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
+from omnistage.protocol.params import NO_PARAMS, ParamKind, SpeechParams, StageParams, kind_of
 from omnistage.service import OutputStream, PipelineService
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
@@ -67,7 +67,7 @@ async def chat_completions(request: Request) -> Response:
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
         voice = StageParams(speech=SpeechParams(body.audio.voice if body.audio else "default"))
-        for sid in plan.audio:
+        for sid in _voiced(omni, plan.audio):
             stage_params[sid] = stage_params.get(sid, NO_PARAMS).merged(voice)
     request_id = f"chatcmpl-{next_id()}"
     # A stream's status line waits until the audio stages have checked their params
@@ -182,6 +182,15 @@ def _prompt(omni: PipelineService, body: ChatCompletionRequest) -> tuple[Prompt,
     except ValueError as exc:
         raise ApiError(400, str(exc), "invalid_request_error", param) from None
     return Prompt(messages=messages, audio=audio, audio_format=parts[0].format), param
+
+
+def _voiced(omni: PipelineService, audio: list[int]) -> set[int]:
+    """The stages that take the answer's voice: the audio stages, and the speech stages
+    before them (an omni model's talker speaks in the voice its code-to-wave stage
+    renders)."""
+    needed = omni.graph.required_for(audio)
+    kinds = {s.stage_id: s.engine for s in omni.config.stages}
+    return set(audio) | {sid for sid in needed if kind_of(kinds[sid]) == ParamKind.SPEECH}
 
 
 def _message(m: ChatMessageIn) -> ChatMessage:
@@ -302,6 +311,8 @@ class _Chunks:
 
     def _resampled(self, i: int, out: OutputChunk) -> bytes:
         encoder = self._pcm24.get(i)
+        if encoder is None and not out.data and not out.finished:
+            return b""  # an empty chunk (the stage's ack) states no rate: wait for audio
         if encoder is None:
             meta = out.meta
             rate = meta.sample_rate if isinstance(meta, AudioMeta) else DEFAULT_INPUT_RATE

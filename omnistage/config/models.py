@@ -1,0 +1,85 @@
+"""A checkpoint picks its pipeline: ``omnistage serve DIR`` where DIR's config.json names a
+model whose stage graph we know serves that graph, built here, with no pipeline file.
+
+The graph follows the checkpoint's ``model_type``; a deploy config (``--deploy-config``, or
+a YAML naming the omni engines) still sets anything, and ``--stage-overrides`` applies to
+the graph built here as to a file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omnistage.protocol.enums import EngineName
+from omnistage.protocol.errors import ConfigError
+
+
+def qwen2_5_omni(model: str) -> dict[str, Any]:
+    """thinker (text out, and per token the hidden states the talker reads) -> talker
+    (codec codes) -> token2wav (the waveform). A text-only chat runs the thinker alone."""
+    return {
+        "pipeline": "qwen2_5_omni",
+        "description": f"Qwen2.5-Omni from {model}: thinker -> talker -> token2wav",
+        "stages": [
+            {
+                "stage_id": 0,
+                "name": "thinker",
+                "engine": EngineName.OMNI_THINKER.value,
+                "engine_args": {"model": model},
+                "prompt_modalities": ["text", "audio"],
+                "final_output": True,
+                "output_modality": "text",
+            },
+            {
+                "stage_id": 1,
+                "name": "talker",
+                "engine": EngineName.OMNI_TALKER.value,
+                "engine_args": {"model": model},
+                "inputs": [0],
+            },
+            {
+                "stage_id": 2,
+                "name": "token2wav",
+                "engine": EngineName.OMNI_TOKEN2WAV.value,
+                "engine_args": {"model": model},
+                "inputs": [1],
+                "final_output": True,
+                "output_modality": "audio",
+            },
+        ],
+    }
+
+
+# config.json's model_type -> the raw deploy config for a checkpoint at a path.
+MODEL_PIPELINES: dict[str, Callable[[str], dict[str, Any]]] = {
+    "qwen2_5_omni": qwen2_5_omni,
+}
+
+
+def model_type(directory: Path) -> str | None:
+    """The ``model_type`` of a checkpoint directory's config.json; None if it has none."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("model_type") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def pipeline_for_checkpoint(directory: Path) -> dict[str, Any]:
+    """The raw deploy config for a checkpoint directory, or a ConfigError saying which
+    models pick their pipeline."""
+    kind = model_type(directory)
+    build = MODEL_PIPELINES.get(kind or "")
+    if build is None:
+        known = ", ".join(sorted(MODEL_PIPELINES))
+        what = f"model_type {kind!r}" if kind else "no config.json with a model_type"
+        raise ConfigError(
+            str(directory),
+            f"a model directory picks its pipeline only for model_type {known}; this one has "
+            f"{what} (give a deploy config naming its stages instead)",
+        )
+    return build(str(directory.resolve()))

@@ -1,0 +1,251 @@
+"""The ``omni-talker`` engine: Qwen2.5-Omni's talker (transformers'
+``Qwen2_5OmniTalkerForConditionalGeneration``). In: the thinker's tensors (see
+engines/omni/thinker.py) as they stream; out: the codec codes, one TENSOR chunk
+``codes`` (int64, shape (1,)) per code as it is made, the end-of-speech code left out.
+
+It starts as soon as the thinker's prompt and first answer token are in, and each decode
+step waits for the thinker's tensor it reads, so talking overlaps thinking. The inputs are
+built as ``Qwen2_5OmniForConditionalGeneration.generate`` builds them and the talker runs
+transformers' own ``generate``; a forward pre-hook hands each decode step the thinker's
+reply for that step (``ReplyFeed``) instead of the whole reply up front, which is the
+only difference, and changes no number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from omnistage.config.omni_args import OmniTalkerArgs
+from omnistage.config.schema import StageConfig
+from omnistage.engines.base import Engine, EngineChunk, EngineRequest, StageInput
+from omnistage.engines.omni.checkpoint import (
+    Cancelled,
+    ThreadRun,
+    TokenStreamer,
+    chunk_tensor,
+    device_of,
+    load_omni,
+    pick_voice,
+    stop_criteria,
+    tensor_chunk,
+)
+from omnistage.protocol.chunk_meta import TensorMeta
+from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.params import StageParams
+
+# How often a wait for the thinker looks whether the request was aborted (seconds).
+_POLL_S = 0.2
+# The thinker's tensors the talker's first step reads (with the first ``reply``).
+_STARTS = frozenset({"prompt_ids", "prompt", "first_token"})
+
+
+class ReplyFeed:
+    """The thinker's tensors for one request, filled by the engine's event loop and read
+    by the talker's worker thread, which blocks until what it reads has come."""
+
+    def __init__(self, stopped: threading.Event) -> None:
+        self._stopped = stopped  # the request was aborted: stop waiting
+        self._cond = threading.Condition()
+        self.named: dict[str, Any] = {}
+        self.replies: list[Any] = []
+        self.ended = False
+
+    def put(self, name: str, tensor: Any) -> None:
+        with self._cond:
+            if name == "reply":
+                self.replies.append(tensor)
+            else:
+                self.named[name] = tensor
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        with self._cond:
+            self.ended = True
+            self._cond.notify_all()
+
+    def _wait(self, ready: Any) -> None:
+        with self._cond:
+            while not ready() and not self.ended and not self._stopped.is_set():
+                self._cond.wait(_POLL_S)
+            if self._stopped.is_set():
+                raise Cancelled
+
+    def start(self) -> bool:
+        """Wait for the prompt and the first reply; False if the thinker ended first (an
+        answer of one token: nothing to speak)."""
+        self._wait(lambda: set(self.named) >= _STARTS and bool(self.replies))
+        return bool(self.replies) and "prompt" in self.named
+
+    def reply(self, step: int, eos: Any, pad: Any) -> Any:
+        """What decode step ``step`` (1, 2, ...) adds to its codec embedding: the thinker's
+        reply for answer token ``step``; once the thinker has ended, the text-end
+        embedding right after its last reply, then the pad embedding."""
+        self._wait(lambda: len(self.replies) > step)
+        if step < len(self.replies):
+            return self.replies[step]
+        return eos if step == len(self.replies) else pad
+
+
+class OmniTalkerEngine(Engine):
+    def __init__(self, stage: StageConfig) -> None:
+        super().__init__(stage)
+        self.args = OmniTalkerArgs.model_validate(stage.engine_args)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="omni-talker")
+        self.talker: Any = None
+        self.embed: Any = None
+        self.speakers: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        self.starting = f"loading the talker of {self.args.model}"
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        self.starting = ""
+
+    def _load(self) -> None:
+        model = load_omni(self.args)
+        device = device_of(self.args)
+        # The talker reads the thinker's embedding table (the voice's and the text end
+        # and pad tokens); the rest of the thinker runs in its own stage.
+        self.embed = model.thinker.get_input_embeddings().to(device)
+        self.talker = model.talker.to(device)
+        self.speakers = dict(model.speaker_map)
+        eos = self.args.eos_token_ids or (self.talker.codec_eos_token,)
+        self._eos = frozenset(eos)
+
+    def check(self, params: StageParams) -> None:
+        pick_voice(self.speakers, params.speaking.voice)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        voice = pick_voice(self.speakers, request.params.speaking.voice)
+        run = ThreadRun(asyncio.get_running_loop())
+        feed = ReplyFeed(run.stopped)
+        reader = asyncio.create_task(self._read(request.inputs, feed))
+
+        def work(run: ThreadRun) -> None:
+            self._generate(feed, self.speakers[voice], run)
+
+        try:
+            async for code in run.events(self._executor, work):
+                self.progress += 1
+                yield tensor_chunk("codes", _long([code]))
+        finally:
+            reader.cancel()
+        # No usage: the request's tokens are the thinker's (codes are not tokens a
+        # client is billed for).
+        yield EngineChunk(Modality.TENSOR, finished=True, finish_reason=FinishReason.STOP)
+
+    def _inputs(self, feed: ReplyFeed, speaker: dict[str, Any]) -> dict[str, Any]:
+        """The talker's prompt, as ``Qwen2_5OmniForConditionalGeneration.generate`` builds
+        it: the thinker's prompt states, the voice's text-start embedding and the first
+        answer token's state; codec mask codes under the prompt, then pad and start."""
+        import torch
+
+        talker, device = self.talker, self.talker.device
+        ids = feed.named["prompt_ids"].to(device).unsqueeze(0)
+        first = feed.named["first_token"].to(device).reshape(1, 1)
+
+        def token(value: int) -> Any:
+            return torch.full((1, 1), value, dtype=torch.long, device=device)
+
+        def embedded(value: int) -> Any:
+            return self.embed(token(value)).to(device)
+
+        bos = int(speaker["bos_token"])
+        extra = {}
+        if "audio_feature_lengths" in feed.named:  # a spoken input's length in frames
+            extra["audio_feature_lengths"] = feed.named["audio_feature_lengths"].to(device)
+        codec = (talker.codec_mask_token, talker.codec_pad_token, talker.codec_bos_token)
+        state = feed.named["prompt"].to(device).unsqueeze(0)
+        return {
+            **extra,
+            "input_ids": torch.cat(
+                [torch.full_like(ids, codec[0]), token(codec[1]), token(codec[2])], dim=1
+            ),
+            "input_text_ids": torch.cat([ids, token(bos), first], dim=-1),
+            "inputs_embeds": torch.cat(
+                [state, embedded(bos), feed.replies[0].to(device).unsqueeze(0)], dim=1
+            ),
+            "eos": embedded(talker.text_eos_token),
+            "pad": embedded(talker.text_pad_token),
+        }
+
+    def _generate(self, feed: ReplyFeed, speaker: dict[str, Any], run: ThreadRun) -> None:
+        import torch
+
+        if not feed.start():
+            return
+        talker, device = self.talker, self.talker.device
+        inputs = self._inputs(feed, speaker)
+        eos, pad = inputs.pop("eos"), inputs.pop("pad")
+        step = [0]
+
+        def feed_step(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+            if kwargs.get("inputs_embeds") is None:  # a decode step
+                step[0] += 1
+                part = feed.reply(step[0], eos[0], pad[0])
+                kwargs["thinker_reply_part"] = part.to(device).reshape(1, 1, -1)
+            return args, kwargs
+
+        def on_code(code: int) -> None:
+            if not run.stopped.is_set():
+                run.emit(code)
+
+        hook = talker.register_forward_pre_hook(feed_step, with_kwargs=True)
+        args = self.args
+        try:
+            with torch.no_grad():
+                talker.generate(
+                    **inputs,
+                    thinker_reply_part=pad,
+                    attention_mask=None,
+                    suppress_tokens=[talker.codec_bos_token],
+                    max_new_tokens=args.max_new_tokens,
+                    do_sample=args.do_sample,
+                    top_k=args.top_k,
+                    top_p=args.top_p,
+                    temperature=args.temperature,
+                    eos_token_id=sorted(self._eos),
+                    pad_token_id=talker.codec_pad_token,
+                    repetition_penalty=args.repetition_penalty,
+                    use_audio_in_video=False,
+                    streamer=_UntilEos(on_code, self._eos),
+                    stopping_criteria=stop_criteria(run),
+                )
+        finally:
+            hook.remove()
+
+    async def _read(self, inputs: AsyncIterator[StageInput], feed: ReplyFeed) -> None:
+        """The thinker's tensors into ``feed`` as they come; its text is the client's."""
+        try:
+            async for chunk in inputs:
+                self.progress += 1  # input taken in: waiting on the thinker is not a stall
+                if isinstance(chunk.meta, TensorMeta) and chunk.data:
+                    feed.put(chunk.meta.name, chunk_tensor(chunk.meta, chunk.data))
+        finally:
+            feed.end()
+
+    async def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _UntilEos(TokenStreamer):
+    """Codes up to the first end-of-speech code (the monolithic model cuts there)."""
+
+    def __init__(self, on_code: Any, eos: frozenset[int]) -> None:
+        self._ended = False
+
+        def each(code: int) -> None:
+            self._ended = self._ended or code in eos
+            if not self._ended:
+                on_code(code)
+
+        super().__init__(each)
+
+
+def _long(values: list[int]) -> Any:
+    import torch
+
+    return torch.tensor(values, dtype=torch.long)

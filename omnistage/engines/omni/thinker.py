@@ -1,0 +1,236 @@
+"""The ``omni-thinker`` engine: Qwen2.5-Omni's thinker (transformers'
+``Qwen2_5OmniThinkerForConditionalGeneration``). Chat or text in; out, streamed as made:
+
+- the answer's text, token by token (TEXT chunks, for the client);
+- the tensors the talker reads (TENSOR chunks, ``TensorMeta``), as
+  ``Qwen2_5OmniForConditionalGeneration.generate`` builds them from the thinker's hidden
+  states: ``prompt_ids`` (int64, the prompt's token ids), ``prompt`` (the prompt's
+  positions: last hidden state + input embedding, with the embeddings of audio, image and
+  video positions zeroed), ``first_token`` (int64, the answer's first token id), then one
+  ``reply`` per answer token fed back in (last hidden state + embedding, shape (1, H)).
+  The answer's last token is never fed back, so it has no ``reply``, as in transformers.
+
+The thinker runs transformers' own ``generate`` (greedy when the request's temperature is
+0); a forward hook reads each step's hidden states and a streamer each new token, so the
+tokens and tensors are exactly the monolithic model's. A replica takes many requests but
+generates for one at a time, in order (one worker thread): the model keeps per-request
+state (its rope deltas) between steps. Batching them is still to come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from omnistage.config.omni_args import OmniThinkerArgs
+from omnistage.config.schema import StageConfig
+from omnistage.engines.base import Engine, EngineChunk, EngineRequest
+from omnistage.engines.omni import audio_in
+from omnistage.engines.omni.audio_in import AudioInput
+from omnistage.engines.omni.checkpoint import (
+    ThreadRun,
+    TokenStreamer,
+    device_of,
+    load_omni,
+    stop_criteria,
+    tensor_chunk,
+)
+from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.messages import Prompt, Usage
+from omnistage.protocol.params import GenerationParams, StageParams
+
+_REPLACEMENT = "\ufffd"
+
+
+class OmniThinkerEngine(Engine):
+    def __init__(self, stage: StageConfig) -> None:
+        super().__init__(stage)
+        self.args = OmniThinkerArgs.model_validate(stage.engine_args)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="omni-thinker")
+        self.thinker: Any = None
+        self.tokenizer: Any = None
+        self.extractor: Any = None
+
+    async def start(self) -> None:
+        self.starting = f"loading the thinker of {self.args.model}"
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        self.starting = ""
+
+    def _load(self) -> None:
+        from transformers import AutoTokenizer
+
+        model = load_omni(self.args)
+        model.disable_talker()  # the talker and token2wav run in their own stages
+        self.thinker = model.thinker.to(device_of(self.args))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.args.model)
+        self.extractor = audio_in.load_extractor(self.args.model)
+        special = self.thinker.config
+        # Positions whose embedding the talker does not see (transformers zeroes them).
+        self._media_ids = (
+            special.audio_token_index,
+            special.image_token_index,
+            special.video_token_index,
+        )
+
+    def check(self, params: StageParams) -> None:
+        asked = params.generation
+        for field, value in (
+            ("tools", asked.tools),
+            ("logprobs", asked.logprobs),
+            ("stop", asked.stop),
+        ):
+            if value:
+                raise BadRequestError(f"{field} is not supported by the omni thinker yet", field)
+        kind = (asked.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise BadRequestError(
+                "response_format other than text is not supported by the omni thinker yet",
+                "response_format",
+            )
+
+    def prompt_ids(self, prompt: Prompt | None, heard: AudioInput | None = None) -> list[int]:
+        """The token ids of a chat (through the checkpoint's chat template) or a text; the
+        spoken input's placeholder goes before the last user message's text."""
+        if prompt is not None and prompt.messages:
+            messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+            if heard is not None:
+                last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+                spoken = messages[last]
+                messages[last] = {**spoken, "content": heard.placeholder() + spoken["content"]}
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        text = prompt.text if prompt is not None and prompt.text is not None else ""
+        return list(self.tokenizer(text)["input_ids"])
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        heard = None
+        prompt = request.prompt
+        if prompt is not None and prompt.audio is not None:
+            heard = audio_in.prepare(self.extractor, audio_in.samples(prompt))
+        ids = self.prompt_ids(prompt, heard)
+        params = request.params.generation
+        max_new = params.max_tokens or self.args.default_max_tokens
+        run = ThreadRun(asyncio.get_running_loop())
+        text = _Text(self.tokenizer)
+        tokens: list[int] = []
+
+        def work(run: ThreadRun) -> None:
+            self._generate(ids, heard, params, max_new, run)
+
+        async for kind, value in run.events(self._executor, work):
+            self.progress += 1
+            if kind == "states":
+                yield value
+            else:
+                tokens.append(value)
+                if len(tokens) == 1:
+                    yield tensor_chunk("first_token", _long([value]))
+                piece = text.add(tokens)
+                if piece:
+                    yield EngineChunk(Modality.TEXT, text=piece)
+        eos = self.thinker.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos])
+        stopped = bool(tokens) and tokens[-1] in eos_ids
+        yield EngineChunk(
+            Modality.TEXT,
+            text=text.finish(tokens),
+            finished=True,
+            finish_reason=FinishReason.STOP if stopped else FinishReason.LENGTH,
+            usage=Usage(len(ids), len(tokens)),
+        )
+
+    def _generate(
+        self,
+        ids: list[int],
+        heard: AudioInput | None,
+        params: GenerationParams,
+        max_new: int,
+        run: ThreadRun,
+    ) -> None:
+        import torch
+
+        device = self.thinker.device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+        media = torch.isin(input_ids[0], torch.tensor(self._media_ids, device=device))
+
+        steps = [0]
+
+        def on_forward(module: Any, args: Any, output: Any) -> None:
+            hidden = output.hidden_states
+            embeds, last = hidden[0][0], hidden[-1][0]
+            steps[0] += 1
+            if steps[0] == 1:  # the prompt's step
+                embeds = embeds.masked_fill(media.unsqueeze(-1), 0.0)
+                if heard is not None:
+                    lengths = heard.mask.sum(-1)
+                    run.emit(("states", tensor_chunk("audio_feature_lengths", lengths)))
+                run.emit(("states", tensor_chunk("prompt_ids", input_ids[0])))
+                run.emit(("states", tensor_chunk("prompt", last + embeds)))
+            else:
+                run.emit(("states", tensor_chunk("reply", last + embeds)))
+
+        sampling: dict[str, Any] = {"do_sample": False}
+        if heard is not None:
+            sampling["input_features"] = heard.features.to(device)
+            sampling["feature_attention_mask"] = heard.mask.to(device)
+        if params.temperature:
+            sampling.update(do_sample=True, temperature=params.temperature)
+            if params.top_p is not None:
+                sampling["top_p"] = params.top_p
+            if params.top_k is not None and params.top_k > 0:
+                sampling["top_k"] = params.top_k
+        hook = self.thinker.register_forward_hook(on_forward)
+        try:
+            with torch.no_grad():
+                if params.seed is not None:
+                    torch.manual_seed(params.seed)
+                self.thinker.generate(
+                    input_ids=input_ids,
+                    max_new_tokens=max_new,
+                    use_audio_in_video=False,
+                    output_hidden_states=True,
+                    return_dict_in_generate=True,
+                    streamer=TokenStreamer(lambda token: run.emit(("token", token))),
+                    stopping_criteria=stop_criteria(run),
+                    **sampling,
+                )
+        finally:
+            hook.remove()
+
+    async def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _long(values: list[int]) -> Any:
+    import torch
+
+    return torch.tensor(values, dtype=torch.long)
+
+
+class _Text:
+    """The answer's text as tokens come: the whole decode so far, released once it does
+    not end in a partial character; whatever is held back comes at the end, so the pieces
+    join to the decode of all the tokens."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._sent = ""
+
+    def _decode(self, tokens: list[int]) -> str:
+        return str(self._tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def add(self, tokens: list[int]) -> str:
+        full = self._decode(tokens)
+        if full.endswith(_REPLACEMENT) or not full.startswith(self._sent):
+            return ""
+        piece, self._sent = full[len(self._sent) :], full
+        return piece
+
+    def finish(self, tokens: list[int]) -> str:
+        full = self._decode(tokens)
+        return full[len(self._sent) :] if full.startswith(self._sent) else ""
