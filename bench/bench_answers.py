@@ -140,12 +140,13 @@ def ask_all(
 def serve(tree: str | None, args: argparse.Namespace) -> ServerProcess:
     """``omnistage serve voice`` from ``tree`` (None: this checkout), on a free port."""
     port = free_port()
-    env = dict(os.environ)
-    if tree:
-        env["PYTHONPATH"] = os.path.abspath(tree)
     cmd = [sys.executable, "-m", "omnistage", "serve", "voice", "--host", HOST]
     cmd += ["--port", str(port), "--log-level", "WARNING", *args.serve_args.split()]
-    server = ServerProcess(tree or "this tree", cmd, port, env=env)
+    if tree:
+        # ``python -m`` imports from its working directory first: run it in the tree.
+        tree = os.path.abspath(tree)
+        cmd = ["env", "-C", tree, f"PYTHONPATH={tree}", *cmd]
+    server = ServerProcess(tree or "this tree", cmd, port)
     server.wait_ready(args.health_timeout)
     return server
 
@@ -171,7 +172,9 @@ def run_tree(
         with httpx.Client(base_url=url, timeout=args.request_timeout) as client:
             wavs = wavs or speak(client)
             out = {}
-            for name, extra in args.variants:
+            # A baseline answers at its own defaults only: the variants are this tree's.
+            variants = args.variants[:1] if tree else args.variants
+            for name, extra in variants:
                 t0 = time.monotonic()
                 out[name] = ask_all(client, wavs, args.tries, extra, args.concurrency)
                 took = time.monotonic() - t0

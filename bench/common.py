@@ -45,12 +45,11 @@ class ServerProcess:
         *,
         log_path: Path | None = None,
         pdeathsig: bool = False,
-        env: dict[str, str] | None = None,
     ) -> None:
         """``log_path``: the output there (kept), not in a temporary file. ``pdeathsig``:
         SIGKILLed by the kernel if the benchmark dies first (``setpriv --pdeathsig``,
         where setpriv exists); then start it from the main thread: the signal follows
-        the thread that forked, not the process. ``env``: its environment (None: ours)."""
+        the thread that forked, not the process."""
         self.name, self.cmd, self.port = name, cmd, port
         log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
         self.log: IO[bytes] = log  # closed in stop
@@ -65,7 +64,6 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=env,
         )
 
     @property
