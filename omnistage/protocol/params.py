@@ -27,6 +27,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_STOP_SEQUENCES = 4
+MAX_REPETITION_PENALTY = 10.0  # far past any useful value; bounds what a request can ask
 # Images one request may ask for (OpenAI's own limit for ``n``).
 MAX_IMAGES = 10
 MAX_STEPS = 1000  # schedulers are trained on 1000 timesteps; more cannot be scheduled
@@ -45,6 +46,7 @@ StopText = Annotated[str, msgspec.Meta(min_length=1)]
 StopList = Annotated[list[StopText], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)]
 TokenId = Annotated[str, msgspec.Meta(pattern="^[0-9]+$")]  # JSON object keys are text
 Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
 
 
 class _Params(msgspec.Struct, omit_defaults=True, frozen=True):
@@ -69,6 +71,9 @@ class GenerationParams(_Params, frozen=True):
     seed: Int64 | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    # vLLM's extension (HF's semantics): the logits of tokens already in the prompt or
+    # the answer are divided by it (multiplied, when negative); 1: off.
+    repetition_penalty: RepetitionPenalty | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[TokenId, Bias] | None = None

@@ -91,3 +91,31 @@ def test_the_nucleus_from_the_top_candidates_draws_as_a_whole_vocabulary_sort(
             assert int(fast_order[_draw(fast, u)]) == int(full_order[_draw(full, u)])
     # Both paths ran: peaked rows from the candidates, flat ones by the full sort.
     assert 0 < fallbacks < 40
+
+
+def test_repetition_penalty_divides_the_logits_of_seen_tokens() -> None:
+    # Token 0 is in the prompt: 2.0 / 2 = 1.0 falls below token 1's 1.5; a negative
+    # logit is multiplied (-0.5 * 2 = -1.0 below token 3's -0.8).
+    params = SamplingParams(temperature=0, repetition_penalty=2.0)
+    s = Sampler(params, 4, torch.device("cpu"))
+    s.read([0])
+    assert s.sample(torch.tensor([2.0, 1.5, -5.0, -5.0])) == 1
+    # The token it chose counts as seen from then on.
+    assert s.sample(torch.tensor([-5.0, 1.9, 1.0, -5.0])) == 2
+    neg = Sampler(params, 4, torch.device("cpu"))
+    neg.read([2])
+    assert neg.sample(torch.tensor([-9.0, -9.0, -0.5, -0.8])) == 3
+
+
+def test_repetition_penalty_off_ignores_the_prompt() -> None:
+    s = Sampler(SamplingParams(temperature=0), 3, torch.device("cpu"))
+    s.read([0])
+    assert s.sample(torch.tensor([2.0, 1.5, 0.0])) == 0
+
+
+def test_repetition_penalty_is_read_and_checked() -> None:
+    assert _params({"repetition_penalty": 1.2}, 8).repetition_penalty == 1.2
+    assert _params({}, 8).repetition_penalty == 1.0
+    with pytest.raises(BadRequestError) as info:
+        _params({"repetition_penalty": 0}, 8)
+    assert info.value.param == "repetition_penalty"

@@ -10,7 +10,14 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from omnistage.protocol.params import INT64_MAX, INT64_MIN, ParamKind, StageParams, decode
+from omnistage.protocol.params import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_REPETITION_PENALTY,
+    ParamKind,
+    StageParams,
+    decode,
+)
 
 # Integers travel to the replicas in msgpack, which has no bigger ones (INT64_MIN ..
 # INT64_MAX): a larger value must be a 400 here, not an encoding failure (500) after the
@@ -64,6 +71,7 @@ class SamplingFields(Body):
     # vLLM's extensions that benchmark clients send.
     min_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     ignore_eos: bool | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_REPETITION_PENALTY)
     logit_bias: dict[str, float] | None = None
     stage_params: StageParamsField = None
 
@@ -85,6 +93,7 @@ class SamplingFields(Body):
             "frequency_penalty",
             "min_tokens",
             "ignore_eos",
+            "repetition_penalty",
             "logit_bias",
         )
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}

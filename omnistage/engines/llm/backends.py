@@ -9,6 +9,7 @@ so sampling, grammars, logprobs and exact resume are the same code on either.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -19,13 +20,17 @@ from typing import TYPE_CHECKING, Any
 from omnistage import envs
 from omnistage.config.engine_args import LlmArgs
 from omnistage.engines.llm import weights
+from omnistage.engines.llm.model_defaults import read_generation_defaults
 from omnistage.engines.llm.worker import Batch
 from omnistage.protocol.errors import EngineError
+from omnistage.protocol.params import GenerationParams
 
 if TYPE_CHECKING:
     from omnistage.engines.llm.int4_kernel import Int4Kernel
 
 log = logging.getLogger(__name__)
+
+NO_SAMPLING = GenerationParams()
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class LoadedModel:
     vocab: int  # logits width (may exceed the tokenizer's)
     window: int  # the model's context window
     eos_ids: frozenset[int]
+    # The model's own sampling defaults (its generation_config.json; see model_defaults).
+    sampling: GenerationParams = NO_SAMPLING
 
 
 def load(args: LlmArgs) -> LoadedModel:
@@ -60,8 +67,10 @@ def load(args: LlmArgs) -> LoadedModel:
     if args.backend == "auto" and why_not:
         log.info("llm backend transformers (fast cannot: %s)", why_not)
     if args.backend == "transformers" or why_not:
-        return _load_transformers(args, config)
-    return _load_fast(directory, config, args)
+        thinker = _load_transformers(args, config)
+    else:
+        thinker = _load_fast(directory, config, args)
+    return dataclasses.replace(thinker, sampling=read_generation_defaults(directory))
 
 
 def _why_not_fast(config: dict[str, Any], device: str) -> str | None:

@@ -103,6 +103,7 @@ class LlmEngine(Engine):
             self.max_model_len,
             self._eos_ids,
             label_prefixes=self._prefixes is not None,
+            model_sampling=thinker.sampling,
         )
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
         self._worker = LlmWorker(model.batch, set(self._eos_ids), limits, self._count_step, tuner)
@@ -158,6 +159,7 @@ class LlmEngine(Engine):
         # Penalties count the delivered tokens too; seeded draws and min_tokens go by
         # the token's index in the whole completion (prior_tokens on).
         sampler.replay(prior)
+        sampler.read(req.prompt_ids)
         interval = self.args.stream_interval_ms / 1000
         return Sequence(
             request_id=req.request_id,

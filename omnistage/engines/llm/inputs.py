@@ -20,6 +20,7 @@ from omnistage.engines.llm.guided import (
     json_grammar,
     schema_of_response_format,
 )
+from omnistage.engines.llm.model_defaults import under_model
 from omnistage.engines.llm.prefix_labels import (
     rendered_turns,
     template_default_turns,
@@ -105,8 +106,11 @@ class InputProcessor:
         window: int,
         eos_ids: list[int],
         label_prefixes: bool,
+        model_sampling: GenerationParams | None = None,
     ) -> None:
         self.args = args
+        # The model's own sampling defaults, under everything the request brings.
+        self.model_sampling = model_sampling or GenerationParams()
         self.tokenizer = tokenizer
         self.vocabulary = vocabulary
         self.window = window
@@ -154,6 +158,7 @@ class InputProcessor:
     def setup(self, params: GenerationParams) -> tuple[SamplingParams, ToolPlan, Guide | None]:
         """A request's sampling params, tool plan and grammar; BadRequestError if any
         of them is wrong."""
+        params = under_model(self.model_sampling, params)
         sampling = SamplingParams.from_params(params, self.args.default_max_tokens)
         for token, _ in sampling.logit_bias:
             if token >= self._vocab:

@@ -24,6 +24,7 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off
     # Alternatives reported per token; None: no logprobs at all, 0: the chosen one only.
     logprobs: int | None = None
     # End-of-sequence is not allowed before this many tokens (ignore_eos: never).
@@ -51,6 +52,7 @@ class SamplingParams:
             seed=params.seed,
             presence_penalty=_or(params.presence_penalty, 0.0),
             frequency_penalty=_or(params.frequency_penalty, 0.0),
+            repetition_penalty=_or(params.repetition_penalty, 1.0),
         )
 
     @property
@@ -179,6 +181,10 @@ class Sampler:
         self._counts: torch.Tensor | None = None
         self._replayed: list[int] = []
         self._penalize = bool(params.presence_penalty or params.frequency_penalty)
+        # Repetition penalty: the tokens seen so far, the prompt's included (HF's and
+        # vLLM's semantics), as a mask over the vocabulary.
+        self._context: list[int] = []
+        self._seen: torch.Tensor | None = None
         # (chosen token's logprob, [(token, logprob), ...] best first) of the last sample.
         self.last_logprobs: tuple[float, list[tuple[int, float]]] | None = None
 
@@ -186,6 +192,11 @@ class Sampler:
         """Count tokens generated before a resume (by the failed replica): penalties
         then see the whole completion, as the uninterrupted run's did."""
         self._replayed.extend(tokens)
+
+    def read(self, prompt: list[int]) -> None:
+        """The prompt's tokens, which a repetition penalty counts as seen."""
+        if self.params.repetition_penalty != 1.0:
+            self._context.extend(prompt)
 
     def _vocab_tensors(self) -> None:
         if self.params.logit_bias and self._bias is None:
@@ -197,6 +208,11 @@ class Sampler:
             for token in self._replayed:
                 if 0 <= token < self._vocab_size:
                     self._counts[token] += 1
+        if self.params.repetition_penalty != 1.0 and self._seen is None:
+            self._seen = torch.zeros(self._vocab_size, dtype=torch.bool, device=self._device)
+            seen = [t for t in (*self._context, *self._replayed) if 0 <= t < self._vocab_size]
+            if seen:
+                self._seen[torch.tensor(seen, device=self._device)] = True
 
     def _uniform(self, index: int) -> float:
         """The uniform draw of the completion's token ``index``: with a seed, a pure
@@ -225,6 +241,10 @@ class Sampler:
         if self._counts is not None:
             logits = logits - p.frequency_penalty * self._counts
             logits = logits - p.presence_penalty * (self._counts > 0).float()
+        if self._seen is not None:
+            r = p.repetition_penalty
+            penalized = torch.where(logits > 0, logits / r, logits * r)
+            logits = torch.where(self._seen, penalized, logits)
         if p.greedy:
             token = int(torch.argmax(logits))
         else:
@@ -241,6 +261,8 @@ class Sampler:
                 token = int(order[token])
         if self._counts is not None:
             self._counts[token] += 1
+        if self._seen is not None and token < self._vocab_size:
+            self._seen[token] = True
         if raw is not None:
             top: list[tuple[int, float]] = []
             if p.logprobs:

@@ -35,6 +35,7 @@ from omnistage.config.engine_args import VllmArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
 from omnistage.engines.llm import weights
+from omnistage.engines.llm.model_defaults import read_generation_defaults, under_model
 from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import chat_messages, plan_tools
@@ -65,6 +66,9 @@ class VllmEngine(Engine):
         self._max_num_seqs = 1
         self._active = 0
         self._ids = itertools.count()
+        # The model's own sampling defaults, under everything the request brings (vLLM
+        # applies them only in its own OpenAI server, not to AsyncLLM's requests).
+        self._model_sampling = GenerationParams()
         self._guard: _OrphanGuard | None = None
         self._watch: asyncio.Task[None] | None = None
         # A dead vLLM engine core leaves this replica useless: it exits so the head
@@ -77,6 +81,7 @@ class VllmEngine(Engine):
         directory = await asyncio.to_thread(
             weights.local_model_dir, self.args.model, self.args.cache_dir
         )
+        self._model_sampling = read_generation_defaults(directory)
         _prepare_environment(self.args)
         steps = "loading weights, sizing the KV cache"
         if not self.args.vllm_kwargs().get("enforce_eager"):
@@ -114,6 +119,7 @@ class VllmEngine(Engine):
             raise BadRequestError(
                 "response_format is not supported by the vllm engine", "response_format"
             )
+        params = under_model(self._model_sampling, params)
         sampling = SamplingParams.from_params(params, self.args.default_max_tokens)
         for token, _ in sampling.logit_bias:
             if self._vocab and token >= self._vocab:
@@ -357,6 +363,7 @@ def _vllm_sampling(params: SamplingParams, max_tokens: int, done: int) -> Any:
         stop=list(params.stop) or None,
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias) or None,
         ignore_eos=params.ignore_eos,
         logprobs=params.logprobs,
