@@ -67,10 +67,10 @@ def load(args: LlmArgs) -> LoadedModel:
     if args.backend == "auto" and why_not:
         log.info("llm backend transformers (fast cannot: %s)", why_not)
     if args.backend == "transformers" or why_not:
-        thinker = _load_transformers(args, config)
+        model = _load_transformers(args, config)
     else:
-        thinker = _load_fast(directory, config, args)
-    return dataclasses.replace(thinker, sampling=read_generation_defaults(directory))
+        model = _load_fast(directory, config, args)
+    return dataclasses.replace(model, sampling=read_generation_defaults(directory))
 
 
 def _why_not_fast(config: dict[str, Any], device: str) -> str | None:

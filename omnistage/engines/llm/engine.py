@@ -103,7 +103,7 @@ class LlmEngine(Engine):
             self.max_model_len,
             self._eos_ids,
             label_prefixes=self._prefixes is not None,
-            model_sampling=thinker.sampling,
+            model_sampling=model.sampling,
         )
         limits = BatchLimits(self.args.max_num_seqs, self.args.max_kv_tokens, self.max_model_len)
         self._worker = LlmWorker(model.batch, set(self._eos_ids), limits, self._count_step, tuner)
