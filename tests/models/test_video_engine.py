@@ -146,14 +146,16 @@ async def test_seconds_at_fps_round_to_the_nearest_length_the_vae_makes(
 
 
 async def test_the_same_seed_gives_the_same_bytes_on_any_replica(tiny_video: Path) -> None:
-    engine = await _engine(tiny_video)
+    # Replicas with the same thread count: the thread tuner may pick another count under
+    # load, and another split of a matmul rounds differently (a flake in a loaded run).
+    engine = await _engine(tiny_video, torch_threads=1)
     params = {"size": "32x32", "num_frames": 5, "seed": 1234}
     first = await _run(engine, params)
     again = await _run(engine, params)
     assert [c.data for c in first] == [c.data for c in again]
     other = await _run(engine, {**params, "seed": 99})
     assert _mp4(other) != _mp4(first) and other[0].data != first[0].data
-    elsewhere = await _engine(tiny_video)
+    elsewhere = await _engine(tiny_video, torch_threads=1)
     assert _mp4(await _run(elsewhere, params)) == _mp4(first)
     # Without a seed the engine draws one and reports it: that seed makes it again.
     drawn = await _run(engine, {"size": "32x32", "num_frames": 5})
