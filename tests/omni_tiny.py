@@ -10,7 +10,11 @@ with the ``tokenizers`` library. ``spk_dict.pt`` holds two voices, as the real o
 
 from __future__ import annotations
 
+import base64
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HIDDEN = 32
 VOICES = ("Chelsie", "Ethan")
@@ -219,3 +223,16 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
     WhisperFeatureExtractor(feature_size=128).save_pretrained(directory)
     torch.save(_speakers(seed), directory / "spk_dict.pt")
     return directory
+
+
+def spoken_deltas(head: Any, body: dict[str, Any], timeout: float) -> Iterator[tuple[str, bytes]]:
+    """A streamed chat's audio deltas as they come: (transcript piece, audio bytes)."""
+    with head.client.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[len("data: ") :])["choices"]:
+                spoken = choice["delta"].get("audio") or {}
+                data = spoken.get("data")
+                yield spoken.get("transcript", ""), base64.b64decode(data) if data else b""

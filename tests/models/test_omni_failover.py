@@ -9,7 +9,6 @@ its repeated chunks dropped before they reach the client.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import build_tiny_omni
+from tests.omni_tiny import build_tiny_omni, spoken_deltas
 
 pytestmark = pytest.mark.slow
 
@@ -30,21 +29,15 @@ def _stream(head: HeadProc, body: dict[str, Any], kill: list[int] | None) -> tup
     """The streamed transcript and audio; with ``kill``, kill -9 the busy talker replica
     once the first audio is out, recording its id."""
     text, audio = [], []
-    with head.client.stream("POST", "/v1/chat/completions", json=body, timeout=180) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for choice in json.loads(line[len("data: ") :])["choices"]:
-                spoken = choice["delta"].get("audio") or {}
-                text.append(spoken.get("transcript", ""))
-                if spoken.get("data"):
-                    audio.append(base64.b64decode(spoken["data"]))
-            if kill is not None and not kill and audio:
-                busy = [r for r in head.up_replicas(1) if r["in_flight"] > 0]
-                if busy:
-                    os.kill(busy[0]["pid"], signal.SIGKILL)
-                    kill.append(busy[0]["replica_id"])
+    for words, sound in spoken_deltas(head, body, timeout=180):
+        text.append(words)
+        if sound:
+            audio.append(sound)
+        if kill is not None and not kill and audio:
+            busy = [r for r in head.up_replicas(1) if r["in_flight"] > 0]
+            if busy:
+                os.kill(busy[0]["pid"], signal.SIGKILL)
+                kill.append(busy[0]["replica_id"])
     return "".join(text), b"".join(audio)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import CODEC_EOS, build_tiny_omni
+from tests.omni_tiny import CODEC_EOS, build_tiny_omni, spoken_deltas
 
 pytestmark = pytest.mark.slow
 
@@ -117,16 +117,10 @@ def _chat_streamed(
     """The streamed answer's transcript, its audio, and how many audio deltas it came in."""
     body = {**_body(head, messages, voice), "stream": True}
     text, audio = [], []
-    with head.client.stream("POST", "/v1/chat/completions", json=body, timeout=120) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for choice in json.loads(line[len("data: ") :])["choices"]:
-                spoken = choice["delta"].get("audio") or {}
-                text.append(spoken.get("transcript", ""))
-                if spoken.get("data"):
-                    audio.append(base64.b64decode(spoken["data"]))
+    for words, sound in spoken_deltas(head, body, timeout=120):
+        text.append(words)
+        if sound:
+            audio.append(sound)
     return "".join(text), b"".join(audio), len(audio)
 
 
