@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from omnistage import defaults
 from omnistage.api.background_responses import ResponseJobs
 from omnistage.dataplane.stage_pool import StagePool
-from omnistage.jobs.runner import JobHandler, JobRunner, RunnerSettings
+from omnistage.jobs.runner import JobHandler, JobRunner, RunnerSettings, StageRoom
 from omnistage.jobs.state import Persistence
 from omnistage.jobs.video import VideoJobs
 from omnistage.protocol.enums import EngineName, Modality
@@ -40,11 +40,10 @@ def build_runner(
     if not handlers:
         return None
 
-    def room(stage_id: int) -> int:
+    def room(stage_id: int) -> StageRoom:
         pool = pools.get(stage_id)
-        if pool is None:
-            return 0
-        return sum(max(0, h.capacity - h.in_flight) for h in pool.live())
+        live = pool.live() if pool is not None else []
+        return StageRoom(sum(h.capacity for h in live), sum(h.in_flight for h in live))
 
     settings = RunnerSettings(holder, lease_s=lease_s, media_ttl_s=persist.media_ttl_s)
     runner = JobRunner(persist.store, handlers, room, settings)

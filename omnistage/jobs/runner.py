@@ -74,6 +74,20 @@ class JobHandler(Protocol):
 
 
 @dataclass(frozen=True)
+class StageRoom:
+    """What a stage's live replicas can take: their slots, and how many are in use."""
+
+    capacity: int
+    in_flight: int
+
+    def free(self, mine: int) -> int:
+        """Free slots, counting ``mine`` (this runner's jobs on the stage) as taken even
+        before they reach a replica: a job's request is dispatched a moment after its
+        claim, and a runner woken in between must not claim those slots again."""
+        return max(0, self.capacity - max(self.in_flight, mine))
+
+
+@dataclass(frozen=True)
 class RunnerSettings:
     holder: str  # this head's name in leases
     lease_s: float = defaults.JOB_LEASE_S
@@ -88,12 +102,11 @@ class JobRunner:
         self,
         store: Store,
         handlers: Mapping[JobKind, JobHandler],
-        room: Callable[[int], int],
+        room: Callable[[int], StageRoom],
         settings: RunnerSettings,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``room(stage_id)``: how many more requests that stage's live replicas can
-        take now."""
+        """``room(stage_id)``: that stage's live replicas' slots and their use now."""
         self.store = store
         self.handlers = dict(handlers)
         self.settings = settings
@@ -101,6 +114,7 @@ class JobRunner:
         self._clock = clock
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._stage_of: dict[str, int] = {}  # running job -> the stage it takes a slot of
         # Jobs waiting in the store, by the stage that runs them, as of the last poll:
         # load the stage does not see yet, for the autoscaler (``backlog``).
         self._backlog: dict[int, int] = {}
@@ -138,7 +152,8 @@ class JobRunner:
         """Claim jobs of each kind while its stage has free slots (the stage may also
         serve other requests: a job takes a slot only when one is free now)."""
         for kind, handler in self.handlers.items():
-            for _ in range(self._room(handler.stage_id)):
+            mine = sum(1 for sid in self._stage_of.values() if sid == handler.stage_id)
+            for _ in range(self._room(handler.stage_id).free(mine)):
                 job = await self.store.claim_job(
                     [kind],
                     self.settings.holder,
@@ -156,10 +171,12 @@ class JobRunner:
             log.info("job %s: running again (attempt %d)", job.id, job.attempts)
         task = asyncio.create_task(self._run(handler, job), name=f"omni-job-{job.id}")
         self._running[job.id] = task
+        self._stage_of[job.id] = handler.stage_id
         task.add_done_callback(lambda _: self._forget(job.id))
 
     def _forget(self, job_id: str) -> None:
         self._running.pop(job_id, None)
+        self._stage_of.pop(job_id, None)
         self._wake.set()  # room for the next one
 
     async def _run(self, handler: JobHandler, job: Job) -> None:

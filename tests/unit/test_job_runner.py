@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from omnistage.jobs.runner import JobFailed, JobRunner, RunnerSettings, open_patiently
+from omnistage.jobs.runner import (
+    JobFailed,
+    JobRunner,
+    RunnerSettings,
+    StageRoom,
+    open_patiently,
+)
 from omnistage.protocol.errors import StageOverloadedError, StageUnavailableError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import Prompt
@@ -64,9 +70,7 @@ def _job(n: int, **request: Any) -> Job:
 def _runner(store: Store, handler: Handler, room: int = 2, holder: str = "head-a") -> JobRunner:
     """A runner over a stage of ``room`` slots that only its jobs use."""
     settings = RunnerSettings(holder, lease_s=5, poll_s=0.02, progress_every_s=0.02)
-    runner = JobRunner(
-        store, {JobKind.VIDEO: handler}, lambda sid: room - len(runner.running()), settings
-    )
+    runner = JobRunner(store, {JobKind.VIDEO: handler}, lambda sid: StageRoom(room, 0), settings)
     return runner
 
 
@@ -199,7 +203,7 @@ async def test_a_finished_jobs_media_expire_after_the_ttl(store: Store) -> None:
     runner = JobRunner(
         store,
         {JobKind.VIDEO: handler},
-        lambda sid: 1 - len(runner.running()),
+        lambda sid: StageRoom(1, 0),
         settings,
         lambda: now[0],
     )
