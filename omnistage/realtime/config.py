@@ -31,10 +31,9 @@ from omnistage.realtime.options import (
     tool_dicts,
 )
 
-DEFAULT_INSTRUCTIONS = (
-    "You are a helpful voice assistant. Answer briefly, in one or two short spoken "
-    "sentences, without lists or markdown."
-)
+# Empty: the thinker stage's own ``system_prompt`` applies (the default pipeline's is
+# the one bench/bench_answers.py measured best); a session's ``instructions`` replace it.
+DEFAULT_INSTRUCTIONS = ""
 
 
 @dataclass(frozen=True, slots=True)
