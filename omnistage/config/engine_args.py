@@ -102,6 +102,9 @@ class LlmArgs(_Args):
     # fast step stops paying a message per token. 0: every token as it comes.
     stream_interval_ms: float = Field(default=10.0, ge=0.0, le=1000.0)
     cache_dir: str | None = None
+    # fast backend: keep the packed int4 weights in cache_dir, so a restart maps them
+    # instead of quantizing the checkpoint again (engines/llm/packed_weights.py).
+    packed_cache: bool = True
     # Put before the client's messages when they have no system message of their own
     # (a painter's thinker is told to expand a short prompt into an image description).
     system_prompt: str | None = None

@@ -94,12 +94,15 @@ def _load_fast(directory: Path, config: dict[str, Any], args: LlmArgs) -> Loaded
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = FastLlama(directory, _int4_kernel(args.int4_kernel))
+    model = FastLlama(
+        directory, _int4_kernel(args.int4_kernel), args.cache_dir, cache=args.packed_cache
+    )
     _give_back_freed_memory()
     log.info(
-        "loaded %s (fast, int4 matmuls on %s) in %.2fs",
+        "loaded %s (fast, int4 matmuls on %s, weights %s) in %.2fs",
         directory.name,
         model.kernel,
+        model.weights_from,
         time.monotonic() - started,
     )
     eos = _ids(config.get("eos_token_id"))

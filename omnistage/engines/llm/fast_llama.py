@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from omnistage.engines.llm.int4_abi import GROUP
 from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention, layer_table
 from omnistage.engines.llm.int4_linear import Int4Linear, TiedTable
+from omnistage.engines.llm.packed_weights import State, Tensors, cache_file, load_or_pack
 from omnistage.engines.torch_threads import use_threads
 
 
@@ -104,30 +105,26 @@ class _Layer:
 _Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class _Tensors:
-    """A model directory's safetensors by name (without "model."), each read when asked:
-    only the layer being quantized is in memory as float32, not the model. Each read maps
-    the file afresh and unmaps it after copying: the mapped pages of the whole file would
-    otherwise count in the process's memory until the end of the load."""
-
-    def __init__(self, directory: Path) -> None:
-        from safetensors import safe_open
-
-        self._open = safe_open
-        self._files: dict[str, tuple[Path, str]] = {}
-        for file in sorted(directory.glob("*.safetensors")):
-            with safe_open(file, framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                    self._files[name.removeprefix("model.")] = (file, name)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._files
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        file, full = self._files[name]
-        with self._open(file, framework="pt") as handle:
-            # A copy: a tensor read may share the mapping.
-            return handle.get_tensor(full).to(torch.float32, copy=True)
+def _packed(directory: Path, s: LlamaShape, kernel: Int4Kernel | None) -> State:
+    """A checkpoint's weights quantized and packed for ``kernel``, by name."""
+    t = Tensors(directory)
+    state = TiedTable(t["embed_tokens.weight"], kernel).state("embed.")
+    if "lm_head.weight" in t:  # else tied to the embedding
+        state |= TiedTable(t["lm_head.weight"], kernel).state("head.")
+    state["norm"] = t["norm.weight"]
+    for i in range(s.layers):
+        p = f"layers.{i}."
+        q = _interleave_rope_rows(t[p + "self_attn.q_proj.weight"], s.heads, s.head_dim)
+        k = _interleave_rope_rows(t[p + "self_attn.k_proj.weight"], s.kv_heads, s.head_dim)
+        v = t[p + "self_attn.v_proj.weight"]
+        gate, up = t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]
+        state[p + "attn_norm"] = t[p + "input_layernorm.weight"]
+        state[p + "mlp_norm"] = t[p + "post_attention_layernorm.weight"]
+        state |= Int4Linear(torch.cat([q, k, v]), kernel).state(p + "qkv.")
+        state |= Int4Linear(t[p + "self_attn.o_proj.weight"], kernel).state(p + "o.")
+        state |= Int4Linear(torch.cat([gate, up]), kernel).state(p + "gate_up.")
+        state |= Int4Linear(t[p + "mlp.down_proj.weight"], kernel).state(p + "down.")
+    return state
 
 
 def _interleave_rope_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -141,34 +138,43 @@ def _interleave_rope_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.T
 class FastLlama:
     """Weights and forward passes; the KV cache is the caller's."""
 
-    def __init__(self, directory: Path, kernel: Int4Kernel | None = None) -> None:
-        """``kernel``: our int4 kernel (None: torch's)."""
+    def __init__(
+        self,
+        directory: Path,
+        kernel: Int4Kernel | None = None,
+        cache_dir: str | None = None,
+        cache: bool = True,
+    ) -> None:
+        """``kernel``: our int4 kernel (None: torch's). ``cache``: keep the packed weights
+        in ``cache_dir`` (see ``packed_weights``), and map them from there next time."""
         config = json.loads((directory / "config.json").read_text())
         # What the replica reports it runs on: "int4-avx512vnni", "int4-avx2" or "torch".
         self.kernel = kernel.label if kernel is not None else "torch"
         self.config = config
         self.shape = s = LlamaShape.of(config)
-        t = _Tensors(directory)
-        embed = t["embed_tokens.weight"]
-        head = t["lm_head.weight"] if "lm_head.weight" in t else embed  # noqa: SIM401
-        self.embed = TiedTable(embed, kernel)
-        self.head = self.embed if head is embed else TiedTable(head, kernel)
-        self.norm = t["norm.weight"]
+
+        def pack() -> State:
+            return _packed(directory, s, kernel)
+
+        if cache:
+            path = cache_file(directory, self.kernel, cache_dir)
+            state, self.weights_from = load_or_pack(path, pack)
+        else:
+            state, self.weights_from = pack(), "packed"
+        self.embed = TiedTable.restore(state, "embed.", kernel)
+        self.head = TiedTable.restore(state, "head.", kernel) if "head.q" in state else self.embed
+        self.norm = state["norm"]
         self.layers = []
         for i in range(s.layers):
             p = f"layers.{i}."
-            q = _interleave_rope_rows(t[p + "self_attn.q_proj.weight"], s.heads, s.head_dim)
-            k = _interleave_rope_rows(t[p + "self_attn.k_proj.weight"], s.kv_heads, s.head_dim)
-            v = t[p + "self_attn.v_proj.weight"]
-            gate, up = t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]
             self.layers.append(
                 _Layer(
-                    attn_norm=t[p + "input_layernorm.weight"],
-                    qkv=Int4Linear(torch.cat([q, k, v]), kernel),
-                    o=Int4Linear(t[p + "self_attn.o_proj.weight"], kernel),
-                    mlp_norm=t[p + "post_attention_layernorm.weight"],
-                    gate_up=Int4Linear(torch.cat([gate, up]), kernel),
-                    down=Int4Linear(t[p + "mlp.down_proj.weight"], kernel),
+                    attn_norm=state[p + "attn_norm"],
+                    qkv=Int4Linear.restore(state, p + "qkv.", kernel),
+                    o=Int4Linear.restore(state, p + "o.", kernel),
+                    mlp_norm=state[p + "mlp_norm"],
+                    gate_up=Int4Linear.restore(state, p + "gate_up.", kernel),
+                    down=Int4Linear.restore(state, p + "down.", kernel),
                 )
             )
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2).float() / s.head_dim))

@@ -12,6 +12,7 @@ from omnistage.engines.llm.int4_abi import GROUP
 from omnistage.engines.llm.int4_kernel import Int4Kernel
 
 _ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries of a big matrix
+_PARTS = ("w", "scale", "lo")  # our kernel's packed tensors (Int4Kernel.pack)
 
 
 class Int4Linear:
@@ -52,6 +53,33 @@ class Int4Linear:
         else:
             self.packed = torch.cat(packed)
             self.scales = torch.cat(scales).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+    def state(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The packed tensors by name (``packed_weights`` keeps them on disk)."""
+        out = {f"{prefix}out": torch.tensor(self.out_features)}
+        if self._kernel is not None:
+            out.update({f"{prefix}{n}": t for n, t in zip(_PARTS, self.packed, strict=True)})
+        else:
+            out.update({f"{prefix}packed": self.packed, f"{prefix}scales": self.scales})
+        return out
+
+    @classmethod
+    def restore(
+        cls,
+        state: dict[str, torch.Tensor],
+        prefix: str,
+        kernel: Int4Kernel | None = None,
+        coarse: bool = False,
+    ) -> Int4Linear:
+        """The layer ``state(prefix)`` saved, for the same kernel layout."""
+        self = cls.__new__(cls)
+        self._kernel, self._coarse = kernel, coarse
+        self.out_features = int(state[f"{prefix}out"])
+        if kernel is not None:
+            self.packed = tuple(state[f"{prefix}{n}"] for n in _PARTS)
+        else:
+            self.packed, self.scales = state[f"{prefix}packed"], state[f"{prefix}scales"]
+        return self
 
     @property
     def nbytes(self) -> int:
@@ -96,6 +124,21 @@ class TiedTable:
         self._k = k
         self._coarse = Int4Linear(weight, kernel, coarse=True)
         self._kernel = kernel if kernel is not None and kernel.fused else None
+
+    def state(self, prefix: str) -> dict[str, torch.Tensor]:
+        out = {f"{prefix}q": self._q, f"{prefix}qscale": self._scale}
+        return out | self._coarse.state(f"{prefix}coarse.")
+
+    @classmethod
+    def restore(
+        cls, state: dict[str, torch.Tensor], prefix: str, kernel: Int4Kernel | None = None
+    ) -> TiedTable:
+        self = cls.__new__(cls)
+        self._q, self._scale = state[f"{prefix}q"], state[f"{prefix}qscale"]
+        self._k = self._q.shape[1] * self._q.shape[2]
+        self._coarse = Int4Linear.restore(state, f"{prefix}coarse.", kernel, coarse=True)
+        self._kernel = kernel if kernel is not None and kernel.fused else None
+        return self
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Exact float32 rows."""
