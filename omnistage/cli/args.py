@@ -216,6 +216,13 @@ def _check_roles(args: argparse.Namespace) -> None:
         raise UsageError("--omni-replica-address requires --headless")
     if args.omni_replica_binds_sockets and not args.headless:
         raise UsageError("--omni-replica-binds-sockets requires --headless")
+    if args.replica_id is not None:
+        if not args.headless:
+            raise UsageError("--replica-id requires --headless")
+        if args.replica_id < 0:
+            raise UsageError(f"--replica-id must be >= 0, got {args.replica_id}")
+        if args.omni_dp_size_local != 1:
+            raise UsageError("--replica-id names one replica: use --omni-dp-size-local 1")
     if args.omni_dp_size_local != 1 and args.stage_id is None:
         raise UsageError("--omni-dp-size-local != 1 requires --stage-id")
     if args.omni_dp_size_local == 0 and args.headless:

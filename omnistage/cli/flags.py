@@ -287,6 +287,14 @@ DISTRIBUTED_FLAGS = (
         help="this host's address as seen by the head (headless; auto-detected)",
     ),
     flag(
+        "--replica-id",
+        metavar="N",
+        type=int,
+        default=None,
+        help="headless: register as this replica id of the stage (default: one is "
+        "assigned); refused while another live replica holds it",
+    ),
+    flag(
         "--omni-replica-binds-sockets",
         action="store_true",
         help="headless: bind the replica's data sockets on its own address and let the "

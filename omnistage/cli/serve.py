@@ -100,6 +100,7 @@ def headless_options(args: argparse.Namespace) -> HeadlessOptions:
 
     replica = ReplicaOptions(
         stage_id=args.stage_id,
+        replica_id=-1 if args.replica_id is None else args.replica_id,
         master_host=args.omni_master_address,
         master_port=args.omni_master_port,
         advertise_address=args.omni_replica_address,

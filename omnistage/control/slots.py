@@ -14,9 +14,14 @@ a restarted head never reissues an epoch the previous one used.
 A replica rejoining the same head instance (``previous_head`` equals ``instance``)
 gets its previous auto-assigned id back, with a new epoch, instead of a fresh id.
 
-One rule of our own, for a fleet of heads: an explicit id that another head assigned
-(``assigned_id``) does not take over a slot another live replica process holds (the
-seed's rule would let two replicas share the id); it is refused with ``IdConflict``.
+One rule of our own: an explicit id (an operator's ``--replica-id``, or one another head
+of the fleet assigned) does not take over a slot another replica process holds while
+that one may be alive (the seed's rule would let two processes share the id): it is
+refused with ``IdConflict``, naming the holder. The slot is free to take once its holder
+is proven dead: its incarnation fenced (the coordinator marked it ERROR: its connection
+closed or its heartbeats stopped) or released (DOWN). The same process registering
+again is idempotent; the head's own replicas (``local_key``) keep their slots; a seed
+client, which names no process, takes the slot over as in the seed.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Slot:
     replica_ports: tuple[int, int, int] | None = None
     coordinator_addresses: dict[str, str | None] = field(default_factory=dict)
     instance: str | None = None  # the replica process's (our replicas send it)
+    fenced: bool = False  # the coordinator saw this incarnation die (``fence``)
 
 
 class SlotTable:
@@ -115,16 +121,18 @@ class SlotTable:
                     "own replica; register without a replica id to get one assigned",
                     held_by="",
                 )
-            if req.assigned_id and self._held_by_another(reserved, req.replica_instance):
+            if self._held_by_another(reserved, req.replica_instance) and not self._is_own(req):
                 assert reserved is not None and reserved.instance is not None
                 raise IdConflict(
                     f"replica id {rid} of stage {req.stage_id} is held here by another "
-                    f"replica (from {reserved.bind_address or '?'})",
+                    f"live replica (from {reserved.bind_address or '?'}, epoch "
+                    f"{reserved.epoch})",
                     held_by=reserved.instance,
                 )
         slot = self._slots.get((req.stage_id, rid)) or self._add(Slot(req.stage_id, rid))
         self._epoch += 1
         slot.filled = True
+        slot.fenced = False
         slot.epoch = self._epoch
         slot.stage_config = req.stage_config
         slot.instance = req.replica_instance
@@ -158,6 +166,12 @@ class SlotTable:
                 del self._by_instance[(stage_id, slot.instance)]
             self._vacated(slot)
 
+    def fence(self, stage_id: int, replica_id: int, epoch: int) -> None:
+        """That incarnation is dead (ERROR): an explicit id may take its slot over."""
+        slot = self._slots.get((stage_id, replica_id))
+        if slot is not None and slot.epoch == epoch:
+            slot.fenced = True
+
     def reserve_local(self, stage_id: int, taken: set[int]) -> int:
         """The lowest replica id of the stage for one more of the head's own replicas,
         now head-local: one no slot has, or an unfilled slot, or a head-local slot whose
@@ -189,6 +203,7 @@ class SlotTable:
         return (
             slot is not None
             and slot.filled
+            and not slot.fenced
             and bool(instance)
             and slot.instance is not None
             and slot.instance != instance
@@ -198,6 +213,10 @@ class SlotTable:
         # Without a key (tests, embedding) head-local slots are reserved only from
         # auto-assignment, as in the seed.
         return self._local_key is None or req.local_key == self._local_key
+
+    def _is_own(self, req: RegisterRequest) -> bool:
+        """One of the head's own replicas (it restarts them itself, after their exit)."""
+        return self._local_key is not None and req.local_key == self._local_key
 
     def _rejoin_id(self, req: RegisterRequest) -> int | None:
         """The id a rejoining replica had here, if this is the head it had it from."""

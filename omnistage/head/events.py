@@ -240,6 +240,9 @@ class ReplicaEvents:
         self._history.changed(t)
         self._orchestrator.on_transition(t)
         e = t.entry
+        if t.new == ReplicaState.ERROR:
+            with self._lock:  # proven dead: its id may be taken over
+                self._slots.fence(e.stage_id, e.replica_id, e.epoch)
         if t.new == ReplicaState.DOWN:
             with self._lock:
                 self._slots.release(e.stage_id, e.replica_id, e.epoch)

@@ -70,8 +70,30 @@ class Joiner:
     async def join(self) -> tuple[HandshakeInit, Engine]:
         """Register, handshake and load the engine, all within --stage-init-timeout."""
         deadline = time.monotonic() + self._opts.stage_init_timeout_s
-        init = await self._register_and_handshake(self._opts.stage_init_timeout_s)
+        init = await self._first_registration(deadline)
         return init, await self._load(self.stage_config(init), deadline, init)
+
+    async def _first_registration(self, deadline: float) -> HandshakeInit:
+        """Register and handshake by ``deadline``. An operator's --replica-id held by
+        another live replica waits for that one to go (the head fences it once it sees
+        it dead), trying again with backoff; an assigned id gives way as in ``rejoin``."""
+        delay = 0.5
+        while True:
+            try:
+                return await self._register_and_handshake(max(0.001, deadline - time.monotonic()))
+            except IdConflict as exc:
+                if gives_way(self._opts, exc):
+                    self.new_id()
+                    continue
+                if time.monotonic() + delay >= deadline:
+                    raise
+                log.warning(
+                    "%s; waiting %.1fs for it to go (or start this one with another --replica-id)",
+                    exc,
+                    delay,
+                )
+            await self._sleep(delay)
+            delay = min(5.0, delay * 2)
 
     async def rejoin(self, engine: Engine, failed: bool) -> tuple[HandshakeInit, Engine]:
         """Register again until a head takes us; reload the engine only if the new head's

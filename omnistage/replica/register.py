@@ -89,9 +89,8 @@ def gives_way(opts: ReplicaOptions, conflict: IdConflict) -> bool:
 
 
 def with_fleet_id(opts: ReplicaOptions, req: RegisterRequest, replica_id: int) -> RegisterRequest:
-    """``req`` asking for the id this replica has in the fleet. An operator's id
-    (--replica-id) keeps the seed's rule, taking its slot over; an id a head assigned
-    is refused where another replica holds it (``IdConflict``)."""
+    """``req`` asking for the id this replica has in the fleet: refused where another
+    live replica holds it (``IdConflict``), as an operator's id (--replica-id) is."""
     assigned = opts.replica_id < 0 or None
     return msgspec.structs.replace(req, replica_id=replica_id, assigned_id=assigned)
 

@@ -31,6 +31,12 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (["--stage-id", "0", "-omp", "1"], "--stage-id requires both"),
         (["--omni-replica-address", "10.0.0.2"], "--omni-replica-address requires --headless"),
         (["--omni-replica-binds-sockets"], "--omni-replica-binds-sockets requires --headless"),
+        (["--replica-id", "3"], "--replica-id requires --headless"),
+        (["--headless", "--stage-id", "1", *M, "--replica-id", "-2"], "--replica-id must be >= 0"),
+        (
+            ["--headless", "--stage-id", "1", *M, "--replica-id", "2", "--omni-dp-size-local", "2"],
+            "--replica-id names one replica",
+        ),
         (
             ["--headless", "--stage-id", "1", *M, "--stage-overrides", '{"1": {"x": 1}}'],
             "unknown stage field(s) x",

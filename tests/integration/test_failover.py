@@ -242,3 +242,36 @@ def test_a_stalled_replica_is_failed_and_its_request_moves(tmp_path: Path) -> No
         assert head.log().count("UP -> ERROR (engine made no progress") == 2
     finally:
         head.stop()
+
+
+def test_an_explicit_replica_id_waits_for_its_live_holder_to_die_then_takes_the_slot(
+    tmp_path: Path,
+) -> None:
+    """Two processes started with the same --replica-id: the second is refused while the
+    first lives (one id, one process), says why in its log, and takes the slot once the
+    head has seen the first die."""
+    head = HeadProc(tmp_path, "echo", "--stage-id", "0", "--omni-heartbeat-timeout", "2")
+    procs: list[Proc] = []
+    try:
+        head.wait_http()
+        procs += [headless(tmp_path, head, 1), headless(tmp_path, head, 2)]
+        first = headless(tmp_path, head, 2, "--replica-id", "7", name="first")
+        procs.append(first)
+        head.wait_healthy()
+        wait_for(lambda: any(r["pid"] == first.pid for r in head.up_replicas(2)), 20)
+        second = headless(tmp_path, head, 2, "--replica-id", "7", name="second")
+        procs.append(second)
+        wait_for(lambda: "held here by another live replica" in second.log(), 20)
+        mine = [r for r in head.replicas(2) if r["replica_id"] == 7]
+        assert [r["pid"] for r in mine] == [first.pid] and second.alive()
+        first.signal(signal.SIGKILL)
+        wait_for(
+            lambda: [r["pid"] for r in head.up_replicas(2) if r["replica_id"] == 7] == [second.pid],
+            20,
+            what="the second process UP as replica 7",
+        )
+        assert head.chat("after").json()["choices"][0]["message"]["content"]
+    finally:
+        for p in procs:
+            p.stop()
+        head.stop()

@@ -286,7 +286,7 @@ def test_an_assigned_id_held_by_another_live_replica_is_refused_naming_the_holde
     table.register(RegisterRequest(stage_id=0, replica_id=-1, replica_instance="b"))
     with pytest.raises(IdConflict) as err:
         table.register(fleet_id(0, "a"))
-    assert err.value.held_by == "b" and "held here by another replica" in str(err.value)
+    assert err.value.held_by == "b" and "held here by another live replica" in str(err.value)
     assert table.get(0, 0).instance == "b"  # untouched
 
 
@@ -299,12 +299,33 @@ def test_an_assigned_id_is_taken_when_free_released_or_held_by_the_same_replica(
     assert table.register(fleet_id(slot.replica_id, "c")).instance == "c"
 
 
-def test_an_operators_explicit_id_still_takes_the_slot_over_as_in_the_seed():
+def test_an_operators_explicit_id_held_by_a_live_replica_is_refused_until_it_is_fenced():
     table = SlotTable([0])
-    table.register(RegisterRequest(stage_id=0, replica_id=2, replica_instance="old"))
-    # A restarted replica with --replica-id 2: no assigned_id, so the seed's rule.
+    epoch = table.register(RegisterRequest(stage_id=0, replica_id=2, replica_instance="old")).epoch
+    # A second process started with --replica-id 2 while the first may still run.
+    with pytest.raises(IdConflict) as err:
+        table.register(RegisterRequest(stage_id=0, replica_id=2, replica_instance="new"))
+    assert err.value.held_by == "old" and table.get(0, 2).instance == "old"
+    table.fence(0, 2, epoch - 1)  # an older incarnation's death proves nothing
+    with pytest.raises(IdConflict):
+        table.register(RegisterRequest(stage_id=0, replica_id=2, replica_instance="new"))
+    table.fence(0, 2, epoch)  # the coordinator saw it die (ERROR)
     slot = table.register(RegisterRequest(stage_id=0, replica_id=2, replica_instance="new"))
-    assert slot.instance == "new"
+    assert slot.instance == "new" and slot.epoch > epoch and not slot.fenced
+
+
+def test_the_same_process_a_seed_client_and_the_heads_own_replica_keep_the_seeds_rule():
+    table = SlotTable([0], head_local={0: [0]}, local_key="k")
+    first = table.register(RegisterRequest(stage_id=0, replica_id=1, replica_instance="a")).epoch
+    again = table.register(RegisterRequest(stage_id=0, replica_id=1, replica_instance="a"))
+    assert (again.replica_id, again.instance) == (1, "a") and again.epoch > first
+    # A seed client names no process: it takes the slot over, as in the seed.
+    assert table.register(RegisterRequest(stage_id=0, replica_id=1)).instance is None
+    # The head restarts its own replicas itself: a new process keeps the slot.
+    own = RegisterRequest(stage_id=0, replica_id=0, replica_instance="p1", local_key="k")
+    table.register(own)
+    restarted = RegisterRequest(stage_id=0, replica_id=0, replica_instance="p2", local_key="k")
+    assert table.register(restarted).instance == "p2"
 
 
 def test_an_assigned_id_a_head_keeps_for_its_own_replica_is_a_conflict_with_no_holder():
