@@ -6,6 +6,7 @@ headless, given the first head's -oma/-omp, and find the other heads through it.
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -300,6 +301,74 @@ def test_two_heads_behind_haproxy_lose_no_request_when_one_is_killed(tmp_path: P
         stop_all(replicas, b, a)
 
 
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy (Debian's package)")
+def test_haproxy_resends_what_a_killed_head_had_not_started_answering(tmp_path: Path) -> None:
+    """Clients with retries off: every request whose answer had not started when its head
+    died is answered (haproxy's ``retry-on`` sends it to the other head); a stream that
+    had started fails at the client, and is counted apart."""
+    slow = echo_config(tmp_path, engine_args={"num_chunks": 4, "chunk_delay_s": 0.15})
+    a = fleet_head(tmp_path, "a", config=slow)
+    b = replicas = None
+    proxy: subprocess.Popen[bytes] | None = None
+    try:
+        a.wait_http()
+        b = fleet_head(tmp_path, "b", join=a, config=slow)
+        replicas = headless(tmp_path, a, 0, "--omni-dp-size-local", "2")
+        wait_up(2, a, b)
+        port = free_port()
+        proxy = _haproxy(tmp_path, port, [a, b])
+        url = f"http://127.0.0.1:{port}/v1"
+        wait_for(lambda: _proxy_up(url), 10, what="haproxy serving")
+        plain_failed: list[str] = []
+        streams_failed: list[str] = []
+        answered = [0]
+        stop = threading.Event()
+
+        def client(n: int, stream: bool) -> None:
+            sdk = openai.OpenAI(base_url=url, api_key="none", timeout=10, max_retries=0)
+            i = 0
+            while not stop.is_set():
+                i += 1
+                text = f"c{n} r{i}"
+                msgs = [{"role": "user", "content": text}]
+                try:
+                    if stream:
+                        parts = sdk.chat.completions.create(
+                            model="echo-fleet", messages=msgs, stream=True
+                        )
+                        got = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+                    else:
+                        out = sdk.chat.completions.create(model="echo-fleet", messages=msgs)
+                        got = out.choices[0].message.content or ""
+                    assert got.startswith(text), got
+                    answered[0] += 1
+                except (openai.OpenAIError, httpx.HTTPError) as exc:
+                    (streams_failed if stream else plain_failed).append(f"{text}: {exc!r}")
+
+        clients = [threading.Thread(target=client, args=(n, n == 3), daemon=True) for n in range(4)]
+        for t in clients:
+            t.start()
+        wait_for(lambda: sum(r["in_flight"] for r in a.up_replicas(0)) > 0, 10, 0.01)
+        held = sum(r["in_flight"] for r in a.up_replicas(0))
+        a.signal(signal.SIGKILL)
+        a.wait(5)
+        time.sleep(3.0)
+        stop.set()
+        for t in clients:
+            t.join(30)
+        assert plain_failed == [], plain_failed  # re-sent by haproxy, not by the client
+        assert held > 0 and answered[0] > 10
+        # Its log marks a request sent again to another server "+N" in the retries field.
+        resent = re.findall(r"/\+\d+ \d+/\d+ \"POST", (tmp_path / "haproxy.log").read_text())
+        assert resent, "haproxy re-sent nothing"
+        assert len(streams_failed) <= 1, streams_failed  # at most the one stream it held
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(5)
+        stop_all(replicas, b, a)
+
+
 def _texts() -> list[str]:
     return [f"{name} {i}" for i in range(3) for name in ("a", "b")]
 
@@ -326,12 +395,17 @@ def _haproxy(tmp: Path, port: int, heads: list[HeadProc]) -> subprocess.Popen[by
     cfg.write_text(
         f"""global
     maxconn 256
+    log stdout format raw local0 info
 defaults
     mode http
+    log global
+    option httplog
     timeout connect 1s
     timeout client 30s
     timeout server 30s
     retries 3
+    retry-on conn-failure empty-response
+    option http-buffer-request
     option redispatch
 frontend api
     bind 127.0.0.1:{port}
