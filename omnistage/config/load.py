@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from omnistage.config import hub
 from omnistage.config.models import pipeline_for_checkpoint
 from omnistage.config.schema import DeployConfig, _LocatedError
 from omnistage.protocol.errors import ConfigError
@@ -26,7 +27,8 @@ def load_config(
     name_or_path: str | None = None, stage_overrides: str | dict[str, Any] | None = None
 ) -> DeployConfig:
     """Load a built-in pipeline by name, a YAML file by path, or the pipeline a model
-    checkpoint directory picks (``config.models``), then apply overrides."""
+    checkpoint picks (``config.models``): a local directory, or a hub id fetched into
+    the HF cache (``config.hub``); then apply overrides."""
     source = name_or_path or DEFAULT_PIPELINE
     raw = _read_raw(source)
     if stage_overrides:
@@ -45,11 +47,14 @@ def _read_raw(source: str) -> dict[str, Any]:
             raise ConfigError(source, f"cannot read deploy config: {exc.strerror}") from None
     elif source in builtin_names():
         text = resources.files("omnistage.config").joinpath(f"builtin/{source}.yaml").read_text()
+    elif (hub_id := hub.parse_hub_id(source)) is not None:
+        directory = hub.fetch(hub_id)
+        return pipeline_for_checkpoint(directory, hub.pinned(hub_id, directory))
     else:
         raise ConfigError(
             "",
             f"{source!r} is neither a deploy config file nor a built-in pipeline "
-            f"({', '.join(builtin_names())})",
+            f"({', '.join(builtin_names())}), nor a model directory or hub id (org/name)",
         )
     try:
         raw = yaml.safe_load(text)

@@ -69,9 +69,10 @@ def model_type(directory: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def pipeline_for_checkpoint(directory: Path) -> dict[str, Any]:
+def pipeline_for_checkpoint(directory: Path, model: str | None = None) -> dict[str, Any]:
     """The raw deploy config for a checkpoint directory, or a ConfigError saying which
-    models pick their pipeline."""
+    models pick their pipeline. The stages load ``model`` (a pinned hub id the directory
+    was fetched for), else the directory."""
     kind = model_type(directory)
     build = MODEL_PIPELINES.get(kind or "")
     if build is None:
@@ -82,4 +83,4 @@ def pipeline_for_checkpoint(directory: Path) -> dict[str, Any]:
             f"a model directory picks its pipeline only for model_type {known}; this one has "
             f"{what} (give a deploy config naming its stages instead)",
         )
-    return build(str(directory.resolve()))
+    return build(model or str(directory.resolve()))

@@ -17,7 +17,8 @@ OMNI_SAMPLE_RATE = 24000
 class OmniArgs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # A local Qwen2.5-Omni checkpoint directory (config.json, weights, spk_dict.pt).
+    # A Qwen2.5-Omni checkpoint directory (config.json, weights, spk_dict.pt), or a hub
+    # id fetched into the HF cache (config/hub.py).
     model: str = Field(min_length=1)
     # auto: cuda when available, else cpu. float32 on the CPU; token2wav always runs in
     # float32 (its ODE solver needs it, as transformers says).

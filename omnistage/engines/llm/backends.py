@@ -53,10 +53,10 @@ class LoadedModel:
 
 def load(args: LlmArgs) -> LoadedModel:
     """Load the model behind the stage's args; blocking."""
+    directory = weights.local_model_dir(args.model, args.cache_dir)  # may fetch a hub id
     envs.keep_model_hubs_offline()
     import torch
 
-    directory = weights.local_model_dir(args.model, args.cache_dir)
     config = json.loads((directory / "config.json").read_text())
     device = args.device
     if device == "auto":

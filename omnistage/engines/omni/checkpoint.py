@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from omnistage.config import hub
 from omnistage.config.omni_args import OmniArgs
 from omnistage.engines.base import EngineChunk
 from omnistage.protocol.chunk_meta import TensorMeta
 from omnistage.protocol.enums import Modality
-from omnistage.protocol.errors import BadRequestError, EngineError
+from omnistage.protocol.errors import BadRequestError, ConfigError, EngineError
 
 _TENSOR = Modality.TENSOR
 DEFAULT_VOICE = "Chelsie"  # transformers' default speaker for Qwen2.5-Omni
@@ -33,15 +34,24 @@ def device_of(args: OmniArgs) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_omni(args: OmniArgs) -> Any:
+def checkpoint_dir(args: OmniArgs) -> str:
+    """The local directory of the stage's ``model``: a path as given, or a hub id's
+    snapshot (fetched into the HF cache if it is not there)."""
+    try:
+        return str(hub.resolve(args.model))
+    except ConfigError as exc:
+        raise EngineError(f"cannot load a Qwen2.5-Omni checkpoint from {exc}") from None
+
+
+def load_omni(args: OmniArgs, directory: str | None = None) -> Any:
     """The whole checkpoint (speakers included), in eval mode on the CPU; each stage keeps
-    its part and drops the rest."""
+    its part and drops the rest. ``directory``: ``checkpoint_dir(args)`` if resolved."""
     import torch
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     try:
         model = Qwen2_5OmniForConditionalGeneration.from_pretrained(
-            args.model, dtype=getattr(torch, args.dtype)
+            directory or checkpoint_dir(args), dtype=getattr(torch, args.dtype)
         )
     except (OSError, ValueError) as exc:
         raise EngineError(

@@ -32,6 +32,7 @@ from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import (
     ThreadRun,
     TokenStreamer,
+    checkpoint_dir,
     device_of,
     load_omni,
     stop_criteria,
@@ -62,11 +63,12 @@ class OmniThinkerEngine(Engine):
     def _load(self) -> None:
         from transformers import AutoTokenizer
 
-        model = load_omni(self.args)
+        directory = checkpoint_dir(self.args)
+        model = load_omni(self.args, directory)
         model.disable_talker()  # the talker and token2wav run in their own stages
         self.thinker = model.thinker.to(device_of(self.args))
-        self.tokenizer = AutoTokenizer.from_pretrained(self.args.model)
-        self.extractor = audio_in.load_extractor(self.args.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        self.extractor = audio_in.load_extractor(directory)
         special = self.thinker.config
         # Positions whose embedding the talker does not see (transformers zeroes them).
         self._media_ids = (
