@@ -46,4 +46,4 @@ cd "$ROOT"
 "$VENV/bin/ruff" check omnistage tests bench
 "$VENV/bin/ruff" format --check omnistage tests bench
 if [ "$#" -eq 0 ]; then set -- tests; fi
-exec "$VENV/bin/python" -m pytest "$@" -q -ra
+exec "$VENV/bin/python" -m pytest "$@" -q -ra --durations=30
