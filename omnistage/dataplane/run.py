@@ -115,8 +115,15 @@ class Run:
 def direct_edge(graph: StageGraph, run: Run, up: int, down: int) -> bool:
     """Whether ``up``'s outputs go straight to ``down``'s replica: into replicas that
     listen for peers, and reachable (a loopback address serves only senders on the same
-    host, which the head knows only of loopback senders). Out of a final stage too: the
-    head still gets its other chunks, its tensors go to the peers only."""
+    host, which the head knows only of loopback senders).
+
+    Out of a final stage only on a tensor edge (``StageGraph.tensor_edges``): the head
+    still gets the stage's other chunks, its tensors go to the peers only. Another edge
+    out of a final stage stays with the head: a downstream stage that reads its text
+    would get only what follows on a resumed run (an LLM continues after the text the
+    client has), where its tensors are all sent again."""
+    if up in run.finals and (up, down) not in graph.tensor_edges:
+        return False
     src, dst = run.assigned[up], run.assigned[down]
     if not dst.peer_address:
         return False

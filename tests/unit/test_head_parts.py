@@ -84,8 +84,7 @@ def _run(finals: set[int], peers: dict[int, str], address: str = "127.0.0.1") ->
     ("finals", "peers", "address", "expected"),
     [
         ({2}, {1: "tcp://127.0.0.1:9"}, "127.0.0.1", True),
-        # Out of a final stage too: the head gets its text, the peer its tensors.
-        ({0, 2}, {1: "tcp://127.0.0.1:9"}, "127.0.0.1", True),
+        ({0, 2}, {1: "tcp://127.0.0.1:9"}, "127.0.0.1", False),  # the head needs 0's text
         ({2}, {}, "127.0.0.1", False),  # the receiver takes inputs only via the head
         ({2}, {1: "tcp://10.0.0.2:9"}, "10.0.0.3", True),
         ({2}, {1: "tcp://127.0.0.1:9"}, "10.0.0.3", False),  # loopback from another host
@@ -96,6 +95,14 @@ def test_direct_edges(
 ) -> None:
     graph = StageGraph(load_config("echo"))
     assert direct_edge(graph, _run(finals, peers, address), 0, 1) is expected
+
+
+def test_a_tensor_edge_out_of_a_final_stage_is_direct() -> None:
+    graph = StageGraph(load_config("echo"))
+    graph.tensor_edges = frozenset({(0, 1)})  # as an omni_kv_config entry names it
+    run = _run({0, 2}, {1: "tcp://127.0.0.1:9", 2: "tcp://127.0.0.1:8"})
+    assert direct_edge(graph, run, 0, 1)  # the head gets 0's text, 1 its tensors
+    assert direct_edge(graph, run, 1, 2)
 
 
 def test_a_restart_takes_every_stage_joined_by_direct_edges() -> None:

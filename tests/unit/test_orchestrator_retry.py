@@ -513,9 +513,30 @@ async def test_a_lost_replica_on_a_direct_path_reruns_the_whole_path_as_a_new_at
     assert head.slots_in_use() == 0
 
 
+async def test_edges_out_of_a_final_stage_stay_with_the_head() -> None:
+    # voice-like: the thinker's text is the client's, so the head forwards it.
+    head = Head("echo", {0: 1, 1: 1, 2: 1}, peers=True)
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
+    adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
+    assert [(a.peers, a.head_all, a.peer_tensors) for a in adds] == [
+        ([], True, False),
+        (["tcp://127.0.0.1:7020"], False, False),
+        ([], True, False),
+    ]
+    stream.close()
+
+
+def omni_like(replicas: dict[int, int]) -> Head:
+    """echo with thinker -> talker a tensor edge (an ``omni_kv_config`` entry), as in a
+    Qwen2.5-Omni pipeline."""
+    head = Head("echo", replicas, peers=True)
+    head.orch.graph.tensor_edges = frozenset({(0, 1)})
+    return head
+
+
 async def test_a_final_stage_sends_its_tensors_straight_on_and_feeds_a_new_talker() -> None:
-    # voice-like: the thinker's text is the client's, its tensors the talker's only.
-    head = Head("echo", {0: 1, 1: 2, 2: 1}, peers=True)
+    # The thinker's text is the client's, its tensors the talker's only.
+    head = omni_like({0: 1, 1: 2, 2: 1})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
     failing = head.replica_of(1)
     other = 1 - failing
@@ -553,7 +574,7 @@ async def test_a_final_stage_sends_its_tensors_straight_on_and_feeds_a_new_talke
 
 
 async def test_a_lost_keeper_runs_again_with_all_it_fed_resuming_its_text() -> None:
-    head = Head("echo", {0: 2, 1: 1, 2: 1}, peers=True)
+    head = omni_like({0: 2, 1: 1, 2: 1})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
     failing = head.replica_of(0)
     head.out(0, failing, 0, "hel")
@@ -571,7 +592,7 @@ async def test_a_lost_keeper_runs_again_with_all_it_fed_resuming_its_text() -> N
 
 
 async def test_a_talker_whose_keeper_is_gone_fails_the_request() -> None:
-    head = Head("echo", {0: 1, 1: 2, 2: 1}, peers=True)
+    head = omni_like({0: 1, 1: 2, 2: 1})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
     head.out(0, 0, 0, "hello", finished=True)  # the thinker is done: its slot is freed
     head.fail(0, 0)  # and then its replica is lost: what it kept went with it
