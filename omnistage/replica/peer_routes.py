@@ -7,7 +7,8 @@ the peers only, and keeps everything it sent them until the head ends the reques
 (Abort): when a downstream replica is lost, the head names its replacement (Redirect)
 and the kept chunks go there again, so this stage, whose text the client already has,
 never runs twice. Memory: what one request sent its peers, held only while the head
-holds the request (or until this replica leaves the head). Plain state, no I/O.
+holds the request (or until this replica leaves the head), for at most ``MAX_KEPT``
+requests (the oldest dropped first: one whose end never came). Plain state, no I/O.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from omnistage.protocol.messages import (
 )
 
 _ZMQ = PeerConnector("zmq")
+
+# Requests whose sent chunks a replica keeps at most: far above any replica's capacity,
+# so only requests whose end (Abort) never came are dropped.
+MAX_KEPT = 4096
 
 # (peer address, connector name) -> the connector and the chunks for that peer (a
 # connector holds a dict: not hashable itself).
@@ -70,7 +75,10 @@ class PeerRoutes:
         peers = _peers(msg.peers, msg.connectors, msg.attempt)
         self._routes[rid] = _Route(msg.attempt, msg.head_all, msg.peer_tensors, peers)
         if msg.peer_tensors:
+            self._kept.pop(rid, None)  # a retry of it: newest again
             self._kept[rid] = []
+            while len(self._kept) > MAX_KEPT:
+                del self._kept[next(iter(self._kept))]
         else:
             self._kept.pop(rid, None)
 

@@ -4,6 +4,8 @@ routing (head or peers) are the real code."""
 
 from __future__ import annotations
 
+import pytest
+
 from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
 from omnistage.engines.echo import EchoEngine
@@ -246,3 +248,17 @@ async def test_a_stage_that_is_not_told_to_keep_keeps_nothing() -> None:
     await others_done()
     assert runner._routes.kept_chunks() == 0
     assert len([c for c in out.head if c.data]) == 0
+
+
+async def test_a_replica_keeps_the_chunks_of_a_bounded_number_of_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("omnistage.replica.peer_routes.MAX_KEPT", 2)
+    runner, out = _runner(num_chunks=1, suffix="", tensor_bytes=16)
+    for rid in ("a", "b", "c"):  # their ends never came (no Abort)
+        runner.handle(_add(rid, "xy", peers=["tcp://a:1"], peer_tensors=True))
+    await others_done()
+    runner.handle(Redirect("a", 1, ["tcp://b:2"], [], []))  # the oldest: dropped
+    runner.handle(Redirect("c", 1, ["tcp://c:3"], [], []))
+    assert "tcp://b:2" not in out.peers
+    assert [c.request_id for c in out.peers["tcp://c:3"]] == ["c"] * 2
