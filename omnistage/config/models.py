@@ -39,6 +39,9 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "engine": EngineName.OMNI_TALKER.value,
                 "engine_args": {"model": model},
                 "inputs": [0],
+                # The thinker's hidden states, replica to replica (never through the
+                # head): shared memory on one host, zmq between hosts.
+                "omni_kv_config": [{"omni_from_stage": 0, "connector_config": {"name": "shm"}}],
             },
             {
                 "stage_id": 2,

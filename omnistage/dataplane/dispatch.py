@@ -2,7 +2,9 @@
 
 A group of stages is bound all or none at a time (a request waiting for capacity holds
 no slot), then each stage gets its AddRequest and the inputs the head holds for it, in
-one tick. Direct edges (replica to replica, the connector seam) are chosen per dispatch.
+one tick. Direct edges (replica to replica, the connector seam) are chosen per dispatch;
+a keeper (``Run.keepers``) outside the group that fed a replaced stage is pointed at the
+new replica (Redirect) and sends it again what it kept.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from omnistage.dataplane.channels import DataChannels
 from omnistage.dataplane.comebacks import WaitBounds
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.latency import LatencyRecorder
-from omnistage.dataplane.run import Run, direct_edge
+from omnistage.dataplane.run import Feeds, Run, direct_edge
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
 from omnistage.logs import Throttled
 from omnistage.protocol.enums import Modality
-from omnistage.protocol.messages import AddRequest, PeerConnector
+from omnistage.protocol.errors import StageFailedError
+from omnistage.protocol.messages import AddRequest, PeerConnector, Redirect
 from omnistage.tracing import RequestTraces
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ class Dispatcher:
         self.order = graph.topological()
         # Stage-to-stage edges of dispatched requests whose chunks went replica to replica.
         self.direct_edges_total = 0
+        # Replaced downstream replicas fed again by a keeper (Redirect).
+        self.redirects_total = 0
         # Stages whose pool routes by prefix cache: only their requests need prefix keys.
         self.cache_aware = frozenset(s for s, p in pools.items() if p.prefixes is not None)
         # Each edge's configured connector (edges not named: zmq).
@@ -85,12 +90,13 @@ class Dispatcher:
         for sid in lacking:
             await self.pools[sid].wait_live(started, self.bounds)
 
-    async def dispatch(self, run: Run, group: set[int]) -> None:
-        """Bind a replica of every stage in ``group``, then send their AddRequests."""
+    async def dispatch(self, run: Run, group: set[int], feeds: Feeds | None = None) -> None:
+        """Bind a replica of every stage in ``group``, then send their AddRequests (and
+        ``feeds``' Redirects, see ``send_group``)."""
         started = time.monotonic()
         while (lacking := self.try_acquire(run, group)) is not None:
             await self.pools[lacking].wait_capacity(started, self.bounds)
-        self.send_group(run, group)
+        self.send_group(run, group, feeds)
 
     def try_acquire(self, run: Run, group: set[int]) -> int | None:
         """Acquire for every stage of ``group``; or release all and return one that has
@@ -109,16 +115,19 @@ class Dispatcher:
         run.assigned.update(got)
         return None
 
-    def send_group(self, run: Run, group: set[int]) -> None:
+    def send_group(self, run: Run, group: set[int], feeds: Feeds | None = None) -> None:
         """Choose the direct edges inside ``group`` and send each stage its AddRequest
         and the inputs the head holds for it; they leave with this tick's batches. A
         replica found gone when a batch is sent is marked ERROR at once, which sends the
-        requests it held elsewhere."""
+        requests it held elsewhere. ``feeds`` (``run.redirects``): keepers outside the
+        group to point at the group's new replicas."""
         for up in group:
             for down in self.graph.downstream[up]:
                 if down in group and direct_edge(self.graph, run, up, down):
                     run.direct.add((up, down))
                     self.direct_edges_total += 1
+        if feeds and not self._feedable(run, feeds):
+            return
         for sid in self.order:
             if sid not in group:
                 continue
@@ -130,6 +139,10 @@ class Dispatcher:
             handle = run.assigned[sid]
             trace = self.traces.dispatched(run, sid, handle)
             add = self._add_request(run, sid, trace)
+            if add.peer_tensors:
+                run.keepers.add(sid)
+            else:
+                run.keepers.discard(sid)
             self.channels.post(handle.identity, add)
             for chunk in st.inputs:
                 chunk.attempt = st.attempt
@@ -140,10 +153,46 @@ class Dispatcher:
                 run.readers.add(sid)
                 for piece in run.streamed.replay(st.attempt):
                     self.channels.post(handle.identity, piece)
+        for up, lost in (feeds or {}).items():
+            self._redirect(run, up, lost)
+
+    def _feedable(self, run: Run, feeds: Feeds) -> bool:
+        """Whether every keeper in ``feeds`` can feed the group's new replicas; if not,
+        the request fails (what they kept exists nowhere else)."""
+        for up, lost in feeds.items():
+            handle = run.assigned.get(up)
+            for down in lost:
+                if handle is None or not handle.up or not direct_edge(self.graph, run, up, down):
+                    run.fail(
+                        StageFailedError(
+                            down,
+                            self.graph.stages[down].name,
+                            f"its new replica cannot be fed by stage {up}'s replica again",
+                        )
+                    )
+                    return False
+        return True
+
+    def _redirect(self, run: Run, up: int, lost: dict[int, str]) -> None:
+        downs = sorted(lost)
+        for down in downs:
+            run.direct.add((up, down))
+            self.direct_edges_total += 1
+        self.redirects_total += 1
+        self.channels.post(
+            run.assigned[up].identity,
+            Redirect(
+                request_id=run.request_id,
+                attempt=run.attempt,
+                peers=[run.assigned[d].peer_address for d in downs],
+                connectors=[self._connector(run, up, d) for d in downs],
+                gone=[lost[d] for d in downs if lost[d]],
+            ),
+        )
 
     def _add_request(self, run: Run, sid: int, trace: str) -> AddRequest:
         upstream = [u for u in self.graph.upstream(sid) if u in run.active]
-        peers, head_all = [], sid in run.finals
+        peers, head_all, via_head = [], sid in run.finals, False
         connectors: list[PeerConnector] = []
         for down in self.graph.downstream[sid]:
             if down not in run.active or down in run.finished:
@@ -152,7 +201,7 @@ class Dispatcher:
                 peers.append(run.assigned[down].peer_address)
                 connectors.append(self._connector(run, sid, down))
             else:
-                head_all = True
+                head_all = via_head = True
         st = run.progress(sid)
         reads = self.graph.prompt_for(sid, bool(upstream))
         return AddRequest(
@@ -168,6 +217,8 @@ class Dispatcher:
             ack=run.ack and sid in run.finals and st.dispatches == 1,
             trace=trace,
             input_streaming=reads and self._streams_to(run, sid, bool(upstream)),
+            # A final stage whose tensors no stage reads through the head.
+            peer_tensors=bool(peers) and sid in run.finals and not via_head,
         )
 
     def _connector(self, run: Run, up: int, down: int) -> PeerConnector:

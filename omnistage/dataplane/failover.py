@@ -1,7 +1,9 @@
 """A request's stages run again after a replica failed them (or refused them as BUSY).
 
 The stages joined to the failed one by direct edges (``run.restart_group``) go with it,
-as a new attempt, to other replicas, up to ``max_retries`` times per failed stage. A
+as a new attempt, to other replicas, up to ``max_retries`` times per failed stage; a
+final stage that fed them over a direct edge keeps running, and sends the new replicas
+again what it kept (``run.redirects``): its text is the client's already. A
 BUSY refusal (replicas shared by several heads: full with other heads' requests) is not
 a failure: it costs no retry, and the stage is dispatched again after a short pause, a
 bounded number of times.
@@ -13,7 +15,7 @@ import asyncio
 import logging
 
 from omnistage.dataplane.dispatch import Dispatcher
-from omnistage.dataplane.run import Run, restart_group
+from omnistage.dataplane.run import Feeds, Run, redirects, restart_group
 from omnistage.protocol.enums import Outcome
 from omnistage.protocol.errors import (
     StageFailedError,
@@ -60,6 +62,7 @@ class Failover:
             self.retried_total += 1
         # A final stage that finished has delivered everything: it never runs again.
         group = restart_group(run, failed) - (run.finished & run.finals)
+        feeds = redirects(run, group)
         log.log(
             logging.DEBUG if busy else logging.INFO,
             "request %s: stage %d (%s) %s; retry %d of %d%s",
@@ -73,9 +76,10 @@ class Failover:
         )
         self._restart(run, group, failed)
         if not busy and self.dispatcher.try_acquire(run, group) is None:
-            self.dispatcher.send_group(run, group)
+            self.dispatcher.send_group(run, group, feeds)
             return
-        again = self._dispatch_again(run, group, failed, reason, BUSY_PAUSE_S if busy else 0.0)
+        pause = BUSY_PAUSE_S if busy else 0.0
+        again = self._dispatch_again(run, group, feeds, failed, reason, pause)
         task = asyncio.get_running_loop().create_task(again)
         run.tasks.add(task)
         task.add_done_callback(run.tasks.discard)
@@ -85,8 +89,14 @@ class Failover:
         unless finished) and waits for a new one."""
         d = self.dispatcher
         run.attempt += 1
-        hidden = {up for up, _ in run.direct}  # stages whose outputs the head did not see
-        run.direct = {(u, d) for u, d in run.direct if u not in group and d not in group}
+        # Stages whose outputs the head did not see (a final stage's it saw, but its
+        # tensors: those go to the peers again from its replica, see ``run.redirects``).
+        hidden = {up for up, _ in run.direct if up not in run.finals}
+        # A keeper's edges stay direct: the head never has its tensors to pass on.
+        run.direct = {
+            (u, d) for u, d in run.direct if u not in group and (d not in group or u in run.keepers)
+        }
+        run.keepers -= group
         for sid in group:
             handle = run.assigned.pop(sid, None)
             if handle is not None and sid not in run.finished:
@@ -103,12 +113,12 @@ class Failover:
                 progress.restart_hidden()
 
     async def _dispatch_again(
-        self, run: Run, group: set[int], failed: int, why: str, pause_s: float = 0.0
+        self, run: Run, group: set[int], feeds: Feeds, failed: int, why: str, pause_s: float
     ) -> None:
         try:
             if pause_s:
                 await asyncio.sleep(pause_s)
-            await self.dispatcher.dispatch(run, group)
+            await self.dispatcher.dispatch(run, group, feeds)
         except (StageUnavailableError, StageOverloadedError) as exc:
             # A retry that found no replica in time.
             run.fail(StageFailedError(failed, self._name(failed), f"{why}; retry: {exc}"))

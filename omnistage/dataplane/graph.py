@@ -32,6 +32,9 @@ class StageGraph:
         self.reads_prompt: dict[int, frozenset[str]] = {
             s.stage_id: frozenset(s.reads_prompt) for s in config.stages
         }
+        # Edges (from, to) whose config names a connector (``omni_kv_config``): they
+        # carry tensors, and go replica to replica even out of a final stage.
+        self.tensor_edges: frozenset[tuple[int, int]] = frozenset(config.connectors())
 
     def params_for(self, sid: int, request: PipelineRequest) -> StageParams:
         """The stage's defaults, under the request's params, under its params for this

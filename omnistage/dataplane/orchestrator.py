@@ -41,7 +41,7 @@ from omnistage.protocol.errors import (
     StageFailedError,
 )
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import Abort, OutputChunk, Usage
+from omnistage.protocol.messages import Abort, OutputChunk, Usage, is_tensor
 from omnistage.tracing import RequestTraces, request_traces
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,9 @@ class Orchestrator:
         self._runs: dict[str, Run] = {}
         self.started_total = 0
         self.forwarded_chunks_total = 0  # chunks the head passed on between stages
+        # Of those, tensor chunks and their bytes (none where tensor edges are direct).
+        self.forwarded_tensor_chunks_total = 0
+        self.forwarded_tensor_bytes_total = 0
         names = {s: st.name for s, st in graph.stages.items()}
         # The observers, shared with the dispatcher (it times and traces dispatches).
         self.latency = latency or LatencyRecorder(names)
@@ -104,6 +107,11 @@ class Orchestrator:
         """Stage-to-stage edges of dispatched requests whose chunks went replica to
         replica (the rest: ``forwarded_chunks_total``)."""
         return self.dispatcher.direct_edges_total
+
+    @property
+    def redirects_total(self) -> int:
+        """Replaced downstream replicas fed again by the final stage before them."""
+        return self.dispatcher.redirects_total
 
     async def open(self, request: PipelineRequest) -> RequestStream:
         """Start a request (see ``PipelineRequest``) and return its output stream."""
@@ -234,6 +242,9 @@ class Orchestrator:
             chunk.attempt = st.attempt  # encoded at once: the stamp is this receiver's
             self.channels.post(handle.identity, chunk)
             self.forwarded_chunks_total += 1
+            if is_tensor(chunk):
+                self.forwarded_tensor_chunks_total += 1
+                self.forwarded_tensor_bytes_total += len(chunk.data)
 
     # -- the end of a request --------------------------------------------------------
 
@@ -249,11 +260,13 @@ class Orchestrator:
         for task in list(run.tasks):
             task.cancel()
         for sid, handle in run.assigned.items():
-            if sid in run.finished:
+            finished = sid in run.finished
+            if finished and sid not in run.keepers:
                 continue
-            if handle.up:
+            if handle.up:  # a keeper that finished drops what it kept
                 self.channels.post(handle.identity, Abort(run.request_id))
-            self.pools[sid].release(handle, run.request_id)
+            if not finished:
+                self.pools[sid].release(handle, run.request_id)
 
     # -- replica state changes -------------------------------------------------------
 

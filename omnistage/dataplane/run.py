@@ -80,6 +80,9 @@ class Run:
     stages: dict[int, StageProgress] = field(default_factory=dict)
     # Edges (upstream, downstream) whose chunks go replica to replica.
     direct: set[tuple[int, int]] = field(default_factory=set)
+    # Final stages whose replica keeps what it sent over its direct edges
+    # (AddRequest.peer_tensors): a lost downstream replica is fed again from there.
+    keepers: set[int] = field(default_factory=set)
     attempt: int = 0
     ack: bool = False  # final stages acknowledge their params first (AddRequest.ack)
     affinity: str = ""  # PipelineRequest.affinity: the key replicas stick to
@@ -110,13 +113,16 @@ class Run:
 
 
 def direct_edge(graph: StageGraph, run: Run, up: int, down: int) -> bool:
-    """Whether ``up``'s outputs go straight to ``down``'s replica.
+    """Whether ``up``'s outputs go straight to ``down``'s replica: into replicas that
+    listen for peers, and reachable (a loopback address serves only senders on the same
+    host, which the head knows only of loopback senders).
 
-    Only out of stages whose outputs the head does not need itself (not final for this
-    request), into replicas that listen for peers, and reachable: a loopback address
-    serves only senders on the same host, which the head knows only of loopback senders.
-    """
-    if up in run.finals:
+    Out of a final stage only on a tensor edge (``StageGraph.tensor_edges``): the head
+    still gets the stage's other chunks, its tensors go to the peers only. Another edge
+    out of a final stage stays with the head: a downstream stage that reads its text
+    would get only what follows on a resumed run (an LLM continues after the text the
+    client has), where its tensors are all sent again."""
+    if up in run.finals and (up, down) not in graph.tensor_edges:
         return False
     src, dst = run.assigned[up], run.assigned[down]
     if not dst.peer_address:
@@ -126,14 +132,32 @@ def direct_edge(graph: StageGraph, run: Run, up: int, down: int) -> bool:
 
 def restart_group(run: Run, failed: int) -> set[int]:
     """The stages to dispatch again when ``failed``'s replica is lost: those joined to it
-    by direct edges (their chunks to it, or from it, are gone with it), transitively."""
+    by direct edges (their chunks to it, or from it, are gone with it), transitively;
+    but not a keeper upstream of them, which feeds the new replicas again (``redirects``)."""
     group = {failed}
     todo = [failed]
     while todo:
         sid = todo.pop()
         for up, down in run.direct:
             other = down if up == sid else up if down == sid else None
-            if other is not None and other not in group:
-                group.add(other)
-                todo.append(other)
+            if other is None or other in group or (other == up and other in run.keepers):
+                continue
+            group.add(other)
+            todo.append(other)
     return group
+
+
+# Keeper stage -> the stages it feeds again after a failure -> their lost replicas' peer
+# addresses (``redirects``).
+Feeds = dict[int, dict[int, str]]
+
+
+def redirects(run: Run, group: set[int]) -> Feeds:
+    """The keepers outside ``group`` that fed stages of it over direct edges: per keeper,
+    each such stage and the peer address of its replica now (lost with it)."""
+    out: Feeds = {}
+    for up, down in run.direct:
+        if up in run.keepers and up not in group and down in group:
+            handle = run.assigned.get(down)
+            out.setdefault(up, {})[down] = handle.peer_address if handle is not None else ""
+    return out

@@ -126,4 +126,7 @@ class HeadService:
             o.direct_edges_total,
             o.forwarded_chunks_total,
             o.busy_total,
+            o.forwarded_tensor_chunks_total,
+            o.forwarded_tensor_bytes_total,
+            o.redirects_total,
         )

@@ -113,6 +113,13 @@ class RequestCounts(msgspec.Struct, array_like=True, frozen=True):
     direct_edges_total: int = 0
     forwarded_chunks_total: int = 0
     busy_total: int = 0
+    # TENSOR-modality chunks (and their payload bytes) the head passed on between stages:
+    # none where every tensor edge is direct.
+    forwarded_tensor_chunks_total: int = 0
+    forwarded_tensor_bytes_total: int = 0
+    # Replacements of a downstream replica fed again by the stage before it (Redirect)
+    # instead of running that stage again.
+    redirects_total: int = 0
 
 
 class ReplicaStats(msgspec.Struct, array_like=True, frozen=True):

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from omnistage.protocol.chunk_meta import ChunkMeta
+from omnistage.protocol.chunk_meta import ChunkMeta, TensorMeta
 from omnistage.protocol.enums import (
     ErrorKind,
     FinishReason,
@@ -29,7 +29,7 @@ __all__ = ["Reason", "ReplicaState"]  # re-exported: they were declared here fir
 
 # Raised with every change to a message's wire shape: registration and the handshake
 # refuse a replica that states another version.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
@@ -226,6 +226,24 @@ class AddRequest(Tagged):
     input_streaming: bool = False
     # One per ``peers`` entry: the connector its tensor payloads take (missing: zmq).
     connectors: list[PeerConnector] = []
+    # A final stage with peers (``head_all``): its tensor chunks (``is_tensor``) go to the peers
+    # only, never through the head; and the replica keeps what it sent them until the
+    # head ends the request (Abort), to send it again to a replacement peer (Redirect).
+    peer_tensors: bool = False
+
+
+class Redirect(Tagged):
+    """Head -> replica: a request's downstream replica was replaced (the stage runs again
+    as ``attempt`` elsewhere); this stage keeps running. The replica stops sending to the
+    peers in ``gone``, sends the new ``peers`` (``connectors``: one each, as in
+    AddRequest) everything it kept for them (``AddRequest.peer_tensors``) stamped with
+    ``attempt``, then the rest of the request's outputs as they come."""
+
+    request_id: str
+    attempt: int
+    peers: list[str]
+    connectors: list[PeerConnector]
+    gone: list[str] = []
 
 
 class InputChunk(Tagged):
@@ -354,6 +372,12 @@ class OutputChunk(Tagged):
     logprobs: list[TokenLogprob] | None = None
     # Set (and ``data`` empty) when a connector carries the bytes (``PayloadRef``).
     ref: PayloadRef | None = None
+
+
+def is_tensor(chunk: OutputChunk) -> bool:
+    """A chunk that carries a tensor for the next stage: TENSOR modality, or a tensor's
+    meta on a chunk of the stage's own modality (the echo engine's)."""
+    return chunk.modality == Modality.TENSOR or isinstance(chunk.meta, TensorMeta)
 
 
 class Heartbeat(Tagged):

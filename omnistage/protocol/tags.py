@@ -29,6 +29,7 @@ from omnistage.protocol.messages import (
     OutputChunk,
     Ping,
     Ready,
+    Redirect,
     Shutdown,
 )
 
@@ -41,6 +42,7 @@ TAGS: dict[type[msgspec.Struct], bytes] = {
     # b"C" was the old InputChunk (upstream outputs are OutputChunks now): never reuse it.
     InputChunk: b"c",
     Abort: b"X",
+    Redirect: b"D",
     Shutdown: b"S",
     Ping: b"P",
     OutputChunk: b"O",

@@ -2,9 +2,8 @@
 
 No sockets and no threads: the head's messages come in through ``handle`` (and inputs
 pushed by upstream replicas through ``feed``), and outputs leave through an injected
-``Outlet`` once per loop tick, merged where possible (see ``outputs``). Each output goes
-to the head when it needs it (``AddRequest.head_all``, or the last chunk, or an error)
-and to every downstream peer the head named.
+``Outlet`` once per loop tick, merged where possible (see ``outputs``), to the head and
+the downstream peers the head named (see ``peer_routes``).
 """
 
 from __future__ import annotations
@@ -28,11 +27,13 @@ from omnistage.protocol.messages import (
     OutputChunk,
     PeerConnector,
     Ping,
+    Redirect,
     Shutdown,
 )
 from omnistage.replica.admission import Admission
 from omnistage.replica.early_inputs import EarlyInputs
 from omnistage.replica.outputs import OutputCoalescer, ReplayFilter
+from omnistage.replica.peer_routes import PeerBatches, PeerRoutes
 from omnistage.replica.streamed import InputPieces, prompt_piece
 
 log = logging.getLogger(__name__)
@@ -53,17 +54,6 @@ class Outlet(Protocol):
     def to_peer(self, address: str, chunks: list[OutputChunk], connector: PeerConnector) -> None:
         """``chunks`` to a downstream replica, tensor payloads through ``connector``."""
         ...
-
-
-_ZMQ = PeerConnector("zmq")
-
-
-@dataclass(frozen=True)
-class _Route:
-    attempt: int
-    head_all: bool
-    peers: tuple[str, ...]
-    connectors: tuple[PeerConnector, ...]  # one per peer
 
 
 @dataclass
@@ -88,7 +78,7 @@ class RequestRunner:
         self.engine = engine
         self._on_shutdown = on_shutdown
         self.requests: dict[str, _Running] = {}
-        self._routes: dict[str, _Route] = {}
+        self._routes = PeerRoutes()
         self._early = EarlyInputs(clock)
         self._outputs = OutputCoalescer()
         self._outlet: Outlet | None = None
@@ -115,6 +105,8 @@ class RequestRunner:
             self.add(msg)
         elif isinstance(msg, Abort):
             self.abort(msg.request_id)
+        elif isinstance(msg, Redirect):
+            self.redirect(msg)
         elif isinstance(msg, Shutdown):
             self._on_shutdown(msg.reason)
         elif not isinstance(msg, Ping):
@@ -148,9 +140,7 @@ class RequestRunner:
         for chunk in self._early.take(rid):
             if chunk.attempt == msg.attempt and chunk.stage_id in running.upstream:
                 running.inputs.put_nowait(chunk)
-        connectors = tuple(msg.connectors[: len(msg.peers)])
-        connectors += (_ZMQ,) * (len(msg.peers) - len(connectors))
-        self._routes[rid] = _Route(msg.attempt, msg.head_all, tuple(msg.peers), connectors)
+        self._routes.add(msg)
         request = EngineRequest(
             request_id=rid,
             prompt=msg.prompt,
@@ -194,6 +184,7 @@ class RequestRunner:
     def abort(self, request_id: str) -> None:
         # Forget it now, not when the task ends: a retry of the same request may follow
         # in this very batch (a silent replica that came back).
+        self._routes.release(request_id)
         running = self.requests.pop(request_id, None)
         if running is not None and running.task is not None:
             running.task.cancel()
@@ -294,27 +285,29 @@ class RequestRunner:
         self._outputs.add(chunk)
         self.chunks_sent += 1
 
+    def redirect(self, msg: Redirect) -> None:
+        """A downstream replica was replaced: what this request sent it goes to the new
+        one, and the rest follows there."""
+        # What this tick produced so far leaves first, to the peers it was meant for.
+        self.flush()
+        batches = self._routes.redirect(msg)
+        if batches is None:
+            log.warning("redirect of request %s: nothing kept for it", msg.request_id)
+            return
+        self._to_peers(batches)
+
     def flush(self) -> None:
-        to_head: list[OutputChunk] = []
-        # (peer, connector name) -> the connector and the chunks (a connector holds a
-        # dict: not hashable itself).
-        to_peers: dict[tuple[str, str], tuple[PeerConnector, list[OutputChunk]]] = {}
-        for chunk in self._outputs.drain():
-            route = self._routes.get(chunk.request_id)
-            if route is None or route.attempt != chunk.attempt:
-                to_head.append(chunk)  # a late chunk of an earlier attempt: the head drops it
-                continue
-            if route.head_all or chunk.finished:
-                to_head.append(chunk)
-            for peer, conn in zip(route.peers, route.connectors, strict=True):
-                to_peers.setdefault((peer, conn.name), (conn, []))[1].append(chunk)
-            if chunk.finished:
-                del self._routes[chunk.request_id]
+        to_head, to_peers = self._routes.route(self._outputs.drain())
         if self._outlet is None:
             return
         if to_head:
             self._outlet.to_head(to_head)
-        for (peer, _), (connector, chunks) in to_peers.items():
+        self._to_peers(to_peers)
+
+    def _to_peers(self, batches: PeerBatches) -> None:
+        if self._outlet is None:
+            return
+        for (peer, _), (connector, chunks) in batches.items():
             self._outlet.to_peer(peer, chunks, connector)
 
     def forget_routes(self) -> None:

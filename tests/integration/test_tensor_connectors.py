@@ -1,6 +1,7 @@
 """Tensors between stages through each connector, with real processes: an echo stage
 emits a tensor per token, the next checks them (order, CRC); the head never carries
-them; shared-memory rings go when a replica dies or a request is aborted."""
+them; shared-memory rings go when a replica dies or a request is aborted; a final
+sender feeds a killed talker's (or vocoder's) replacement again, without running twice."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from omnistage.connectors.shm import PREFIX, SHM_DIR
 from omnistage.engines import echo_tensors
 from tests.integration.harness import HeadProc, wait_for
+from tests.integration.test_metrics import scrape, value
 
 PIPELINE = """\
 pipeline: tensors-{connector}
@@ -240,4 +242,92 @@ def test_replicas_that_do_not_share_memory_fall_back_to_zmq(tmp_path: Path) -> N
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(talker.pid, signal.SIGKILL)
             talker.wait(10)
+        head.stop()
+
+
+KEEPER = """\
+pipeline: keeper
+stages:
+  - stage_id: 0
+    name: thinker
+    engine: echo
+    final_output: true
+    engine_args: {{num_chunks: {chunks}, tensor_bytes: {nbytes}, chunk_delay_s: {delay}}}
+  - stage_id: 1
+    name: talker
+    engine: echo
+    inputs: [0]
+    replicas: 2
+    engine_args: {{check_tensors: true}}
+    omni_kv_config:
+      - omni_from_stage: 0
+        connector_config: {{name: shm, segment_bytes: {segment}}}
+  - stage_id: 2
+    name: vocoder
+    engine: echo
+    inputs: [1]
+    final_output: true
+    replicas: 2
+"""
+
+
+def _choices(lines) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    import json
+
+    text: dict[int, list[str]] = {}
+    for line in lines:
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                text.setdefault(choice["index"], []).append(choice["delta"].get("content") or "")
+    return {i: "".join(parts) for i, parts in text.items()}
+
+
+def _answer_killing(head: HeadProc, stage_id: int) -> dict[int, str]:
+    """A streamed answer, the busy replica of ``stage_id`` killed once tensors flow."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    with head.client.stream("POST", "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)
+        talkers = head.up_replicas(1)
+        wait_for(lambda: any(rings_mapped(t["pid"]) for t in talkers), 10, what="a ring")
+        (busy,) = [x for x in head.up_replicas(stage_id) if x["in_flight"] > 0]
+        os.kill(busy["pid"], signal.SIGKILL)
+        return _choices(lines)
+
+
+def test_a_final_stage_feeds_a_killed_talkers_replacement_without_running_again(
+    tmp_path: Path,
+) -> None:
+    # thinker -> talker -> vocoder as in Qwen2.5-Omni: the thinker is final (its text is
+    # the client's) and its tensors go only to the talker, through shm. A talker, then a
+    # vocoder, killed mid-answer is replaced (the talker too with the vocoder: its output
+    # went with it); the thinker's replica sends the new talker every tensor again, and
+    # runs once per answer.
+    path = tmp_path / "keeper.yaml"
+    path.write_text(KEEPER.format(**SLOW))
+    head = HeadProc(tmp_path, str(path), name="head-keeper")
+    try:
+        head.wait_healthy(timeout=60)
+        head.wait_up(1, 2)
+        head.wait_up(2, 2)
+        (thinker,) = head.up_replicas(0)
+        for stage_id in (1, 2):
+            answers = _answer_killing(head, stage_id)
+            # The thinker's text once, whole; the talker's input whole and in order.
+            assert answers[0] == f"{PROMPT} [thinker]"
+            assert answers[1].startswith(f"{PROMPT} [thinker] [talker]")
+            assert answers[1].endswith(" [vocoder]")
+            _tally(answers[1], SLOW["chunks"], SLOW["nbytes"])
+            wait_for(lambda s=stage_id: len(head.up_replicas(s)) == 2, 30, what="a restart")
+        _, samples = scrape(head.client)
+        assert value(samples, "omnistage_redirects_total") == 2
+        assert value(samples, "omnistage_forwarded_tensor_chunks_total") == 0
+        dispatched = {
+            dict(labels)["stage_id"]: v
+            for (name, labels), v in samples.items()
+            if name == "omnistage_stage_queue_wait_seconds_count"
+        }
+        assert dispatched == {"0": 2, "1": 4, "2": 4}
+        assert head.up_replicas(0)[0]["pid"] == thinker["pid"]
+    finally:
         head.stop()

@@ -36,9 +36,11 @@ from omnistage.protocol.messages import (
     Hello,
     InputChunk,
     OutputChunk,
+    PeerConnector,
     Ping,
     Prompt,
     Ready,
+    Redirect,
     Resume,
     Shutdown,
     Usage,
@@ -78,6 +80,13 @@ SAMPLES: dict[type, msgspec.Struct] = {
         head_all=False,
     ),
     Abort: Abort(request_id="req-9"),
+    Redirect: Redirect(
+        request_id="req-1",
+        attempt=3,
+        peers=["tcp://10.0.0.9:7002"],
+        connectors=[PeerConnector("shm", {"segment_bytes": 1 << 20})],
+        gone=["tcp://10.0.0.9:7001"],
+    ),
     Shutdown: Shutdown(reason="head exiting"),
     HeartbeatAck: HeartbeatAck(
         state="UNKNOWN", head_instance="0123456789ab", heads=["10.0.0.1:5000", "10.0.0.2:5000"]

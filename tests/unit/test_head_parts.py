@@ -7,7 +7,7 @@ import pytest
 
 from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
-from omnistage.dataplane.run import Run, direct_edge, restart_group
+from omnistage.dataplane.run import Run, direct_edge, redirects, restart_group
 from omnistage.dataplane.stage_pool import ReplicaHandle
 from omnistage.head.events import DialIns, Spaced
 from omnistage.head.options import HeadOptions
@@ -84,7 +84,7 @@ def _run(finals: set[int], peers: dict[int, str], address: str = "127.0.0.1") ->
     ("finals", "peers", "address", "expected"),
     [
         ({2}, {1: "tcp://127.0.0.1:9"}, "127.0.0.1", True),
-        ({0, 2}, {1: "tcp://127.0.0.1:9"}, "127.0.0.1", False),  # the head needs 0's output
+        ({0, 2}, {1: "tcp://127.0.0.1:9"}, "127.0.0.1", False),  # the head needs 0's text
         ({2}, {}, "127.0.0.1", False),  # the receiver takes inputs only via the head
         ({2}, {1: "tcp://10.0.0.2:9"}, "10.0.0.3", True),
         ({2}, {1: "tcp://127.0.0.1:9"}, "10.0.0.3", False),  # loopback from another host
@@ -97,6 +97,14 @@ def test_direct_edges(
     assert direct_edge(graph, _run(finals, peers, address), 0, 1) is expected
 
 
+def test_a_tensor_edge_out_of_a_final_stage_is_direct() -> None:
+    graph = StageGraph(load_config("echo"))
+    graph.tensor_edges = frozenset({(0, 1)})  # as an omni_kv_config entry names it
+    run = _run({0, 2}, {1: "tcp://127.0.0.1:9", 2: "tcp://127.0.0.1:8"})
+    assert direct_edge(graph, run, 0, 1)  # the head gets 0's text, 1 its tensors
+    assert direct_edge(graph, run, 1, 2)
+
+
 def test_a_restart_takes_every_stage_joined_by_direct_edges() -> None:
     run = _run({2}, {})
     run.direct = {(0, 1)}
@@ -105,3 +113,17 @@ def test_a_restart_takes_every_stage_joined_by_direct_edges() -> None:
     assert restart_group(run, 2) == {2}  # its input came through the head
     run.direct = {(0, 1), (1, 2)}
     assert restart_group(run, 2) == {0, 1, 2}
+
+
+def test_a_keeper_upstream_is_not_restarted_but_feeds_the_new_replicas() -> None:
+    # thinker (0, final, keeps what it sent) -> talker (1) -> token2wav (2, final)
+    run = _run({0, 2}, {1: "tcp://h:1", 2: "tcp://h:2"})
+    run.direct, run.keepers = {(0, 1), (1, 2)}, {0}
+    assert restart_group(run, 1) == {1, 2}
+    assert restart_group(run, 2) == {1, 2}  # the talker's codes are gone with it: it reruns
+    assert restart_group(run, 0) == {0, 1, 2}  # the keeper itself lost: all run again
+    assert redirects(run, {1, 2}) == {0: {1: "tcp://h:1"}}
+    assert redirects(run, {0, 1, 2}) == {}
+    run.keepers = set()  # a replica that keeps nothing: as before
+    assert restart_group(run, 1) == {0, 1, 2}
+    assert redirects(run, {0, 1, 2}) == {}

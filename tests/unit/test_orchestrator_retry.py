@@ -30,6 +30,7 @@ from omnistage.protocol.messages import (
     PeerConnector,
     Prompt,
     Reason,
+    Redirect,
     ReplicaState,
     Resume,
     Usage,
@@ -517,11 +518,97 @@ async def test_edges_out_of_a_final_stage_stay_with_the_head() -> None:
     head = Head("echo", {0: 1, 1: 1, 2: 1}, peers=True)
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
     adds = [m for _, m in head.channels.take() if isinstance(m, AddRequest)]
-    assert [(a.peers, a.head_all) for a in adds] == [
-        ([], True),
-        (["tcp://127.0.0.1:7020"], False),
-        ([], True),
+    assert [(a.peers, a.head_all, a.peer_tensors) for a in adds] == [
+        ([], True, False),
+        (["tcp://127.0.0.1:7020"], False, False),
+        ([], True, False),
     ]
+    stream.close()
+
+
+def omni_like(replicas: dict[int, int]) -> Head:
+    """echo with thinker -> talker a tensor edge (an ``omni_kv_config`` entry), as in a
+    Qwen2.5-Omni pipeline."""
+    head = Head("echo", replicas, peers=True)
+    head.orch.graph.tensor_edges = frozenset({(0, 1)})
+    return head
+
+
+async def test_a_final_stage_sends_its_tensors_straight_on_and_feeds_a_new_talker() -> None:
+    # The thinker's text is the client's, its tensors the talker's only.
+    head = omni_like({0: 1, 1: 2, 2: 1})
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
+    failing = head.replica_of(1)
+    other = 1 - failing
+    old_talker, new_talker = (f"tcp://127.0.0.1:{7010 + r}" for r in (failing, other))
+    vocoder = "tcp://127.0.0.1:7020"
+    assert head.channels.take() == [
+        (ident(0, 0), add([], None, PROMPT, peers=[old_talker], peer_tensors=True)),
+        (ident(1, failing), add([0], None, peers=[vocoder], head_all=False)),
+        (ident(2, 0), add([1], None)),
+    ]
+    head.out(0, 0, 0, "hel")  # the client's; the talker has it from the thinker
+    head.out(2, 0, 0, "HEL")
+    assert head.channels.take() == []
+    head.fail(1, failing)
+    # The thinker keeps running and feeds the new talker again what it kept; the
+    # vocoder's inputs came from the lost talker, so it runs again, skipping what the
+    # client has.
+    assert head.channels.take() == [
+        (ident(1, failing), Abort("r1")),
+        (ident(2, 0), Abort("r1")),
+        (ident(1, other), add([0], None, attempt=1, peers=[vocoder], head_all=False)),
+        (ident(2, 0), add([1], Resume(text="HEL", data_chunks=0, seq=1), attempt=1)),
+        (ident(0, 0), Redirect("r1", 1, [new_talker], [PeerConnector("zmq")], [old_talker])),
+    ]
+    head.out(0, 0, 1, "lo", finished=True)  # its own attempt goes on
+    head.out(1, other, 0, "HELLO", finished=True, attempt=1)
+    assert head.channels.take() == []
+    head.out(2, 0, 1, "LO!", finished=True, attempt=1)
+    assert [o.text for o in await collect(stream)] == ["hel", "HEL", "lo", "LO!"]
+    # The request is over: the thinker drops what it kept.
+    assert head.channels.take() == [(ident(0, 0), Abort("r1"))]
+    assert (head.orch.redirects_total, head.orch.retried_total) == (1, 1)
+    assert head.orch.forwarded_tensor_chunks_total == 0
+    assert head.slots_in_use() == 0
+
+
+async def test_a_lost_keeper_runs_again_with_all_it_fed_resuming_its_text() -> None:
+    head = omni_like({0: 2, 1: 1, 2: 1})
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
+    failing = head.replica_of(0)
+    head.out(0, failing, 0, "hel")
+    head.channels.take()
+    head.fail(0, failing)
+    sent = head.channels.take()
+    adds = {i: m for i, m in sent if isinstance(m, AddRequest)}
+    # The client has its text: the thinker resumes after it (as any final stage); the
+    # talker and vocoder start over from the thinker's tensors, all sent again.
+    assert adds[ident(0, 1 - failing)].resume == Resume(text="hel", data_chunks=0, seq=1)
+    assert adds[ident(0, 1 - failing)].peer_tensors
+    assert adds[ident(1, 0)].resume is None and adds[ident(1, 0)].attempt == 1
+    assert not any(isinstance(m, Redirect) for _, m in sent)
+    stream.close()
+
+
+async def test_a_talker_whose_keeper_is_gone_fails_the_request() -> None:
+    head = omni_like({0: 1, 1: 2, 2: 1})
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
+    head.out(0, 0, 0, "hello", finished=True)  # the thinker is done: its slot is freed
+    head.fail(0, 0)  # and then its replica is lost: what it kept went with it
+    head.fail(1, head.replica_of(1))
+    with pytest.raises(StageFailedError, match="cannot be fed by stage 0"):
+        await collect(stream)
+
+
+async def test_tensor_chunks_the_head_passes_on_are_counted() -> None:
+    head = Head("echo", {0: 1, 1: 1, 2: 1})  # no peer listeners: every edge via the head
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
+    head.channels.take()
+    head.orch.on_outputs([OutputChunk("r1", 0, 0, 1, 0, "tensor", data=b"abcd")])
+    assert [type(m) for _, m in head.channels.take()] == [OutputChunk]
+    assert head.orch.forwarded_tensor_chunks_total == 1
+    assert head.orch.forwarded_tensor_bytes_total == 4
     stream.close()
 
 

@@ -4,6 +4,8 @@ routing (head or peers) are the real code."""
 
 from __future__ import annotations
 
+import pytest
+
 from omnistage.config.schema import StageConfig
 from omnistage.engines import build_engine
 from omnistage.engines.echo import EchoEngine
@@ -14,6 +16,7 @@ from omnistage.protocol.messages import (
     OutputChunk,
     PeerConnector,
     Prompt,
+    Redirect,
     Resume,
 )
 from omnistage.replica.early_inputs import EARLY_TTL_S
@@ -194,3 +197,68 @@ async def test_an_ack_request_with_bad_params_is_refused_before_any_work() -> No
     (refusal,) = out.head
     assert refusal.finished and refusal.error_kind == "bad_request"
     assert refusal.error_param == "bad" and not runner.requests
+
+
+async def test_a_final_stage_sends_its_tensors_to_the_peers_only() -> None:
+    runner, out = _runner(num_chunks=4, chunk_delay_s=0.01, suffix="", tensor_bytes=16)
+    runner.handle(_add("t", "abcdefgh", peers=["tcp://a:1"], peer_tensors=True))
+    await others_done()
+    assert "".join(c.text for c in out.head) == "abcdefgh"
+    assert not any(c.data for c in out.head) and out.head[-1].finished
+    assert len([c for c in out.peers["tcp://a:1"] if c.data]) == 4
+    assert "".join(c.text for c in out.peers["tcp://a:1"]) == "abcdefgh"
+
+
+async def test_a_redirect_sends_a_new_peer_all_that_was_kept_then_the_rest() -> None:
+    runner, out = _runner(num_chunks=6, chunk_delay_s=0.01, suffix="", tensor_bytes=16)
+    runner.handle(_add("t", "abcdefghijkl", peers=["tcp://a:1"], peer_tensors=True))
+    await until(lambda: len(out.peers.get("tcp://a:1", [])) >= 4, what="some chunks out")
+    runner.handle(Redirect("t", 2, ["tcp://b:2"], [PeerConnector("zmq")], ["tcp://a:1"]))
+    await others_done()
+    old, new = out.peers["tcp://a:1"], out.peers["tcp://b:2"]
+    assert len(old) < len(new) and not old[-1].finished  # the lost peer got no more
+    # The new peer has the whole request, in order, as its (later) attempt's input.
+    assert [c.seq for c in new] == list(range(len(new)))
+    assert "".join(c.text for c in new) == "abcdefghijkl" and new[-1].finished
+    assert len([c for c in new if c.data]) == 6
+    assert {c.attempt for c in new} == {2}
+    assert {c.attempt for c in out.head} == {0}  # the head's numbering is its own
+    assert "".join(c.text for c in out.head) == "abcdefghijkl"
+
+
+async def test_what_was_kept_outlives_the_stage_until_the_head_ends_the_request() -> None:
+    runner, out = _runner(num_chunks=2, suffix="", tensor_bytes=16)
+    runner.handle(_add("t", "abcd", peers=["tcp://a:1"], peer_tensors=True))
+    await others_done()
+    assert not runner.requests  # done generating
+    sent = out.peers["tcp://a:1"]
+    runner.handle(Redirect("t", 1, ["tcp://b:2"], [], ["tcp://a:1"]))
+    assert [(c.seq, c.text, c.data) for c in out.peers["tcp://b:2"]] == [
+        (c.seq, c.text, c.data) for c in sent
+    ]
+    runner.handle(Abort("t"))  # the request is over: nothing kept any more
+    assert runner._routes.kept_chunks() == 0
+    runner.handle(Redirect("t", 2, ["tcp://c:3"], [], []))
+    assert "tcp://c:3" not in out.peers
+
+
+async def test_a_stage_that_is_not_told_to_keep_keeps_nothing() -> None:
+    runner, out = _runner(num_chunks=2, suffix="", tensor_bytes=16)
+    runner.handle(_add("t", "abcd", peers=["tcp://a:1"], head_all=False))
+    await others_done()
+    assert runner._routes.kept_chunks() == 0
+    assert len([c for c in out.head if c.data]) == 0
+
+
+async def test_a_replica_keeps_the_chunks_of_a_bounded_number_of_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("omnistage.replica.peer_routes.MAX_KEPT", 2)
+    runner, out = _runner(num_chunks=1, suffix="", tensor_bytes=16)
+    for rid in ("a", "b", "c"):  # their ends never came (no Abort)
+        runner.handle(_add(rid, "xy", peers=["tcp://a:1"], peer_tensors=True))
+    await others_done()
+    runner.handle(Redirect("a", 1, ["tcp://b:2"], [], []))  # the oldest: dropped
+    runner.handle(Redirect("c", 1, ["tcp://c:3"], [], []))
+    assert "tcp://b:2" not in out.peers
+    assert [c.request_id for c in out.peers["tcp://c:3"]] == ["c"] * 2

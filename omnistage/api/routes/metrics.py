@@ -116,6 +116,26 @@ _REQUEST_COUNTS = (
         "Output chunks the head passed on from one stage to the next.",
         "forwarded_chunks_total",
     ),
+    (
+        "omnistage_forwarded_tensor_chunks_total",
+        "counter",
+        "Tensor chunks the head passed on from one stage to the next (none where "
+        "every tensor edge is direct).",
+        "forwarded_tensor_chunks_total",
+    ),
+    (
+        "omnistage_forwarded_tensor_bytes_total",
+        "counter",
+        "Payload bytes of the tensor chunks the head passed on between stages.",
+        "forwarded_tensor_bytes_total",
+    ),
+    (
+        "omnistage_redirects_total",
+        "counter",
+        "Replaced downstream replicas fed again by the final stage before them, which "
+        "kept running.",
+        "redirects_total",
+    ),
 )
 
 
