@@ -246,9 +246,14 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
     # And the talker's end-of-speech logit is held at 0, below the best of the other 63
     # (random, centred on 0), so greedy talking runs to max_new_tokens instead of ending
     # after a code or two.
+    # And the talker's attention is sharpened: near uniform at random init, its codes would
+    # not depend on the positions of the prompt (which an image's patch grid sets).
     with torch.no_grad():
         model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(1000.0)
         model.talker.codec_head.weight[CODEC_EOS].zero_()
+        for layer in model.talker.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     _write_tokenizer(directory)
