@@ -21,6 +21,10 @@ MAX_QUEUE = 1024
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 REALTIME_MAX_SESSIONS = 32  # per API server process
 REALTIME_IDLE_TIMEOUT_S = 600.0
+# A chat's image URL, where the operator allows its host: the longest fetch and the
+# largest file (OpenAI's image input limit).
+MEDIA_FETCH_TIMEOUT_S = 10.0
+MEDIA_FETCH_MAX_BYTES = 20 * 1024 * 1024
 # Jobs (videos, background responses): media kept a week; a running job's lease is
 # renewed every third of JOB_LEASE_S, so a head that dies frees its jobs within it; a
 # job interrupted this many times fails instead of running again.

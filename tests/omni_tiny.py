@@ -5,12 +5,15 @@ Every part is transformers' own class (Qwen2_5OmniForConditionalGeneration: thin
 one-layer audio and vision towers, talker, token2wav's DiT and BigVGAN), only small: hidden
 width 32, two layers per LM, a one-block DiT, a two-rate BigVGAN. The tokenizer is byte-level
 (every byte a token) with the chat and multimodal special tokens after the 256 bytes, built
-with the ``tokenizers`` library. ``spk_dict.pt`` holds two voices, as the real one does.
+with the ``tokenizers`` library. ``spk_dict.pt`` holds two voices, as the real one does, and
+``preprocessor_config.json`` the Whisper feature extractor's and the image processor's
+settings in one file, as the real one has them.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,6 +191,35 @@ def _write_tokenizer(directory: Path) -> None:
     fast.save_pretrained(directory)
 
 
+# The real checkpoint's image processor settings (patches of 14 pixels, 2 x 2 merged).
+IMAGE_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+
+
+def _add_image_processor(path: Path) -> None:
+    settings = json.loads(path.read_text())
+    path.write_text(json.dumps({**settings, **IMAGE_PROCESSOR}, indent=2))
+
+
+def png(width: int = 56, height: int = 56, seed: int = 0) -> bytes:
+    """A PNG of random colours (56 x 56: one 2 x 2 grid of merged patches, 4 tokens)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
 def _speakers(seed: int):  # type: ignore[no-untyped-def]
     import torch
 
@@ -214,13 +246,19 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
     # And the talker's end-of-speech logit is held at 0, below the best of the other 63
     # (random, centred on 0), so greedy talking runs to max_new_tokens instead of ending
     # after a code or two.
+    # And the talker's attention is sharpened: near uniform at random init, its codes would
+    # not depend on the positions of the prompt (which an image's patch grid sets).
     with torch.no_grad():
         model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(1000.0)
         model.talker.codec_head.weight[CODEC_EOS].zero_()
+        for layer in model.talker.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     _write_tokenizer(directory)
     WhisperFeatureExtractor(feature_size=128).save_pretrained(directory)
+    _add_image_processor(directory / "preprocessor_config.json")
     torch.save(_speakers(seed), directory / "spk_dict.pt")
     return directory
 

@@ -15,6 +15,7 @@ from omnistage.api import errors
 from omnistage.api.auth import ApiKeyMiddleware
 from omnistage.api.fastpath import FastPathMiddleware, FastRoute
 from omnistage.api.limits import BodyLimitMiddleware
+from omnistage.api.media_parts import MediaFetch
 from omnistage.api.routes import (
     chat,
     completions,
@@ -80,15 +81,18 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     realtime_limits: realtime.RealtimeLimits | None = None,
     persist: Persistence | None = None,
+    media_fetch: MediaFetch | None = None,
 ) -> FastAPI:
     """The app over ``omni``, what the head offers the API (see ``service``).
     ``realtime_limits``: --realtime-max-sessions and --realtime-idle-timeout, for this
-    process (None: the defaults)."""
+    process (None: the defaults); ``media_fetch``: what a chat's image URLs may fetch
+    (None: nothing)."""
     app = FastAPI(title="omnistage", version=__version__, **_NO_NATIVE_TELEMETRY)
     app.state.omni = omni
     # The store of jobs and responses (None: nothing is stored; see jobs.state).
     app.state.persist = persist
     app.state.realtime_limits = realtime_limits or realtime.RealtimeLimits()
+    app.state.media_fetch = media_fetch or MediaFetch()
     app.state.response_counts = Counter()
     # This process's live voice sessions: the realtime route counts into it.
     app.state.realtime_stats = RealtimeStats()

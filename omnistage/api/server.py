@@ -17,6 +17,7 @@ import uvicorn
 
 from omnistage import aio, defaults, envs
 from omnistage.api.app import create_app
+from omnistage.api.media_parts import MediaFetch
 from omnistage.api.remote import RemoteService
 from omnistage.api.routes.realtime import RealtimeLimits
 from omnistage.config.schema import DeployConfig
@@ -39,6 +40,9 @@ class ApiServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     realtime_max_sessions: int = defaults.REALTIME_MAX_SESSIONS
     realtime_idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
+    allowed_media_domains: tuple[str, ...] = ()
+    media_fetch_timeout_s: float = defaults.MEDIA_FETCH_TIMEOUT_S
+    media_fetch_max_bytes: int = defaults.MEDIA_FETCH_MAX_BYTES
     log_level: str = defaults.LOG_LEVEL
     refresh_s: float = 0.5
     served_model_names: tuple[str, ...] = ()  # (): the pipeline name
@@ -77,7 +81,10 @@ async def serve(opts: ApiServerOptions) -> int:
         log.error("API server %d: %s", opts.index, exc)
         await service.close()
         return 1
-    app = create_app(service, opts.api_key, opts.max_request_bytes, limits, persist)
+    fetch = MediaFetch(
+        opts.allowed_media_domains, opts.media_fetch_timeout_s, opts.media_fetch_max_bytes
+    )
+    app = create_app(service, opts.api_key, opts.max_request_bytes, limits, persist, fetch)
     service.my_responses = app.state.response_counts
     service.my_realtime = app.state.realtime_stats
     sock = socket.socket(fileno=opts.listen_fd)

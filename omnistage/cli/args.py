@@ -156,6 +156,8 @@ BOUNDS = (
     Bound("--realtime-max-sessions", 1),
     Bound("--realtime-idle-timeout", 0, strict=True),
     Bound("--media-ttl", 0),
+    Bound("--media-fetch-timeout", 0, strict=True),
+    Bound("--media-fetch-max-bytes", 1),
     Bound("--job-lease", 1),
 )
 PORTS = ("--port", "--omni-master-port")

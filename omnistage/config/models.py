@@ -19,7 +19,8 @@ from omnistage.protocol.errors import ConfigError
 
 def qwen2_5_omni(model: str) -> dict[str, Any]:
     """thinker (text out, and per token the hidden states the talker reads) -> talker
-    (codec codes) -> token2wav (the waveform). A text-only chat runs the thinker alone."""
+    (codec codes) -> token2wav (the waveform). A text-only chat runs the thinker alone;
+    the thinker reads the chat's audio and images itself."""
     return {
         "pipeline": "qwen2_5_omni",
         "description": f"Qwen2.5-Omni from {model}: thinker -> talker -> token2wav",
@@ -29,7 +30,7 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
                 "name": "thinker",
                 "engine": EngineName.OMNI_THINKER.value,
                 "engine_args": {"model": model},
-                "prompt_modalities": ["text", "audio"],
+                "prompt_modalities": ["text", "audio", "image"],
                 "final_output": True,
                 "output_modality": "text",
             },

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from omnistage.api.app import create_app
+from omnistage.api.media_parts import MediaFetch
 from omnistage.api.routes.realtime import RealtimeLimits
 from omnistage.control.coordinator import PrefixReport
 from omnistage.control.replica_table import Transition
@@ -208,8 +209,12 @@ class Head:
 
     def _http_config(self) -> uvicorn.Config:
         limits = RealtimeLimits(self.opts.realtime_max_sessions, self.opts.realtime_idle_timeout_s)
+        opts = self.opts
+        fetch = MediaFetch(
+            opts.allowed_media_domains, opts.media_fetch_timeout_s, opts.media_fetch_max_bytes
+        )
         app = create_app(
-            self.service, self.opts.api_key, self.opts.max_request_bytes, limits, self.persist
+            self.service, opts.api_key, opts.max_request_bytes, limits, self.persist, fetch
         )
         return uvicorn.Config(
             app,

@@ -12,6 +12,11 @@ from tests.integration.harness import HeadProc
 
 HI = [{"role": "user", "content": "hi"}]
 FN = {"type": "function", "function": {"name": "f"}}
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+def _asking(part: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}
 
 
 @pytest.mark.parametrize(
@@ -34,6 +39,22 @@ FN = {"type": "function", "function": {"name": "f"}}
                 ]
             },
             "messages.0.content",
+        ),
+        # A part the pipeline cannot take is named by its place: echo reads no images.
+        (
+            "/v1/chat/completions",
+            {"messages": [_asking({"type": "image_url", "image_url": {"url": PNG_URL}})]},
+            "messages.0.content.1",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [_asking({"type": "video_url", "video_url": {"url": "https://x/y"}})]},
+            "messages.0.content.1",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [_asking({"type": "file", "file": {"file_id": "f"}})]},
+            "messages.0.content.1",
         ),
         ("/v1/chat/completions", {"messages": HI, "n": 2}, "n"),
         (

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import CODEC_EOS, build_tiny_omni, spoken_deltas
+from tests.omni_tiny import CODEC_EOS, build_tiny_omni, png, spoken_deltas
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +45,8 @@ def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         str(omni_dir),
         "--stage-overrides",
         json.dumps(overrides),
+        "--allowed-media-domains",
+        "127.0.0.1",
         name="omni-head",
     )
     mp.undo()
@@ -54,14 +58,19 @@ def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def reference(
-    directory: Path, messages: list[dict[str, str]], voice: str, wav: bytes | None = None
+    directory: Path,
+    messages: list[dict[str, str]],
+    voice: str,
+    wav: bytes | None = None,
+    images: list[bytes] | None = None,
 ) -> tuple[str, bytes]:
     """The monolithic model's answer: its text and its waveform as int16 PCM. A spoken
-    input (``wav``) is prepared as Qwen2.5-Omni's processor prepares it."""
+    input (``wav``) and images are prepared as Qwen2.5-Omni's processor prepares them,
+    their placeholders before the last message's text."""
     import torch
     from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
 
-    from omnistage.engines.omni import audio_in
+    from omnistage.engines.omni import audio_in, vision_in
     from omnistage.engines.omni.token2wav import pcm16
     from omnistage.protocol.messages import Prompt
 
@@ -75,6 +84,13 @@ def reference(
         text = prepared.placeholder() + messages[-1]["content"]
         messages = [*messages[:-1], {**messages[-1], "content": text}]
         heard = {"input_features": prepared.features, "feature_attention_mask": prepared.mask}
+    if images:
+        seen = vision_in.prepare(vision_in.load_processor(str(directory)), images)
+        text = seen.placeholder() + messages[-1]["content"]
+        messages = [*messages[:-1], {**messages[-1], "content": text}]
+        # By the thinker's prefix: the talker, which generate hands every unprefixed
+        # argument too, refuses pixel values (transformers 5.25); the grids go to both.
+        heard.update(thinker_pixel_values=seen.pixels, image_grid_thw=seen.grid)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
     torch.manual_seed(NOISE_SEED)  # greedy stages draw nothing: the DiT's noise is the first draw
@@ -198,6 +214,74 @@ def test_a_spoken_question_is_answered_as_the_monolithic_model(
 
     assert text == want_text
     assert pcm == want_pcm
+
+
+class _Picture(BaseHTTPRequestHandler):
+    body = png(56, 56, seed=1)
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def picture_url() -> Iterator[str]:
+    """An http URL of a PNG, served on 127.0.0.1 (the host the head may fetch from)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Picture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/picture.png"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_question_about_images_is_answered_as_the_monolithic_model(
+    omni_head: HeadProc, omni_dir: Path, picture_url: str
+) -> None:
+    inline = png(84, 56)  # 6 image tokens; the fetched one 4
+    question = "What is in these pictures?"
+    want_text, want_pcm = reference(
+        omni_dir,
+        [{"role": "user", "content": question}],
+        "Chelsie",
+        images=[inline, _Picture.body],
+    )
+
+    data_url = "data:image/png;base64," + base64.b64encode(inline).decode()
+    content = [
+        {"type": "image_url", "image_url": {"url": data_url}},
+        {"type": "image_url", "image_url": {"url": picture_url}},
+        {"type": "text", "text": question},
+    ]
+    text, pcm = _chat(omni_head, [{"role": "user", "content": content}], "Chelsie")
+
+    assert text == want_text
+    assert pcm == want_pcm
+
+
+@pytest.mark.parametrize(
+    ("part", "says"),
+    [
+        ({"type": "image_url", "image_url": {"url": "http://localhost:9/x.png"}}, "localhost"),
+        ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "video"),
+    ],
+)
+def test_a_part_the_model_is_not_given_is_a_400_naming_it(
+    omni_head: HeadProc, part: dict[str, Any], says: str
+) -> None:
+    content = [{"type": "text", "text": "What is this?"}, part]
+    body = _body(omni_head, [{"role": "user", "content": content}], "Chelsie")
+    response = omni_head.client.post("/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages.0.content.1"
+    assert says in error["message"]
 
 
 def test_an_unknown_voice_is_a_400_naming_the_voices(omni_head: HeadProc) -> None:

@@ -325,7 +325,7 @@ def test_a_repeated_system_turn_is_reported_as_cached_prompt_tokens(
                     }
                 ]
             },
-            "messages.0.content",
+            "messages.0.content.1",
         ),
         ({"n": 2}, "n"),
         ({"top_logprobs": 2}, "top_logprobs"),

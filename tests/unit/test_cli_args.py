@@ -92,6 +92,8 @@ def test_a_value_outside_the_choices_is_one_line_naming_flag_and_value(
         (["--realtime-max-sessions", "0"], "--realtime-max-sessions must be >= 1, got 0"),
         (["--realtime-idle-timeout", "0"], "--realtime-idle-timeout must be > 0, got 0"),
         (["--realtime-idle-timeout", "-2.5"], "--realtime-idle-timeout must be > 0, got -2.5"),
+        (["--media-fetch-timeout", "0"], "--media-fetch-timeout must be > 0, got 0"),
+        (["--media-fetch-max-bytes", "0"], "--media-fetch-max-bytes must be >= 1, got 0"),
         (["--omni-master-port", "65536"], "--omni-master-port must be in 0..65535, got 65536"),
         (["--headless", "--stage-id", "0", *M, "--api-server-count", "2"], "is for the head"),
         (["--omni-heartbeat-timeout", "1.5"], "twice the heartbeat interval (2s), got 1.5"),
@@ -146,6 +148,24 @@ def test_headless_options_carry_the_flags_and_the_stages_own_overrides() -> None
     assert replica.replica_id == -1  # the master assigns each one
     assert replica.stage_overrides == {"devices": "2,3", "engine_args": {"vae_use_tiling": True}}
     assert opts.replica_devices() == ["2", "3"]
+
+
+def test_the_media_fetch_flags_reach_the_head() -> None:
+    config = load_config("echo-1stage")
+    plain = head_options(validate(_parse()), config)
+    assert plain.allowed_media_domains == ()  # no fetching unless the operator allows it
+    args = _parse(
+        "--allowed-media-domains",
+        "127.0.0.1",
+        "example.com",
+        "--media-fetch-timeout",
+        "2.5",
+        "--media-fetch-max-bytes",
+        "1000",
+    )
+    opts = head_options(validate(args), config)
+    assert opts.allowed_media_domains == ("127.0.0.1", "example.com")
+    assert (opts.media_fetch_timeout_s, opts.media_fetch_max_bytes) == (2.5, 1000)
 
 
 def test_the_realtime_limits_reach_the_head_and_its_api_servers() -> None:

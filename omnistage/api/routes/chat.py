@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: text, or text and audio, streaming or not."""
+"""POST /v1/chat/completions: text, audio and images in; text, or text and audio, out;
+streaming or not."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_who
 from omnistage.api.body import parse_body
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import chat_logprobs
+from omnistage.api.media_parts import MediaFetch, image_bytes, image_parts
 from omnistage.api.routes.common import (
     ChunkShape,
     Collected,
@@ -63,7 +65,11 @@ async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatCompletionRequest)
     omni, text_stages = text_call(request, body)
     plan = _plan(omni, body, text_stages)
+    shown = image_parts(body, omni.graph, omni.config.pipeline)
     prompt, audio_param = _prompt(omni, body)
+    if shown:  # fetched once every check of the body has passed
+        fetch: MediaFetch = request.app.state.media_fetch
+        prompt.images = [await image_bytes(where, part, fetch) for where, part in shown]
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
         voice = StageParams(speech=SpeechParams(body.audio.voice if body.audio else "default"))

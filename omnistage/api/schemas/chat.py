@@ -1,5 +1,8 @@
-"""The body of POST /v1/chat/completions: messages (text, audio parts, tool calls),
-tools, structured output, audio output options."""
+"""The body of POST /v1/chat/completions: messages (text, audio, image and video parts,
+tool calls), tools, structured output, audio output options.
+
+Any part type parses here; which ones the served pipeline takes is the route's check
+(api/media_parts.py), so a refused part is a 400 naming it, ``messages.N.content.M``."""
 
 from __future__ import annotations
 
@@ -23,15 +26,24 @@ class InputAudio(Body):
             raise ValueError("input_audio.data must be base64") from None
 
 
+class MediaUrl(Body):
+    # A data: URL (base64), or an http(s) URL the operator allows fetching.
+    url: str = Field(min_length=1)
+    detail: str | None = None  # OpenAI's; the model sees every image whole anyway
+
+
 class ContentPart(Body):
-    type: Literal["text", "input_audio"]
+    type: str
     text: str | None = None
     input_audio: InputAudio | None = None
+    image_url: MediaUrl | None = None
+    video_url: MediaUrl | None = None
 
     @model_validator(mode="after")
     def _has_its_payload(self) -> ContentPart:
-        if self.type == "input_audio" and self.input_audio is None:
-            raise ValueError("an input_audio part needs an input_audio object")
+        payload = self.type in ("input_audio", "image_url", "video_url")
+        if payload and getattr(self, self.type) is None:
+            raise ValueError(f"an {self.type} part needs an {self.type} object")
         return self
 
 
@@ -53,24 +65,16 @@ class ChatMessageIn(Body):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, value: Any) -> Any:
-        # Checked before the str | list union, whose error would name the str branch.
-        # A silent drop would answer a question about an image without the image.
-        for part in value if isinstance(value, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in ("text", "input_audio"):
-                raise ValueError(
-                    f"content parts of type {kind!r} are not supported by this pipeline; "
-                    "only text and input_audio parts are"
-                )
-        return value
-
     def audio_parts(self) -> list[InputAudio]:
         if not isinstance(self.content, list):
             return []
         return [p.input_audio for p in self.content if p.input_audio is not None]
+
+    def media_parts(self) -> list[ContentPart]:
+        """Its parts other than text and audio (images, videos, and kinds unknown)."""
+        if not isinstance(self.content, list):
+            return []
+        return [p for p in self.content if p.type not in ("text", "input_audio")]
 
     def text(self) -> str:
         if self.content is None:
@@ -154,8 +158,10 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("messages")
     @classmethod
     def _has_content(cls, value: list[ChatMessageIn]) -> list[ChatMessageIn]:
-        if not any(m.text().strip() or m.tool_calls or m.audio_parts() for m in value):
-            raise ValueError("at least one message must have text or audio content")
+        if not any(
+            m.text().strip() or m.tool_calls or m.audio_parts() or m.media_parts() for m in value
+        ):
+            raise ValueError("at least one message must have text, audio or image content")
         return value
 
     @field_validator("top_logprobs")

@@ -155,8 +155,11 @@ class OmniTalkerEngine(Engine):
 
         bos = int(speaker["bos_token"])
         extra = {}
-        if "audio_feature_lengths" in feed.named:  # a spoken input's length in frames
-            extra["audio_feature_lengths"] = feed.named["audio_feature_lengths"].to(device)
+        # A spoken input's length in frames, the images' patch grids: the positions of
+        # the prompt's media depend on them.
+        for name in ("audio_feature_lengths", "image_grid_thw"):
+            if name in feed.named:
+                extra[name] = feed.named[name].to(device)
         codec = (talker.codec_mask_token, talker.codec_pad_token, talker.codec_bos_token)
         state = feed.named["prompt"].to(device).unsqueeze(0)
         return {

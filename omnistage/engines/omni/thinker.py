@@ -1,13 +1,16 @@
 """The ``omni-thinker`` engine: Qwen2.5-Omni's thinker (transformers'
-``Qwen2_5OmniThinkerForConditionalGeneration``). Chat or text in; out, streamed as made:
+``Qwen2_5OmniThinkerForConditionalGeneration``). Chat or text in, with the last user
+message's audio and images (audio_in.py, vision_in.py); out, streamed as made:
 
 - the answer's text, token by token (TEXT chunks, for the client);
 - the tensors the talker reads (TENSOR chunks, ``TensorMeta``), as
   ``Qwen2_5OmniForConditionalGeneration.generate`` builds them from the thinker's hidden
   states: ``prompt_ids`` (int64, the prompt's token ids), ``prompt`` (the prompt's
   positions: last hidden state + input embedding, with the embeddings of audio, image and
-  video positions zeroed), ``first_token`` (int64, the answer's first token id), then one
-  ``reply`` per answer token fed back in (last hidden state + embedding, shape (1, H)).
+  video positions zeroed), with a spoken input ``audio_feature_lengths`` and with images
+  ``image_grid_thw`` (the talker's positions need them), ``first_token`` (int64, the
+  answer's first token id), then one ``reply`` per answer token fed back in (last hidden
+  state + embedding, shape (1, H)).
   The answer's last token is never fed back, so it has no ``reply``, as in transformers.
 
 The thinker runs transformers' own ``generate`` (greedy when the request's temperature is
@@ -27,7 +30,7 @@ from typing import Any
 from omnistage.config.omni_args import OmniThinkerArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
-from omnistage.engines.omni import audio_in
+from omnistage.engines.omni import audio_in, vision_in
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import (
     ThreadRun,
@@ -38,6 +41,7 @@ from omnistage.engines.omni.checkpoint import (
     stop_criteria,
     tensor_chunk,
 )
+from omnistage.engines.omni.vision_in import ImageInput
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Prompt, Usage
@@ -54,6 +58,7 @@ class OmniThinkerEngine(Engine):
         self.thinker: Any = None
         self.tokenizer: Any = None
         self.extractor: Any = None
+        self.image_processor: Any = None
 
     async def start(self) -> None:
         self.starting = f"loading the thinker of {self.args.model}"
@@ -69,6 +74,7 @@ class OmniThinkerEngine(Engine):
         self.thinker = model.thinker.to(device_of(self.args))
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.extractor = audio_in.load_extractor(directory)
+        self.image_processor = vision_in.load_processor(directory)
         special = self.thinker.config
         # Positions whose embedding the talker does not see (transformers zeroes them).
         self._media_ids = (
@@ -93,15 +99,19 @@ class OmniThinkerEngine(Engine):
                 "response_format",
             )
 
-    def prompt_ids(self, prompt: Prompt | None, heard: AudioInput | None = None) -> list[int]:
+    def prompt_ids(
+        self, prompt: Prompt | None, heard: AudioInput | None = None, seen: ImageInput | None = None
+    ) -> list[int]:
         """The token ids of a chat (through the checkpoint's chat template) or a text; the
-        spoken input's placeholder goes before the last user message's text."""
+        placeholders of the spoken input, then of the images, go before the last user
+        message's text."""
         if prompt is not None and prompt.messages:
             messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
-            if heard is not None:
+            media = (heard.placeholder() if heard else "") + (seen.placeholder() if seen else "")
+            if media:
                 last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-                spoken = messages[last]
-                messages[last] = {**spoken, "content": heard.placeholder() + spoken["content"]}
+                asked = messages[last]
+                messages[last] = {**asked, "content": media + asked["content"]}
             ids = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True
             )
@@ -114,7 +124,10 @@ class OmniThinkerEngine(Engine):
         prompt = request.prompt
         if prompt is not None and prompt.audio is not None:
             heard = audio_in.prepare(self.extractor, audio_in.samples(prompt))
-        ids = self.prompt_ids(prompt, heard)
+        seen = None
+        if prompt is not None and prompt.images:
+            seen = vision_in.prepare(self.image_processor, prompt.images)
+        ids = self.prompt_ids(prompt, heard, seen)
         params = request.params.generation
         max_new = params.max_tokens or self.args.default_max_tokens
         run = ThreadRun(asyncio.get_running_loop())
@@ -122,7 +135,7 @@ class OmniThinkerEngine(Engine):
         tokens: list[int] = []
 
         def work(run: ThreadRun) -> None:
-            self._generate(ids, heard, params, max_new, run)
+            self._generate(ids, (heard, seen), params, max_new, run)
 
         async for kind, value in run.events(self._executor, work):
             self.progress += 1
@@ -149,13 +162,14 @@ class OmniThinkerEngine(Engine):
     def _generate(
         self,
         ids: list[int],
-        heard: AudioInput | None,
+        given: tuple[AudioInput | None, ImageInput | None],
         params: GenerationParams,
         max_new: int,
         run: ThreadRun,
     ) -> None:
         import torch
 
+        heard, seen = given
         device = self.thinker.device
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
         media = torch.isin(input_ids[0], torch.tensor(self._media_ids, device=device))
@@ -171,15 +185,14 @@ class OmniThinkerEngine(Engine):
                 if heard is not None:
                     lengths = heard.mask.sum(-1)
                     run.emit(("states", tensor_chunk("audio_feature_lengths", lengths)))
+                if seen is not None:
+                    run.emit(("states", tensor_chunk("image_grid_thw", seen.grid)))
                 run.emit(("states", tensor_chunk("prompt_ids", input_ids[0])))
                 run.emit(("states", tensor_chunk("prompt", last + embeds)))
             else:
                 run.emit(("states", tensor_chunk("reply", last + embeds)))
 
-        sampling: dict[str, Any] = {"do_sample": False}
-        if heard is not None:
-            sampling["input_features"] = heard.features.to(device)
-            sampling["feature_attention_mask"] = heard.mask.to(device)
+        sampling: dict[str, Any] = {"do_sample": False, **_media_inputs(heard, seen, device)}
         if params.temperature:
             sampling.update(do_sample=True, temperature=params.temperature)
             if params.top_p is not None:
@@ -206,6 +219,18 @@ class OmniThinkerEngine(Engine):
 
     async def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _media_inputs(heard: AudioInput | None, seen: ImageInput | None, device: Any) -> dict:
+    """The thinker's inputs for the prompt's audio and images, as the processor names them."""
+    out = {}
+    if heard is not None:
+        out["input_features"] = heard.features.to(device)
+        out["feature_attention_mask"] = heard.mask.to(device)
+    if seen is not None:
+        out["pixel_values"] = seen.pixels.to(device)
+        out["image_grid_thw"] = seen.grid.to(device)
+    return out
 
 
 def _long(values: list[int]) -> Any:

@@ -1,0 +1,140 @@
+"""A chat's image and video parts: which ones the served pipeline takes, and the image
+files they carry (a ``data:`` URL, or an http(s) URL fetched when the operator allows its
+host with ``--allowed-media-domains``).
+
+A part no stage of the pipeline reads is a 400 naming it (``messages.N.content.M``): a
+silent drop would answer a question about an image without the image. Only the last
+user message may carry images, as it alone may carry audio: the thinker places every
+media placeholder in that message (engines/omni/thinker.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from omnistage import defaults
+from omnistage.api.schemas.chat import ChatCompletionRequest, ContentPart
+from omnistage.dataplane.graph import StageGraph
+from omnistage.protocol.enums import Modality
+from omnistage.protocol.errors import ApiError
+
+_PARTS = "text, input_audio, image_url and video_url"
+
+
+@dataclass(frozen=True)
+class MediaFetch:
+    """What a server fetches for a chat's image URLs: the hosts allowed (``*``: any;
+    none: no fetching), how long one fetch may take and how large a file may be."""
+
+    allowed_domains: tuple[str, ...] = ()
+    timeout_s: float = defaults.MEDIA_FETCH_TIMEOUT_S
+    max_bytes: int = defaults.MEDIA_FETCH_MAX_BYTES
+
+    def allows(self, host: str) -> bool:
+        host = host.lower().rstrip(".")
+        return any(d == "*" or host == d.lower().rstrip(".") for d in self.allowed_domains)
+
+
+def _refused(where: str, message: str) -> ApiError:
+    return ApiError(400, f"{where}: {message}", "invalid_request_error", where)
+
+
+def image_parts(
+    body: ChatCompletionRequest, graph: StageGraph, pipeline: str
+) -> list[tuple[str, ContentPart]]:
+    """The image parts (with where each is) after refusing every part the pipeline
+    cannot take: unknown kinds, videos, images where no stage reads them or not in the
+    last user message."""
+    last_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
+    found = []
+    for i, message in enumerate(body.messages):
+        parts = message.content if isinstance(message.content, list) else []
+        for j, part in enumerate(parts):
+            where = f"messages.{i}.content.{j}"
+            if part.type in ("text", "input_audio"):
+                continue  # audio has its own checks (api/routes/chat.py)
+            if part.type == "video_url":
+                raise _refused(where, "video input is not supported yet")
+            if part.type != "image_url":
+                raise _refused(
+                    where, f"content parts of type {part.type!r} are not supported; use {_PARTS}"
+                )
+            if not graph.stages_reading(Modality.IMAGE):
+                raise _refused(where, f"pipeline {pipeline!r} has no stage that takes images")
+            if i != last_user:
+                raise _refused(where, "only the last user message may carry images")
+            found.append((where, part))
+    return found
+
+
+async def image_bytes(where: str, part: ContentPart, fetch: MediaFetch) -> bytes:
+    """The image file a part carries, checked to be an image Pillow can open."""
+    assert part.image_url is not None
+    url = part.image_url.url
+    if url.startswith("data:"):
+        data = _data_url(where, url)
+    else:
+        data = await asyncio.to_thread(_fetched, where, url, fetch)
+    await asyncio.to_thread(_check_image, where, data)
+    return data
+
+
+def _data_url(where: str, url: str) -> bytes:
+    head, comma, payload = url.partition(",")
+    if not comma or not head.endswith(";base64"):
+        raise _refused(where, "a data URL must be base64: data:image/png;base64,...")
+    if not head[len("data:") :].startswith("image/"):
+        raise _refused(where, "a data URL of an image_url part must hold an image/* type")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise _refused(where, "the data URL's payload is not valid base64") from None
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # A redirect could lead to a host the operator did not allow.
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _fetched(where: str, url: str, fetch: MediaFetch) -> bytes:
+    """The file at an http(s) URL of an allowed host, refused past the size limit."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _refused(where, "an image URL must be a data: URL or an http(s) URL")
+    if not fetch.allows(parts.hostname):
+        raise _refused(
+            where,
+            f"this server does not fetch images from {parts.hostname!r} "
+            "(the operator allows hosts with --allowed-media-domains); send a data: URL",
+        )
+    try:
+        with _OPENER.open(url, timeout=fetch.timeout_s) as response:
+            data = response.read(fetch.max_bytes + 1)
+    except urllib.error.HTTPError as exc:
+        raise _refused(where, f"fetching the image answered HTTP {exc.code}") from None
+    except (OSError, ValueError) as exc:  # refused, unreachable, timed out, bad URL
+        raise _refused(where, f"could not fetch the image: {exc}") from None
+    if len(data) > fetch.max_bytes:
+        raise _refused(where, f"the image is larger than {fetch.max_bytes} bytes")
+    return data
+
+
+def _check_image(where: str, data: bytes) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
+        raise _refused(where, "the image cannot be read (PNG, JPEG, WebP, GIF)") from None

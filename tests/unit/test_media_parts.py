@@ -1,0 +1,181 @@
+"""A chat's image parts: the schema, which parts a pipeline refuses (naming the part),
+data URLs, http(s) URLs fetched only from allowed hosts (a real server on 127.0.0.1),
+and the thinker's image preparation."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from omnistage.api.media_parts import MediaFetch, image_bytes, image_parts
+from omnistage.api.schemas.chat import ChatCompletionRequest, ContentPart
+from omnistage.config.load import load_config
+from omnistage.dataplane.graph import StageGraph
+from omnistage.protocol.errors import ApiError
+from tests.omni_tiny import png
+
+PICTURE = png()
+DATA_URL = "data:image/png;base64," + base64.b64encode(PICTURE).decode()
+NO_FETCH = MediaFetch()  # the default: data: URLs only
+
+
+def _chat(*messages: dict[str, Any]) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": list(messages)})
+
+
+def _image(url: str = DATA_URL) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _asked(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": "What is this?"}, *parts]}
+
+
+@pytest.fixture(scope="module")
+def omni_graph(tmp_path_factory: pytest.TempPathFactory) -> StageGraph:
+    directory = tmp_path_factory.mktemp("omni")
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
+    return StageGraph(load_config(str(directory)))
+
+
+def _refusal(body: ChatCompletionRequest, graph: StageGraph) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        image_parts(body, graph, "p")
+    assert info.value.status == 400
+    return info.value
+
+
+def test_an_image_part_parses_and_alone_is_content() -> None:
+    body = _chat({"role": "user", "content": [_image()]})
+    part = body.messages[0].media_parts()[0]
+    assert part.image_url is not None and part.image_url.url == DATA_URL
+    with pytest.raises(ValidationError, match="an image_url part needs an image_url object"):
+        ContentPart.model_validate({"type": "image_url"})
+
+
+def test_the_omni_pipeline_takes_the_last_user_messages_images(omni_graph: StageGraph) -> None:
+    body = _chat(_asked(_image(), _image()))
+    assert [where for where, _ in image_parts(body, omni_graph, "p")] == [
+        "messages.0.content.1",
+        "messages.0.content.2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("messages", "where", "says"),
+    [
+        ([_asked({"type": "video_url", "video_url": {"url": "x"}})], "0.content.1", "video"),
+        ([_asked({"type": "file", "file": {}})], "0.content.1", "'file'"),
+        (
+            [_asked(_image()), {"role": "assistant", "content": "A cat."}, _asked()],
+            "0.content.1",
+            "last user message",
+        ),
+    ],
+)
+def test_parts_the_omni_pipeline_cannot_take_are_400s_naming_them(
+    omni_graph: StageGraph, messages: list[dict[str, Any]], where: str, says: str
+) -> None:
+    error = _refusal(_chat(*messages), omni_graph)
+    assert error.param == f"messages.{where}"
+    assert says in error.message
+
+
+def test_a_pipeline_without_an_image_reader_refuses_images() -> None:
+    error = _refusal(_chat(_asked(_image())), StageGraph(load_config("echo")))
+    assert error.param == "messages.0.content.1"
+    assert "no stage that takes images" in error.message
+
+
+def _bytes_of(url: str, fetch: MediaFetch = NO_FETCH) -> bytes:
+    part = ContentPart.model_validate(_image(url))
+    return asyncio.run(image_bytes("messages.0.content.1", part, fetch))
+
+
+def _refused(url: str, fetch: MediaFetch = NO_FETCH) -> str:
+    with pytest.raises(ApiError) as info:
+        _bytes_of(url, fetch)
+    assert info.value.param == "messages.0.content.1"
+    return info.value.message
+
+
+def test_a_data_url_carries_the_image() -> None:
+    assert _bytes_of(DATA_URL) == PICTURE
+    assert "base64" in _refused("data:image/png,abc")
+    assert "image/*" in _refused("data:text/plain;base64,aGk=")
+    assert "cannot be read" in _refused("data:image/png;base64,aGVsbG8=")
+
+
+class _Files(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/picture.png")
+            self.end_headers()
+            return
+        body = {"/picture.png": PICTURE, "/big.png": PICTURE * 8}.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def files() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_url_is_fetched_only_from_an_allowed_host(files: str) -> None:
+    allowed = MediaFetch(("127.0.0.1",), timeout_s=5, max_bytes=len(PICTURE) * 2)
+    assert _bytes_of(f"{files}/picture.png", allowed) == PICTURE
+    assert "--allowed-media-domains" in _refused(f"{files}/picture.png")
+    assert "--allowed-media-domains" in _refused(
+        f"{files}/picture.png", MediaFetch(("example.com",))
+    )
+    assert "larger than" in _refused(f"{files}/big.png", allowed)
+    assert "HTTP 404" in _refused(f"{files}/nothing.png", allowed)
+    assert "HTTP 302" in _refused(f"{files}/moved", allowed)  # redirects are not followed
+    assert "data: URL or an http(s) URL" in _refused("ftp://127.0.0.1/x.png", allowed)
+
+
+def test_the_thinker_prepares_images_as_qwen2_5_omnis_processor(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import Qwen2VLImageProcessor
+
+    from omnistage.engines.omni import vision_in
+    from omnistage.protocol.errors import BadRequestError
+
+    processor = vision_in.load_processor(str(tmp_path))  # no config: the defaults
+    seen = vision_in.prepare(processor, [png(56, 56), png(84, 56, seed=1)])
+    assert seen.grid.tolist() == [[1, 4, 4], [1, 4, 6]]  # 14-pixel patches
+    assert seen.tokens() == [4, 6]  # 2 x 2 patches to a token
+    assert seen.placeholder() == (
+        "<|vision_bos|>" + "<|IMAGE|>" * 4 + "<|vision_eos|>"
+        "<|vision_bos|>" + "<|IMAGE|>" * 6 + "<|vision_eos|>"
+    )
+    want = Qwen2VLImageProcessor()(images=vision_in.decoded([png(56, 56)]), return_tensors="pt")
+    assert seen.pixels[:16].equal(want["pixel_values"])
+    with pytest.raises(BadRequestError, match="image 0"):
+        vision_in.prepare(processor, [b"not an image"])
