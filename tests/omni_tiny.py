@@ -169,7 +169,8 @@ def _config():  # type: ignore[no-untyped-def]
     )
 
 
-def _write_tokenizer(directory: Path) -> None:
+def write_tokenizer(directory: Path, specials: tuple[str, ...] = SPECIALS) -> None:
+    """A byte-level tokenizer (every byte a token) with ``specials`` after the 256 bytes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -178,7 +179,7 @@ def _write_tokenizer(directory: Path) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIALS))
+    tok.add_special_tokens(list(specials))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -219,10 +220,30 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
         model.talker.codec_head.weight[CODEC_EOS].zero_()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
-    _write_tokenizer(directory)
+    write_tokenizer(directory)
     WhisperFeatureExtractor(feature_size=128).save_pretrained(directory)
     torch.save(_speakers(seed), directory / "spk_dict.pt")
     return directory
+
+
+def one_thread_head(tmp: Path, directory: Path, overrides: dict[str, Any], name: str) -> Any:
+    """A head serving the checkpoint at ``directory`` (its own pipeline) with
+    ``--stage-overrides``, its replicas on one thread each: random tiny weights have flat
+    logits, so another split of a matmul could flip a token. Healthy when returned."""
+    import pytest
+
+    from tests.integration.harness import HeadProc
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OMP_NUM_THREADS", "1")  # the replicas inherit it
+    head = HeadProc(tmp, str(directory), "--stage-overrides", json.dumps(overrides), name=name)
+    mp.undo()
+    try:
+        head.wait_healthy(timeout=240)
+    except BaseException:
+        head.stop()
+        raise
+    return head
 
 
 def spoken_deltas(head: Any, body: dict[str, Any], timeout: float) -> Iterator[tuple[str, bytes]]:

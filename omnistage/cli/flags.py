@@ -70,7 +70,8 @@ MODEL_OR_CONFIG = flag(
     metavar="MODEL_OR_CONFIG",
     help="a built-in pipeline name, a deploy config YAML, or a model checkpoint directory "
     "whose config.json picks the stage graph (model_type qwen2_5_omni: thinker -> talker "
-    "-> token2wav); default: the built-in default",
+    "-> token2wav; qwen3_omni_moe: thinker -> talker -> code2wav); default: the built-in "
+    "default",
 )
 
 PIPELINE_FLAGS = (

@@ -11,7 +11,6 @@ random tiny weights have flat logits, so any change of summation order could fli
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import CODEC_EOS, build_tiny_omni, spoken_deltas
+from tests.omni_tiny import CODEC_EOS, build_tiny_omni, one_thread_head, spoken_deltas
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +35,8 @@ def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
     overrides = {"1": {"engine_args": {"do_sample": False, "max_new_tokens": MAX_CODES}}}
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OMP_NUM_THREADS", "1")  # the replicas inherit it
-    head = HeadProc(
-        tmp_path_factory.mktemp("omni-head"),
-        str(omni_dir),
-        "--stage-overrides",
-        json.dumps(overrides),
-        name="omni-head",
-    )
-    mp.undo()
+    head = one_thread_head(tmp_path_factory.mktemp("omni-head"), omni_dir, overrides, "omni-head")
     try:
-        head.wait_healthy(timeout=240)
         yield head
     finally:
         head.stop()
