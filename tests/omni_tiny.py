@@ -246,6 +246,20 @@ def one_thread_head(tmp: Path, directory: Path, overrides: dict[str, Any], name:
     return head
 
 
+def spoken_chat(
+    head: Any, messages: list[dict[str, Any]], voice: str, max_tokens: int
+) -> dict[str, Any]:
+    """A greedy chat body asking for text and audio (pcm16) in ``voice``."""
+    return {
+        "model": head.client.get("/v1/models").json()["data"][0]["id"],
+        "messages": messages,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": voice, "format": "pcm16"},
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+
+
 def spoken_deltas(head: Any, body: dict[str, Any], timeout: float) -> Iterator[tuple[str, bytes]]:
     """A streamed chat's audio deltas as they come: (transcript piece, audio bytes)."""
     with head.client.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as response:

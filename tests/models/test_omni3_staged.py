@@ -15,14 +15,13 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.integration.harness import HeadProc
 from tests.omni3_tiny import SAMPLES_PER_CODE, build_tiny_omni3, special_id
-from tests.omni_tiny import one_thread_head, spoken_deltas
+from tests.omni_tiny import one_thread_head, spoken_chat, spoken_deltas
 
 pytestmark = pytest.mark.slow
 
@@ -77,24 +76,13 @@ def reference(directory: Path, messages: list[dict[str, str]], voice: str) -> tu
     return text, pcm16(wav.reshape(-1))
 
 
-def _body(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> dict[str, Any]:
-    return {
-        "model": head.client.get("/v1/models").json()["data"][0]["id"],
-        "messages": messages,
-        "modalities": ["text", "audio"],
-        "audio": {"voice": voice, "format": "pcm16"},
-        "temperature": 0,
-        "max_tokens": MAX_TOKENS,
-    }
-
-
 def test_staged_omni3_answers_as_the_monolithic_model(
     omni3_head: HeadProc, omni3_dir: Path
 ) -> None:
     messages = [{"role": "user", "content": "Say something about the sea."}]
     want_text, want_pcm = reference(omni3_dir, messages, "Chelsie")
 
-    body = _body(omni3_head, messages, "Chelsie")
+    body = spoken_chat(omni3_head, messages, "Chelsie", MAX_TOKENS)
     response = omni3_head.client.post("/v1/chat/completions", json=body, timeout=120)
 
     assert response.status_code == 200, response.text
@@ -113,7 +101,7 @@ def test_the_streamed_answer_is_the_same_in_several_audio_chunks(
     messages = [{"role": "user", "content": "And the mountains?"}]
     want_text, want_pcm = reference(omni3_dir, messages, "Ethan")
 
-    body = {**_body(omni3_head, messages, "Ethan"), "stream": True}
+    body = {**spoken_chat(omni3_head, messages, "Ethan", MAX_TOKENS), "stream": True}
     pieces = list(spoken_deltas(omni3_head, body, timeout=120))
 
     assert "".join(words for words, _ in pieces) == want_text

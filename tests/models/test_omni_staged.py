@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import CODEC_EOS, build_tiny_omni, one_thread_head, spoken_deltas
+from tests.omni_tiny import CODEC_EOS, build_tiny_omni, one_thread_head, spoken_chat, spoken_deltas
 
 pytestmark = pytest.mark.slow
 
@@ -81,19 +81,8 @@ def reference(
     return text, pcm16(wav_out)
 
 
-def _body(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> dict[str, Any]:
-    return {
-        "model": head.client.get("/v1/models").json()["data"][0]["id"],
-        "messages": messages,
-        "modalities": ["text", "audio"],
-        "audio": {"voice": voice, "format": "pcm16"},
-        "temperature": 0,
-        "max_tokens": MAX_TOKENS,
-    }
-
-
 def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
-    body = _body(head, messages, voice)
+    body = spoken_chat(head, messages, voice, MAX_TOKENS)
     response = head.client.post("/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     message = response.json()["choices"][0]["message"]
@@ -104,7 +93,7 @@ def _chat_streamed(
     head: HeadProc, messages: list[dict[str, str]], voice: str
 ) -> tuple[str, bytes, int]:
     """The streamed answer's transcript, its audio, and how many audio deltas it came in."""
-    body = {**_body(head, messages, voice), "stream": True}
+    body = {**spoken_chat(head, messages, voice, MAX_TOKENS), "stream": True}
     text, audio = [], []
     for words, sound in spoken_deltas(head, body, timeout=120):
         text.append(words)

@@ -110,6 +110,7 @@ def test_voices_match_any_case_and_default_to_chelsie() -> None:
     assert pick_voice(speakers, "default") == "Chelsie"
     assert pick_voice(speakers, "ethan") == "Ethan"
     assert pick_voice({"Ethan": 1}, "default") == "Ethan"
+    assert pick_voice({"Chelsie": 2, "Ethan": 1}, None, "Ethan") == "Ethan"  # Qwen3-Omni
     with pytest.raises(BadRequestError, match="Ethan, Chelsie") as err:
         pick_voice(speakers, "alloy")
     assert err.value.param == "voice"
