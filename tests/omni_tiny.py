@@ -229,7 +229,8 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
 def one_thread_head(tmp: Path, directory: Path, overrides: dict[str, Any], name: str) -> Any:
     """A head serving the checkpoint at ``directory`` (its own pipeline) with
     ``--stage-overrides``, its replicas on one thread each: random tiny weights have flat
-    logits, so another split of a matmul could flip a token. Healthy when returned."""
+    logits, so another split of a matmul could flip a token. Every stage's replica is up
+    when it returns."""
     import pytest
 
     from tests.integration.harness import HeadProc
@@ -240,6 +241,10 @@ def one_thread_head(tmp: Path, directory: Path, overrides: dict[str, Any], name:
     mp.undo()
     try:
         head.wait_healthy(timeout=240)
+        # Healthy as soon as every stage has a replica, loading or not: a first request
+        # would wait for the loading ones within its own timeout.
+        for stage in head.stages()["stages"]:
+            head.wait_up(stage["stage_id"], 1, timeout=240)
     except BaseException:
         head.stop()
         raise
