@@ -25,6 +25,8 @@ from omnistage.engines.base import EngineChunk
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import tensor_chunk
 from omnistage.engines.omni.thinker import OmniThinkerEngine
+from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.messages import Prompt
 
 
 class Omni3ThinkerEngine(OmniThinkerEngine):
@@ -32,6 +34,13 @@ class Omni3ThinkerEngine(OmniThinkerEngine):
         special = self.thinker.config
         self._media_ids = (special.audio_token_id, special.image_token_id, special.video_token_id)
         self._accept_layer = model.config.talker_config.accept_hidden_layer
+
+    def prompt_ids(self, prompt: Prompt | None, heard: AudioInput | None = None) -> list[int]:
+        if heard is not None:  # its audio placeholder is not Qwen2.5-Omni's
+            raise BadRequestError(
+                "input_audio is not supported by the Qwen3-Omni thinker yet", "input_audio"
+            )
+        return super().prompt_ids(prompt, heard)
 
     def _states(
         self, hidden: Any, prompt: bool, input_ids: Any, heard: AudioInput | None
