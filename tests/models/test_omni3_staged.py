@@ -23,7 +23,8 @@ from tests.integration.harness import HeadProc
 from tests.omni3_tiny import SAMPLES_PER_CODE, build_tiny_omni3, special_id
 from tests.omni_tiny import one_thread_head, spoken_chat, spoken_deltas
 
-pytestmark = pytest.mark.slow
+# The first test also waits for the head and its three replicas to load.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MAX_TOKENS = 6  # the thinker's answer
 MAX_CODES = 24  # the talker's steps (random weights never say end-of-speech early)

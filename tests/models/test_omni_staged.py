@@ -20,7 +20,8 @@ import pytest
 from tests.integration.harness import HeadProc
 from tests.omni_tiny import CODEC_EOS, build_tiny_omni, one_thread_head, spoken_chat, spoken_deltas
 
-pytestmark = pytest.mark.slow
+# The first test also waits for the head and its three replicas to load.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MAX_TOKENS = 6  # the thinker's answer
 MAX_CODES = 24  # the talker's codes (random weights never say end-of-speech early)
