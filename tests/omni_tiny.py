@@ -172,7 +172,8 @@ def _config():  # type: ignore[no-untyped-def]
     )
 
 
-def _write_tokenizer(directory: Path) -> None:
+def write_tokenizer(directory: Path, specials: tuple[str, ...] = SPECIALS) -> None:
+    """A byte-level tokenizer (every byte a token) with ``specials`` after the 256 bytes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -181,7 +182,7 @@ def _write_tokenizer(directory: Path) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIALS))
+    tok.add_special_tokens(list(specials))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -256,11 +257,54 @@ def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
             layer.self_attn.k_proj.weight.mul_(8.0)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
-    _write_tokenizer(directory)
+    write_tokenizer(directory)
     WhisperFeatureExtractor(feature_size=128).save_pretrained(directory)
     _add_image_processor(directory / "preprocessor_config.json")
     torch.save(_speakers(seed), directory / "spk_dict.pt")
     return directory
+
+
+def one_thread_head(
+    tmp: Path, directory: Path, overrides: dict[str, Any], name: str, *flags: str
+) -> Any:
+    """A head serving the checkpoint at ``directory`` (its own pipeline) with
+    ``--stage-overrides``, its replicas on one thread each: random tiny weights have flat
+    logits, so another split of a matmul could flip a token. Every stage's replica is up
+    when it returns."""
+    import pytest
+
+    from tests.integration.harness import HeadProc
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OMP_NUM_THREADS", "1")  # the replicas inherit it
+    head = HeadProc(
+        tmp, str(directory), "--stage-overrides", json.dumps(overrides), *flags, name=name
+    )
+    mp.undo()
+    try:
+        head.wait_healthy(timeout=240)
+        # Healthy as soon as every stage has a replica, loading or not: a first request
+        # would wait for the loading ones within its own timeout.
+        for stage in head.stages()["stages"]:
+            head.wait_up(stage["stage_id"], 1, timeout=240)
+    except BaseException:
+        head.stop()
+        raise
+    return head
+
+
+def spoken_chat(
+    head: Any, messages: list[dict[str, Any]], voice: str, max_tokens: int
+) -> dict[str, Any]:
+    """A greedy chat body asking for text and audio (pcm16) in ``voice``."""
+    return {
+        "model": head.client.get("/v1/models").json()["data"][0]["id"],
+        "messages": messages,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": voice, "format": "pcm16"},
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
 
 
 def spoken_deltas(head: Any, body: dict[str, Any], timeout: float) -> Iterator[tuple[str, bytes]]:

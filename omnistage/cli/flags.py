@@ -70,9 +70,10 @@ MODEL_OR_CONFIG = flag(
     metavar="MODEL_OR_CONFIG",
     help="a built-in pipeline name, a deploy config YAML, or a model checkpoint whose "
     "config.json picks the stage graph (model_type qwen2_5_omni: thinker -> talker -> "
-    "token2wav): a local directory, or a hub id org/name[@revision] fetched with "
-    "huggingface_hub into the HF cache (HF_ENDPOINT, HF_HOME, HF_TOKEN and HF_HUB_OFFLINE "
-    "honoured); default: the built-in default",
+    "token2wav; qwen3_omni_moe: thinker -> talker -> code2wav): a local directory, or a "
+    "hub id org/name[@revision] fetched with huggingface_hub into the HF cache "
+    "(HF_ENDPOINT, HF_HOME, HF_TOKEN and HF_HUB_OFFLINE honoured); default: the built-in "
+    "default",
 )
 
 PIPELINE_FLAGS = (

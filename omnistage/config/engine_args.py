@@ -19,7 +19,13 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from omnistage.config.omni_args import OmniTalkerArgs, OmniThinkerArgs, OmniToken2WavArgs
+from omnistage.config.omni_args import (
+    Omni3Code2WavArgs,
+    Omni3TalkerArgs,
+    OmniTalkerArgs,
+    OmniThinkerArgs,
+    OmniToken2WavArgs,
+)
 from omnistage.protocol.enums import EngineName
 from omnistage.protocol.params import MAX_VIDEO_FPS, MAX_VIDEO_FRAMES, MAX_VIDEO_SECONDS
 
@@ -413,4 +419,7 @@ ENGINE_ARGS: dict[str, type[BaseModel]] = {
     EngineName.OMNI_THINKER: OmniThinkerArgs,
     EngineName.OMNI_TALKER: OmniTalkerArgs,
     EngineName.OMNI_TOKEN2WAV: OmniToken2WavArgs,
+    EngineName.OMNI3_THINKER: OmniThinkerArgs,
+    EngineName.OMNI3_TALKER: Omni3TalkerArgs,
+    EngineName.OMNI3_CODE2WAV: Omni3Code2WavArgs,
 }

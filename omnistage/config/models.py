@@ -17,27 +17,35 @@ from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import ConfigError
 
 
-def qwen2_5_omni(model: str) -> dict[str, Any]:
-    """thinker (text out, and per token the hidden states the talker reads) -> talker
-    (codec codes) -> token2wav (the waveform). A text-only chat runs the thinker alone;
-    the thinker reads the chat's audio and images itself."""
+def _omni(
+    model: str,
+    pipeline: str,
+    what: str,
+    engines: tuple[EngineName, EngineName, EngineName],
+    names: tuple[str, str, str],
+    heard: list[str],
+) -> dict[str, Any]:
+    """thinker (text out, and per token the tensors the talker reads) -> talker (codec
+    codes) -> code-to-wave (the waveform). A text-only chat runs the thinker alone; the
+    thinker reads what it ``heard`` (audio, images) itself."""
+    thinker, talker, wave = engines
     return {
-        "pipeline": "qwen2_5_omni",
-        "description": f"Qwen2.5-Omni from {model}: thinker -> talker -> token2wav",
+        "pipeline": pipeline,
+        "description": f"{what} from {model}: {' -> '.join(names)}",
         "stages": [
             {
                 "stage_id": 0,
-                "name": "thinker",
-                "engine": EngineName.OMNI_THINKER.value,
+                "name": names[0],
+                "engine": thinker.value,
                 "engine_args": {"model": model},
-                "prompt_modalities": ["text", "audio", "image"],
+                "prompt_modalities": heard,
                 "final_output": True,
                 "output_modality": "text",
             },
             {
                 "stage_id": 1,
-                "name": "talker",
-                "engine": EngineName.OMNI_TALKER.value,
+                "name": names[1],
+                "engine": talker.value,
                 "engine_args": {"model": model},
                 "inputs": [0],
                 # The thinker's hidden states, replica to replica (never through the
@@ -46,8 +54,8 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
             },
             {
                 "stage_id": 2,
-                "name": "token2wav",
-                "engine": EngineName.OMNI_TOKEN2WAV.value,
+                "name": names[2],
+                "engine": wave.value,
                 "engine_args": {"model": model},
                 "inputs": [1],
                 "final_output": True,
@@ -57,9 +65,26 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
     }
 
 
+def qwen2_5_omni(model: str) -> dict[str, Any]:
+    """Qwen2.5-Omni: thinker -> talker -> token2wav; text, spoken and image questions."""
+    engines = (EngineName.OMNI_THINKER, EngineName.OMNI_TALKER, EngineName.OMNI_TOKEN2WAV)
+    names = ("thinker", "talker", "token2wav")
+    heard = ["text", "audio", "image"]
+    return _omni(model, "qwen2_5_omni", "Qwen2.5-Omni", engines, names, heard)
+
+
+def qwen3_omni_moe(model: str) -> dict[str, Any]:
+    """Qwen3-Omni (MoE): thinker -> talker (with its code predictor) -> code2wav; text
+    questions (its thinker's spoken input is still to come)."""
+    engines = (EngineName.OMNI3_THINKER, EngineName.OMNI3_TALKER, EngineName.OMNI3_CODE2WAV)
+    names = ("thinker", "talker", "code2wav")
+    return _omni(model, "qwen3_omni_moe", "Qwen3-Omni", engines, names, ["text"])
+
+
 # config.json's model_type -> the raw deploy config for a checkpoint at a path.
 MODEL_PIPELINES: dict[str, Callable[[str], dict[str, Any]]] = {
     "qwen2_5_omni": qwen2_5_omni,
+    "qwen3_omni_moe": qwen3_omni_moe,
 }
 
 

@@ -3,22 +3,23 @@ config loads, without importing torch or transformers.
 
 Every stage loads the same checkpoint directory (``model``) and keeps the part it runs.
 The talker's sampling defaults are transformers' own (``Qwen2_5OmniForConditionalGeneration
-.generate``), so a pipeline built for a checkpoint speaks as the monolithic model does.
+.generate``, ``Qwen3OmniMoeForConditionalGeneration.generate``), so a pipeline built for a
+checkpoint speaks as the monolithic model does.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Qwen2.5-Omni's token2wav writes 24 kHz audio.
+# Qwen2.5-Omni's token2wav and Qwen3-Omni's code2wav write 24 kHz audio.
 OMNI_SAMPLE_RATE = 24000
 
 
 class OmniArgs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # A Qwen2.5-Omni checkpoint directory (config.json, weights, spk_dict.pt), or a hub
-    # id fetched into the HF cache (config/hub.py).
+    # A Qwen2.5-Omni (config.json, weights, spk_dict.pt) or Qwen3-Omni checkpoint
+    # directory, or a hub id fetched into the HF cache (config/hub.py).
     model: str = Field(min_length=1)
     # auto: cuda when available, else cpu. float32 on the CPU; token2wav always runs in
     # float32 (its ODE solver needs it, as transformers says).
@@ -39,6 +40,21 @@ class OmniTalkerArgs(OmniArgs):
     repetition_penalty: float = Field(default=1.05, gt=0.0)
     # Codes that end an utterance; None: the talker config's codec end token.
     eos_token_ids: tuple[int, ...] | None = None
+
+
+class Omni3TalkerArgs(OmniTalkerArgs):
+    # Qwen3-Omni's own defaults (``Qwen3OmniMoeForConditionalGeneration.generate``).
+    top_k: int = Field(default=50, ge=0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
+class Omni3Code2WavArgs(OmniArgs):
+    # Codes decoded at a time, each chunk with ``left_context_codes`` codes before it, as
+    # ``Qwen3OmniMoeCode2Wav.chunked_decode`` decodes them for the monolithic model: these
+    # defaults give its waveform exactly; smaller chunks give the first audio sooner, close
+    # to it but not equal (code2wav is causal but looks further back than the context).
+    chunk_codes: int = Field(default=300, ge=1)
+    left_context_codes: int = Field(default=25, ge=0)
 
 
 class OmniToken2WavArgs(OmniArgs):

@@ -22,6 +22,9 @@ ENGINE_CLASSES: dict[str, str] = {
     EngineName.OMNI_THINKER: "omnistage.engines.omni.thinker:OmniThinkerEngine",
     EngineName.OMNI_TALKER: "omnistage.engines.omni.talker:OmniTalkerEngine",
     EngineName.OMNI_TOKEN2WAV: "omnistage.engines.omni.token2wav:OmniToken2WavEngine",
+    EngineName.OMNI3_THINKER: "omnistage.engines.omni.qwen3_thinker:Omni3ThinkerEngine",
+    EngineName.OMNI3_TALKER: "omnistage.engines.omni.qwen3_talker:Omni3TalkerEngine",
+    EngineName.OMNI3_CODE2WAV: "omnistage.engines.omni.qwen3_code2wav:Omni3Code2WavEngine",
 }
 
 

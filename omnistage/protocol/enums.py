@@ -113,6 +113,10 @@ class EngineName(enum.StrEnum):
     OMNI_THINKER = "omni-thinker"
     OMNI_TALKER = "omni-talker"
     OMNI_TOKEN2WAV = "omni-token2wav"
+    # Qwen3-Omni's (MoE) stages, likewise.
+    OMNI3_THINKER = "omni3-thinker"
+    OMNI3_TALKER = "omni3-talker"
+    OMNI3_CODE2WAV = "omni3-code2wav"
 
 
 class Outcome(enum.StrEnum):

@@ -157,6 +157,9 @@ PARAM_KIND = {
     EngineName.OMNI_THINKER: ParamKind.TEXT,
     EngineName.OMNI_TALKER: ParamKind.SPEECH,
     EngineName.OMNI_TOKEN2WAV: ParamKind.SPEECH,
+    EngineName.OMNI3_THINKER: ParamKind.TEXT,
+    EngineName.OMNI3_TALKER: ParamKind.SPEECH,
+    EngineName.OMNI3_CODE2WAV: ParamKind.SPEECH,
 }
 _GROUP_TYPE: dict[ParamKind, type[_Params]] = {
     ParamKind.TEXT: GenerationParams,

@@ -11,7 +11,6 @@ random tiny weights have flat logits, so any change of summation order could fli
 from __future__ import annotations
 
 import base64
-import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,9 +20,17 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import CODEC_EOS, build_tiny_omni, png, spoken_deltas
+from tests.omni_tiny import (
+    CODEC_EOS,
+    build_tiny_omni,
+    one_thread_head,
+    png,
+    spoken_chat,
+    spoken_deltas,
+)
 
-pytestmark = pytest.mark.slow
+# The first test also waits for the head and its three replicas to load.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MAX_TOKENS = 6  # the thinker's answer
 MAX_CODES = 24  # the talker's codes (random weights never say end-of-speech early)
@@ -38,20 +45,15 @@ def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
     overrides = {"1": {"engine_args": {"do_sample": False, "max_new_tokens": MAX_CODES}}}
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OMP_NUM_THREADS", "1")  # the replicas inherit it
-    head = HeadProc(
+    head = one_thread_head(
         tmp_path_factory.mktemp("omni-head"),
-        str(omni_dir),
-        "--stage-overrides",
-        json.dumps(overrides),
+        omni_dir,
+        overrides,
+        "omni-head",
         "--allowed-media-domains",
         "127.0.0.1",
-        name="omni-head",
     )
-    mp.undo()
     try:
-        head.wait_healthy(timeout=240)
         yield head
     finally:
         head.stop()
@@ -108,19 +110,8 @@ def reference(
     return text, pcm16(wav_out)
 
 
-def _body(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> dict[str, Any]:
-    return {
-        "model": head.client.get("/v1/models").json()["data"][0]["id"],
-        "messages": messages,
-        "modalities": ["text", "audio"],
-        "audio": {"voice": voice, "format": "pcm16"},
-        "temperature": 0,
-        "max_tokens": MAX_TOKENS,
-    }
-
-
 def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
-    body = _body(head, messages, voice)
+    body = spoken_chat(head, messages, voice, MAX_TOKENS)
     response = head.client.post("/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     message = response.json()["choices"][0]["message"]
@@ -131,7 +122,7 @@ def _chat_streamed(
     head: HeadProc, messages: list[dict[str, str]], voice: str
 ) -> tuple[str, bytes, int]:
     """The streamed answer's transcript, its audio, and how many audio deltas it came in."""
-    body = {**_body(head, messages, voice), "stream": True}
+    body = {**spoken_chat(head, messages, voice, MAX_TOKENS), "stream": True}
     text, audio = [], []
     for words, sound in spoken_deltas(head, body, timeout=120):
         text.append(words)
@@ -276,7 +267,7 @@ def test_a_part_the_model_is_not_given_is_a_400_naming_it(
     omni_head: HeadProc, part: dict[str, Any], says: str
 ) -> None:
     content = [{"type": "text", "text": "What is this?"}, part]
-    body = _body(omni_head, [{"role": "user", "content": content}], "Chelsie")
+    body = spoken_chat(omni_head, [{"role": "user", "content": content}], "Chelsie", MAX_TOKENS)
     response = omni_head.client.post("/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text
     error = response.json()["error"]

@@ -33,6 +33,17 @@ def test_a_qwen2_5_omni_checkpoint_picks_thinker_talker_token2wav(tmp_path: Path
     assert [s.stage_id for s in config.stages if s.final_output] == [0, 2]
 
 
+def test_a_qwen3_omni_checkpoint_picks_thinker_talker_code2wav(tmp_path: Path) -> None:
+    config = load_config(str(_checkpoint(tmp_path, "qwen3_omni_moe")))
+    assert [(s.name, s.engine, s.inputs) for s in config.stages] == [
+        ("thinker", EngineName.OMNI3_THINKER, ()),
+        ("talker", EngineName.OMNI3_TALKER, (0,)),
+        ("code2wav", EngineName.OMNI3_CODE2WAV, (1,)),
+    ]
+    assert {s.engine_args["model"] for s in config.stages} == {str(tmp_path.resolve())}
+    assert [s.stage_id for s in config.stages if s.final_output] == [0, 2]
+
+
 def test_stage_overrides_apply_to_the_picked_pipeline(tmp_path: Path) -> None:
     overrides = {"1": {"replicas": 2, "engine_args": {"do_sample": False}}}
     config = load_config(str(_checkpoint(tmp_path, "qwen2_5_omni")), overrides)
@@ -51,7 +62,7 @@ def test_an_unknown_engine_arg_of_an_omni_stage_is_refused_at_load(tmp_path: Pat
 def test_a_directory_of_another_model_type_is_refused_naming_the_known_ones(
     tmp_path: Path,
 ) -> None:
-    known = "only for model_type qwen2_5_omni; this one has model_type 'llama'"
+    known = "only for model_type qwen2_5_omni, qwen3_omni_moe; this one has model_type 'llama'"
     with pytest.raises(ConfigError, match=known):
         load_config(str(_checkpoint(tmp_path, "llama")))
     empty = tmp_path / "empty"
@@ -99,6 +110,7 @@ def test_voices_match_any_case_and_default_to_chelsie() -> None:
     assert pick_voice(speakers, "default") == "Chelsie"
     assert pick_voice(speakers, "ethan") == "Ethan"
     assert pick_voice({"Ethan": 1}, "default") == "Ethan"
+    assert pick_voice({"Chelsie": 2, "Ethan": 1}, None, "Ethan") == "Ethan"  # Qwen3-Omni
     with pytest.raises(BadRequestError, match="Ethan, Chelsie") as err:
         pick_voice(speakers, "alloy")
     assert err.value.param == "voice"

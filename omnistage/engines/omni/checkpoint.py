@@ -24,6 +24,7 @@ from omnistage.protocol.errors import BadRequestError, ConfigError, EngineError
 
 _TENSOR = Modality.TENSOR
 DEFAULT_VOICE = "Chelsie"  # transformers' default speaker for Qwen2.5-Omni
+QWEN3_VOICE = "Ethan"  # and for Qwen3-Omni
 
 
 def device_of(args: OmniArgs) -> str:
@@ -40,23 +41,33 @@ def checkpoint_dir(args: OmniArgs) -> str:
     try:
         return str(hub.resolve(args.model))
     except ConfigError as exc:
-        raise EngineError(f"cannot load a Qwen2.5-Omni checkpoint from {exc}") from None
+        raise EngineError(f"cannot load an omni checkpoint from {exc}") from None
+
+
+# config.json's model_type -> transformers' class of the whole model.
+_MODEL_CLASSES = {
+    "qwen2_5_omni": "Qwen2_5OmniForConditionalGeneration",
+    "qwen3_omni_moe": "Qwen3OmniMoeForConditionalGeneration",
+}
 
 
 def load_omni(args: OmniArgs, directory: str | None = None) -> Any:
     """The whole checkpoint (speakers included), in eval mode on the CPU; each stage keeps
-    its part and drops the rest. ``directory``: ``checkpoint_dir(args)`` if resolved."""
+    its part and drops the rest. Its class follows config.json's model_type.
+    ``directory``: ``checkpoint_dir(args)`` if resolved."""
     import torch
-    from transformers import Qwen2_5OmniForConditionalGeneration
+    import transformers
+    from transformers import AutoConfig
 
     try:
-        model = Qwen2_5OmniForConditionalGeneration.from_pretrained(
-            directory or checkpoint_dir(args), dtype=getattr(torch, args.dtype)
-        )
+        where = directory or checkpoint_dir(args)
+        kind = AutoConfig.from_pretrained(where).model_type
+        if kind not in _MODEL_CLASSES:
+            raise ValueError(f"model_type {kind!r} is not an omni model we serve")
+        model_class = getattr(transformers, _MODEL_CLASSES[kind])
+        model = model_class.from_pretrained(where, dtype=getattr(torch, args.dtype))
     except (OSError, ValueError) as exc:
-        raise EngineError(
-            f"cannot load a Qwen2.5-Omni checkpoint from {args.model}: {exc}"
-        ) from None
+        raise EngineError(f"cannot load an omni checkpoint from {args.model}: {exc}") from None
     return model.eval()
 
 
@@ -80,17 +91,23 @@ def chunk_tensor(meta: TensorMeta, data: bytes) -> Any:
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(meta.shape)
 
 
-def pick_voice(speakers: dict[str, Any], asked: str | None) -> str:
-    """The speaker a request's voice names (any case); "default" or none: Chelsie where
-    the checkpoint has her, else its first speaker. Unknown: a 400 listing the voices."""
+def pick_voice(speakers: dict[str, Any], asked: str | None, default: str = DEFAULT_VOICE) -> str:
+    """The speaker a request's voice names (any case); "default" or none: ``default`` where
+    the checkpoint has it, else its first speaker. Unknown: a 400 listing the voices."""
     if asked is None or asked == "default":
-        return DEFAULT_VOICE if DEFAULT_VOICE in speakers else next(iter(speakers))
+        return default if default in speakers else next(iter(speakers))
     for name in speakers:
         if name.lower() == asked.lower():
             return name
     raise BadRequestError(
         f"voice {asked!r} is not one of this model's voices: {', '.join(speakers)}", "voice"
     )
+
+
+def qwen3_speakers(model: Any) -> dict[str, int]:
+    """A Qwen3-Omni checkpoint's voices (its config's speaker ids, by capitalised name)."""
+    voices = model.config.talker_config.speaker_id or {}
+    return {name.capitalize(): code for name, code in voices.items()}
 
 
 class Cancelled(Exception):

@@ -23,6 +23,7 @@ from omnistage.config.omni_args import OmniTalkerArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, StageInput
 from omnistage.engines.omni.checkpoint import (
+    DEFAULT_VOICE,
     Cancelled,
     ThreadRun,
     TokenStreamer,
@@ -91,9 +92,12 @@ class ReplyFeed:
 
 
 class OmniTalkerEngine(Engine):
+    args_type: type[OmniTalkerArgs] = OmniTalkerArgs
+    default_voice = DEFAULT_VOICE  # transformers' default speaker
+
     def __init__(self, stage: StageConfig) -> None:
         super().__init__(stage)
-        self.args = OmniTalkerArgs.model_validate(stage.engine_args)
+        self.args = self.args_type.model_validate(stage.engine_args)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="omni-talker")
         self.talker: Any = None
         self.embed: Any = None
@@ -116,10 +120,10 @@ class OmniTalkerEngine(Engine):
         self._eos = frozenset(eos)
 
     def check(self, params: StageParams) -> None:
-        pick_voice(self.speakers, params.speaking.voice)
+        pick_voice(self.speakers, params.speaking.voice, self.default_voice)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        voice = pick_voice(self.speakers, request.params.speaking.voice)
+        voice = pick_voice(self.speakers, request.params.speaking.voice, self.default_voice)
         run = ThreadRun(asyncio.get_running_loop())
         feed = ReplyFeed(run.stopped)
         reader = asyncio.create_task(self._read(request.inputs, feed))

@@ -47,6 +47,9 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Prompt, Usage
 from omnistage.protocol.params import GenerationParams, StageParams
 
+# A prompt's spoken input and images, as prepared for the thinker (None: none).
+Media = tuple[AudioInput | None, ImageInput | None]
+
 _REPLACEMENT = "\ufffd"
 
 
@@ -75,6 +78,10 @@ class OmniThinkerEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.extractor = audio_in.load_extractor(directory)
         self.image_processor = vision_in.load_processor(directory)
+        self._configure(model)
+
+    def _configure(self, model: Any) -> None:
+        """What the talker's tensors are made with, read from the whole model."""
         special = self.thinker.config
         # Positions whose embedding the talker does not see (transformers zeroes them).
         self._media_ids = (
@@ -162,7 +169,7 @@ class OmniThinkerEngine(Engine):
     def _generate(
         self,
         ids: list[int],
-        given: tuple[AudioInput | None, ImageInput | None],
+        given: Media,
         params: GenerationParams,
         max_new: int,
         run: ThreadRun,
@@ -172,25 +179,13 @@ class OmniThinkerEngine(Engine):
         heard, seen = given
         device = self.thinker.device
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-        media = torch.isin(input_ids[0], torch.tensor(self._media_ids, device=device))
 
         steps = [0]
 
         def on_forward(module: Any, args: Any, output: Any) -> None:
-            hidden = output.hidden_states
-            embeds, last = hidden[0][0], hidden[-1][0]
             steps[0] += 1
-            if steps[0] == 1:  # the prompt's step
-                embeds = embeds.masked_fill(media.unsqueeze(-1), 0.0)
-                if heard is not None:
-                    lengths = heard.mask.sum(-1)
-                    run.emit(("states", tensor_chunk("audio_feature_lengths", lengths)))
-                if seen is not None:
-                    run.emit(("states", tensor_chunk("image_grid_thw", seen.grid)))
-                run.emit(("states", tensor_chunk("prompt_ids", input_ids[0])))
-                run.emit(("states", tensor_chunk("prompt", last + embeds)))
-            else:
-                run.emit(("states", tensor_chunk("reply", last + embeds)))
+            for chunk in self._states(output.hidden_states, steps[0] == 1, input_ids, given):
+                run.emit(("states", chunk))
 
         sampling: dict[str, Any] = {"do_sample": False, **_media_inputs(heard, seen, device)}
         if params.temperature:
@@ -216,6 +211,31 @@ class OmniThinkerEngine(Engine):
                 )
         finally:
             hook.remove()
+
+    def _media(self, input_ids: Any) -> Any:
+        """Which prompt positions hold audio, image or video (a bool per position)."""
+        import torch
+
+        return torch.isin(input_ids[0], torch.tensor(self._media_ids, device=input_ids.device))
+
+    def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
+        """The talker's tensors from one forward step's hidden states (one tuple entry per
+        layer, the input embedding first): the prompt's on the first step, else a reply.
+        The prompt's audio lengths and images' patch grids too: the talker's positions
+        depend on them."""
+        embeds, last = hidden[0][0], hidden[-1][0]
+        if not prompt:
+            return [tensor_chunk("reply", last + embeds)]
+        heard, seen = given
+        out = []
+        if heard is not None:
+            out.append(tensor_chunk("audio_feature_lengths", heard.mask.sum(-1)))
+        if seen is not None:
+            out.append(tensor_chunk("image_grid_thw", seen.grid))
+        embeds = embeds.masked_fill(self._media(input_ids).unsqueeze(-1), 0.0)
+        out.append(tensor_chunk("prompt_ids", input_ids[0]))
+        out.append(tensor_chunk("prompt", last + embeds))
+        return out
 
     async def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -67,7 +67,7 @@ class OmniToken2WavEngine(Engine):
             )
             return
         codes = []
-        async for code in _codes(request):
+        async for code in codes_of(request):
             self.progress += 1  # input taken in: waiting on the talker is not a stall
             codes.append(code)
         loop = asyncio.get_running_loop()
@@ -120,7 +120,7 @@ class OmniToken2WavEngine(Engine):
                 self.progress += 1
                 yield EngineChunk(Modality.AUDIO, data=pcm, meta=meta)
 
-        async for code in _codes(request):
+        async for code in codes_of(request):
             self.progress += 1
             codes.extend(code.reshape(-1).tolist())
             async for piece in ready(False):
@@ -159,7 +159,7 @@ class OmniToken2WavEngine(Engine):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-async def _codes(request: EngineRequest) -> AsyncIterator[Any]:
+async def codes_of(request: EngineRequest) -> AsyncIterator[Any]:
     """The talker's codes as they come (tensors)."""
     async for chunk in request.inputs:
         meta = chunk.meta

@@ -1,0 +1,60 @@
+"""The ``omni3-thinker`` engine: Qwen3-Omni's thinker (transformers'
+``Qwen3OmniMoeThinkerForConditionalGeneration``), run as the Qwen2.5-Omni thinker runs
+(engines/omni/thinker.py: text streamed token by token, greedy or sampled, one request at
+a time), with the tensors ``Qwen3OmniMoeForConditionalGeneration.generate`` hands its
+talker, streamed as made (TENSOR chunks, ``TensorMeta``):
+
+- ``prompt_ids`` (int64, the prompt's token ids) and ``prompt_embeds`` (the prompt's input
+  embeddings), from the prompt's step;
+- ``prompt_hidden`` (the hidden state of the talker's ``accept_hidden_layer`` at every
+  prompt position), only when the prompt has audio, image or video positions: the talker
+  reads it there and nowhere else;
+- ``first_token`` (int64, the answer's first token id);
+- one ``reply`` per answer token fed back in: its input embedding, shape (1, H). The
+  answer's last token is never fed back, so it has no ``reply``, as in transformers.
+
+The talker projects these itself (its ``text_projection`` and ``hidden_projection``), as
+the monolithic model does after the thinker has finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnistage.engines.base import EngineChunk
+from omnistage.engines.omni.audio_in import AudioInput
+from omnistage.engines.omni.checkpoint import tensor_chunk
+from omnistage.engines.omni.thinker import Media, OmniThinkerEngine
+from omnistage.engines.omni.vision_in import ImageInput
+from omnistage.protocol.errors import BadRequestError
+from omnistage.protocol.messages import Prompt
+
+
+class Omni3ThinkerEngine(OmniThinkerEngine):
+    def _configure(self, model: Any) -> None:
+        special = self.thinker.config
+        self._media_ids = (special.audio_token_id, special.image_token_id, special.video_token_id)
+        self._accept_layer = model.config.talker_config.accept_hidden_layer
+
+    def prompt_ids(
+        self, prompt: Prompt | None, heard: AudioInput | None = None, seen: ImageInput | None = None
+    ) -> list[int]:
+        # Its audio and image placeholders are not Qwen2.5-Omni's.
+        if heard is not None:
+            raise BadRequestError(
+                "input_audio is not supported by the Qwen3-Omni thinker yet", "input_audio"
+            )
+        if seen is not None:
+            raise BadRequestError(
+                "image_url is not supported by the Qwen3-Omni thinker yet", "image_url"
+            )
+        return super().prompt_ids(prompt)
+
+    def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
+        embeds = hidden[0][0]
+        if not prompt:
+            return [tensor_chunk("reply", embeds)]
+        out = [tensor_chunk("prompt_ids", input_ids[0]), tensor_chunk("prompt_embeds", embeds)]
+        if bool(self._media(input_ids).any()):
+            out.append(tensor_chunk("prompt_hidden", hidden[self._accept_layer][0]))
+        return out
