@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.api.ids import next_id
+from omnistage.api.response_audio import Spoken
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
@@ -50,18 +51,22 @@ class _Item:
 
 @dataclass
 class _Message(_Item):
+    """The answer's words: as text, or (``spoken``) as the transcript of its audio."""
+
     index: int
+    spoken: Spoken | None = None
     id: str = field(default_factory=lambda: f"msg_{next_id()}")
     text: list[str] = field(default_factory=list)
     status: ResponseStatus = ResponseStatus.IN_PROGRESS
 
     def part(self) -> dict[str, Any]:
-        return {
-            "type": "output_text",
-            "text": "".join(self.text),
-            "annotations": [],
-            "logprobs": [],
-        }
+        words = "".join(self.text)
+        if self.spoken is None:
+            return {"type": "output_text", "text": words, "annotations": [], "logprobs": []}
+        part = {"type": "output_audio", "transcript": words}
+        if self.spoken.data:
+            part |= {"data": self.spoken.data, "format": self.spoken.plan.format}
+        return part
 
     def item(self) -> dict[str, Any]:
         content = [self.part()] if self.status != ResponseStatus.IN_PROGRESS else []
@@ -75,12 +80,18 @@ class _Message(_Item):
 
     def piece(self, text: str) -> dict[str, Any]:
         self.text.append(text)
+        if self.spoken is not None:
+            return {"type": "response.audio.transcript.delta", **self._where(), "delta": text}
         return {
             "type": "response.output_text.delta",
             **self._where(),
             "delta": text,
             "logprobs": [],
         }
+
+    def sound(self, data: str) -> dict[str, Any]:
+        """A streamed piece of the answer's audio (base64 pcm16)."""
+        return {"type": "response.audio.delta", **self._where(), "delta": data}
 
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.id, "output_index": self.index, "content_index": 0}
@@ -90,9 +101,19 @@ class _Message(_Item):
 
     def _closing(self) -> list[dict[str, Any]]:
         where, text = self._where(), "".join(self.text)
+        done = {"type": "response.content_part.done", **where, "part": self.part()}
+        if self.spoken is None:
+            return [
+                {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+                done,
+            ]
+        tail = self.spoken.finish()
+        sounds = [self.sound(tail)] if tail else []
         return [
-            {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-            {"type": "response.content_part.done", **where, "part": self.part()},
+            *sounds,
+            {"type": "response.audio.done", **where},
+            {"type": "response.audio.transcript.done", **where, "transcript": text},
+            done,
         ]
 
 
@@ -132,8 +153,10 @@ class Output:
     added, filled and done before the next is added. The engine writes each call's
     arguments in one run (``meta.index`` never goes back to an ended call)."""
 
-    def __init__(self, stage_name: str) -> None:
+    def __init__(self, stage_name: str, spoken: Spoken | None = None) -> None:
         self.stage_name = stage_name
+        self.spoken = spoken  # the answer's audio, where it is asked for
+        self._message: _Message | None = None  # the one that speaks
         self.items: list[_Message | _Call] = []
         self.finish_reason = FinishReason.STOP
         self._open: _Message | _Call | None = None
@@ -141,9 +164,17 @@ class Output:
 
     def add(self, out: OutputChunk) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
+        if out.modality == Modality.AUDIO and self.spoken is not None:
+            data = self.spoken.add(out)  # the audio stage's end is not the answer's
+            if data and self._message is None:  # no words came first
+                events += self._start(self._new_message())
+            if data:
+                assert self._message is not None
+                events.append(self._message.sound(data))
+            return events
         if out.modality == Modality.TEXT and out.text:
             if not isinstance(self._open, _Message):
-                events += self._start(_Message(len(self.items)))
+                events += self._start(self._new_message())
             assert self._open is not None
             events.append(self._open.piece(out.text))
         elif out.modality == Modality.TOOL_CALL:
@@ -165,7 +196,7 @@ class Output:
 
     def finish(self) -> list[dict[str, Any]]:
         """Events that end the output; an answer with no item gets an empty message."""
-        events = [] if self.items else self._start(_Message(0))
+        events = [] if self.items else self._start(self._new_message())
         length = self.finish_reason == FinishReason.LENGTH
         status = ResponseStatus.INCOMPLETE if length else ResponseStatus.COMPLETED
         return events + self._end(status)
@@ -175,6 +206,13 @@ class Output:
         if self._open is not None:
             self._open.status = ResponseStatus.INCOMPLETE
             self._open = None
+
+    def _new_message(self) -> _Message:
+        """A message; the first one speaks (an answer has one voice)."""
+        message = _Message(len(self.items), self.spoken if self._message is None else None)
+        if self._message is None:
+            self._message = message
+        return message
 
     def _start(self, item: _Message | _Call) -> list[dict[str, Any]]:
         events = self._end(ResponseStatus.COMPLETED)

@@ -26,6 +26,7 @@ class UserTurn:
         start_ms: float,
         listener: Callable[[], TurnListener | None],
         on_text: Callable[[str], None] | None = None,
+        keep_audio: bool = False,
     ) -> None:
         self.item_id = item_id
         self.start_ms = start_ms
@@ -35,6 +36,8 @@ class UserTurn:
         self._phrases: list[asyncio.Task[str]] = []
         self._heard: list[str] = []  # the transcripts of finished phrases, in order
         self.fed_ms = start_ms  # session audio time up to which the turn has audio
+        # The turn's audio, for a thinker that hears it itself (None: not kept).
+        self._audio: list[bytes] | None = [] if keep_audio else None
 
     @property
     def in_phrase(self) -> bool:
@@ -50,7 +53,13 @@ class UserTurn:
             self._phrase = self._listener()
         if self._phrase is not None:
             self._phrase.feed(pcm)
+        if self._audio is not None:
+            self._audio.append(pcm)
         self.fed_ms += ms
+
+    def audio(self) -> bytes | None:
+        """The turn's audio so far (24 kHz pcm16), where it is kept."""
+        return None if self._audio is None else b"".join(self._audio)
 
     def end_phrase(self) -> None:
         """The user paused: transcribe the phrase so far."""
