@@ -33,6 +33,7 @@ class UserTurn:
         self._listener = listener
         self._on_text = on_text
         self._phrase: TurnListener | None = None
+        self._speaking = False  # audio fed since the last pause
         self._phrases: list[asyncio.Task[str]] = []
         self._heard: list[str] = []  # the transcripts of finished phrases, in order
         self.fed_ms = start_ms  # session audio time up to which the turn has audio
@@ -41,7 +42,9 @@ class UserTurn:
 
     @property
     def in_phrase(self) -> bool:
-        return self._phrase is not None
+        """A phrase is being spoken to someone who hears it (a listener, or the thinker
+        that keeps the audio); a turn nobody hears has no phrases."""
+        return self._speaking and (self._phrase is not None or self._audio is not None)
 
     @property
     def phrases(self) -> int:
@@ -49,7 +52,8 @@ class UserTurn:
 
     def feed(self, pcm: bytes, ms: float) -> None:
         """More of the turn's audio (``ms`` of it), into the phrase being spoken."""
-        if self._phrase is None:
+        if not self._speaking:
+            self._speaking = True
             self._phrase = self._listener()
         if self._phrase is not None:
             self._phrase.feed(pcm)
@@ -63,6 +67,7 @@ class UserTurn:
 
     def end_phrase(self) -> None:
         """The user paused: transcribe the phrase so far."""
+        self._speaking = False
         phrase, self._phrase = self._phrase, None
         if phrase is None:
             return
@@ -96,6 +101,7 @@ class UserTurn:
 
     def close(self) -> None:
         """The turn was dropped: free what the listener holds for it."""
+        self._speaking = False
         if self._phrase is not None:
             self._phrase.close()
             self._phrase = None
