@@ -2,11 +2,11 @@
 
 Out: ``modalities: ["text", "audio"]`` with ``audio: {"voice", "format"}`` (chat's
 fields; a stream is pcm16) asks the pipeline's first final audio stage to speak the
-answer. The words then come once, as the audio's transcript (as chat sends them): the
-message's content part is ``output_audio``. Streamed, the audio goes out as
-``response.audio.delta`` events (24 kHz pcm16, base64) and the words as
-``response.audio.transcript.delta``: the openai SDK's event types for them. A whole
-answer carries the encoded file in the part's ``data``.
+answer. The words stay an ``output_text`` part with its events (the only message part
+the openai SDK's types know, so its clients read the words as ever); the audio is
+added: streamed, as ``response.audio.delta`` events (24 kHz pcm16, base64) and
+``response.audio.done`` (the SDK's event types for them); whole, as the part's
+``audio`` (``data``: the encoded file, base64; ``format``).
 
 In: an ``input_audio`` part (chat's shape) in the last user message goes to the stage
 that hears it: a listener (ASR) before the thinker, or a thinker that takes audio itself.

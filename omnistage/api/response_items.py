@@ -51,7 +51,7 @@ class _Item:
 
 @dataclass
 class _Message(_Item):
-    """The answer's words: as text, or (``spoken``) as the transcript of its audio."""
+    """The answer's words, and (``spoken``) its audio."""
 
     index: int
     spoken: Spoken | None = None
@@ -61,11 +61,9 @@ class _Message(_Item):
 
     def part(self) -> dict[str, Any]:
         words = "".join(self.text)
-        if self.spoken is None:
-            return {"type": "output_text", "text": words, "annotations": [], "logprobs": []}
-        part = {"type": "output_audio", "transcript": words}
-        if self.spoken.data:
-            part |= {"data": self.spoken.data, "format": self.spoken.plan.format}
+        part = {"type": "output_text", "text": words, "annotations": [], "logprobs": []}
+        if self.spoken is not None and self.spoken.data:
+            part["audio"] = {"data": self.spoken.data, "format": self.spoken.plan.format}
         return part
 
     def item(self) -> dict[str, Any]:
@@ -80,8 +78,6 @@ class _Message(_Item):
 
     def piece(self, text: str) -> dict[str, Any]:
         self.text.append(text)
-        if self.spoken is not None:
-            return {"type": "response.audio.transcript.delta", **self._where(), "delta": text}
         return {
             "type": "response.output_text.delta",
             **self._where(),
@@ -101,20 +97,13 @@ class _Message(_Item):
 
     def _closing(self) -> list[dict[str, Any]]:
         where, text = self._where(), "".join(self.text)
+        events = [{"type": "response.output_text.done", **where, "text": text, "logprobs": []}]
+        if self.spoken is not None:
+            tail = self.spoken.finish()
+            events += [self.sound(tail)] if tail else []
+            events.append({"type": "response.audio.done", **where})
         done = {"type": "response.content_part.done", **where, "part": self.part()}
-        if self.spoken is None:
-            return [
-                {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-                done,
-            ]
-        tail = self.spoken.finish()
-        sounds = [self.sound(tail)] if tail else []
-        return [
-            *sounds,
-            {"type": "response.audio.done", **where},
-            {"type": "response.audio.transcript.done", **where, "transcript": text},
-            done,
-        ]
+        return [*events, done]
 
 
 @dataclass

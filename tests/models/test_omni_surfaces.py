@@ -17,17 +17,24 @@ import io
 import json
 import wave
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
+from openai.types.responses import ResponseStreamEvent
 
 from omnistage.audio.resample import resample
 from tests.integration.harness import HeadProc
 from tests.omni_tiny import build_tiny_omni, spoken_deltas
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+# Every Responses stream event type the SDK knows.
+EVENT_TYPES = {
+    get_args(cls.model_fields["type"].annotation)[0]: cls
+    for cls in get_args(get_args(ResponseStreamEvent)[0])
+}
 
 MAX_TOKENS = 6  # the thinker's answer
 MAX_CODES = 24  # the talker's codes
@@ -137,9 +144,9 @@ def test_a_response_hears_input_audio_and_speaks_as_chat_does(
     assert r.status_code == 200, r.text
     (message,) = r.json()["output"]
     (part,) = message["content"]
-    assert part["type"] == "output_audio" and part["format"] == "pcm16"
-    assert part["transcript"] == want_text
-    assert base64.b64decode(part["data"]) == want_pcm
+    assert part["type"] == "output_text" and part["audio"]["format"] == "pcm16"
+    assert part["text"] == want_text
+    assert base64.b64decode(part["audio"]["data"]) == want_pcm
     assert len(want_pcm) == MAX_CODES * 2 * 16 * 2  # codes x DiT repeats x BigVGAN x bytes
 
 
@@ -154,13 +161,15 @@ def test_a_streamed_response_streams_chats_audio(omni_head: HeadProc, model: str
             if line.startswith("data: "):
                 events.append(json.loads(line.removeprefix("data: ")))
 
+    for event in events:  # each as the openai SDK types it (extra fields allowed)
+        EVENT_TYPES[event["type"]].model_validate(event)
     kinds = [e["type"] for e in events]
-    words = "".join(e["delta"] for e in events if e["type"] == "response.audio.transcript.delta")
+    words = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     sound = b"".join(
         base64.b64decode(e["delta"]) for e in events if e["type"] == "response.audio.delta"
     )
     assert kinds[-1] == "response.incomplete"  # random weights run to max_output_tokens
-    assert "response.audio.done" in kinds and "response.output_text.delta" not in kinds
+    assert kinds.index("response.audio.done") < kinds.index("response.content_part.done")
     assert words == want_text
     assert sound == want_pcm
 
