@@ -35,12 +35,11 @@ _MEDIA_PARTS = ("input_image", "input_file")
 
 class ResponseInputPart(Body):
     """A content part of an input message: text, or spoken audio (``input_audio``, as
-    chat's); in an assistant turn a client sends back (or a stored one replayed), what
-    it said: ``output_text``, or ``output_audio`` by its transcript."""
+    chat's); ``output_text`` in an assistant turn a client sends back (or a stored one
+    replayed: a spoken answer's audio is not read back)."""
 
-    type: Literal["input_text", "output_text", "input_audio", "output_audio"]
+    type: Literal["input_text", "output_text", "input_audio"]
     text: str | None = None
-    transcript: str | None = None
     input_audio: InputAudio | None = None
 
     @field_validator("type", mode="before")
@@ -54,13 +53,10 @@ class ResponseInputPart(Body):
 
     @model_validator(mode="after")
     def _has_its_payload(self) -> ResponseInputPart:
-        needed = {"input_audio": "input_audio", "output_audio": "transcript"}.get(self.type, "text")
+        needed = "input_audio" if self.type == "input_audio" else "text"
         if getattr(self, needed) is None:
             raise ValueError(f"an {self.type} part needs {needed}")
         return self
-
-    def words(self) -> str:
-        return self.text or self.transcript or ""
 
 
 class ResponseInputItem(Body):
@@ -97,7 +93,7 @@ class ResponseInputItem(Body):
         return self
 
     def text(self) -> str:
-        return "".join(p.words() for p in (self.content or self.output or []))
+        return "".join(p.text or "" for p in (self.content or self.output or []))
 
     def audio_parts(self) -> list[InputAudio]:
         return [p.input_audio for p in self.content or [] if p.input_audio is not None]
