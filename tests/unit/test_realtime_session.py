@@ -232,6 +232,24 @@ async def test_a_thinker_that_hears_is_given_each_turns_audio_itself() -> None:
     assert all(m.role != "user" for m in second.messages[:-1])
 
 
+async def test_a_thinker_that_hears_hears_a_created_items_audio() -> None:
+    h = Harness(hears=True)
+    pcm = (np.arange(2400) % 500).astype("<i2").tobytes()
+    part = {"type": "input_audio", "audio": base64.b64encode(pcm).decode()}
+    item = {"type": "message", "role": "user", "content": [part]}
+    await h.send("conversation.item.create", item=item)
+    await h.send("response.create")
+    await h.answered()
+    (prompt,) = (r.prompt for r in h.requests)
+    assert prompt.audio == pcm  # the session's pcm16 is 24 kHz already: as it was sent
+    assert prompt.messages is not None and prompt.messages[-1] == ChatMessage("user", "")
+    (added,) = h.of("conversation.item.added")
+    assert added["item"]["content"] == [{"type": "input_audio"}]  # not echoed back
+    part["audio"] = "not base64!"
+    await h.send("conversation.item.create", item=item)
+    assert h.errors()[-1]["param"] == "item.content[0].audio"
+
+
 async def test_speech_during_an_answer_cancels_it_and_no_audio_follows() -> None:
     h = Harness("tell me a story")
     await spoken_turn(h)
