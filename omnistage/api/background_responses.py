@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from omnistage.api.response_audio import audio_plan
 from omnistage.api.response_items import ResponseShape
 from omnistage.api.response_runs import pipeline_request, run_to_final
 from omnistage.api.schemas.responses import ResponsesRequest
@@ -43,11 +44,13 @@ class ResponseJobs:
         stored.status = ResponseStatus.IN_PROGRESS
         stored.body = shape.body(ResponseStatus.IN_PROGRESS)
         await self.store.put_response(stored)
+        audio = audio_plan(self.omni, body)
         request = pipeline_request(
-            self.omni, body, self.stage_id, f"{job.id}-{job.attempts}", spec["conversation"]
+            self.omni, body, self.stage_id, f"{job.id}-{job.attempts}", spec["conversation"], audio
         )
         name = self.omni.graph.stages[self.stage_id].name
-        final = await run_to_final(partial(open_patiently, self.omni), request, shape, name)
+        opener = partial(open_patiently, self.omni)
+        final = await run_to_final(opener, request, shape, name, audio)
         # Cancelled or deleted meanwhile: the runner finds the lease gone and keeps
         # nothing; the stored row must not be overwritten either.
         current = await self.store.get_response(job.id, job.owner)

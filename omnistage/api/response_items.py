@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.api.ids import next_id
+from omnistage.api.response_audio import Spoken
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
@@ -50,18 +51,20 @@ class _Item:
 
 @dataclass
 class _Message(_Item):
+    """The answer's words, and (``spoken``) its audio."""
+
     index: int
+    spoken: Spoken | None = None
     id: str = field(default_factory=lambda: f"msg_{next_id()}")
     text: list[str] = field(default_factory=list)
     status: ResponseStatus = ResponseStatus.IN_PROGRESS
 
     def part(self) -> dict[str, Any]:
-        return {
-            "type": "output_text",
-            "text": "".join(self.text),
-            "annotations": [],
-            "logprobs": [],
-        }
+        words = "".join(self.text)
+        part = {"type": "output_text", "text": words, "annotations": [], "logprobs": []}
+        if self.spoken is not None and self.spoken.data:
+            part["audio"] = {"data": self.spoken.data, "format": self.spoken.plan.format}
+        return part
 
     def item(self) -> dict[str, Any]:
         content = [self.part()] if self.status != ResponseStatus.IN_PROGRESS else []
@@ -82,6 +85,10 @@ class _Message(_Item):
             "logprobs": [],
         }
 
+    def sound(self, data: str) -> dict[str, Any]:
+        """A streamed piece of the answer's audio (base64 pcm16)."""
+        return {"type": "response.audio.delta", **self._where(), "delta": data}
+
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.id, "output_index": self.index, "content_index": 0}
 
@@ -90,10 +97,13 @@ class _Message(_Item):
 
     def _closing(self) -> list[dict[str, Any]]:
         where, text = self._where(), "".join(self.text)
-        return [
-            {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-            {"type": "response.content_part.done", **where, "part": self.part()},
-        ]
+        events = [{"type": "response.output_text.done", **where, "text": text, "logprobs": []}]
+        if self.spoken is not None:
+            tail = self.spoken.finish()
+            events += [self.sound(tail)] if tail else []
+            events.append({"type": "response.audio.done", **where})
+        done = {"type": "response.content_part.done", **where, "part": self.part()}
+        return [*events, done]
 
 
 @dataclass
@@ -132,8 +142,10 @@ class Output:
     added, filled and done before the next is added. The engine writes each call's
     arguments in one run (``meta.index`` never goes back to an ended call)."""
 
-    def __init__(self, stage_name: str) -> None:
+    def __init__(self, stage_name: str, spoken: Spoken | None = None) -> None:
         self.stage_name = stage_name
+        self.spoken = spoken  # the answer's audio, where it is asked for
+        self._message: _Message | None = None  # the one that speaks
         self.items: list[_Message | _Call] = []
         self.finish_reason = FinishReason.STOP
         self._open: _Message | _Call | None = None
@@ -141,9 +153,17 @@ class Output:
 
     def add(self, out: OutputChunk) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
+        if out.modality == Modality.AUDIO and self.spoken is not None:
+            data = self.spoken.add(out)  # the audio stage's end is not the answer's
+            if data and self._message is None:  # no words came first
+                events += self._start(self._new_message())
+            if data:
+                assert self._message is not None
+                events.append(self._message.sound(data))
+            return events
         if out.modality == Modality.TEXT and out.text:
             if not isinstance(self._open, _Message):
-                events += self._start(_Message(len(self.items)))
+                events += self._start(self._new_message())
             assert self._open is not None
             events.append(self._open.piece(out.text))
         elif out.modality == Modality.TOOL_CALL:
@@ -165,7 +185,7 @@ class Output:
 
     def finish(self) -> list[dict[str, Any]]:
         """Events that end the output; an answer with no item gets an empty message."""
-        events = [] if self.items else self._start(_Message(0))
+        events = [] if self.items else self._start(self._new_message())
         length = self.finish_reason == FinishReason.LENGTH
         status = ResponseStatus.INCOMPLETE if length else ResponseStatus.COMPLETED
         return events + self._end(status)
@@ -175,6 +195,13 @@ class Output:
         if self._open is not None:
             self._open.status = ResponseStatus.INCOMPLETE
             self._open = None
+
+    def _new_message(self) -> _Message:
+        """A message; the first one speaks (an answer has one voice)."""
+        message = _Message(len(self.items), self.spoken if self._message is None else None)
+        if self._message is None:
+            self._message = message
+        return message
 
     def _start(self, item: _Message | _Call) -> list[dict[str, Any]]:
         events = self._end(ResponseStatus.COMPLETED)

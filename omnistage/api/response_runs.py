@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from omnistage.api.response_audio import AudioPlan, Spoken, heard
 from omnistage.api.response_items import Output, ResponseShape
 from omnistage.api.routes.common import resolve_stage_params
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, Prompt, ToolCall
-from omnistage.protocol.params import NO_PARAMS, ParamKind, decode
+from omnistage.protocol.params import NO_PARAMS, ParamKind, SpeechParams, StageParams, decode
 from omnistage.service import OutputStream, PipelineService
 
 # The text stage checks its params under their chat names; a 400 names the field the
@@ -27,10 +28,16 @@ _PARAM_NAMES = {"response_format": "text.format", "max_tokens": "max_output_toke
 
 
 def pipeline_request(
-    omni: PipelineService, body: ResponsesRequest, sid: int, response_id: str, affinity: str
+    omni: PipelineService,
+    body: ResponsesRequest,
+    sid: int,
+    response_id: str,
+    affinity: str,
+    audio: AudioPlan | None = None,
 ) -> PipelineRequest:
-    """The pipeline request answering ``body`` on text stage ``sid``; ``affinity``: the
-    conversation, so its turns go where its prefix is cached."""
+    """The pipeline request answering ``body`` on text stage ``sid`` (and spoken by
+    ``audio``'s stage); ``affinity``: the conversation, so its turns go where its prefix
+    is cached."""
     try:
         stage_params = resolve_stage_params(omni, body.stage_params)
         if extra := body.chat_params():
@@ -38,9 +45,21 @@ def pipeline_request(
             stage_params[sid] = stage_params.get(sid, NO_PARAMS).merged(answer)
     except BadRequestError as exc:
         raise in_our_terms(exc) from None
+    finals = [sid]
+    if audio is not None:
+        finals.append(audio.stage)
+        voice = StageParams(speech=SpeechParams(audio.voice))
+        for speaker in omni.graph.speaking_for([audio.stage]):
+            stage_params[speaker] = stage_params.get(speaker, NO_PARAMS).merged(voice)
     prompt = Prompt(messages=messages(body))
+    if spoken := heard(omni, body):
+        prompt = Prompt(messages=prompt.messages, audio=spoken[0], audio_format=spoken[1])
     params = body.sampling_params()
-    return PipelineRequest(response_id, prompt, [sid], params, stage_params, affinity=affinity)
+    # A stream's status line waits for the audio stage to check the voice (see chat).
+    ack = audio is not None and audio.streamed
+    return PipelineRequest(
+        response_id, prompt, finals, params, stage_params, ack=ack, affinity=affinity
+    )
 
 
 def messages(body: ResponsesRequest) -> list[ChatMessage]:
@@ -73,10 +92,11 @@ async def run_to_final(
     request: PipelineRequest,
     shape: ResponseShape,
     stage_name: str,
+    audio: AudioPlan | None = None,
 ) -> dict[str, Any]:
     """The final response object (completed, incomplete or failed) of ``request``,
     opened with ``open_stream`` (the service's ``open``, or a patient one)."""
-    output = Output(stage_name)
+    output = Output(stage_name, Spoken(audio) if audio is not None else None)
     try:
         stream = await open_stream(request)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from omnistage.config.schema import DeployConfig, StageConfig
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.params import StageParams, decode, kind_of
+from omnistage.protocol.params import ParamKind, StageParams, decode, kind_of
 
 
 class StageGraph:
@@ -61,6 +61,14 @@ class StageGraph:
 
     def stages_reading(self, modality: Modality) -> list[int]:
         return [sid for sid, kinds in self.reads_prompt.items() if modality in kinds]
+
+    def speaking_for(self, audio: list[int]) -> set[int]:
+        """The stages that take an answer's voice: the audio stages ``audio``, and the
+        speech stages they need (an omni model's talker speaks in the voice its
+        code-to-wave stage renders)."""
+        needed = self.required_for(audio)
+        speech = {sid for sid in needed if kind_of(self.stages[sid].engine) == ParamKind.SPEECH}
+        return set(audio) | speech
 
     def finals_with(self, modalities: set[Modality]) -> list[int]:
         return [sid for sid in self.final if self.stages[sid].output_modality in modalities]

@@ -12,8 +12,9 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from omnistage.protocol.messages import Prompt
 from omnistage.realtime.context import SessionHost
-from omnistage.realtime.conversation import Item, chat_messages, check_item
+from omnistage.realtime.conversation import Item, chat_prompt, check_item
 from omnistage.realtime.gate import Gate
 from omnistage.realtime.options import SessionKind, bad
 from omnistage.realtime.replies import ResponseSettings, reply_settings
@@ -79,18 +80,20 @@ class Answers:
         host, ctx = self._host, self._host.ctx
         text = instructions if instructions is not None else host.config.instructions
 
-        def messages() -> list[Any]:
-            return chat_messages(text, items if items is not None else list(host.conversation))
+        def prompt() -> Prompt:
+            answered = items if items is not None else list(host.conversation)
+            return chat_prompt(text, answered, ctx.hears)
 
         return ResponseRun(
             ctx.service,
             (ctx.thinker, ctx.talker),
             settings,
-            messages,
+            prompt,
             gate.emit if gate is not None else host.emit,
             on_item=gate.add_item if gate is not None else host.add_answer_item,
             affinity=host.id,
             rate_limits=ctx.rate_limits,
+            speakers=ctx.speakers,
         )
 
     def start(

@@ -15,7 +15,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
 
 from omnistage.audio.formats import AudioFormat, InputStream
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted
@@ -158,3 +160,24 @@ class AudioInput:
         if self.turn is not None:
             self.turn.close()
         self.turn = None
+
+
+def item_audio(item: dict[str, Any], fmt: AudioFormat) -> bytes | None:
+    """The audio of a user message a client created (an ``input_audio`` part's
+    ``audio``, base64 in the session's input format) as 24 kHz pcm16, taken out of the
+    item (it is not sent back in every event); None if it has none."""
+    if item.get("type") != "message" or item.get("role") != "user":
+        return None
+    for i, part in enumerate(item["content"]):
+        audio = part.get("audio") if part.get("type") == "input_audio" else None
+        if not isinstance(audio, str):
+            continue
+        try:
+            raw = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad(f"item.content[{i}].audio", "expected base64-encoded audio") from None
+        del part["audio"]
+        decoder = InputStream(fmt, RATE)
+        pcm = np.concatenate((decoder.push(raw), decoder.flush()))
+        return pcm.astype("<i2").tobytes()
+    return None

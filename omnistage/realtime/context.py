@@ -47,6 +47,11 @@ class SessionContext:
     vad: Callable[[ServerVadParams], VadStream] = lambda p: VadStream(p, RATE)
     # What ``rate_limits.updated`` reports after each answer (None: nothing is sent).
     rate_limits: Callable[[], list[dict[str, Any]]] | None = None
+    # The thinker hears the user's audio itself (an omni model's): no listener, and
+    # each turn's audio is kept for the answer's prompt.
+    hears: bool = False
+    # The stages besides the talker that take the answer's voice.
+    speakers: tuple[int, ...] = ()
 
 
 class SessionHost(Protocol):

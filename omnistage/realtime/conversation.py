@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.protocol.errors import BadRequestError
-from omnistage.protocol.messages import ChatMessage, ToolCall
+from omnistage.protocol.messages import ChatMessage, Prompt, ToolCall
+from omnistage.realtime.input_buffer import RATE
 from omnistage.realtime.options import bad
 
 MAX_ITEMS = 1024
@@ -52,6 +53,8 @@ class Item:
 
     json: dict[str, Any]
     spoken: list[Spoken] = field(default_factory=list)
+    # A user turn's audio (24 kHz pcm16), where the thinker hears it itself.
+    audio: bytes | None = None
 
     @property
     def id(self) -> str:
@@ -230,14 +233,29 @@ class Conversation:
         return self._items[at - 1].id if at else None
 
 
-def chat_messages(instructions: str, items: list[Item]) -> list[ChatMessage]:
-    """What the thinker reads: the instructions, then the items as chat turns."""
+def chat_prompt(instructions: str, items: list[Item], hears: bool) -> Prompt:
+    """The thinker's prompt: the chat turns, and for a thinker that ``hears``, the last
+    user turn's audio where it is one (a prompt holds one spoken input: an earlier turn
+    is read by its transcript, if it has one)."""
+    users = [i for i in items if i.type == "message" and i.json["role"] == "user"]
+    spoken = users[-1] if hears and users and users[-1].audio is not None else None
+    messages = chat_messages(instructions, items, spoken)
+    if spoken is None:
+        return Prompt(messages=messages)
+    return Prompt(messages=messages, audio=spoken.audio, audio_format="pcm16", sample_rate=RATE)
+
+
+def chat_messages(
+    instructions: str, items: list[Item], spoken: Item | None = None
+) -> list[ChatMessage]:
+    """What the thinker reads: the instructions, then the items as chat turns (the
+    ``spoken`` turn, whose audio the thinker hears, with or without words)."""
     out = [ChatMessage("system", instructions)] if instructions else []
     for item in items:
         js = item.json
         if js["type"] == "message":
             words = words_of(item)
-            if words:  # an answer cut off before a word was said is no turn
+            if words or item is spoken:  # an answer cut off before a word was said is no turn
                 out.append(ChatMessage(js["role"], words))
         elif js["type"] == "function_call":
             call = ToolCall(js["call_id"], js["name"], js["arguments"])

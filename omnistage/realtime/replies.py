@@ -39,7 +39,12 @@ class ResponseSettings:
     in_conversation: bool = True
     metadata: dict[str, Any] | None = None
 
-    def params(self, thinker: int, talker: int | None) -> dict[int, StageParams]:
+    def params(
+        self, thinker: int, talker: int | None, speakers: tuple[int, ...] = ()
+    ) -> dict[int, StageParams]:
+        """Each stage's params: the thinker's generation, and the voice for the talker
+        and the ``speakers`` before it (an omni talker speaks in its code-to-wave
+        stage's voice)."""
         gen: dict[str, Any] = {}
         if self.max_output_tokens is not None:
             gen["max_tokens"] = self.max_output_tokens
@@ -50,7 +55,8 @@ class ResponseSettings:
             gen["tool_choice"] = _chat_tool_choice(self.tool_choice)
         out = {thinker: StageParams(text=GenerationParams(**gen))}
         if talker is not None:
-            out[talker] = StageParams(speech=SpeechParams(self.voice, self.speed))
+            for sid in {talker, *speakers}:
+                out[sid] = StageParams(speech=SpeechParams(self.voice, self.speed))
         return out
 
 

@@ -27,7 +27,7 @@ from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, Usage
+from omnistage.protocol.messages import OutputChunk, Prompt, Usage
 from omnistage.realtime import events as ev
 from omnistage.realtime.conversation import (
     Item,
@@ -124,11 +124,12 @@ class ResponseRun:
         service: PipelineService,
         stages: tuple[int, int | None],
         settings: ResponseSettings,
-        messages: Callable[[], list[ChatMessage]],
+        prompt: Callable[[], Prompt],
         emit: Emit,
         on_item: Callable[[Item], None] | None = None,
         affinity: str = "",
         rate_limits: Callable[[], list[dict[str, Any]]] | None = None,
+        speakers: tuple[int, ...] = (),
     ) -> None:
         self.id = new_id("resp")
         self.settings = settings
@@ -136,7 +137,8 @@ class ResponseRun:
         self._thinker, talker = stages
         self._audio = _AUDIO in settings.modalities and talker is not None
         self._talker = talker if self._audio else None
-        self._messages = messages
+        self._prompt = prompt  # built when the answer starts: its turns are heard by then
+        self._speakers = speakers
         self._emit = emit
         self._on_item = on_item  # the session adds output items to its conversation
         self._affinity = affinity
@@ -195,9 +197,9 @@ class ResponseRun:
         finals = [self._thinker] + ([self._talker] if self._talker is not None else [])
         request = PipelineRequest(
             f"realtime-{self.id}",
-            Prompt(messages=self._messages()),
+            self._prompt(),
             finals,
-            stage_params=self.settings.params(self._thinker, self._talker),
+            stage_params=self.settings.params(self._thinker, self._talker, self._speakers),
             affinity=self._affinity,
         )
         reason: FinishReason | None = None
@@ -322,15 +324,17 @@ class ResponseRun:
         assert item is not None
         part = item.json["content"][0]
         if self._audio:
+            # An answer that ran to its end or out of tokens was said whole; one cut
+            # short (cancelled, failed) only as far as its sentences went out.
+            out_of_tokens = (self._details or {}).get("reason") == StopReason.MAX_OUTPUT_TOKENS
+            whole = item_status == ItemStatus.COMPLETED or out_of_tokens
             if self._encoder is not None:
                 tail = self._encoder.flush()
-                if tail and item_status == ItemStatus.COMPLETED:
+                if tail and whole:
                     delta = base64.b64encode(tail).decode()
                     self._part_event(ev.OutputAudioDelta, delta=delta)
-            # What was said: the spoken sentences (all of them unless cut short).
             said = " ".join(s.text for s in item.spoken if s.text)
-            completed = item_status == ItemStatus.COMPLETED
-            part["transcript"] = "".join(self._words) if completed else said
+            part["transcript"] = "".join(self._words) if whole else said
             self._part_event(ev.OutputAudioDone)
             self._part_event(ev.TranscriptDone, transcript=part["transcript"])
             done_part = {"type": "audio", "transcript": part["transcript"]}

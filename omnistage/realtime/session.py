@@ -21,7 +21,7 @@ from typing import Any
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
 from omnistage.realtime.answers import Answers
-from omnistage.realtime.audio_input import AudioInput
+from omnistage.realtime.audio_input import AudioInput, item_audio
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
 from omnistage.realtime.conversation import (
@@ -148,6 +148,8 @@ class RealtimeSession:
 
     def _create_item(self, value: Any, previous_item_id: str | None) -> None:
         item = check_item(value)
+        if self.ctx.hears:  # the thinker hears a created turn's audio as a spoken one's
+            item.audio = item_audio(item.json, self.config.input_format)
         previous = self.conversation.add(item, previous_item_id)
         self.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))
         self.emit(ev.ItemDone(previous_item_id=previous, item=item.json))

@@ -60,7 +60,9 @@ class TurnTaking:
         return asyncio.gather(*pending) if pending else None  # type: ignore[return-value]
 
     def new_turn(self, item_id: str, start_ms: float) -> UserTurn:
-        return UserTurn(item_id, start_ms, self._phrase_listener, self._heard(item_id))
+        keep = self._host.ctx.hears
+        heard = self._heard(item_id)
+        return UserTurn(item_id, start_ms, self._phrase_listener, heard, keep_audio=keep)
 
     def _phrase_listener(self) -> TurnListener | None:
         ctx, config = self._host.ctx, self._host.config
@@ -102,6 +104,7 @@ class TurnTaking:
         gate = Gate(host.emit, host.add_answer_item)
 
         async def hear() -> None:
+            item.audio = turn.audio()  # what a thinker that hears is given: the turn so far
             item.json["content"][0]["transcript"] = await turn.heard_so_far()
 
         items = [*host.conversation, item]
@@ -156,6 +159,8 @@ class TurnTaking:
     def _commit(self, turn: UserTurn, item: Item) -> None:
         """The turn's audio is a user item now; its transcript follows."""
         host = self._host
+        if item.audio is None:  # an early answer's item keeps the audio it answered
+            item.audio = turn.audio()
         previous = host.conversation.add(item)
         host.emit(ev.InputCommitted(previous_item_id=previous, item_id=item.id))
         host.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))

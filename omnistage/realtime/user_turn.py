@@ -26,19 +26,25 @@ class UserTurn:
         start_ms: float,
         listener: Callable[[], TurnListener | None],
         on_text: Callable[[str], None] | None = None,
+        keep_audio: bool = False,
     ) -> None:
         self.item_id = item_id
         self.start_ms = start_ms
         self._listener = listener
         self._on_text = on_text
         self._phrase: TurnListener | None = None
+        self._speaking = False  # audio fed since the last pause
         self._phrases: list[asyncio.Task[str]] = []
         self._heard: list[str] = []  # the transcripts of finished phrases, in order
         self.fed_ms = start_ms  # session audio time up to which the turn has audio
+        # The turn's audio, for a thinker that hears it itself (None: not kept).
+        self._audio: list[bytes] | None = [] if keep_audio else None
 
     @property
     def in_phrase(self) -> bool:
-        return self._phrase is not None
+        """A phrase is being spoken to someone who hears it (a listener, or the thinker
+        that keeps the audio); a turn nobody hears has no phrases."""
+        return self._speaking and (self._phrase is not None or self._audio is not None)
 
     @property
     def phrases(self) -> int:
@@ -46,14 +52,22 @@ class UserTurn:
 
     def feed(self, pcm: bytes, ms: float) -> None:
         """More of the turn's audio (``ms`` of it), into the phrase being spoken."""
-        if self._phrase is None:
+        if not self._speaking:
+            self._speaking = True
             self._phrase = self._listener()
         if self._phrase is not None:
             self._phrase.feed(pcm)
+        if self._audio is not None:
+            self._audio.append(pcm)
         self.fed_ms += ms
+
+    def audio(self) -> bytes | None:
+        """The turn's audio so far (24 kHz pcm16), where it is kept."""
+        return None if self._audio is None else b"".join(self._audio)
 
     def end_phrase(self) -> None:
         """The user paused: transcribe the phrase so far."""
+        self._speaking = False
         phrase, self._phrase = self._phrase, None
         if phrase is None:
             return
@@ -87,6 +101,7 @@ class UserTurn:
 
     def close(self) -> None:
         """The turn was dropped: free what the listener holds for it."""
+        self._speaking = False
         if self._phrase is not None:
             self._phrase.close()
             self._phrase = None

@@ -175,7 +175,7 @@ def test_input_as_a_message_list_answers_as_chat_with_those_messages(
     )
 
 
-@pytest.mark.parametrize("part", ["input_image", "input_file", "input_audio"])
+@pytest.mark.parametrize("part", ["input_image", "input_file"])
 def test_a_media_input_part_is_a_400_naming_it(echo_head: HeadProc, part: str) -> None:
     content = [{"type": "input_text", "text": "look"}, {"type": part}]
     body = {"input": [{"role": "user", "content": content}]}
@@ -184,6 +184,16 @@ def test_a_media_input_part_is_a_400_naming_it(echo_head: HeadProc, part: str) -
     error = r.json()["error"]
     assert error["param"] == "input.0.content.1.type"
     assert part in error["message"]
+
+
+def test_audio_in_where_no_stage_hears_is_a_400_naming_the_message(echo_head: HeadProc) -> None:
+    spoken = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    body = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}, spoken]}]}
+    r = echo_head.client.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input.0.content"
+    assert "audio input" in error["message"]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from omnistage.protocol.chunk_meta import AudioMeta, ToolCallMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
-from omnistage.protocol.messages import ChatMessage, Usage
+from omnistage.protocol.messages import ChatMessage, Prompt, Usage
 from omnistage.realtime.conversation import Item, Spoken
 from omnistage.realtime.events import ServerEvent
 from omnistage.realtime.replies import ResponseSettings
@@ -76,7 +76,7 @@ class Run:
             self.pipeline.service,  # type: ignore[arg-type]
             (THINKER, talker),
             s,
-            lambda: [ChatMessage("user", "hi")],
+            lambda: Prompt(messages=[ChatMessage("user", "hi")]),
             lambda event: self.events.append(on_the_wire(event)),
             on_item=self.items.append,
             affinity="sess_1",
@@ -308,6 +308,21 @@ async def test_a_length_finish_is_incomplete() -> None:
     assert response["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
     assert response["output"][0]["status"] == "incomplete"
     assert response["max_output_tokens"] == 2
+
+
+async def test_an_audio_answer_out_of_tokens_was_said_whole() -> None:
+    """Not cut short: every sample made goes out (the resampler's tail too), and the
+    transcript is the words (a talker's chunks may carry none, as an omni model's)."""
+    r = Run(settings("audio", max_output_tokens=2))
+    r.start()
+    r.stream.put(*words("Once", " upon", reason=FinishReason.LENGTH))
+    r.stream.put(speech("", 4410))
+    r.stream.end()
+    await r.finish()
+    assert r.done()["status"] == "incomplete"
+    assert len(r.audio_bytes()) == ceil(4410 * PCM.rate / TTS_RATE) * 2
+    (done,) = r.of("response.output_audio_transcript.done")
+    assert done["transcript"] == "Once upon"
 
 
 async def test_a_stage_failure_fails_the_response() -> None:

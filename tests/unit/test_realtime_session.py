@@ -19,6 +19,7 @@ from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechSto
 from omnistage.protocol.chunk_meta import AudioMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.front import PipelineRequest
+from omnistage.protocol.messages import ChatMessage
 from omnistage.realtime import audio_input
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
@@ -68,7 +69,7 @@ class Stats:
 class Harness:
     """A session, what it sent, its pipeline requests and its VAD."""
 
-    def __init__(self, *transcripts: str) -> None:
+    def __init__(self, *transcripts: str, hears: bool = False) -> None:
         self.transcripts = list(transcripts)
         self.listened: list[PipelineRequest] = []
         self.answers: list[ScriptedStream] = []
@@ -97,10 +98,11 @@ class Harness:
             FakeService(opener=opener),  # type: ignore[arg-type]
             THINKER,
             TALKER,
-            LISTENER,
+            None if hears else LISTENER,
             stats=self.stats,
             vad=vad,  # type: ignore[arg-type]
             rate_limits=lambda: [{"name": "requests", "limit": 4, "remaining": 3}],
+            hears=hears,
         )
         self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self._sent)
         self.session.opened()
@@ -199,6 +201,53 @@ async def test_a_turn_is_committed_transcribed_and_answered() -> None:
     # After each answer, the server's limits (the route: sessions at once).
     assert kinds[kinds.index("response.done") + 1] == "rate_limits.updated"
     assert h.of("rate_limits.updated")[0]["rate_limits"][0]["remaining"] == 3
+
+
+async def test_a_thinker_that_hears_is_given_each_turns_audio_itself() -> None:
+    """An omni thinker: no listener request; the answer's prompt carries the turn's
+    audio as Realtime pcm16, in the last user message, which has no words."""
+    h = Harness(hears=True)
+    await spoken_turn(h)
+    answer = await h.answered()
+    answer.put(*words("Hi."))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    await h.append(200, SpeechStarted(450))
+    await h.append(100, SpeechStopped(650))
+    await h.answered(2)
+
+    assert h.listened == []
+    first, second = (r.prompt for r in h.requests)
+    assert (first.audio_format, first.sample_rate) == ("pcm16", 24000)
+    assert len(first.audio) == 400 * 48  # both appends: all of it, not only the first
+    assert set(np.frombuffer(first.audio, "<i2")) == {1000}
+    assert first.messages is not None and first.messages[-1] == ChatMessage("user", "")
+    # The next turn is the one heard; the first, which has no words, drops out.
+    assert len(second.audio) == 250 * 48  # from its start (450 ms) to the last append's end
+    assert second.messages is not None
+    assert [(m.role, m.content) for m in second.messages[-2:]] == [
+        ("assistant", "Hi."),
+        ("user", ""),
+    ]
+    assert all(m.role != "user" for m in second.messages[:-1])
+
+
+async def test_a_thinker_that_hears_hears_a_created_items_audio() -> None:
+    h = Harness(hears=True)
+    pcm = (np.arange(2400) % 500).astype("<i2").tobytes()
+    part = {"type": "input_audio", "audio": base64.b64encode(pcm).decode()}
+    item = {"type": "message", "role": "user", "content": [part]}
+    await h.send("conversation.item.create", item=item)
+    await h.send("response.create")
+    await h.answered()
+    (prompt,) = (r.prompt for r in h.requests)
+    assert prompt.audio == pcm  # the session's pcm16 is 24 kHz already: as it was sent
+    assert prompt.messages is not None and prompt.messages[-1] == ChatMessage("user", "")
+    (added,) = h.of("conversation.item.added")
+    assert added["item"]["content"] == [{"type": "input_audio"}]  # not echoed back
+    part["audio"] = "not base64!"
+    await h.send("conversation.item.create", item=item)
+    assert h.errors()[-1]["param"] == "item.content[0].audio"
 
 
 async def test_speech_during_an_answer_cancels_it_and_no_audio_follows() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_whole, require_av
+from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_whole
 from omnistage.api.body import parse_body
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import chat_logprobs
@@ -21,6 +21,7 @@ from omnistage.api.media_parts import MediaFetch, image_bytes, image_parts
 from omnistage.api.routes.common import (
     ChunkShape,
     Collected,
+    audio_finals,
     collect,
     json_response,
     openai_usage,
@@ -36,7 +37,7 @@ from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import ApiError, BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, OutputChunk, Prompt, ToolCall
-from omnistage.protocol.params import NO_PARAMS, ParamKind, SpeechParams, StageParams, kind_of
+from omnistage.protocol.params import NO_PARAMS, SpeechParams, StageParams
 from omnistage.service import OutputStream, PipelineService
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
@@ -45,8 +46,6 @@ _TOOL_CALL = Modality.TOOL_CALL
 _STOP = FinishReason.STOP
 
 
-# OpenAI's chat audio formats, all 24 kHz mono (api/audio_out.py); a stream is pcm16.
-AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
 # How long the audio id stays meaningful to clients (OpenAI's expires_at); nothing is
 # stored server-side, so this is informational.
 AUDIO_TTL_S = 3600
@@ -73,7 +72,7 @@ async def chat_completions(request: Request) -> Response:
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
         voice = StageParams(speech=SpeechParams(body.audio.voice if body.audio else "default"))
-        for sid in _voiced(omni, plan.audio):
+        for sid in omni.graph.speaking_for(plan.audio):
             stage_params[sid] = stage_params.get(sid, NO_PARAMS).merged(voice)
     request_id = f"chatcmpl-{next_id()}"
     # A stream's status line waits until the audio stages have checked their params
@@ -190,15 +189,6 @@ def _prompt(omni: PipelineService, body: ChatCompletionRequest) -> tuple[Prompt,
     return Prompt(messages=messages, audio=audio, audio_format=parts[0].format), param
 
 
-def _voiced(omni: PipelineService, audio: list[int]) -> set[int]:
-    """The stages that take the answer's voice: the audio stages, and the speech stages
-    before them (an omni model's talker speaks in the voice its code-to-wave stage
-    renders)."""
-    needed = omni.graph.required_for(audio)
-    kinds = {s.stage_id: s.engine for s in omni.config.stages}
-    return set(audio) | {sid for sid in needed if kind_of(kinds[sid]) == ParamKind.SPEECH}
-
-
 def _message(m: ChatMessageIn) -> ChatMessage:
     calls = None
     if m.tool_calls:
@@ -221,34 +211,9 @@ def _audio_id(request_id: str) -> str:
 def _plan(omni: PipelineService, body: ChatCompletionRequest, text: list[int]) -> _Plan:
     """The answer's stages: the final ``text`` stages, and with modalities audio as many
     audio stages (checking the audio format the answer can be sent in)."""
-    modalities = set(body.modalities or ["text"])
-    if "audio" not in modalities:
-        return _Plan(text, [], "")
-    audio = omni.graph.finals_with({Modality.AUDIO})
-    if not audio:
-        raise ApiError(
-            400,
-            f"pipeline {omni.config.pipeline!r} has no audio output stage",
-            "invalid_request_error",
-            "modalities",
-        )
     fmt = body.audio.format if body.audio else "wav"
-    if fmt not in AUDIO_FORMATS:
-        raise ApiError(
-            400,
-            f"audio.format {fmt!r} is not supported; use one of {', '.join(AUDIO_FORMATS)}",
-            "invalid_request_error",
-            "audio.format",
-        )
-    if body.stream and fmt != "pcm16":
-        raise ApiError(
-            400,
-            "streamed audio is sent as pcm16 chunks: set audio.format to 'pcm16'",
-            "invalid_request_error",
-            "audio.format",
-        )
-    require_av()
-    return _Plan(text, audio[: len(text)], fmt)
+    audio = audio_finals(omni, body.modalities, fmt, body.stream)
+    return _Plan(text, audio[: len(text)], fmt if audio else "")
 
 
 def _events(

@@ -11,6 +11,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from omnistage.api.audio_out import require_av
 from omnistage.api.schemas.base import SamplingFields
 from omnistage.api.schemas.chat import ChatCompletionRequest
 from omnistage.api.schemas.completions import CompletionRequest
@@ -30,6 +31,9 @@ _TOOL_CALL = Modality.TOOL_CALL
 _AUDIO = Modality.AUDIO
 _STOP = FinishReason.STOP
 
+
+# OpenAI's chat audio formats, all 24 kHz mono (api/audio_out.py); a stream is pcm16.
+AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
 
 json_encoder = msgspec.json.Encoder()
 
@@ -122,6 +126,39 @@ def text_call(
     if not text:
         raise ApiError(400, "this pipeline produces no text output", "invalid_request_error")
     return omni, text
+
+
+def audio_finals(
+    omni: PipelineService, modalities: list[str] | None, fmt: str, stream: bool
+) -> list[int]:
+    """The final audio stages that speak an answer asked for with ``modalities`` (none
+    without "audio"), checking the format it can be sent in: a stream is pcm16."""
+    if "audio" not in (modalities or ["text"]):
+        return []
+    audio = omni.graph.finals_with({Modality.AUDIO})
+    if not audio:
+        raise ApiError(
+            400,
+            f"pipeline {omni.config.pipeline!r} has no audio output stage",
+            "invalid_request_error",
+            "modalities",
+        )
+    if fmt not in AUDIO_FORMATS:
+        raise ApiError(
+            400,
+            f"audio.format {fmt!r} is not supported; use one of {', '.join(AUDIO_FORMATS)}",
+            "invalid_request_error",
+            "audio.format",
+        )
+    if stream and fmt != "pcm16":
+        raise ApiError(
+            400,
+            "streamed audio is sent as pcm16 chunks: set audio.format to 'pcm16'",
+            "invalid_request_error",
+            "audio.format",
+        )
+    require_av()
+    return audio
 
 
 def engine_stages(omni: PipelineService, engine: EngineName, missing: str, code: str) -> list[Any]:

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from omnistage import defaults
 from omnistage.api.errors import error_response
 from omnistage.audio.vad import load_silero
-from omnistage.protocol.enums import Modality
+from omnistage.protocol.enums import EngineName, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
@@ -71,6 +71,8 @@ async def realtime(ws: WebSocket) -> None:
     config = SessionConfig(model=model or omni.served_model)
     if ctx.talker is None:
         config.output_modalities = (Modality.TEXT,)
+    if (voice := _default_voice(omni, ctx)) is not None:
+        config.voice = voice
     minted = ws.scope.get("state", {}).get("realtime_session")
     try:
         if minted:
@@ -119,13 +121,30 @@ def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
     if not text:
         return None
     audio = graph.finals_with({Modality.AUDIO})
+    talker = audio[0] if audio else None
     listeners = graph.stages_reading(Modality.AUDIO)
+    # A thinker that takes audio (an omni model's) hears the user itself; otherwise a
+    # listener (ASR) stage writes down what the thinker reads.
+    hears = text[0] in listeners
+    speakers = graph.speaking_for([talker]) - {talker} if talker is not None else set()
     return SessionContext(
         omni,
         thinker=text[0],
-        talker=audio[0] if audio else None,
-        listener=listeners[0] if listeners else None,
+        talker=talker,
+        listener=listeners[0] if listeners and not hears else None,
+        hears=hears,
+        speakers=tuple(sorted(speakers)),
     )
+
+
+def _default_voice(omni: PipelineService, ctx: SessionContext) -> str | None:
+    """The session's voice where OpenAI's default ("alloy") is no voice of the
+    pipeline's: a speaker that is no TTS stage (which maps OpenAI's voice names) is
+    given "default", its own first voice. None: OpenAI's default stands."""
+    if ctx.talker is None:
+        return None
+    engines = {omni.graph.stages[sid].engine for sid in (ctx.talker, *ctx.speakers)}
+    return None if EngineName.TTS in engines else "default"
 
 
 async def _serve(

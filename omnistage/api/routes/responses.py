@@ -3,7 +3,8 @@
 The request becomes a chat prompt (see ``api.response_runs``). Structured output and
 function tools reach the text stage in the chat shape, in its stage params
 (``response_format``, ``tools``, ``tool_choice``). What the stage writes becomes one
-``message`` output item; each call it makes (chunks of modality "tool_call": a piece of
+``message`` output item (spoken, where ``modalities`` asks for audio: see
+``api.response_audio``); each call it makes (chunks of modality "tool_call": a piece of
 the call's JSON arguments, its ``ToolCallMeta`` naming the call) a ``function_call`` item.
 
 Responses are stored (``store``, default true, as OpenAI): ``previous_response_id``
@@ -14,6 +15,7 @@ the queued response at once, to poll and cancel.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +26,7 @@ from starlette.responses import Response
 
 from omnistage.api.body import parse_body
 from omnistage.api.owner import owner_of
+from omnistage.api.response_audio import Spoken, audio_plan
 from omnistage.api.response_items import Output, ResponseShape
 from omnistage.api.response_runs import in_our_terms, pipeline_request
 from omnistage.api.response_store import Turn
@@ -56,20 +59,24 @@ async def responses(request: Request) -> Response:
     if body.background:
         assert persist is not None
         return await _queue(persist, turn, shape, asked, sid)
-    output = Output(omni.graph.stages[sid].name)
+    audio = audio_plan(omni, body)
+    output = Output(omni.graph.stages[sid].name, Spoken(audio) if audio is not None else None)
 
     async def keep(final: dict[str, Any]) -> None:
         await turn.keep(final, body.previous_response_id)
 
-    pipeline = pipeline_request(omni, asked, sid, turn.id, turn.conversation)
+    pipeline = pipeline_request(omni, asked, sid, turn.id, turn.conversation, audio)
     try:
         stream = await omni.open(pipeline)
         if body.stream:
-            outputs = await peeked(stream)
+            outputs = await peeked(stream, frozenset([audio.stage] if audio else ()))
             return sse_response(_events(outputs, stream, shape, output, keep), stream)
         if await collect_into(request, stream, output) is None:
             return Response(status_code=499)
-        output.finish()
+        if audio is None:
+            output.finish()
+        else:  # a whole answer's audio is encoded as it ends: off the event loop
+            await asyncio.to_thread(output.finish)
     except BadRequestError as exc:
         raise in_our_terms(exc) from None
     final = shape.final(output, stream.usage())
@@ -116,13 +123,6 @@ def _refuse_unserved(body: ResponsesRequest) -> None:
             "background responses are not streamed here: poll GET /v1/responses/{id}",
             "invalid_request_error",
             "stream",
-        )
-    if body.modalities and "audio" in body.modalities:
-        raise ApiError(
-            400,
-            "audio output is served on /v1/chat/completions (modalities, audio)",
-            "invalid_request_error",
-            "modalities",
         )
     names = {t.name for t in body.tools or []}
     choice = body.tool_choice

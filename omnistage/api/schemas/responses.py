@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from omnistage.api.schemas.base import INT64_MAX, Body, JsonObject, StageParamsField
+from omnistage.api.schemas.chat import AudioOptions, InputAudio
 from omnistage.protocol.params import GenerationParams, StageParams
 
 
@@ -29,22 +30,33 @@ def _string_or(*fields: str) -> Any:
     return patch
 
 
-_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+_MEDIA_PARTS = ("input_image", "input_file")
 
 
 class ResponseInputPart(Body):
-    """A content part of an input message: text only (``output_text`` in an assistant
-    turn a client sends back)."""
+    """A content part of an input message: text, or spoken audio (``input_audio``, as
+    chat's); ``output_text`` in an assistant turn a client sends back (or a stored one
+    replayed: a spoken answer's audio is not read back)."""
 
-    type: Literal["input_text", "output_text"]
-    text: str
+    type: Literal["input_text", "output_text", "input_audio"]
+    text: str | None = None
+    input_audio: InputAudio | None = None
 
     @field_validator("type", mode="before")
     @classmethod
-    def _text_only(cls, value: Any) -> Any:
+    def _no_other_media(cls, value: Any) -> Any:
         if value in _MEDIA_PARTS:
-            raise ValueError(f"{value} parts are not supported: this server reads input_text")
+            raise ValueError(
+                f"{value} parts are not supported: this server reads input_text and input_audio"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _has_its_payload(self) -> ResponseInputPart:
+        needed = "input_audio" if self.type == "input_audio" else "text"
+        if getattr(self, needed) is None:
+            raise ValueError(f"an {self.type} part needs {needed}")
+        return self
 
 
 class ResponseInputItem(Body):
@@ -81,7 +93,10 @@ class ResponseInputItem(Body):
         return self
 
     def text(self) -> str:
-        return "".join(p.text for p in (self.content or self.output or []))
+        return "".join(p.text or "" for p in (self.content or self.output or []))
+
+    def audio_parts(self) -> list[InputAudio]:
+        return [p.input_audio for p in self.content or [] if p.input_audio is not None]
 
 
 class ResponseFunctionTool(Body):
@@ -171,6 +186,7 @@ class ResponsesRequest(Body):
     # omnistage extensions, as on /v1/chat/completions.
     stage_params: StageParamsField = None
     modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOptions | None = None  # the voice and format of audio out, as chat's
 
     @field_validator("input", mode="before")
     @classmethod
@@ -180,8 +196,10 @@ class ResponsesRequest(Body):
     @field_validator("input")
     @classmethod
     def _has_content(cls, value: list[ResponseInputItem]) -> list[ResponseInputItem]:
-        if not any(item.type != "message" or item.text().strip() for item in value):
-            raise ValueError("input must have text in at least one message")
+        if not any(
+            item.type != "message" or item.text().strip() or item.audio_parts() for item in value
+        ):
+            raise ValueError("input must have text or audio in at least one message")
         return value
 
     @field_validator("metadata")
