@@ -6,13 +6,20 @@ where speech starts and where a silence begins (with the same threshold and hyst
 server VAD); what a silence means is the model's call:
 
 - once a silence has lasted ``CHECK_MS``, the detector asks ``judge(turn_start_ms, now_ms)``
-  for the probability that the turn's audio so far is a finished turn. At or above the
-  eagerness's threshold, the turn ends where the silence began.
-- Below it, the pause is mid-turn: the detector waits. The model is not asked again in the
-  same silence: Smart Turn hears a longer trailing silence as more "finished", so asking
-  again and again would end every pause that lasts long enough, which is server VAD again.
-- The turn ends anyway once the silence lasts ``max_wait_ms`` (the speaker is gone, or the
-  model was wrong), so a session never hangs on an unfinished-sounding turn.
+  for the probability that the turn's audio so far is a finished turn;
+- at or above the eagerness's ``threshold`` the turn ends at once, where the silence began;
+- below it but at least ``LIKELY``, the speaker has probably finished: the turn ends if the
+  silence lasts ``unsure_wait_ms`` (longer than a pause for breath or thought);
+- below ``LIKELY`` the pause is mid-turn: the turn ends only if the silence lasts
+  ``max_wait_ms`` (the speaker is gone, or the model was wrong), so a session never hangs
+  on an unfinished-sounding turn.
+
+The model is asked once per silence: Smart Turn hears a longer trailing silence as more
+"finished", so asking again and again would end every pause that lasts long enough, which is
+server VAD again. The thresholds are high because Smart Turn v3's CPU build (int8) is sure of
+itself: on the project's Piper voice, finished questions score 0.98 and more, while a
+sentence cut at a word boundary by a 700 ms pause still scores >= 0.5 in 60% of takes and
+>= 0.97 in 12% (docs/benchmarks.md); a plain 0.5 (pipecat's) would cut most such pauses.
 
 The clock is the audio's (window times), so every timing is exact and testable with a fake
 ``judge``; ``vad.VadStream`` keeps the audio and runs the real model.
@@ -42,13 +49,23 @@ CHECK_MS = 200
 # Speech onset, prefix padding and hysteresis, as server VAD's defaults.
 SPEECH = ServerVadParams()
 
-# eagerness -> (probability the model must give to end the turn, longest silence before the
-# turn ends regardless). "low" lets the user take their time; "high" answers as soon as it
-# can. OpenAI documents the waits as up to 8 s, 4 s and 2 s; "auto" is "medium".
-EAGERNESS: dict[str, tuple[float, int]] = {
-    "low": (0.85, 8000),
-    "medium": (0.5, 4000),
-    "high": (0.25, 2000),
+# Below this the model hears an unfinished turn.
+LIKELY = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Eager:
+    threshold: float  # the model's probability that ends the turn at once
+    unsure_wait_ms: int  # the silence that ends a turn the model calls likely finished
+    max_wait_ms: int  # the silence that ends any turn
+
+
+# "low" lets the user take their time; "high" answers as soon as it can. OpenAI documents
+# the longest waits as 8 s, 4 s and 2 s; "auto" is "medium".
+EAGERNESS: dict[str, Eager] = {
+    "low": Eager(0.985, 2000, 8000),
+    "medium": Eager(0.97, 1000, 4000),
+    "high": Eager(0.9, 500, 2000),
 }
 
 
@@ -66,14 +83,24 @@ class SemanticVadParams:
             )
 
     @property
+    def eager(self) -> Eager:
+        return EAGERNESS["medium" if self.eagerness == "auto" else self.eagerness]
+
+    @property
     def threshold(self) -> float:
-        """The end-of-turn probability at which a pause ends the turn."""
-        return EAGERNESS["medium" if self.eagerness == "auto" else self.eagerness][0]
+        """The end-of-turn probability at which a pause ends the turn at once."""
+        return self.eager.threshold
 
     @property
     def max_wait_ms(self) -> int:
         """The longest silence before the turn ends whatever the model says."""
-        return EAGERNESS["medium" if self.eagerness == "auto" else self.eagerness][1]
+        return self.eager.max_wait_ms
+
+    def wait_ms(self, verdict: float) -> int:
+        """The silence that ends the turn, after the model's ``verdict`` on it."""
+        if verdict >= self.eager.threshold:
+            return CHECK_MS
+        return self.eager.unsure_wait_ms if verdict >= LIKELY else self.eager.max_wait_ms
 
     @property
     def prefix_padding_ms(self) -> int:
@@ -99,7 +126,7 @@ class SemanticTurnDetector:
         self._silence_threshold = SPEECH.threshold - HYSTERESIS
         self.speaking = False
         self._silence_from: int | None = None
-        self._judged = False  # the model was asked in this silence
+        self._wait_ms: int | None = None  # the silence that ends the turn, once judged
         self._turn_start = 0
         self._next_ms = 0
         # The model's last verdict (for stats and tests): (probability, at ms).
@@ -113,7 +140,7 @@ class SemanticTurnDetector:
     def reset(self) -> None:
         self.speaking = False
         self._silence_from = None
-        self._judged = False
+        self._wait_ms = None
         self._next_ms = 0
 
     def push(self, probability: float, start_ms: int, end_ms: int) -> VadEvent | None:
@@ -128,29 +155,27 @@ class SemanticTurnDetector:
             if probability >= self._speech_threshold:
                 self.speaking = True
                 self._silence_from = None
-                self._judged = False
+                self._wait_ms = None
                 self._turn_start = max(0, start_ms - self.params.prefix_padding_ms)
                 return SpeechStarted(self._turn_start)
             return None
         if probability >= self._speech_threshold:
-            self._silence_from, self._judged = None, False
+            self._silence_from, self._wait_ms = None, None
         elif probability < self._silence_threshold and self._silence_from is None:
             self._silence_from = start_ms
         if self._silence_from is None:
             return None
         silent = end_ms - self._silence_from
-        if silent >= CHECK_MS and not self._judged:
-            self._judged = True
+        if silent >= CHECK_MS and self._wait_ms is None:
             verdict = self._judge(self._turn_start, end_ms)
             self.last_verdict = (verdict, end_ms)
-            if verdict >= self.params.threshold:
-                return self._stop()
-        if silent >= self.params.max_wait_ms:
+            self._wait_ms = self.params.wait_ms(verdict)
+        if self._wait_ms is not None and silent >= self._wait_ms:
             return self._stop()
         return None
 
     def _stop(self) -> SpeechStopped:
         assert self._silence_from is not None
         self.speaking = False
-        end, self._silence_from = self._silence_from, None
+        end, self._silence_from, self._wait_ms = self._silence_from, None, None
         return SpeechStopped(end)

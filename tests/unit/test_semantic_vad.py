@@ -49,7 +49,7 @@ def quiet(ms: int) -> list[float]:
 
 
 def test_a_finished_turn_ends_where_its_silence_began_once_the_model_agrees() -> None:
-    model = Model(0.9)
+    model = Model(0.99)
     d = SemanticTurnDetector(SemanticVadParams(), model)
     events = run(d, quiet(320) + speech(640) + quiet(640))
     assert events[0] == (320, SpeechStarted(20))  # 300 ms of prefix padding
@@ -62,13 +62,26 @@ def test_a_finished_turn_ends_where_its_silence_began_once_the_model_agrees() ->
 
 
 def test_a_pause_the_model_calls_unfinished_does_not_end_the_turn() -> None:
-    model = Model(0.1, 0.8)
+    model = Model(0.1, 0.99)
     d = SemanticTurnDetector(SemanticVadParams(), model)
     # "I'd like to ... [700 ms] ... book a table."
     events = run(d, speech(640) + quiet(704) + speech(640) + quiet(320))
     assert [type(e) for _, e in events] == [SpeechStarted, SpeechStopped]
     assert events[1][1] == SpeechStopped(640 + 704 + 640)
     assert len(model.asked) == 2  # once per pause, never again in the same silence
+
+
+def test_a_turn_the_model_calls_likely_finished_ends_after_a_longer_silence() -> None:
+    for eagerness, wait in (("low", 2000), ("medium", 1000), ("high", 500)):
+        model = Model(0.7)
+        d = SemanticTurnDetector(SemanticVadParams(eagerness), model)  # type: ignore[arg-type]
+        # A 700 ms pause survives "low" and "medium"; "high" is eager enough to end there.
+        paused = run(d, speech(320) + quiet(704) + speech(320))
+        assert len(paused) == (3 if eagerness == "high" else 1), eagerness
+        d = SemanticTurnDetector(SemanticVadParams(eagerness), Model(0.7))  # type: ignore[arg-type]
+        start, stopped = run(d, speech(320) + quiet(wait + 320))[1]
+        assert stopped == SpeechStopped(320)
+        assert start + W - 320 == pytest.approx(wait, abs=W), eagerness
 
 
 def test_an_unfinished_sounding_turn_ends_after_the_eagernesss_longest_wait() -> None:
@@ -83,7 +96,7 @@ def test_an_unfinished_sounding_turn_ends_after_the_eagernesss_longest_wait() ->
 
 
 def test_eagerness_moves_the_threshold() -> None:
-    verdict = 0.6  # finished to "high" and "medium", not sure enough for "low"
+    verdict = 0.98  # finished to "high" and "medium", not sure enough for "low"
     ended = {}
     for eagerness in ("low", "medium", "high"):
         d = SemanticTurnDetector(SemanticVadParams(eagerness), Model(verdict))  # type: ignore[arg-type]
