@@ -157,11 +157,11 @@ async def run_mode(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     first = sorted(t.first_audio_s for t in finished if t.first_audio_s is not None)
-    stopped = sorted(
+    stopped = [
         t.speech_stopped - t.end_of_speech
         for t in finished
         if t.speech_stopped is not None and t.end_of_speech is not None
-    )
+    ]
     return {
         "mode": mode,
         "questions": len(finished),
@@ -169,6 +169,7 @@ async def run_mode(
         "first_audio_p50_s": statistics.median(first) if first else None,
         "first_audio_s": first,
         "speech_stopped_p50_s": statistics.median(stopped) if stopped else None,
+        "speech_stopped_s": stopped,  # in the questions' order
         "paused": len(cut),
         "cut_off": sum(cut),
         "not_cut_share": 1 - sum(cut) / len(cut) if cut else None,
