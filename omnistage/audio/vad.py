@@ -10,19 +10,22 @@ gives the same probabilities as feeding it at once.
 
 ``VadStream`` is one session's front: it takes Realtime's ``audio/pcm`` (PCM16 little-endian
 mono, 24 kHz, or 16 kHz), resamples to 16 kHz, scores it and runs the windows through a
-``turns.TurnDetector``, returning the events each chunk completes with times counted from
-the first byte fed.
+``server_vad.TurnDetector`` (or, for ``semantic_vad``, a ``semantic_vad.SemanticTurnDetector``,
+for which it also keeps the last seconds of audio for the end-of-turn model to hear),
+returning the events each chunk completes with times counted from the first byte fed.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from omnistage.audio.resample import StreamResampler
+from omnistage.audio.semantic_vad import SemanticTurnDetector, SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams, TurnDetector, VadEvent
 
 MODEL_RATE = 16_000
@@ -31,6 +34,10 @@ CONTEXT = 64  # samples of the previous window prepended to each one
 WINDOW_MS = WINDOW * 1000 // MODEL_RATE
 STATE_SHAPE = (1, 1, 128)
 INPUT_RATES = (16_000, 24_000)
+# Audio kept for the end-of-turn model: the 8 s it hears, and some slack.
+KEPT_SAMPLES = 9 * MODEL_RATE
+
+VadParams = ServerVadParams | SemanticVadParams
 
 
 def silero_model_path() -> Path:
@@ -127,14 +134,28 @@ class VadStream:
 
     def __init__(
         self,
-        params: ServerVadParams | None = None,
+        params: VadParams | None = None,
         sample_rate: int = 24_000,
         vad: WindowScorer | None = None,
+        judge: Callable[[np.ndarray], float] | None = None,
     ) -> None:
         if sample_rate not in INPUT_RATES:
             raise ValueError(f"sample_rate must be one of {INPUT_RATES}, got {sample_rate}")
         self.sample_rate = sample_rate
-        self.detector = TurnDetector(params)
+        self.detector: TurnDetector | SemanticTurnDetector
+        # 16 kHz audio since the last reset, its last KEPT_SAMPLES (semantic_vad only).
+        self._kept: np.ndarray | None = None
+        self._kept_from = 0  # samples since the reset dropped from the front of _kept
+        if isinstance(params, SemanticVadParams):
+            if judge is None:
+                from omnistage.audio.smart_turn import SmartTurn
+
+                judge = SmartTurn().probability
+            self._model = judge
+            self._kept = np.zeros(0, dtype=np.float32)
+            self.detector = SemanticTurnDetector(params, self._judge)
+        else:
+            self.detector = TurnDetector(params)
         self.vad: WindowScorer = vad if vad is not None else SileroVad()
         # Realtime's 24 kHz pcm, to the model's 16 kHz (the project's polyphase resampler).
         self._resample = StreamResampler(sample_rate, 16_000) if sample_rate != 16_000 else None
@@ -161,6 +182,16 @@ class VadStream:
         self._odd_byte = b""
         self._windows = 0
         self._window_base_ms = round(self.audio_ms)
+        if self._kept is not None:
+            self._kept, self._kept_from = np.zeros(0, dtype=np.float32), 0
+
+    def _judge(self, start_ms: int, end_ms: int) -> float:
+        """The end-of-turn model on the kept audio of ``[start_ms, end_ms)``."""
+        assert self._kept is not None
+        per_ms = MODEL_RATE // 1000
+        lo = (start_ms - self._window_base_ms) * per_ms - self._kept_from
+        hi = (end_ms - self._window_base_ms) * per_ms - self._kept_from
+        return self._model(self._kept[max(0, lo) : max(0, hi)])
 
     def feed(self, pcm: bytes) -> list[VadEvent]:
         """Account a chunk of PCM16 little-endian mono audio; the events it completes."""
@@ -172,6 +203,10 @@ class VadStream:
         if self._resample is not None:
             pcm16 = self._resample.push(pcm16)
         samples = pcm16.astype(np.float32) / 32768.0
+        if self._kept is not None:
+            kept = np.concatenate([self._kept, samples])
+            drop = max(0, len(kept) - KEPT_SAMPLES)
+            self._kept, self._kept_from = kept[drop:], self._kept_from + drop
         events: list[VadEvent] = []
         for probability in self.vad.score(samples):
             start = self._window_base_ms + self._windows * WINDOW_MS

@@ -3,8 +3,9 @@ buffer -> server VAD -> the user turn being spoken, phrase by phrase.
 
 What the turns mean (barge-in, answering, committing) is the session's; this class
 tells it what it hears through ``Listener`` callbacks:
-- ``speech_started(turn, start_ms)`` / ``speech_stopped(turn, end_ms)``: the VAD's
-  turn events;
+- ``speech_started(turn, start_ms)`` / ``speech_stopped(turn, end_ms, silence_ms)``: the
+  VAD's turn events (``silence_ms``: how much of the silence after the turn was heard before
+  it ended);
 - ``paused(turn)``: the user has been silent for ``turn.PAUSE_MS`` (the turn may be
   over; the phrase so far is being transcribed);
 - ``resumed(turn)``: the user spoke again before the turn ended.
@@ -21,7 +22,7 @@ import numpy as np
 
 from omnistage.audio.formats import AudioFormat, InputStream
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted
-from omnistage.audio.vad import VadStream
+from omnistage.audio.vad import VadParams, VadStream
 from omnistage.realtime.config import TurnDetection
 from omnistage.realtime.conversation import new_id
 from omnistage.realtime.input_buffer import BYTES_PER_MS, RATE, InputBuffer
@@ -37,7 +38,7 @@ SLACK_MS = 500
 
 class Listener(Protocol):
     def speech_started(self, turn: UserTurn, start_ms: int) -> None: ...
-    def speech_stopped(self, turn: UserTurn, end_ms: int) -> None: ...
+    def speech_stopped(self, turn: UserTurn, end_ms: int, silence_ms: float) -> None: ...
     def paused(self, turn: UserTurn) -> None: ...
     def resumed(self, turn: UserTurn) -> None: ...
 
@@ -47,7 +48,7 @@ class AudioInput:
         self,
         listener: Listener,
         new_turn: Callable[[str, float], UserTurn],
-        vad: Callable[[ServerVadParams], VadStream],
+        vad: Callable[[VadParams], VadStream],
     ) -> None:
         self._listener = listener
         self._new_turn = new_turn
@@ -99,7 +100,8 @@ class AudioInput:
                 self._started(event.audio_start_ms)
             elif self.turn is not None:
                 turn, self.turn = self.turn, None
-                self._listener.speech_stopped(turn, event.audio_end_ms)
+                silence_ms = self.buffer.end_ms - event.audio_end_ms
+                self._listener.speech_stopped(turn, event.audio_end_ms, silence_ms)
                 self.buffer.drop_before(event.audio_end_ms)  # the turn has its audio
         if self.turn is not None:
             self._watch_pause(self.turn)
@@ -116,7 +118,12 @@ class AudioInput:
     def _watch_pause(self, turn: UserTurn) -> None:
         assert self._vad is not None and self._detection is not None
         silence_from = self._vad.detector.silence_from
-        pause_ms = min(PAUSE_MS, self._detection.vad.silence_duration_ms)
+        vad = self._detection.vad
+        # A phrase ends at the shorter of the two: a server VAD set to end turns on a
+        # shorter silence than PAUSE_MS must still have its phrase transcribed first.
+        pause_ms = (
+            min(PAUSE_MS, vad.silence_duration_ms) if isinstance(vad, ServerVadParams) else PAUSE_MS
+        )
         if turn.in_phrase:
             if silence_from is not None and self.buffer.end_ms - silence_from >= pause_ms:
                 turn.end_phrase()

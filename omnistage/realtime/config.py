@@ -15,12 +15,15 @@ from typing import Any
 
 from msgspec import UNSET, to_builtins
 
+from omnistage.audio import smart_turn
 from omnistage.audio.formats import PCM, AudioFormat, AudioFormatError, parse_audio_format
+from omnistage.audio.semantic_vad import SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams
 from omnistage.protocol.enums import Modality
 from omnistage.realtime.options import (
     InputAudio,
     OutputAudio,
+    SemanticVad,
     ServerVad,
     SessionKind,
     SessionPatch,
@@ -29,6 +32,7 @@ from omnistage.realtime.options import (
     max_tokens_value,
     tool_choice_value,
     tool_dicts,
+    turn_detection_options,
 )
 
 # Empty: the thinker stage's own ``system_prompt`` applies (the default pipeline's is
@@ -38,14 +42,22 @@ DEFAULT_INSTRUCTIONS = ""
 
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """``turn_detection: {"type": "server_vad", ...}``; None on the session is push-to-talk."""
+    """``turn_detection: {"type": "server_vad" | "semantic_vad", ...}``; None on the
+    session is push-to-talk."""
 
-    vad: ServerVadParams = field(default_factory=ServerVadParams)
+    vad: ServerVadParams | SemanticVadParams = field(default_factory=ServerVadParams)
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        if isinstance(self.vad, SemanticVadParams):
+            return {
+                "type": "semantic_vad",
+                "eagerness": self.vad.eagerness,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response,
+            }
         return {
             "type": "server_vad",
             "threshold": self.vad.threshold,
@@ -115,7 +127,10 @@ class SessionConfig:
         if p.transcription is not UNSET:
             self.transcription = to_builtins(p.transcription)
         if p.turn_detection is not UNSET:
-            self.turn_detection = turn_detection(p.turn_detection)
+            where = f"{where}.turn_detection"
+            given = p.turn_detection
+            options = None if given is None else turn_detection_options(given, where)
+            self.turn_detection = turn_detection(options, where)
 
     def _apply_output(self, p: OutputAudio) -> None:
         if p.format is not UNSET:
@@ -171,9 +186,18 @@ def audio_format(value: Any, where: str) -> AudioFormat:
         raise bad(exc.field, str(exc).split(": ", 1)[-1]) from None
 
 
-def turn_detection(given: ServerVad | None) -> TurnDetection | None:
+def turn_detection(given: ServerVad | SemanticVad | None, where: str) -> TurnDetection | None:
     if given is None:
         return None
+    if isinstance(given, SemanticVad):
+        if not smart_turn.available():
+            raise bad(
+                f"{where}.type",
+                f"semantic_vad needs the Smart Turn v3 model, not installed here "
+                f"({smart_turn.INSTALL})",
+            )
+        semantic = SemanticVadParams(given.eagerness)
+        return TurnDetection(semantic, given.create_response, given.interrupt_response)
     vad_keys = ("threshold", "prefix_padding_ms", "silence_duration_ms")
     vad = ServerVadParams(
         **{k: getattr(given, k) for k in vad_keys if getattr(given, k) is not None}

@@ -14,8 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from omnistage.audio.server_vad import ServerVadParams
-from omnistage.audio.vad import VadStream
+from omnistage.audio.vad import VadParams, VadStream
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.conversation import Conversation, Item
 from omnistage.realtime.events import ServerEvent
@@ -44,7 +43,7 @@ class SessionContext:
     talker: int | None
     listener: int | None
     stats: Stats = field(default_factory=_NoStats)
-    vad: Callable[[ServerVadParams], VadStream] = lambda p: VadStream(p, RATE)
+    vad: Callable[[VadParams], VadStream] = lambda p: VadStream(p, RATE)
     # What ``rate_limits.updated`` reports after each answer (None: nothing is sent).
     rate_limits: Callable[[], list[dict[str, Any]]] | None = None
     # The thinker hears the user's audio itself (an omni model's): no listener, and

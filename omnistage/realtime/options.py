@@ -68,9 +68,9 @@ class Transcription(_Strict):
 
 
 class ServerVad(_Strict):
-    """``turn_detection``: the server VAD's parameters (None: its default)."""
+    """``turn_detection`` of type ``server_vad`` (the type may be left out): the server
+    VAD's parameters (None: its default)."""
 
-    # semantic_vad needs a turn-end model this server does not have.
     type: Literal["server_vad"] = "server_vad"
     threshold: Annotated[float, Meta(ge=0, le=1)] | None = None
     prefix_padding_ms: Annotated[int, Meta(ge=0)] | None = None
@@ -81,10 +81,21 @@ class ServerVad(_Strict):
     idle_timeout_ms: None = None
 
 
+class SemanticVad(_Strict):
+    """``turn_detection: {"type": "semantic_vad", "eagerness"}``."""
+
+    type: Literal["semantic_vad"]
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
 class InputAudio(_Strict):
     format: Any = UNSET  # checked by ``audio.formats.parse_audio_format``
     transcription: Transcription | UnsetType | None = UNSET
-    turn_detection: ServerVad | UnsetType | None = UNSET
+    # A ServerVad or a SemanticVad, told apart by "type" (``turn_detection_options``): a
+    # server_vad object may leave its type out, which a tagged union does not allow.
+    turn_detection: dict[str, Any] | UnsetType | None = UNSET
     noise_reduction: UnsetType | None = UNSET  # not built
 
 
@@ -155,6 +166,12 @@ def refusal(why: str, where: str) -> BadRequestError:
     if param.rpartition(".")[2] in _UNSUPPORTED:
         message = "not supported; use null"
     return bad(param, message, code)
+
+
+def turn_detection_options(value: dict[str, Any], where: str) -> ServerVad | SemanticVad:
+    if value.get("type") == "semantic_vad":
+        return decode(value, SemanticVad, where)
+    return decode(value, ServerVad, where)
 
 
 def tool_dicts(tools: list[FunctionTool]) -> list[dict[str, Any]]:

@@ -122,12 +122,11 @@ class TurnTaking:
             early.gate.drop()
             early.run.cancel(StopReason.TURN_DETECTED)
 
-    def speech_stopped(self, turn: UserTurn, end_ms: int) -> None:
+    def speech_stopped(self, turn: UserTurn, end_ms: int, silence_ms: float) -> None:
         host, answers = self._host, self._answers
         host.emit(ev.InputSpeechStopped(audio_end_ms=end_ms, item_id=turn.item_id))
-        # The user stopped talking when the silence began, silence_duration_ms ago.
-        td = host.config.turn_detection
-        spoken_end = time.monotonic() - (td.vad.silence_duration_ms / 1000 if td else 0.0)
+        # The user stopped talking when the silence began, silence_ms of audio ago.
+        spoken_end = time.monotonic() - silence_ms / 1000
         early, self._early = self._early, None
         adopt = early is not None and early.turn is turn and early.phrases == turn.phrases
         item = early.item if adopt and early is not None else self._user_item(turn)

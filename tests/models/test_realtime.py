@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from omnistage.audio import g711
+from omnistage.audio import g711, smart_turn
 from omnistage.audio.formats import PCM, PCMU, AudioFormat, encode
 from tests.integration.harness import HeadProc, wait_for
 from tests.speech import heard_as
@@ -253,6 +253,32 @@ async def test_a_spoken_turn_is_heard_answered_and_spoken_in_openai_order(voice_
     said = events[kinds.index("response.output_audio_transcript.done")].transcript
     deltas = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
     assert said and said == deltas, (said, deltas)
+
+
+@pytest.mark.skipif(not smart_turn.available(), reason=smart_turn.INSTALL)
+async def test_a_semantic_vad_session_commits_a_finished_question_and_answers_it(voice_head, speak):
+    vad = {"type": "semantic_vad", "eagerness": "auto"}
+    audio = {"input": {**TRANSCRIBE, "turn_detection": vad}}
+    async with session(voice_head, audio=audio) as live:
+        updated = live.since(0, "session.updated")[-1]
+        start = len(live.events)
+        # Well under the 1 s a turn the model called unfinished would wait: it ends on
+        # the model's word, with the silence after it still streaming.
+        live.stream(silence(300) + speak(CAPITAL), after_ms=3000)
+        stopped = await live.expect("input_audio_buffer.speech_stopped")
+        committed = await live.expect("input_audio_buffer.committed")
+        done = await live.expect("response.done")
+        heard = await live.find("conversation.item.input_audio_transcription.completed")
+        events = live.since(start)
+    assert updated.session.audio.input.turn_detection.type == "semantic_vad"
+    spoken_ms = 300 + len(_trim(speak(CAPITAL))) * 1000 / 2 / RATE
+    assert stopped.audio_end_ms < spoken_ms + 1000, (stopped.audio_end_ms, spoken_ms)
+    assert committed.item_id == stopped.item_id
+    assert heard_as(heard.transcript, CAPITAL), heard.transcript
+    assert done.response.status == "completed", done.response
+    kinds = [e.type for e in events]
+    assert kinds.count("input_audio_buffer.committed") == 1, kinds
+    assert np.abs(np.frombuffer(audio_of(events), "<i2")).max() > 1000  # spoken
 
 
 async def test_a_typed_turn_with_text_output_has_text_deltas_and_no_audio(voice_head):

@@ -1,12 +1,12 @@
 """GET /talk in a real headless Chromium whose microphone is a WAV file of a spoken
 question, against the real voice pipeline: the page streams the microphone to
-/v1/realtime, server VAD ends the turn, and the page shows both transcripts and plays
+/v1/realtime, semantic VAD ends the turn, and the page shows both transcripts and plays
 the spoken answer.
 
 Needs Chromium, its driver and Selenium (see ``tests.browser``). The question is said
 by the pipeline's own Piper voice (``/v1/audio/speech``) at test time, padded with
 silence: some before, so that capture is running when the words start, and enough
-after for the server's VAD to hear the end of the turn.
+after for the server to hear the end of the turn.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from omnistage.audio import smart_turn
 from omnistage.audio.formats import PCM, PCMA, PCMU
+from omnistage.audio.semantic_vad import SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime.config import SessionConfig, TurnDetection
@@ -61,6 +63,34 @@ def test_a_patch_sets_each_field_it_names() -> None:
     assert cfg.tools == [{"type": "function", "name": "lookup", "parameters": {}}]
     assert cfg.tool_choice == "required"
     assert cfg.max_output_tokens == 200 and cfg.temperature == 0.4
+
+
+def test_semantic_vad_is_taken_and_echoed_with_its_eagerness(monkeypatch) -> None:
+    monkeypatch.setattr(smart_turn, "available", lambda: True)
+    cfg = SessionConfig()
+    td = {"type": "semantic_vad", "eagerness": "low", "interrupt_response": False}
+    cfg.update({"audio": {"input": {"turn_detection": td}}})
+    assert cfg.turn_detection == TurnDetection(
+        SemanticVadParams("low"), create_response=True, interrupt_response=False
+    )
+    assert cfg.to_json("s", 0)["audio"]["input"]["turn_detection"] == {
+        **td,
+        "create_response": True,
+    }
+    cfg.update({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
+    assert cfg.turn_detection is not None and cfg.turn_detection.vad == SemanticVadParams()
+    # Back to server_vad, whose type may be left out as before.
+    cfg.update({"audio": {"input": {"turn_detection": {"threshold": 0.6}}}})
+    assert cfg.turn_detection == TurnDetection(ServerVadParams(threshold=0.6))
+
+
+def test_semantic_vad_without_its_model_is_refused_with_how_to_install_it(monkeypatch) -> None:
+    monkeypatch.setattr(smart_turn, "available", lambda: False)
+    cfg = SessionConfig()
+    err = refusal(cfg, {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
+    assert err.param == "session.audio.input.turn_detection.type"
+    assert "pip install --no-deps pipecat-ai" in str(err)
+    assert cfg.turn_detection == TurnDetection()
 
 
 def test_null_turn_detection_is_push_to_talk_and_inf_is_no_limit() -> None:
@@ -139,7 +169,17 @@ def test_a_bad_patch_changes_nothing() -> None:
             "invalid_value",
         ),
         (
-            {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+            {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "x"}}}},
+            "session.audio.input.turn_detection.eagerness",
+            "invalid_value",
+        ),
+        (
+            {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "threshold": 0.5}}}},
+            "session.audio.input.turn_detection.threshold",
+            "unknown_parameter",
+        ),
+        (
+            {"audio": {"input": {"turn_detection": {"type": "vad"}}}},
             "session.audio.input.turn_detection.type",
             "invalid_value",
         ),

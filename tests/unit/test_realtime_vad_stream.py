@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from omnistage.audio.semantic_vad import CHECK_MS, SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped
 from omnistage.audio.vad import WINDOW, VadStream
 
@@ -88,3 +89,27 @@ def test_reset_forgets_the_turn_but_keeps_the_session_clock() -> None:
 def test_unsupported_rates_are_refused() -> None:
     with pytest.raises(ValueError, match="sample_rate"):
         VadStream(sample_rate=44_100, vad=LoudScorer())
+
+
+def test_semantic_vad_hears_the_turns_own_audio_and_ends_it_on_the_models_word() -> None:
+    heard: list[np.ndarray] = []
+
+    def model(audio: np.ndarray) -> float:
+        heard.append(audio)
+        return 1.0
+
+    stream = VadStream(SemanticVadParams(), 24_000, vad=LoudScorer(), judge=model)
+    data = pcm(24_000, (1, 0), (1, 0.5), (1, 0))
+    assert feed_in(stream, data, [961]) == TURN
+    # The model heard the turn from its prefix padding to CHECK_MS into the silence (at
+    # 16 kHz): from 692 ms, 308 ms of quiet, the tone's second, then the quiet it judges.
+    (audio,) = heard
+    assert len(audio) == pytest.approx((2016 + CHECK_MS - 692) * 16, abs=WINDOW)
+    loud = np.nonzero(np.abs(audio) > 0.1)[0]
+    assert loud[0] == pytest.approx(308 * 16, abs=32) and loud[-1] == pytest.approx(
+        1308 * 16, abs=32
+    )
+    # After a reset the kept audio starts again from the reset's clock.
+    stream.reset()
+    assert feed_in(stream, data, [4801]) == [SpeechStarted(3992 - 300), SpeechStopped(5016)]
+    assert np.nonzero(np.abs(heard[1]) > 0.1)[0][0] == pytest.approx(308 * 16, abs=32)

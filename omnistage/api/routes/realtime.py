@@ -18,6 +18,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnistage import defaults
 from omnistage.api.errors import error_response
+from omnistage.audio import smart_turn
 from omnistage.audio.vad import load_silero
 from omnistage.protocol.enums import EngineName, Modality
 from omnistage.protocol.errors import BadRequestError
@@ -93,6 +94,9 @@ async def _accept(
     if config.turn_detection is not None:
         # The first session of a process loads Silero: in a thread, not on the loop.
         await asyncio.to_thread(load_silero)
+    if smart_turn.available():
+        # And Smart Turn, which a session.update may ask for (/talk does, at once).
+        await asyncio.to_thread(smart_turn.load_smart_turn)
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     stats = getattr(ws.app.state, "realtime_stats", None)
