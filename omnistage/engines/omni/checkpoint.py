@@ -33,15 +33,30 @@ def device_of(args: OmniArgs) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_omni(args: OmniArgs) -> Any:
-    """The whole checkpoint (speakers included), in eval mode on the CPU; each stage keeps
-    its part and drops the rest."""
+def dtype_of(args: OmniArgs) -> str:
+    """The torch dtype name a stage's weights load in: ``dtype``, where "auto" is
+    bfloat16 on a cuda device and float32 elsewhere."""
+    if args.dtype != "auto":
+        return args.dtype
+    return "bfloat16" if device_of(args).startswith("cuda") else "float32"
+
+
+def placement(module: Any) -> str:
+    """Where a loaded part computes, as its first weight says: "cuda:0 bfloat16" (the
+    engine's ``kernel``, shown per replica in /v1/omni/stages)."""
+    weight = next(module.parameters())
+    return f"{weight.device} {str(weight.dtype).removeprefix('torch.')}"
+
+
+def load_omni(args: OmniArgs, dtype: str | None = None) -> Any:
+    """The whole checkpoint (speakers included), in eval mode on the CPU, in ``dtype``
+    (default: ``dtype_of(args)``); each stage keeps its part and drops the rest."""
     import torch
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     try:
         model = Qwen2_5OmniForConditionalGeneration.from_pretrained(
-            args.model, dtype=getattr(torch, args.dtype)
+            args.model, dtype=getattr(torch, dtype or dtype_of(args))
         )
     except (OSError, ValueError) as exc:
         raise EngineError(

@@ -34,6 +34,7 @@ from omnistage.engines.omni.checkpoint import (
     TokenStreamer,
     device_of,
     load_omni,
+    placement,
     stop_criteria,
     tensor_chunk,
 )
@@ -65,6 +66,7 @@ class OmniThinkerEngine(Engine):
         model = load_omni(self.args)
         model.disable_talker()  # the talker and token2wav run in their own stages
         self.thinker = model.thinker.to(device_of(self.args))
+        self.kernel = placement(self.thinker)
         self.tokenizer = AutoTokenizer.from_pretrained(self.args.model)
         self.extractor = audio_in.load_extractor(self.args.model)
         special = self.thinker.config
