@@ -198,9 +198,18 @@ def _get(port: int, path: str) -> Any:
         return json.loads(resp.read())
 
 
-def stage_pids(port: int) -> dict[str, list[int]]:
-    stages = _get(port, "/v1/omni/stages")["stages"]
-    return {s["name"]: [int(r["pid"]) for r in s["replicas"]] for s in stages}
+def stage_pids(port: int, timeout: float) -> dict[str, list[int]]:
+    """Each stage's replica pids, once every replica is UP (/health answers as soon as
+    each stage has one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stages = _get(port, "/v1/omni/stages")["stages"]
+        replicas = [r for s in stages for r in s["replicas"]]
+        if replicas and all(r["state"] == "UP" for r in replicas):
+            return {s["name"]: [int(r["pid"]) for r in s["replicas"]] for s in stages}
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"replicas not all UP after {timeout:.0f}s: {stages}")
+        time.sleep(0.5)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -220,7 +229,7 @@ def run_staged(args: argparse.Namespace, directory: Path, variant: str) -> dict[
         server.wait_ready(args.health_timeout)
         port = server.port or 0
         model = _get(port, "/v1/models")["data"][0]["id"]
-        pids = stage_pids(port)
+        pids = {"head": [server.pid], **stage_pids(port, args.health_timeout)}
         stream_chat(port, model, PROMPTS[0], args)  # warm-up
         before = stage_cpu(pids)
         t0 = time.perf_counter()
@@ -338,18 +347,29 @@ def run_sides(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     return raw
 
 
-def report_cpu(raw: dict[str, Any]) -> None:
-    print("\nCPU in cores over each level's wall time (1.0 = one core busy throughout):")
+def cpu_cores(data: dict[str, Any], level: str) -> float:
+    """The side's CPU over a level's wall time, in cores (every stage and the head)."""
+    if "cpu_share" in data:
+        return float(data["cpu_share"][level])
+    return float(sum(data["stage_cpu_share"][level].values()))
+
+
+def report_cpu(raw: dict[str, Any], results: dict[str, Any]) -> None:
+    print(
+        "\nCPU in cores over each level's wall time (1.0 = one core busy throughout), and "
+        "CPU seconds per audio second (steadier than rates when the machine is shared):"
+    )
     for side, data in raw.items():
-        if "cpu_share" in data:
-            share = data["cpu_share"]
-            print(f"  {side}: c1 {share['c1']:.2f}, c4 {share['c4']:.2f}")
-        elif "stage_cpu_share" in data:
-            for level in ("c1", "c4"):
-                parts = ", ".join(
-                    f"{name} {v:.2f}" for name, v in data["stage_cpu_share"][level].items()
-                )
-                print(f"  {side} {level}: {parts}")
+        if "cpu_share" not in data and "stage_cpu_share" not in data:
+            continue
+        for level in ("c1", "c4"):
+            cores = cpu_cores(data, level)
+            per_audio = cores / results[side][level]["audio_s_per_wall_s"]
+            parts = ""
+            if "stage_cpu_share" in data:
+                shares = data["stage_cpu_share"][level].items()
+                parts = " (" + ", ".join(f"{name} {v:.2f}" for name, v in shares) + ")"
+            print(f"  {side} {level}: {cores:.2f} cores{parts}, {per_audio:.1f} CPU s / audio s")
 
 
 def main() -> int:
@@ -376,7 +396,7 @@ def main() -> int:
         per = results[side]["c1"]["audio_s_per_request"]
         print(f"# {side}: audio s per request {per:.3f}{extra}")
     print_table(results)
-    report_cpu(raw)
+    report_cpu(raw, results)
     if args.json:
         common.write_json(args.json, args, {"raw": raw, "results": results})
     return 0
