@@ -55,7 +55,7 @@ def special_id(token: str) -> int:
     return 256 + SPECIALS.index(token)
 
 
-def _config():  # type: ignore[no-untyped-def]
+def _config(width: int = HIDDEN, layers: int = 2):  # type: ignore[no-untyped-def]
     from transformers import (
         Qwen2_5OmniConfig,
         Qwen2_5OmniTalkerConfig,
@@ -79,23 +79,23 @@ def _config():  # type: ignore[no-untyped-def]
             "encoder_attention_heads": 2,
             "encoder_ffn_dim": 32,
             "num_mel_bins": 128,
-            "output_dim": HIDDEN,
+            "output_dim": width,
         },
         vision_config={
             "depth": 1,
             "hidden_size": 16,
             "intermediate_size": 32,
             "num_heads": 2,
-            "out_hidden_size": HIDDEN,
+            "out_hidden_size": width,
             "fullatt_block_indexes": [0],
         },
         text_config={
             "vocab_size": VOCAB,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            "hidden_size": width,
+            "intermediate_size": 2 * width,
+            "num_hidden_layers": layers,
+            "num_attention_heads": width // 8,
+            "num_key_value_heads": width // 16,
             "max_position_embeddings": 1024,
             "rope_parameters": {
                 "rope_type": "default",
@@ -119,12 +119,12 @@ def _config():  # type: ignore[no-untyped-def]
         tts_codec_end_token_id=CODEC_EOS,
         tts_codec_pad_token_id=CODEC_PAD,
         tts_codec_mask_token_id=CODEC_MASK,
-        embedding_size=HIDDEN,
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        embedding_size=width,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=width // 8,
+        num_key_value_heads=width // 16,
         head_dim=8,
         max_position_embeddings=1024,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
@@ -235,13 +235,17 @@ def _speakers(seed: int):  # type: ignore[no-untyped-def]
     }
 
 
-def build_tiny_omni(directory: Path, seed: int = 0) -> Path:
-    """Write the checkpoint into ``directory`` (save_pretrained layout) and return it."""
+def build_tiny_omni(
+    directory: Path, seed: int = 0, *, width: int = HIDDEN, layers: int = 2
+) -> Path:
+    """Write the checkpoint into ``directory`` (save_pretrained layout) and return it.
+    ``width`` (a multiple of 16: heads of 8) and ``layers`` size the thinker's and the
+    talker's LMs (benchmarks make them bigger, so that the models' work dominates)."""
     import torch
     from transformers import Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
     torch.manual_seed(seed)
-    model = Qwen2_5OmniForConditionalGeneration(_config()).eval()
+    model = Qwen2_5OmniForConditionalGeneration(_config(width, layers)).eval()
     # Random init leaves the vocoder's output near silence (~1e-4): louder, the waveform
     # survives int16 rounding, so comparing it sample by sample checks something.
     # And the talker's end-of-speech logit is held at 0, below the best of the other 63

@@ -21,10 +21,12 @@ class OmniArgs(BaseModel):
     # A Qwen2.5-Omni (config.json, weights, spk_dict.pt) or Qwen3-Omni checkpoint
     # directory, or a hub id fetched into the HF cache (config/hub.py).
     model: str = Field(min_length=1)
-    # auto: cuda when available, else cpu. float32 on the CPU; token2wav always runs in
-    # float32 (its ODE solver needs it, as transformers says).
+    # auto: cuda when available, else cpu.
     device: str = "auto"
-    dtype: str = Field(default="float32", pattern="^(float32|bfloat16|float16)$")
+    # auto: bfloat16 on cuda (as the checkpoint is published), float32 on the CPU (where
+    # bfloat16 matmuls are slow and round differently from the monolithic fp32 model).
+    # token2wav always runs in float32 (its ODE solver needs it, as transformers says).
+    dtype: str = Field(default="auto", pattern="^(auto|float32|bfloat16|float16)$")
 
 
 class OmniThinkerArgs(OmniArgs):

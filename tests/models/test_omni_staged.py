@@ -159,6 +159,9 @@ def test_the_checkpoint_picks_its_stage_graph(omni_head: HeadProc) -> None:
     stages = {s["stage_id"]: s for s in omni_head.stages()["stages"]}
     assert [stages[i]["name"] for i in sorted(stages)] == ["thinker", "talker", "token2wav"]
     assert all(len(omni_head.up_replicas(i)) == 1 for i in stages)
+    # dtype "auto" on the CPU is float32, as the monolithic model loads.
+    kernels = [r["kernel"] for i in sorted(stages) for r in omni_head.up_replicas(i)]
+    assert kernels == ["cpu float32"] * 3
 
 
 def test_a_text_chat_runs_the_thinker_alone(omni_head: HeadProc, omni_dir: Path) -> None:

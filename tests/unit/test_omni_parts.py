@@ -1,5 +1,6 @@
-"""The omni stages' pure parts: a checkpoint picking its pipeline, the talker's feed of
-thinker tensors, voices, and the thinker's text released token by token."""
+"""The omni stages' pure parts: a checkpoint picking its pipeline, the device and dtype a
+stage loads in, the talker's feed of thinker tensors, voices, tensors as chunks, and the
+thinker's text released token by token."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from omnistage.config.load import load_config
-from omnistage.engines.omni.checkpoint import pick_voice
+from omnistage.config.omni_args import OmniThinkerArgs, OmniToken2WavArgs
+from omnistage.engines.omni.checkpoint import chunk_tensor, dtype_of, pick_voice, tensor_chunk
 from omnistage.engines.omni.talker import ReplyFeed
 from omnistage.engines.omni.thinker import _Text
 from omnistage.protocol.enums import EngineName
@@ -69,6 +72,30 @@ def test_a_directory_of_another_model_type_is_refused_naming_the_known_ones(
     empty.mkdir()
     with pytest.raises(ConfigError, match=r"no config\.json"):
         load_config(str(empty))
+
+
+def test_dtype_auto_is_bfloat16_on_cuda_and_float32_on_the_cpu() -> None:
+    def dtype(**args: str) -> str:
+        return dtype_of(OmniThinkerArgs(model="m", **args))
+
+    assert OmniThinkerArgs(model="m").dtype == "auto"
+    assert dtype(device="cpu") == "float32"
+    assert dtype(device="cuda") == "bfloat16"
+    assert dtype(device="cuda:1") == "bfloat16"
+    assert dtype(device="cuda", dtype="float32") == "float32"
+    assert dtype(device="cpu", dtype="bfloat16") == "bfloat16"
+    with pytest.raises(ValidationError):
+        OmniToken2WavArgs(model="m", dtype="int8")
+
+
+def test_a_bfloat16_tensor_crosses_as_a_chunk_unchanged() -> None:
+    import torch
+
+    tensor = torch.randn(3, 5).to(torch.bfloat16)
+    chunk = tensor_chunk("reply", tensor)
+    assert chunk.meta is not None and chunk.data is not None
+    back = chunk_tensor(chunk.meta, chunk.data)
+    assert back.dtype == torch.bfloat16 and torch.equal(back, tensor)
 
 
 def test_the_feed_gives_each_step_its_reply_then_text_end_then_pad() -> None:

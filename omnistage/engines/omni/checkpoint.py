@@ -44,6 +44,21 @@ def checkpoint_dir(args: OmniArgs) -> str:
         raise EngineError(f"cannot load an omni checkpoint from {exc}") from None
 
 
+def dtype_of(args: OmniArgs) -> str:
+    """The torch dtype name a stage's weights load in: ``dtype``, where "auto" is
+    bfloat16 on a cuda device and float32 elsewhere."""
+    if args.dtype != "auto":
+        return args.dtype
+    return "bfloat16" if device_of(args).startswith("cuda") else "float32"
+
+
+def placement(module: Any) -> str:
+    """Where a loaded part computes, as its first weight says: "cuda:0 bfloat16" (the
+    engine's ``kernel``, shown per replica in /v1/omni/stages)."""
+    weight = next(module.parameters())
+    return f"{weight.device} {str(weight.dtype).removeprefix('torch.')}"
+
+
 # config.json's model_type -> transformers' class of the whole model.
 _MODEL_CLASSES = {
     "qwen2_5_omni": "Qwen2_5OmniForConditionalGeneration",
@@ -51,10 +66,11 @@ _MODEL_CLASSES = {
 }
 
 
-def load_omni(args: OmniArgs, directory: str | None = None) -> Any:
-    """The whole checkpoint (speakers included), in eval mode on the CPU; each stage keeps
-    its part and drops the rest. Its class follows config.json's model_type.
-    ``directory``: ``checkpoint_dir(args)`` if resolved."""
+def load_omni(args: OmniArgs, directory: str | None = None, dtype: str | None = None) -> Any:
+    """The whole checkpoint (speakers included), in eval mode on the CPU, in ``dtype``
+    (default: ``dtype_of(args)``); each stage keeps its part and drops the rest. Its
+    class follows config.json's model_type. ``directory``: ``checkpoint_dir(args)`` if
+    resolved."""
     import torch
     import transformers
     from transformers import AutoConfig
@@ -65,7 +81,7 @@ def load_omni(args: OmniArgs, directory: str | None = None) -> Any:
         if kind not in _MODEL_CLASSES:
             raise ValueError(f"model_type {kind!r} is not an omni model we serve")
         model_class = getattr(transformers, _MODEL_CLASSES[kind])
-        model = model_class.from_pretrained(where, dtype=getattr(torch, args.dtype))
+        model = model_class.from_pretrained(where, dtype=getattr(torch, dtype or dtype_of(args)))
     except (OSError, ValueError) as exc:
         raise EngineError(f"cannot load an omni checkpoint from {args.model}: {exc}") from None
     return model.eval()

@@ -31,6 +31,7 @@ from omnistage.engines.omni.checkpoint import (
     device_of,
     load_omni,
     pick_voice,
+    placement,
     stop_criteria,
     tensor_chunk,
 )
@@ -115,6 +116,7 @@ class OmniTalkerEngine(Engine):
         # and pad tokens); the rest of the thinker runs in its own stage.
         self.embed = model.thinker.get_input_embeddings().to(device)
         self.talker = model.talker.to(device)
+        self.kernel = placement(self.talker)
         self.speakers = dict(model.speaker_map)
         eos = self.args.eos_token_ids or (self.talker.codec_eos_token,)
         self._eos = frozenset(eos)
@@ -165,7 +167,8 @@ class OmniTalkerEngine(Engine):
             if name in feed.named:
                 extra[name] = feed.named[name].to(device)
         codec = (talker.codec_mask_token, talker.codec_pad_token, talker.codec_bos_token)
-        state = feed.named["prompt"].to(device).unsqueeze(0)
+        # The thinker's states in the talker's dtype (the two stages may load differently).
+        state = feed.named["prompt"].to(device, talker.dtype).unsqueeze(0)
         return {
             **extra,
             "input_ids": torch.cat(
@@ -173,7 +176,8 @@ class OmniTalkerEngine(Engine):
             ),
             "input_text_ids": torch.cat([ids, token(bos), first], dim=-1),
             "inputs_embeds": torch.cat(
-                [state, embedded(bos), feed.replies[0].to(device).unsqueeze(0)], dim=1
+                [state, embedded(bos), feed.replies[0].to(device, talker.dtype).unsqueeze(0)],
+                dim=1,
             ),
             "eos": embedded(talker.text_eos_token),
             "pad": embedded(talker.text_pad_token),
@@ -193,7 +197,7 @@ class OmniTalkerEngine(Engine):
             if kwargs.get("inputs_embeds") is None:  # a decode step
                 step[0] += 1
                 part = feed.reply(step[0], eos[0], pad[0])
-                kwargs["thinker_reply_part"] = part.to(device).reshape(1, 1, -1)
+                kwargs["thinker_reply_part"] = part.to(device, talker.dtype).reshape(1, 1, -1)
             return args, kwargs
 
         def on_code(code: int) -> None:

@@ -38,6 +38,7 @@ from omnistage.engines.omni.checkpoint import (
     checkpoint_dir,
     device_of,
     load_omni,
+    placement,
     stop_criteria,
     tensor_chunk,
 )
@@ -75,6 +76,7 @@ class OmniThinkerEngine(Engine):
         model = load_omni(self.args, directory)
         model.disable_talker()  # the talker and token2wav run in their own stages
         self.thinker = model.thinker.to(device_of(self.args))
+        self.kernel = placement(self.thinker)
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.extractor = audio_in.load_extractor(directory)
         self.image_processor = vision_in.load_processor(directory)

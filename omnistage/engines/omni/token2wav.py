@@ -22,7 +22,13 @@ from omnistage.config.omni_args import OMNI_SAMPLE_RATE, OmniToken2WavArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
 from omnistage.engines.omni import code_chunks
-from omnistage.engines.omni.checkpoint import chunk_tensor, device_of, load_omni, pick_voice
+from omnistage.engines.omni.checkpoint import (
+    chunk_tensor,
+    device_of,
+    load_omni,
+    pick_voice,
+    placement,
+)
 from omnistage.protocol.chunk_meta import AudioMeta, TensorMeta
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.params import StageParams
@@ -45,8 +51,10 @@ class OmniToken2WavEngine(Engine):
         self.starting = ""
 
     def _load(self) -> None:
-        model = load_omni(self.args)
-        self.token2wav = model.token2wav.float().to(device_of(self.args))
+        # float32 from the file, not rounded through the thinker's dtype and back.
+        model = load_omni(self.args, dtype="float32")
+        self.token2wav = model.token2wav.to(device_of(self.args))
+        self.kernel = placement(self.token2wav)
         self.speakers = dict(model.speaker_map)
         if self.args.chunk_codes:
             dit = self.token2wav.code2wav_dit_model.config
