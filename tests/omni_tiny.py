@@ -51,6 +51,11 @@ CHAT_TEMPLATE = (
 )
 
 
+# The shared tiny head's talker codes per answer (random weights never say end-of-speech
+# early, so every answer has this many).
+OMNI_MAX_CODES = 24
+
+
 def special_id(token: str) -> int:
     return 256 + SPECIALS.index(token)
 

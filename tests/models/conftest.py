@@ -9,6 +9,7 @@ healthy: the tests that share it read counters as deltas, never as absolute valu
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -31,3 +32,34 @@ def voice_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
 def voice_client(voice_head: HeadProc) -> openai.OpenAI:
     """The official OpenAI client on the shared voice head."""
     return openai.OpenAI(base_url=f"{voice_head.url}/v1", api_key="x", max_retries=0, timeout=180)
+
+
+@pytest.fixture(scope="session")
+def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight Qwen2.5-Omni checkpoint (tests/omni_tiny.py)."""
+    from tests.omni_tiny import build_tiny_omni
+
+    return build_tiny_omni(tmp_path_factory.mktemp("omni") / "qwen2.5-omni-tiny")
+
+
+@pytest.fixture(scope="session")
+def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
+    """``omnistage serve`` of the tiny checkpoint (its own staged pipeline), greedy talker,
+    one thread per replica, images fetched from 127.0.0.1: shared by the files that only
+    send it requests (chat, Responses, Realtime); a test that kills a replica starts its
+    own."""
+    from tests.omni_tiny import OMNI_MAX_CODES, one_thread_head
+
+    overrides = {"1": {"engine_args": {"do_sample": False, "max_new_tokens": OMNI_MAX_CODES}}}
+    head = one_thread_head(
+        tmp_path_factory.mktemp("omni-head"),
+        omni_dir,
+        overrides,
+        "omni-head",
+        "--allowed-media-domains",
+        "127.0.0.1",
+    )
+    try:
+        yield head
+    finally:
+        head.stop()

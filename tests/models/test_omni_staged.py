@@ -22,8 +22,7 @@ import pytest
 from tests.integration.harness import HeadProc
 from tests.omni_tiny import (
     CODEC_EOS,
-    build_tiny_omni,
-    one_thread_head,
+    OMNI_MAX_CODES,
     png,
     spoken_chat,
     spoken_deltas,
@@ -33,30 +32,7 @@ from tests.omni_tiny import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MAX_TOKENS = 6  # the thinker's answer
-MAX_CODES = 24  # the talker's codes (random weights never say end-of-speech early)
 NOISE_SEED = 0  # the token2wav stage's default noise_seed
-
-
-@pytest.fixture(scope="module")
-def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_omni(tmp_path_factory.mktemp("omni") / "qwen2.5-omni-tiny")
-
-
-@pytest.fixture(scope="module")
-def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    overrides = {"1": {"engine_args": {"do_sample": False, "max_new_tokens": MAX_CODES}}}
-    head = one_thread_head(
-        tmp_path_factory.mktemp("omni-head"),
-        omni_dir,
-        overrides,
-        "omni-head",
-        "--allowed-media-domains",
-        "127.0.0.1",
-    )
-    try:
-        yield head
-    finally:
-        head.stop()
 
 
 def reference(
@@ -103,7 +79,7 @@ def reference(
         thinker_max_new_tokens=MAX_TOKENS,
         thinker_do_sample=False,
         talker_do_sample=False,
-        talker_max_new_tokens=MAX_CODES,
+        talker_max_new_tokens=OMNI_MAX_CODES,
         talker_eos_token_id=[CODEC_EOS],
     )
     text = tokenizer.decode(sequences[0, len(ids) :], skip_special_tokens=True)
@@ -141,7 +117,7 @@ def test_staged_omni_answers_as_the_monolithic_model(
     text, pcm = _chat(omni_head, messages, voice)
 
     assert text == want_text
-    assert len(want_pcm) == MAX_CODES * 2 * 16 * 2  # codes x DiT repeats x BigVGAN x bytes
+    assert len(want_pcm) == OMNI_MAX_CODES * 2 * 16 * 2  # codes x DiT repeats x BigVGAN x bytes
     assert pcm == want_pcm
 
 

@@ -16,7 +16,6 @@ import base64
 import io
 import json
 import wave
-from collections.abc import Iterator
 from typing import Any, get_args
 
 import numpy as np
@@ -26,7 +25,7 @@ from openai.types.responses import ResponseStreamEvent
 
 from omnistage.audio.resample import resample
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import build_tiny_omni, spoken_deltas
+from tests.omni_tiny import OMNI_MAX_CODES, spoken_deltas
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -37,30 +36,8 @@ EVENT_TYPES = {
 }
 
 MAX_TOKENS = 6  # the thinker's answer
-MAX_CODES = 24  # the talker's codes
 RATE = 24_000  # Realtime's pcm16, and the token2wav stage's own rate
 WAIT_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def omni_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
-    directory = build_tiny_omni(tmp_path_factory.mktemp("omni") / "qwen2.5-omni-tiny")
-    overrides = {"1": {"engine_args": {"do_sample": False, "max_new_tokens": MAX_CODES}}}
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OMP_NUM_THREADS", "1")  # the replicas inherit it
-    head = HeadProc(
-        tmp_path_factory.mktemp("omni-head"),
-        str(directory),
-        "--stage-overrides",
-        json.dumps(overrides),
-        name="omni-surfaces-head",
-    )
-    mp.undo()
-    try:
-        head.wait_healthy(timeout=240)
-        yield head
-    finally:
-        head.stop()
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +124,7 @@ def test_a_response_hears_input_audio_and_speaks_as_chat_does(
     assert part["type"] == "output_text" and part["audio"]["format"] == "pcm16"
     assert part["text"] == want_text
     assert base64.b64decode(part["audio"]["data"]) == want_pcm
-    assert len(want_pcm) == MAX_CODES * 2 * 16 * 2  # codes x DiT repeats x BigVGAN x bytes
+    assert len(want_pcm) == OMNI_MAX_CODES * 2 * 16 * 2  # codes x DiT repeats x BigVGAN x bytes
 
 
 def test_a_streamed_response_streams_chats_audio(omni_head: HeadProc, model: str) -> None:
