@@ -17,6 +17,8 @@ from tests.postgres import PostgresMissingError, PostgresServer, postgres_server
 _STATE = tempfile.mkdtemp(prefix="omnistage-tests-")
 os.environ.setdefault("OMNISTAGE_STORE_URL", f"sqlite:///{_STATE}/store.db")
 os.environ.setdefault("OMNISTAGE_MEDIA_URL", os.path.join(_STATE, "media"))
+# WebRTC calls (POST /v1/realtime/calls) offer only loopback ICE candidates, both ends.
+os.environ.setdefault("OMNISTAGE_WEBRTC_HOSTS", "127.0.0.1")
 
 
 def pytest_sessionfinish() -> None:

@@ -56,6 +56,8 @@ class RealtimeSession:
         self.audio = AudioInput(self.turns, self.turns.new_turn, ctx.vad)
         self.audio.configure(config.input_format, config.turn_detection)
         self._created = time.time()
+        # Set by a WebRTC call, whose answer audio plays on the server's side of the call.
+        self.clear_output: Callable[[], None] | None = None
 
     @property
     def response(self) -> ResponseRun | None:
@@ -133,7 +135,9 @@ class RealtimeSession:
             case ev.ResponseCancel():
                 self.answers.cancel(event.response_id)
             case ev.OutputAudioClear():
-                raise bad("type", "output_audio_buffer.clear is for WebRTC sessions only")
+                if self.clear_output is None:
+                    raise bad("type", "output_audio_buffer.clear is for WebRTC sessions only")
+                self.clear_output()
 
     def _create_response(self, params: dict[str, Any]) -> None:
         asked = self.answers.check(params)

@@ -1,0 +1,118 @@
+"""The media side of a Realtime call over WebRTC (``api.webrtc_call``), on aiortc.
+
+``AnswerTrack`` is the call's outgoing audio: the answers' PCM, resampled to 48 kHz and
+sent in 20 ms frames paced by the clock (silence between answers, as a microphone's track
+would be), which ``clear`` empties at once on a barge-in. ``hear`` reads the caller's
+track: Opus decoded by aiortc, each frame resampled to 24 kHz mono PCM.
+
+``restrict_host_addresses`` is the ICE setting: aioice offers a host candidate on every
+interface but loopback; ``OMNISTAGE_WEBRTC_HOSTS`` (comma-separated IPs) replaces that list,
+e.g. ``127.0.0.1`` for a call that must stay on the machine (the tests), or the one
+address clients can reach on a host with many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aioice.ice
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+RATE = 48000  # Opus's clock: the track's frames are at this rate
+FRAME_SAMPLES = RATE // 50  # 20 ms
+HEARD_RATE = 24000  # the caller's audio, as the session's pcm input format has it
+HOSTS_ENV = "OMNISTAGE_WEBRTC_HOSTS"
+_TIME_BASE = fractions.Fraction(1, RATE)
+
+
+def restrict_host_addresses() -> tuple[str, ...] | None:
+    """Offer only the addresses ``OMNISTAGE_WEBRTC_HOSTS`` names as host candidates, if
+    set (read once per process, before the first call gathers); the addresses used."""
+    hosts = tuple(h.strip() for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip())
+    if hosts:
+        aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [
+            h for h in hosts if (":" in h and use_ipv6) or (":" not in h and use_ipv4)
+        ]
+    return hosts or None
+
+
+class AnswerTrack(MediaStreamTrack):
+    """The answers' audio, played out in real time; ``on_change(playing, response_id)``
+    is called as an answer starts and stops sounding."""
+
+    kind = "audio"
+
+    def __init__(self, on_change: Callable[[bool, str], None]) -> None:
+        super().__init__()
+        self._on_change = on_change
+        self._pending = np.zeros(0, np.int16)
+        self._response: str | None = None  # whose audio is pending or playing
+        self._playing = False
+        self._start: float | None = None
+        self._pts = 0
+
+    def push(self, response_id: str, pcm: np.ndarray) -> None:
+        """Queue ``pcm`` (int16 at 48 kHz) of ``response_id``'s answer to be played."""
+        self._response = response_id
+        self._pending = np.concatenate([self._pending, pcm])
+
+    def clear(self) -> str | None:
+        """Drop what is left to play; the response it was of, if any."""
+        response, had = self._response, self._playing or len(self._pending) > 0
+        self._pending = np.zeros(0, np.int16)
+        self._playing = False
+        return response if had else None
+
+    @property
+    def pending_s(self) -> float:
+        return len(self._pending) / RATE
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        wait = self._start + self._pts / RATE - now
+        if wait > 0:
+            await asyncio.sleep(wait)
+        elif wait < -0.1:  # fell behind (a stalled loop): skip ahead, do not burst
+            self._pts = int((now - self._start) * RATE)
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(self._take().tobytes())
+        frame.sample_rate = RATE
+        frame.time_base = _TIME_BASE
+        frame.pts = self._pts
+        self._pts += FRAME_SAMPLES
+        return frame
+
+    def _take(self) -> np.ndarray:
+        chunk = self._pending[:FRAME_SAMPLES]
+        self._pending = self._pending[FRAME_SAMPLES:]
+        if len(chunk) and not self._playing and self._response is not None:
+            self._playing = True
+            self._on_change(True, self._response)
+        elif not len(chunk) and self._playing and self._response is not None:
+            self._playing = False
+            self._on_change(False, self._response)
+        if len(chunk) < FRAME_SAMPLES:
+            chunk = np.concatenate([chunk, np.zeros(FRAME_SAMPLES - len(chunk), np.int16)])
+        return chunk
+
+
+async def hear(track: MediaStreamTrack) -> AsyncIterator[np.ndarray]:
+    """The caller's audio as int16 mono PCM at ``HEARD_RATE``, one piece per frame."""
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=HEARD_RATE)
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        for out in resampler.resample(frame):
+            yield out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
