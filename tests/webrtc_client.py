@@ -24,7 +24,7 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from omnistage.api.webrtc_media import HOSTS_ENV, restrict_host_addresses
+from omnistage.api.webrtc_media import HOSTS_ENV, ice_configuration, restrict_host_addresses
 from omnistage.audio.resample import resample
 
 RATE = 48000
@@ -69,16 +69,17 @@ class Caller:
     def __init__(self) -> None:
         os.environ.setdefault(HOSTS_ENV, "127.0.0.1")
         restrict_host_addresses()
-        self.pc = RTCPeerConnection()
+        self.pc = RTCPeerConnection(ice_configuration())
         self.mic = Microphone()
         self.pc.addTrack(self.mic)
         self.channel = self.pc.createDataChannel("oai-events")
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.log: list[tuple[float, dict[str, Any]]] = []  # every event, with its arrival
         self.loud: list[float] = []
         self.heard_samples = 0
         self.location = ""
         self._tasks: list[asyncio.Task[Any]] = []
-        self.channel.on("message", lambda m: self.events.put_nowait(json.loads(m)))
+        self.channel.on("message", self._event)
         self.pc.on("track", lambda t: self._tasks.append(asyncio.ensure_future(self._hear(t))))
 
     async def call(
@@ -108,6 +109,29 @@ class Caller:
                 if event["type"] == kind:
                     return event
                 assert event["type"] != "error", event
+
+    def _event(self, message: str) -> None:
+        event = json.loads(message)
+        self.log.append((time.monotonic(), event))
+        self.events.put_nowait(event)
+
+    async def seen(self, kind: str, timeout: float) -> dict[str, Any]:
+        """The first event of type ``kind`` so far, or the first to come (``next`` would
+        skip one that came before the event it last returned)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                found = [e for _, e in self.log if e["type"] == kind]
+                if found:
+                    return found[0]
+                await asyncio.sleep(0.02)
+
+    def arrived(self, kind: str, **fields: Any) -> float:
+        """When the first event of type ``kind`` (with ``fields``) arrived."""
+        return next(
+            t
+            for t, e in self.log
+            if e["type"] == kind and all(e.get(k) == v for k, v in fields.items())
+        )
 
     def send(self, event: dict[str, Any]) -> None:
         self.channel.send(json.dumps(event))

@@ -24,6 +24,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
 
+from omnistage.api.webrtc_media import HEARD_RATE, RATE, AnswerTrack, hear, ice_configuration
 from omnistage.audio.formats import from_pcm16, to_pcm16
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
@@ -32,8 +33,6 @@ from omnistage.realtime.context import SessionContext
 from omnistage.realtime.conversation import new_id
 from omnistage.realtime.events import MAX_EVENT_BYTES
 from omnistage.realtime.session import RealtimeSession
-
-from .webrtc_media import HEARD_RATE, RATE, AnswerTrack, hear
 
 CHANNEL = "oai-events"
 CONNECT_TIMEOUT_S = 30.0  # an answered offer whose peer never connects is dropped then
@@ -47,7 +46,7 @@ class RealtimeCall:
 
     def __init__(self, ctx: SessionContext, config: SessionConfig) -> None:
         self.id = new_id("rtc")
-        self.pc = RTCPeerConnection()
+        self.pc = RTCPeerConnection(ice_configuration())
         self.track = AnswerTrack(self._sounding)
         self.session = RealtimeSession(ctx, config, self._send)
         self.session.clear_output = self._clear_output
@@ -127,7 +126,8 @@ class RealtimeCall:
         """The session's events: answer audio to the track, the rest to the channel."""
         if isinstance(event, ev.OutputAudioDelta):
             fmt = self.session.config.output_format
-            self.track.push(event.response_id, to_pcm16(fmt, base64.b64decode(event.delta), RATE))
+            pcm = to_pcm16(fmt, base64.b64decode(event.delta), RATE)
+            self.track.push(event.response_id, event.item_id, pcm)
             return
         if isinstance(event, ev.InputSpeechStarted):
             td = self.session.config.turn_detection
@@ -141,9 +141,15 @@ class RealtimeCall:
         self._outbox.put_nowait(event)
 
     def _clear_output(self) -> None:
-        response = self.track.clear()
-        if response is not None:
-            self.session.emit(ev.OutputBufferCleared(response_id=response))
+        """Silence the track; an answer cut short keeps only what was played of it, as
+        ``conversation.item.truncate`` would (a WebSocket client sends that itself)."""
+        cut = self.track.clear()
+        if cut is None:
+            return
+        response, item, played_ms = cut
+        self.session.emit(ev.OutputBufferCleared(response_id=response))
+        with contextlib.suppress(BadRequestError):  # the item is gone, or has no audio
+            self.session.truncate(item, played_ms)
 
     def _sounding(self, playing: bool, response_id: str) -> None:
         kind = ev.OutputBufferStarted if playing else ev.OutputBufferStopped

@@ -5,10 +5,12 @@ sent in 20 ms frames paced by the clock (silence between answers, as a microphon
 would be), which ``clear`` empties at once on a barge-in. ``hear`` reads the caller's
 track: Opus decoded by aiortc, each frame resampled to 24 kHz mono PCM.
 
-``restrict_host_addresses`` is the ICE setting: aioice offers a host candidate on every
-interface but loopback; ``OMNISTAGE_WEBRTC_HOSTS`` (comma-separated IPs) replaces that list,
-e.g. ``127.0.0.1`` for a call that must stay on the machine (the tests), or the one
-address clients can reach on a host with many.
+The ICE settings, from the environment of the API server: ``restrict_host_addresses``:
+aioice offers a host candidate on every interface but loopback; ``OMNISTAGE_WEBRTC_HOSTS``
+(comma-separated IPs) replaces that list, e.g. ``127.0.0.1`` for calls that must stay on
+the machine (the tests), or the one address clients can reach on a host with many.
+``ice_configuration``: no STUN server unless ``OMNISTAGE_WEBRTC_STUN`` names some (aiortc
+would ask Google's), since a server's own addresses are usually what its clients reach.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from collections.abc import AsyncIterator, Callable
 import aioice.ice
 import av
 import numpy as np
+from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 RATE = 48000  # Opus's clock: the track's frames are at this rate
 FRAME_SAMPLES = RATE // 50  # 20 ms
 HEARD_RATE = 24000  # the caller's audio, as the session's pcm input format has it
 HOSTS_ENV = "OMNISTAGE_WEBRTC_HOSTS"
+STUN_ENV = "OMNISTAGE_WEBRTC_STUN"
 _TIME_BASE = fractions.Fraction(1, RATE)
 
 
@@ -42,6 +46,13 @@ def restrict_host_addresses() -> tuple[str, ...] | None:
     return hosts or None
 
 
+def ice_configuration() -> RTCConfiguration:
+    """The STUN servers ``OMNISTAGE_WEBRTC_STUN`` names (``stun:host:port``, comma-separated);
+    none by default."""
+    urls = [u.strip() for u in os.environ.get(STUN_ENV, "").split(",") if u.strip()]
+    return RTCConfiguration(iceServers=[RTCIceServer(u) for u in urls])
+
+
 class AnswerTrack(MediaStreamTrack):
     """The answers' audio, played out in real time; ``on_change(playing, response_id)``
     is called as an answer starts and stops sounding."""
@@ -53,21 +64,28 @@ class AnswerTrack(MediaStreamTrack):
         self._on_change = on_change
         self._pending = np.zeros(0, np.int16)
         self._response: str | None = None  # whose audio is pending or playing
+        self._item: str | None = None  # the answer item it is of
+        self._played = 0  # samples of that item played
         self._playing = False
         self._start: float | None = None
         self._pts = 0
 
-    def push(self, response_id: str, pcm: np.ndarray) -> None:
+    def push(self, response_id: str, item_id: str, pcm: np.ndarray) -> None:
         """Queue ``pcm`` (int16 at 48 kHz) of ``response_id``'s answer to be played."""
+        if item_id != self._item:
+            self._item, self._played = item_id, -len(self._pending)
         self._response = response_id
         self._pending = np.concatenate([self._pending, pcm])
 
-    def clear(self) -> str | None:
-        """Drop what is left to play; the response it was of, if any."""
-        response, had = self._response, self._playing or len(self._pending) > 0
+    def clear(self) -> tuple[str, str, int] | None:
+        """Drop what is left to play; if an answer was sounding, its response, its item
+        and how many ms of that item were played."""
+        had = self._playing or len(self._pending) > 0
         self._pending = np.zeros(0, np.int16)
         self._playing = False
-        return response if had else None
+        if not had or self._response is None or self._item is None:
+            return None
+        return self._response, self._item, max(0, self._played) * 1000 // RATE
 
     @property
     def pending_s(self) -> float:
@@ -95,6 +113,7 @@ class AnswerTrack(MediaStreamTrack):
     def _take(self) -> np.ndarray:
         chunk = self._pending[:FRAME_SAMPLES]
         self._pending = self._pending[FRAME_SAMPLES:]
+        self._played += len(chunk)
         if len(chunk) and not self._playing and self._response is not None:
             self._playing = True
             self._on_change(True, self._response)

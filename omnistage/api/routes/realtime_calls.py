@@ -1,7 +1,8 @@
 """POST /v1/realtime/calls: OpenAI's Realtime API over WebRTC.
 
 The body is the caller's SDP offer, as ``application/sdp``, or a multipart form with the
-offer as ``sdp`` and a session config (as a ``session.update``'s) as ``session``. The
+offer as ``sdp`` and a session config (as a ``session.update``'s) as ``session``; a
+``?model=`` names the model as the WebSocket's does, where the session does not. The
 answer is ``201`` with the server's SDP answer as ``application/sdp`` and the call's URL in
 ``Location``; ``POST .../calls/{call_id}/hangup`` ends it. Auth is the API key or an
 ephemeral client secret (``api.auth``), whose session config applies first. The session
@@ -41,7 +42,7 @@ async def create_call(request: Request) -> Response:
     offer, session = await _offer(request)
     limits = limits_of(request)
     minted = request.scope.get("state", {}).get("realtime_session")
-    model = session.get("model") if session else None
+    model = (session or {}).get("model") or request.query_params.get("model")
     try:
         ctx, config = prepare(request.app.state.omni, limits, model, minted)
         if session:
