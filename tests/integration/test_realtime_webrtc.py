@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.harness import HeadProc
+from tests.integration.harness import HeadProc, wait_for
 from tests.webrtc_client import Caller
 
 KEY = "rtc key"
@@ -101,3 +101,22 @@ def test_a_client_secret_calls_with_its_session_config(keyed: HeadProc) -> None:
     created = asyncio.run(_text_turn(keyed, minted["value"], session))
     assert created["session"]["instructions"] == "Be brief."
     assert created["session"]["output_modalities"] == ["text"]
+
+
+def _live_sessions(head: HeadProc) -> float:
+    text = head.client.get("/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    line = next(x for x in text.splitlines() if x.startswith("omnistage_realtime_live_sessions "))
+    return float(line.split()[1])
+
+
+def test_a_caller_that_goes_away_frees_its_session(keyed: HeadProc) -> None:
+    async def call_and_leave() -> None:
+        caller = Caller()
+        r = await caller.call(keyed.url, KEY)
+        assert r.status_code == 201, r.text
+        await caller.next("session.created", WAIT_S)
+        assert _live_sessions(keyed) == 1
+        await caller.close()  # no hangup: the peer connection just closes
+
+    asyncio.run(call_and_leave())
+    wait_for(lambda: _live_sessions(keyed) == 0, timeout=15, what="the session to be freed")
