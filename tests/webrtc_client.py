@@ -4,8 +4,10 @@ call's incoming track.
 
 ``Caller.speak`` queues 24 kHz pcm16 for the microphone, which sends it paced in real time
 (silence otherwise); ``events`` gets the server's events as dicts; ``loud`` holds when
-each loud frame of the answer arrived (``time.monotonic``). ICE stays on loopback
-(``OMNISTAGE_WEBRTC_HOSTS``, which tests/conftest.py sets for the heads too).
+each loud frame of the answer arrived (``time.monotonic``), and ``loud_pts`` its RTP
+timestamp (the server's clock: the caller's own receive path may bunch frames). ICE
+stays on loopback (``OMNISTAGE_WEBRTC_HOSTS``, which tests/conftest.py sets for the
+heads too).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class Caller:
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.log: list[tuple[float, dict[str, Any]]] = []  # every event, with its arrival
         self.loud: list[float] = []
+        self.loud_pts: list[int] = []  # their RTP timestamps: the server's clock, 48 kHz
         self.heard_samples = 0
         self.location = ""
         self._tasks: list[asyncio.Task[Any]] = []
@@ -146,6 +149,7 @@ class Caller:
             self.heard_samples += frame.samples
             if np.abs(pcm.astype(np.int32)).max() > LOUD:
                 self.loud.append(time.monotonic())
+                self.loud_pts.append(int(frame.pts or 0))
 
     async def close(self) -> None:
         for task in self._tasks:
