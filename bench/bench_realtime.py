@@ -545,10 +545,13 @@ def print_webrtc(results: dict[str, Any]) -> None:
     rows = [
         ("first audio p50, 1 session", ws["first_audio_p50_s"], rtc["first_audio_p50_s"]),
         ("first audio max, 1 session", ws["first_audio_max_s"], rtc["first_audio_max_s"]),
+        # A WebSocket client flushes its own queue on speech_started: it hears nothing of
+        # the answer after it unless a delta came later. Over WebRTC the server flushes,
+        # and what was in flight still plays.
         (
-            "barge-in: last audio after speech_started, max",
-            max(late_ws) if late_ws else None,
-            max(late_rtc) if late_rtc else None,
+            "barge-in: answer heard after speech_started, max",
+            max(0.0, *late_ws) if late_ws else None,
+            max(0.0, *late_rtc) if late_rtc else None,
         ),
     ]
     print(f"\n{'WebSocket vs WebRTC':<48} {'WebSocket':>9} {'WebRTC':>8} {'diff':>7}")

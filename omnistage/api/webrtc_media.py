@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import fractions
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -27,18 +26,19 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from omnistage import envs
+
 RATE = 48000  # Opus's clock: the track's frames are at this rate
 FRAME_SAMPLES = RATE // 50  # 20 ms
 HEARD_RATE = 24000  # the caller's audio, as the session's pcm input format has it
 HOSTS_ENV = "OMNISTAGE_WEBRTC_HOSTS"
-STUN_ENV = "OMNISTAGE_WEBRTC_STUN"
 _TIME_BASE = fractions.Fraction(1, RATE)
 
 
 def restrict_host_addresses() -> tuple[str, ...] | None:
     """Offer only the addresses ``OMNISTAGE_WEBRTC_HOSTS`` names as host candidates, if
     set (read once per process, before the first call gathers); the addresses used."""
-    hosts = tuple(h.strip() for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip())
+    hosts = envs.webrtc_hosts()
     if hosts:
         aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [
             h for h in hosts if (":" in h and use_ipv6) or (":" not in h and use_ipv4)
@@ -49,8 +49,7 @@ def restrict_host_addresses() -> tuple[str, ...] | None:
 def ice_configuration() -> RTCConfiguration:
     """The STUN servers ``OMNISTAGE_WEBRTC_STUN`` names (``stun:host:port``, comma-separated);
     none by default."""
-    urls = [u.strip() for u in os.environ.get(STUN_ENV, "").split(",") if u.strip()]
-    return RTCConfiguration(iceServers=[RTCIceServer(u) for u in urls])
+    return RTCConfiguration(iceServers=[RTCIceServer(u) for u in envs.webrtc_stun()])
 
 
 class AnswerTrack(MediaStreamTrack):
