@@ -5,10 +5,15 @@ connection that ``Session`` uses.
 
 The microphone's pcm16 frames go up on the call's Opus track, one per frame the session
 sends (so the session's clock paces both transports alike); the events come on the
-``oai-events`` data channel. The answer's audio is heard on the call's track: each loud
-20 ms frame counts as a ``response.output_audio.delta`` of the response sounding then
-(``output_audio_buffer.started``), so that first audio and barge-in are timed from what
-was heard, as the WebSocket's are from the deltas that came.
+``oai-events`` data channel. Audio deltas are made up for ``Session`` so that it times
+both transports alike:
+
+- ``output_audio_buffer.started`` counts as an empty delta as it arrives: the server sends
+  it as it puts the answer's first frame on the wire, where the WebSocket would send the
+  first delta (first audio);
+- each loud 20 ms frame heard on the call's track (after aiortc's receiver, whose jitter
+  buffer holds 80 ms) counts as a delta of the response sounding then: the last of the
+  answer spoken over is what the caller still heard of it (barge-in).
 """
 
 from __future__ import annotations
@@ -84,9 +89,10 @@ class Call:
 
     def _message(self, message: str | bytes) -> None:
         raw = message.encode() if isinstance(message, str) else message
+        self.inbox.put_nowait(raw)
         if b'"output_audio_buffer.started"' in raw:
             self.sounding = json.loads(raw)["response_id"]
-        self.inbox.put_nowait(raw)
+            self._delta(self.sounding, 0)
 
     async def send_raw(self, event: str) -> None:
         parsed = json.loads(event)
@@ -105,10 +111,13 @@ class Call:
             except MediaStreamError:
                 return
             if self.sounding and np.abs(frame.to_ndarray().astype(np.int32)).max() > LOUD:
-                # As the WebSocket's delta of FRAME_S of audio: (len * 3/4) / 2 / RATE s.
-                size = int(FRAME_S * RATE * 2 * 4 / 3)
-                delta = {"type": "response.output_audio.delta", "response_id": self.sounding}
-                self.inbox.put_nowait(json.dumps({**delta, "delta": "A" * size}).encode())
+                self._delta(self.sounding, FRAME_S)
+
+    def _delta(self, response_id: str, seconds: float) -> None:
+        """As the WebSocket's delta of ``seconds`` of audio: (len * 3/4) / 2 / RATE s."""
+        size = int(seconds * RATE * 2 * 4 / 3)
+        delta = {"type": "response.output_audio.delta", "response_id": response_id}
+        self.inbox.put_nowait(json.dumps({**delta, "delta": "A" * size}).encode())
 
     async def close(self) -> None:
         for task in self._tasks:
