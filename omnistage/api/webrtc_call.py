@@ -24,7 +24,14 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
 
-from omnistage.api.webrtc_media import HEARD_RATE, RATE, AnswerTrack, hear, ice_configuration
+from omnistage.api.webrtc_media import (
+    HEARD_RATE,
+    RATE,
+    AnswerTrack,
+    hear,
+    hear_promptly,
+    ice_configuration,
+)
 from omnistage.audio.formats import from_pcm16, to_pcm16
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
@@ -65,6 +72,9 @@ class RealtimeCall:
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
         await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "audio":
+                hear_promptly(transceiver.receiver)
         pc.addTrack(self.track)
         await pc.setLocalDescription(await pc.createAnswer())
         self._tasks += [
