@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.formparsers import MultiPartException
 from starlette.responses import Response
 
 from omnistage.api.body import read_body
@@ -37,7 +38,24 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Api
     return ApiError(400, message, "invalid_request_error", param, code)
 
 
-@router.post(PATH, status_code=201)
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            SDP: {"schema": {"type": "string"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["sdp"],
+                    "properties": {"sdp": {"type": "string"}, "session": {"type": "string"}},
+                }
+            },
+        },
+    }
+}
+
+
+@router.post(PATH, status_code=201, openapi_extra=_BODY)
 async def create_call(request: Request) -> Response:
     offer, session = await _offer(request)
     limits = limits_of(request)
@@ -107,7 +125,10 @@ async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
     """The SDP offer and the session config the request gives, if any."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
-        form = await request.form()
+        try:
+            form = await request.form()
+        except MultiPartException as exc:
+            raise _bad(f"the form cannot be read: {exc.message}") from None
         sdp, session = form.get("sdp"), form.get("session")
         if isinstance(sdp, str):
             return _checked(sdp.encode()), _session(session)
