@@ -12,6 +12,7 @@ are said by the pipeline's own Piper voice (joe), resampled to 24 kHz. See READM
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import random
@@ -20,12 +21,14 @@ import sys
 import time
 import urllib.request
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import common
 import numpy as np
 import psutil
+import realtime_webrtc
 from common import HOST, ServerProcess, free_port
 from openai import AsyncOpenAI
 
@@ -251,13 +254,24 @@ class Session:
         return turn
 
 
-async def run_session(
-    port: int, model: str, frame_ms: int, script: Any, timeout: float
-) -> tuple[list[Turn], list[str]]:
-    """Connect, configure, run ``script(session)`` with the microphone on; its turns."""
+@contextlib.asynccontextmanager
+async def connection(port: int, model: str, timeout: float, webrtc: bool) -> AsyncIterator[Any]:
+    """A configured session: the SDK's WebSocket connection, or a WebRTC call."""
+    if webrtc:
+        async with realtime_webrtc.connect(f"http://{HOST}:{port}", model, SESSION) as call:
+            yield call
+        return
     client = AsyncOpenAI(base_url=f"http://{HOST}:{port}/v1", api_key="none", timeout=timeout)
     async with client.realtime.connect(model=model) as conn:
         await conn.session.update(session=SESSION)  # type: ignore[arg-type]
+        yield conn
+
+
+async def run_session(
+    port: int, model: str, frame_ms: int, script: Any, timeout: float, webrtc: bool = False
+) -> tuple[list[Turn], list[str]]:
+    """Connect, configure, run ``script(session)`` with the microphone on; its turns."""
+    async with connection(port, model, timeout, webrtc) as conn:
         session = Session(conn, frame_ms)
         tasks = [asyncio.create_task(session.microphone()), asyncio.create_task(session.reader())]
         try:
@@ -383,7 +397,13 @@ def server_cpu_s(pid: int) -> float:
 
 
 async def level(
-    port: int, pid: int, args: argparse.Namespace, n: int, turns: int, speech: list[np.ndarray]
+    port: int,
+    pid: int,
+    args: argparse.Namespace,
+    n: int,
+    turns: int,
+    speech: list[np.ndarray],
+    webrtc: bool = False,
 ) -> Level:
     """``n`` sessions at once, each asking ``turns`` questions, starts spread over 1 s."""
     rng = random.Random(n)
@@ -396,6 +416,7 @@ async def level(
                 args.frame_ms,
                 questions_script(speech, turns, i, rng.uniform(0, 1.0), args.request_timeout),
                 args.request_timeout,
+                webrtc,
             )
             for i in range(n)
         ),
@@ -416,7 +437,7 @@ async def level(
 
 
 async def barge_ins(
-    port: int, args: argparse.Namespace, speech: dict[str, np.ndarray]
+    port: int, args: argparse.Namespace, speech: dict[str, np.ndarray], webrtc: bool = False
 ) -> list[dict[str, Any]]:
     """One session per trial: the answer's last audio after the user spoke over it."""
     out = []
@@ -425,7 +446,7 @@ async def barge_ins(
             speech["long"], speech["barge_in"], args.barge_in_after, args.request_timeout
         )
         turns, errors = await run_session(
-            port, args.model, args.frame_ms, script, args.request_timeout
+            port, args.model, args.frame_ms, script, args.request_timeout, webrtc
         )
         asked, spoke = [*turns, Turn(), Turn()][:2]
         last = asked.deltas[-1][0] if asked.deltas else None
@@ -512,6 +533,35 @@ def print_targets(results: dict[str, Any]) -> None:
         print(f"  {what:<52} {got:<30} {verdict(ok)}")
 
 
+def barge_late(barge: list[dict[str, Any]]) -> list[float]:
+    late = [b["audio_after_speech_started_s"] for b in barge]
+    return [x for x in late if x is not None]
+
+
+def print_webrtc(results: dict[str, Any]) -> None:
+    """The same figures over both transports, in this run: within 50 ms is the target."""
+    ws, rtc = results["one_session"], results["webrtc"]["one_session"]
+    late_ws, late_rtc = barge_late(results["barge_ins"]), barge_late(results["webrtc"]["barge_ins"])
+    rows = [
+        ("first audio p50, 1 session", ws["first_audio_p50_s"], rtc["first_audio_p50_s"]),
+        ("first audio max, 1 session", ws["first_audio_max_s"], rtc["first_audio_max_s"]),
+        # A WebSocket client flushes its own queue on speech_started: it hears nothing of
+        # the answer after it unless a delta came later. Over WebRTC the server flushes,
+        # and what was in flight still plays.
+        (
+            "barge-in: answer heard after speech_started, max",
+            max(0.0, *late_ws) if late_ws else None,
+            max(0.0, *late_rtc) if late_rtc else None,
+        ),
+    ]
+    print(f"\n{'WebSocket vs WebRTC':<48} {'WebSocket':>9} {'WebRTC':>8} {'diff':>7}")
+    for what, a, b in rows:
+        diff = None if a is None or b is None else b - a
+        ok = None if diff is None else diff <= 0.050
+        d = "-" if diff is None else f"{diff * 1000:+.0f} ms"
+        print(f"  {what:<46} {fmt_s(a):>7} s {fmt_s(b):>6} s {d:>7} {verdict(ok)}")
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -527,6 +577,11 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--frame-ms", type=int, default=20, help="microphone frame, ms")
     p.add_argument("--model", default="voice")
+    p.add_argument(
+        "--webrtc",
+        action="store_true",
+        help="also run the one session and the barge-ins over WebRTC (POST /v1/realtime/calls)",
+    )
     p.add_argument("--serve-args", default="", help="extra arguments for omnistage serve")
     common.add_common_args(p, health_timeout=300.0, request_timeout=60.0)
     args = p.parse_args()
@@ -576,9 +631,19 @@ async def measure(
     print(f"barge-in, {args.barge_ins} trials", flush=True)
     barge = await barge_ins(port, args, speech)
     check()
+    webrtc = None
+    if args.webrtc:
+        print(f"WebRTC: one session, {args.turns} questions", flush=True)
+        one_rtc = await level(port, pid, args, 1, args.turns, questions, webrtc=True)
+        print(f"WebRTC: barge-in, {args.barge_ins} trials", flush=True)
+        webrtc = {
+            "one_session": one_rtc.row() | {"breakdown": one_rtc.breakdown()},
+            "barge_ins": await barge_ins(port, args, speech, webrtc=True),
+        }
+        check()
     levels = [one]
     capacity = 1 if one.holds() else 0
-    for n in (int(x) for x in args.levels.split(",")):
+    for n in (int(x) for x in args.levels.split(",") if x):
         print(f"{n} sessions at once, {args.load_turns} questions each", flush=True)
         lv = await level(port, pid, args, n, args.load_turns, questions)
         check()
@@ -597,6 +662,7 @@ async def measure(
         "barge_ins": barge,
         "capacity": capacity,
         "server_first_audio": server_first_audio(port),
+        "webrtc": webrtc,
         "errors": sorted({e for lv in levels for e in lv.errors}),
     }
 
@@ -618,6 +684,8 @@ def main() -> int:
         f"Piper (joe) {speed['piper_rtf']:.1f}x real time",
         flush=True,
     )
+    if args.webrtc:
+        realtime_webrtc.loopback()  # before the server starts: it inherits the setting
     port = free_port()
     cmd = [sys.executable, "-m", "omnistage", "serve", "--host", HOST, "--port", str(port)]
     cmd += ["--log-level", "WARNING", *args.serve_args.split()]
@@ -648,6 +716,8 @@ def main() -> int:
     for e in results["errors"][:5]:
         print(f"error: {e}")
     print_targets(results)
+    if results["webrtc"]:
+        print_webrtc(results)
     if args.json:
         common.write_json(args.json, args, {"machine_speed": speed, **results})
     # Errors under load are a capacity figure; one session alone and the barge-ins

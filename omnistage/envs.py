@@ -113,3 +113,19 @@ def otlp_traces_endpoint() -> str | None:
 def otel_service_name() -> str | None:
     """OTEL_SERVICE_NAME: overrides the service name of exported spans."""
     return os.environ.get("OTEL_SERVICE_NAME") or None
+
+
+def webrtc_hosts() -> tuple[str, ...]:
+    """OMNISTAGE_WEBRTC_HOSTS: the only IPs a WebRTC call offers as ICE host candidates,
+    comma-separated (empty: every interface's but loopback, aioice's own choice)."""
+    return _list("OMNISTAGE_WEBRTC_HOSTS")
+
+
+def webrtc_stun() -> tuple[str, ...]:
+    """OMNISTAGE_WEBRTC_STUN: STUN servers (``stun:host:port``, comma-separated) a WebRTC
+    call may ask for a server reflexive candidate (empty: none)."""
+    return _list("OMNISTAGE_WEBRTC_STUN")
+
+
+def _list(name: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in os.environ.get(name, "").split(",") if x.strip())

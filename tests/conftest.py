@@ -20,6 +20,8 @@ os.environ.setdefault("OMNISTAGE_MEDIA_URL", os.path.join(_STATE, "media"))
 # No test reaches a real model hub: a model named by hub id comes from the HF cache, or a
 # test's own local endpoint (tests/hf_endpoint.py) with HF_HUB_OFFLINE=0.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# WebRTC calls (POST /v1/realtime/calls) offer only loopback ICE candidates, both ends.
+os.environ.setdefault("OMNISTAGE_WEBRTC_HOSTS", "127.0.0.1")
 
 
 def pytest_sessionfinish() -> None:

@@ -13,7 +13,9 @@ The Realtime socket (``REALTIME_PATH``) alone also takes an ephemeral client sec
 (``ek_...``, see ``realtime.secrets``) in either place, and passes the session config
 the secret carries on to its route as ``scope["state"]["realtime_session"]``. Without
 ``--api-key`` (``api_key=None``) nothing is refused; a valid secret's session config is
-still passed on, so a page behaves the same with or without a key.
+still passed on, so a page behaves the same with or without a key. The Realtime API over
+WebRTC (``CALLS_PATH``, an HTTP POST) takes a client secret as its bearer token the same
+way.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from omnistage.api.owner import OWNER, fingerprint, split_keys
 from omnistage.realtime.secrets import PREFIX, ClientSecrets
 
 REALTIME_PATH = "/v1/realtime"
+CALLS_PATH = "/v1/realtime/calls"
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
@@ -50,6 +53,8 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]  # a lifespan scope has no path
+        if kind == "http" and self._keys is None and scope["path"] == CALLS_PATH:
+            self._http_allowed(scope)  # lets a client secret's session config through
         if (
             kind == "http"
             and self._keys is not None
@@ -70,7 +75,19 @@ class ApiKeyMiddleware:
             if hmac.compare_digest(given, bearer):
                 scope.setdefault("state", {})[OWNER] = self._owners[i]
                 return True
+        if scope["path"] == CALLS_PATH and given.startswith(b"Bearer " + PREFIX.encode()):
+            return self._secret_allowed(scope, given[len(b"Bearer ") :].decode("latin-1"))
         return self._query_key(scope)
+
+    def _secret_allowed(self, scope: Scope, token: str) -> bool:
+        """Whether ``token`` is a live client secret; its session config goes on to the
+        route as ``scope["state"]["realtime_session"]``."""
+        payload = self._secrets.verify(token) if self._secrets is not None else None
+        if payload is None:
+            return False
+        if payload.session is not None:
+            scope.setdefault("state", {})["realtime_session"] = payload.session
+        return True
 
     def _query_key(self, scope: Scope) -> bool:
         """Whether this is a ``query_paths`` request with exactly one right ``api_key``."""
@@ -97,12 +114,8 @@ class ApiKeyMiddleware:
         for token in _websocket_tokens(scope):
             if self._keys is not None and self._match(token.encode()) is not None:
                 allowed = True
-            elif realtime and token.startswith(PREFIX):
-                payload = self._secrets.verify(token)  # type: ignore[union-attr]
-                if payload is not None:
-                    if payload.session is not None:
-                        scope.setdefault("state", {})["realtime_session"] = payload.session
-                    return True
+            elif realtime and token.startswith(PREFIX) and self._secret_allowed(scope, token):
+                return True
         return allowed
 
 

@@ -299,6 +299,25 @@ class OutputAudioDone(PartEvent, tag="response.output_audio.done", kw_only=True)
     pass
 
 
+class _OutputBufferEvent(ServerEvent, kw_only=True):
+    """WebRTC only: the call's outgoing track started, stopped or was cleared of an
+    answer's audio (which the data channel does not carry)."""
+
+    response_id: str
+
+
+class OutputBufferStarted(_OutputBufferEvent, tag="output_audio_buffer.started", kw_only=True):
+    pass
+
+
+class OutputBufferStopped(_OutputBufferEvent, tag="output_audio_buffer.stopped", kw_only=True):
+    pass
+
+
+class OutputBufferCleared(_OutputBufferEvent, tag="output_audio_buffer.cleared", kw_only=True):
+    pass
+
+
 class TranscriptDelta(PartEvent, tag="response.output_audio_transcript.delta", kw_only=True):
     delta: str
 
@@ -349,6 +368,9 @@ AnyServerEvent = (
     | OutputTextDone
     | OutputAudioDelta
     | OutputAudioDone
+    | OutputBufferStarted
+    | OutputBufferStopped
+    | OutputBufferCleared
     | TranscriptDelta
     | TranscriptDone
     | CallArgumentsDelta

@@ -56,6 +56,8 @@ class RealtimeSession:
         self.audio = AudioInput(self.turns, self.turns.new_turn, ctx.vad)
         self.audio.configure(config.input_format, config.turn_detection)
         self._created = time.time()
+        # Set by a WebRTC call, whose answer audio plays on the server's side of the call.
+        self.clear_output: Callable[[], None] | None = None
 
     @property
     def response(self) -> ResponseRun | None:
@@ -127,13 +129,15 @@ class RealtimeSession:
                 item = self.conversation.get(event.item_id)
                 self.emit(ev.ItemRetrieved(item=item.json))
             case ev.ItemTruncate():
-                self._truncate(event)
+                self.truncate(event.item_id, event.audio_end_ms, event.content_index)
             case ev.ResponseCreate():
                 self._create_response(event.response or {})
             case ev.ResponseCancel():
                 self.answers.cancel(event.response_id)
             case ev.OutputAudioClear():
-                raise bad("type", "output_audio_buffer.clear is for WebRTC sessions only")
+                if self.clear_output is None:
+                    raise bad("type", "output_audio_buffer.clear is for WebRTC sessions only")
+                self.clear_output()
 
     def _create_response(self, params: dict[str, Any]) -> None:
         asked = self.answers.check(params)
@@ -154,19 +158,18 @@ class RealtimeSession:
         self.emit(ev.ItemAdded(previous_item_id=previous, item=item.json))
         self.emit(ev.ItemDone(previous_item_id=previous, item=item.json))
 
-    def _truncate(self, event: ev.ItemTruncate) -> None:
-        item = self.conversation.get(event.item_id)
+    def truncate(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> None:
+        """Keep the first ``audio_end_ms`` of an answer's audio (the part the user heard)."""
+        item = self.conversation.get(item_id)
         content = item.json.get("content") or [{}]
         if item.json.get("role") != "assistant" or content[0].get("type") != "output_audio":
             raise bad("item_id", "only an assistant message with audio can be truncated")
-        if event.content_index != 0:
+        if content_index != 0:
             raise bad("content_index", "an answer has one content part: use 0")
-        if event.audio_end_ms < 0:
+        if audio_end_ms < 0:
             raise bad("audio_end_ms", "must not be negative")
-        item.truncate(event.audio_end_ms)
-        self.emit(
-            ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms)
-        )
+        item.truncate(audio_end_ms)
+        self.emit(ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=audio_end_ms))
 
     def add_answer_item(self, item: Item) -> None:
         """An answer's output item joins the conversation."""

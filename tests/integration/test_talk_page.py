@@ -59,3 +59,43 @@ def test_the_page_file_has_no_external_urls() -> None:
     page = Path(__file__).parents[2] / "omnistage" / "api" / "static" / "talk.html"
     text = page.read_text(encoding="utf-8")
     assert "http://" not in text and "https://" not in text and "//cdn" not in text
+
+
+def _goes_live(driver: Any, url: str) -> str:
+    """Open the page with the key, click Talk, wait for the call to be live; the
+    transport it went live on."""
+    driver.get(f"{url}/talk?key={KEY.replace(' ', '%20')}")
+    driver.find_element(By.ID, "talk").click()
+    conn = driver.find_element(By.ID, "conn")
+    wait(driver, lambda b: conn.get_attribute("data-state") == "live", 30, "the call to be live")
+    transport = driver.find_element(By.TAG_NAME, "body").get_attribute("data-transport")
+    driver.find_element(By.ID, "talk").click()  # hang up
+    return transport
+
+
+def test_the_page_calls_over_webrtc(keyed_head: HeadProc) -> None:
+    driver: Any = chromium("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream")
+    try:
+        assert _goes_live(driver, keyed_head.url) == "webrtc"
+        assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-auth") == (
+            "client_secret"
+        )
+    finally:
+        driver.quit()
+
+
+def test_where_webrtc_cannot_connect_the_page_uses_the_websocket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A head whose calls offer only an address it cannot have: no ICE candidate at all.
+    monkeypatch.setenv("OMNISTAGE_WEBRTC_HOSTS", "192.0.2.1")
+    head = HeadProc(tmp_path, "echo", "--api-key", KEY, name="no-ice-head")
+    driver: Any = None
+    try:
+        head.wait_healthy()
+        driver = chromium("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream")
+        assert _goes_live(driver, head.url) == "websocket"
+    finally:
+        if driver is not None:
+            driver.quit()
+        head.stop()

@@ -1,7 +1,7 @@
 """GET /talk in a real headless Chromium whose microphone is a WAV file of a spoken
-question, against the real voice pipeline: the page streams the microphone to
-/v1/realtime, semantic VAD ends the turn, and the page shows both transcripts and plays
-the spoken answer.
+question, against the real voice pipeline: the page calls /v1/realtime/calls (WebRTC)
+with the microphone, semantic VAD ends the turn, and the page shows both transcripts and
+plays the spoken answer.
 
 Needs Chromium, its driver and Selenium (see ``tests.browser``). The question is said
 by the pipeline's own Piper voice (``/v1/audio/speech``) at test time, padded with
@@ -116,6 +116,9 @@ def _talk_and_check_the_answer(browser: Any) -> None:
     assert heard_as(said, QUESTION), said
     answer = wait(browser, answered, ANSWER_TIMEOUT_S, "the assistant's transcript")
     print(f"assistant transcript: {answer[0]['text']!r}")
+    # The page calls over WebRTC (the head offers 127.0.0.1, which Chromium reaches).
+    transport = browser.find_element(By.TAG_NAME, "body").get_attribute("data-transport")
+    assert transport == "webrtc", transport
     chunks = int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-audio-chunks"))
     print(f"audio deltas played: {chunks}")
     assert chunks > 0

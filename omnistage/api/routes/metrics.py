@@ -395,7 +395,7 @@ _REALTIME_COUNTS = (
     (
         "omnistage_realtime_live_sessions",
         "gauge",
-        "Live voice sessions (Realtime API WebSockets) open now.",
+        "Live voice sessions (Realtime API WebSockets and WebRTC calls) open now.",
         "live_sessions",
     ),
     (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnistage import defaults
@@ -45,41 +45,61 @@ class RealtimeLimits:
     live: int = 0
 
 
-def limits_of(ws: WebSocket) -> RealtimeLimits:
+def limits_of(ws: WebSocket | Request) -> RealtimeLimits:
     state = ws.app.state
     if not hasattr(state, "realtime_limits"):
         state.realtime_limits = RealtimeLimits()
     return state.realtime_limits  # type: ignore[no-any-return]
 
 
-@router.websocket(PATH)
-async def realtime(ws: WebSocket) -> None:
-    omni: PipelineService = ws.app.state.omni
-    limits = limits_of(ws)
-    model = ws.query_params.get("model")
+class Refusal(Exception):
+    """Why a session cannot open: an HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, param: str | None, code: str | None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def prepare(
+    omni: PipelineService, limits: RealtimeLimits, model: str | None, minted: Any
+) -> tuple[SessionContext, SessionConfig]:
+    """A new session's context and config, as the WebSocket and WebRTC routes both open
+    one: the model served, a text stage to answer with, a free session slot, and the
+    session config a client secret carries; else a ``Refusal``."""
     if model is not None and model not in omni.model_names:
         names = ", ".join(sorted(omni.model_names))
         message = f"The model `{model}` does not exist; this server serves {names}"
-        return await _refuse(ws, 404, message, "model", "model_not_found")
-    ctx = _context(omni, ws)
+        raise Refusal(404, message, "model", "model_not_found")
+    ctx = _context(omni)
     if ctx is None:
         message = f"pipeline {omni.config.pipeline!r} has no text stage to answer with"
-        return await _refuse(ws, 404, message, None, "no_realtime_pipeline")
+        raise Refusal(404, message, None, "no_realtime_pipeline")
     ctx.rate_limits = lambda: _rate_limits(limits)
     if limits.live >= limits.max_sessions:
         message = f"too many realtime sessions: this server holds {limits.max_sessions}"
-        return await _refuse(ws, 429, message, None, "session_limit_reached")
+        raise Refusal(429, message, None, "session_limit_reached")
     config = SessionConfig(model=model or omni.served_model)
     if ctx.talker is None:
         config.output_modalities = (Modality.TEXT,)
     if (voice := _default_voice(omni, ctx)) is not None:
         config.voice = voice
-    minted = ws.scope.get("state", {}).get("realtime_session")
     try:
         if minted:
             config.update(minted)
     except BadRequestError as exc:
-        return await _refuse(ws, 400, str(exc), exc.param, exc.code)
+        raise Refusal(400, str(exc), exc.param, exc.code) from None
+    return ctx, config
+
+
+@router.websocket(PATH)
+async def realtime(ws: WebSocket) -> None:
+    omni: PipelineService = ws.app.state.omni
+    limits = limits_of(ws)
+    minted = ws.scope.get("state", {}).get("realtime_session")
+    try:
+        ctx, config = prepare(omni, limits, ws.query_params.get("model"), minted)
+    except Refusal as no:
+        return await _refuse(ws, no.status, no.message, no.param, no.code)
     # The slot is taken before the first await: handshakes at once cannot all pass.
     limits.live += 1
     try:
@@ -91,12 +111,7 @@ async def realtime(ws: WebSocket) -> None:
 async def _accept(
     ws: WebSocket, ctx: SessionContext, config: SessionConfig, limits: RealtimeLimits
 ) -> None:
-    if config.turn_detection is not None:
-        # The first session of a process loads Silero: in a thread, not on the loop.
-        await asyncio.to_thread(load_silero)
-    if smart_turn.available():
-        # And Smart Turn, which a session.update may ask for (/talk does, at once).
-        await asyncio.to_thread(smart_turn.load_smart_turn)
+    await load_vad(config)
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     stats = getattr(ws.app.state, "realtime_stats", None)
@@ -110,6 +125,15 @@ async def _accept(
             stats.session_closed()
 
 
+async def load_vad(config: SessionConfig) -> None:
+    if config.turn_detection is not None:
+        # The first session of a process loads Silero: in a thread, not on the loop.
+        await asyncio.to_thread(load_silero)
+    if smart_turn.available():
+        # And Smart Turn, which a session.update may ask for (/talk does, at once).
+        await asyncio.to_thread(smart_turn.load_smart_turn)
+
+
 def _rate_limits(limits: RealtimeLimits) -> list[dict[str, Any]]:
     """The one limit this server has: sessions at once (``--realtime-max-sessions``),
     reported as OpenAI's ``requests`` limit, with how many more it would take now."""
@@ -119,7 +143,7 @@ def _rate_limits(limits: RealtimeLimits) -> list[dict[str, Any]]:
     ]
 
 
-def _context(omni: PipelineService, ws: WebSocket) -> SessionContext | None:
+def _context(omni: PipelineService) -> SessionContext | None:
     graph = omni.graph
     text = graph.finals_with({Modality.TEXT})
     if not text:

@@ -1,0 +1,146 @@
+"""bench_realtime's client over WebRTC (``POST /v1/realtime/calls``) instead of the
+WebSocket: the same ``Session`` (microphone frames at real-time pace, the reader of the
+server's events) drives a call through ``Call``, which has the two methods of the SDK's
+connection that ``Session`` uses.
+
+The microphone's pcm16 frames go up on the call's Opus track, one per frame the session
+sends (so the session's clock paces both transports alike); the events come on the
+``oai-events`` data channel. Audio deltas are made up for ``Session`` so that it times
+both transports alike:
+
+- ``output_audio_buffer.started`` counts as an empty delta as it arrives: the server sends
+  it as it puts the answer's first frame on the wire, where the WebSocket would send the
+  first delta (first audio);
+- each loud 20 ms frame heard on the call's track (after aiortc's receiver, whose jitter
+  buffer holds 80 ms) counts as a delta of the response sounding then: the last of the
+  answer spoken over is what the caller still heard of it (barge-in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import fractions
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from omnistage.api.webrtc_media import HOSTS_ENV, ice_configuration, restrict_host_addresses
+
+RATE = 24000  # the session's pcm16, as the WebSocket client sends it
+TRACK_RATE = 48000
+LOUD = 300  # |sample| past this in a decoded frame: the answer sounding, not Opus silence
+FRAME_S = 0.02
+
+
+def loopback() -> None:
+    """Calls stay on this machine: the server (started after this) and this client both
+    offer only 127.0.0.1."""
+    os.environ.setdefault(HOSTS_ENV, "127.0.0.1")
+    restrict_host_addresses()
+
+
+class _Microphone(MediaStreamTrack):
+    """Sends the frames it is given, as they are given (the session paces them)."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: asyncio.Queue[np.ndarray] = asyncio.Queue()
+        self._pts = 0
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        pcm = await self.frames.get()
+        frame = av.AudioFrame(format="s16", layout="mono", samples=len(pcm))
+        frame.planes[0].update(pcm.astype("<i2").tobytes())
+        frame.sample_rate, frame.time_base = RATE, fractions.Fraction(1, RATE)
+        frame.pts = self._pts
+        self._pts += len(pcm)
+        return frame
+
+
+class Call:
+    """A call with ``send_raw`` and ``recv_bytes``, as ``bench_realtime.Session`` uses
+    the SDK's connection."""
+
+    def __init__(self) -> None:
+        self.pc = RTCPeerConnection(ice_configuration())
+        self.mic = _Microphone()
+        self.pc.addTrack(self.mic)
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self.channel.on("message", self._message)
+        self.opened = asyncio.Event()
+        self.channel.on("open", self.opened.set)
+        self.sounding: str | None = None  # the response whose audio the track plays
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.pc.on("track", lambda t: self._tasks.append(asyncio.ensure_future(self._hear(t))))
+
+    def _message(self, message: str | bytes) -> None:
+        raw = message.encode() if isinstance(message, str) else message
+        self.inbox.put_nowait(raw)
+        if b'"output_audio_buffer.started"' in raw:
+            self.sounding = json.loads(raw)["response_id"]
+            self._delta(self.sounding, 0)
+
+    async def send_raw(self, event: str) -> None:
+        parsed = json.loads(event)
+        if parsed.get("type") == "input_audio_buffer.append":
+            self.mic.frames.put_nowait(np.frombuffer(base64.b64decode(parsed["audio"]), "<i2"))
+        elif self.channel.readyState == "open":
+            self.channel.send(event)
+
+    async def recv_bytes(self) -> bytes:
+        return await self.inbox.get()
+
+    async def _hear(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if self.sounding and np.abs(frame.to_ndarray().astype(np.int32)).max() > LOUD:
+                self._delta(self.sounding, FRAME_S)
+
+    def _delta(self, response_id: str, seconds: float) -> None:
+        """As the WebSocket's delta of ``seconds`` of audio: (len * 3/4) / 2 / RATE s."""
+        size = int(seconds * RATE * 2 * 4 / 3)
+        delta = {"type": "response.output_audio.delta", "response_id": response_id}
+        self.inbox.put_nowait(json.dumps({**delta, "delta": "A" * size}).encode())
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.pc.close()
+
+
+@contextlib.asynccontextmanager
+async def connect(base_url: str, model: str, session: dict[str, Any]) -> AsyncIterator[Call]:
+    """A call to ``base_url`` with ``session`` as its config, its channel open."""
+    call = Call()
+    try:
+        await call.pc.setLocalDescription(await call.pc.createOffer())
+        form = {
+            "sdp": (None, call.pc.localDescription.sdp),
+            "session": (None, json.dumps({**session, "model": model})),
+        }
+        async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+            r = await http.post("/v1/realtime/calls", files=form)
+        r.raise_for_status()
+        await call.pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+        await asyncio.wait_for(call.opened.wait(), 30)
+        yield call
+    finally:
+        await call.close()

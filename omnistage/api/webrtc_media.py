@@ -1,0 +1,147 @@
+"""The media side of a Realtime call over WebRTC (``api.webrtc_call``), on aiortc.
+
+``AnswerTrack`` is the call's outgoing audio: the answers' PCM, resampled to 48 kHz and
+sent in 20 ms frames paced by the clock (silence between answers, as a microphone's track
+would be), which ``clear`` empties at once on a barge-in. ``hear`` reads the caller's
+track: Opus decoded by aiortc, each frame resampled to 24 kHz mono PCM.
+
+The ICE settings, from the environment of the API server: ``restrict_host_addresses``:
+aioice offers a host candidate on every interface but loopback; ``OMNISTAGE_WEBRTC_HOSTS``
+(comma-separated IPs) replaces that list, e.g. ``127.0.0.1`` for calls that must stay on
+the machine (the tests), or the one address clients can reach on a host with many.
+``ice_configuration``: no STUN server unless ``OMNISTAGE_WEBRTC_STUN`` names some (aiortc
+would ask Google's), since a server's own addresses are usually what its clients reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aioice.ice
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCIceServer, RTCRtpReceiver
+from aiortc.jitterbuffer import JitterBuffer
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from omnistage import envs
+
+RATE = 48000  # Opus's clock: the track's frames are at this rate
+FRAME_SAMPLES = RATE // 50  # 20 ms
+HEARD_RATE = 24000  # the caller's audio, as the session's pcm input format has it
+HOSTS_ENV = "OMNISTAGE_WEBRTC_HOSTS"
+_TIME_BASE = fractions.Fraction(1, RATE)
+
+
+def restrict_host_addresses() -> tuple[str, ...] | None:
+    """Offer only the addresses ``OMNISTAGE_WEBRTC_HOSTS`` names as host candidates, if
+    set (read once per process, before the first call gathers); the addresses used."""
+    hosts = envs.webrtc_hosts()
+    if hosts:
+        aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [
+            h for h in hosts if (":" in h and use_ipv6) or (":" not in h and use_ipv4)
+        ]
+    return hosts or None
+
+
+def ice_configuration() -> RTCConfiguration:
+    """The STUN servers ``OMNISTAGE_WEBRTC_STUN`` names (``stun:host:port``, comma-separated);
+    none by default."""
+    return RTCConfiguration(iceServers=[RTCIceServer(u) for u in envs.webrtc_stun()])
+
+
+class AnswerTrack(MediaStreamTrack):
+    """The answers' audio, played out in real time; ``on_change(playing, response_id)``
+    is called as an answer starts and stops sounding."""
+
+    kind = "audio"
+
+    def __init__(self, on_change: Callable[[bool, str], None]) -> None:
+        super().__init__()
+        self._on_change = on_change
+        self._pending = np.zeros(0, np.int16)
+        self._response: str | None = None  # whose audio is pending or playing
+        self._item: str | None = None  # the answer item it is of
+        self._played = 0  # samples of that item played
+        self._playing = False
+        self._start: float | None = None
+        self._pts = 0
+
+    def push(self, response_id: str, item_id: str, pcm: np.ndarray) -> None:
+        """Queue ``pcm`` (int16 at 48 kHz) of ``response_id``'s answer to be played."""
+        if item_id != self._item:
+            self._item, self._played = item_id, -len(self._pending)
+        self._response = response_id
+        self._pending = np.concatenate([self._pending, pcm])
+
+    def clear(self) -> tuple[str, str, int] | None:
+        """Drop what is left to play; if an answer was sounding, its response, its item
+        and how many ms of that item were played."""
+        had = self._playing or len(self._pending) > 0
+        self._pending = np.zeros(0, np.int16)
+        self._playing = False
+        if not had or self._response is None or self._item is None:
+            return None
+        return self._response, self._item, max(0, self._played) * 1000 // RATE
+
+    @property
+    def pending_s(self) -> float:
+        return len(self._pending) / RATE
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        wait = self._start + self._pts / RATE - now
+        if wait > 0:
+            await asyncio.sleep(wait)
+        elif wait < -0.1:  # fell behind (a stalled loop): skip ahead, do not burst
+            self._pts = int((now - self._start) * RATE)
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(self._take().tobytes())
+        frame.sample_rate = RATE
+        frame.time_base = _TIME_BASE
+        frame.pts = self._pts
+        self._pts += FRAME_SAMPLES
+        return frame
+
+    def _take(self) -> np.ndarray:
+        chunk = self._pending[:FRAME_SAMPLES]
+        self._pending = self._pending[FRAME_SAMPLES:]
+        self._played += len(chunk)
+        if len(chunk) and not self._playing and self._response is not None:
+            self._playing = True
+            self._on_change(True, self._response)
+        elif not len(chunk) and self._playing and self._response is not None:
+            self._playing = False
+            self._on_change(False, self._response)
+        if len(chunk) < FRAME_SAMPLES:
+            chunk = np.concatenate([chunk, np.zeros(FRAME_SAMPLES - len(chunk), np.int16)])
+        return chunk
+
+
+def hear_promptly(receiver: RTCRtpReceiver) -> None:
+    """Hold one frame of the caller's audio, not aiortc's four: the server does not play
+    it, it listens (VAD, the listener), and 60 ms less in that buffer is 60 ms earlier at
+    the end of every turn. aiortc has no setting for it; without the attribute (another
+    aiortc), its own buffer stays."""
+    attr = "_RTCRtpReceiver__jitter_buffer"
+    if hasattr(receiver, attr):
+        setattr(receiver, attr, JitterBuffer(capacity=16, prefetch=1))
+
+
+async def hear(track: MediaStreamTrack) -> AsyncIterator[np.ndarray]:
+    """The caller's audio as int16 mono PCM at ``HEARD_RATE``, one piece per frame."""
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=HEARD_RATE)
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        for out in resampler.resample(frame):
+            yield out.to_ndarray().reshape(-1).astype(np.int16, copy=False)

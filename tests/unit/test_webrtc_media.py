@@ -1,0 +1,41 @@
+"""The call's outgoing track (``api.webrtc_media.AnswerTrack``): answers' audio in 20 ms
+frames at 48 kHz, silence between them, started/stopped as an answer sounds, and a clear
+that drops the rest and says how much of the item was played."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from omnistage.api.webrtc_media import FRAME_SAMPLES, RATE, AnswerTrack
+
+
+def _track() -> tuple[AnswerTrack, list[tuple[bool, str]]]:
+    changes: list[tuple[bool, str]] = []
+    return AnswerTrack(lambda playing, rid: changes.append((playing, rid))), changes
+
+
+async def test_an_answer_plays_in_paced_frames_then_silence() -> None:
+    track, changes = _track()
+    track.push("resp_1", "item_1", np.full(FRAME_SAMPLES * 3 // 2, 1000, np.int16))
+    t0 = time.monotonic()
+    frames = [await track.recv() for _ in range(4)]
+    assert time.monotonic() - t0 >= 0.055  # the 2nd to 4th frames wait for their time
+    pcm = [f.to_ndarray().reshape(-1) for f in frames]
+    assert all(f.sample_rate == RATE and f.samples == FRAME_SAMPLES for f in frames)
+    assert [f.pts for f in frames] == [0, FRAME_SAMPLES, 2 * FRAME_SAMPLES, 3 * FRAME_SAMPLES]
+    assert (pcm[0] == 1000).all() and (pcm[1][: FRAME_SAMPLES // 2] == 1000).all()
+    assert not pcm[1][FRAME_SAMPLES // 2 :].any() and not pcm[2].any()
+    assert changes == [(True, "resp_1"), (False, "resp_1")]
+
+
+async def test_a_clear_drops_the_rest_and_says_what_was_played() -> None:
+    track, changes = _track()
+    track.push("resp_1", "item_1", np.full(RATE, 1000, np.int16))  # 1 s
+    await track.recv()
+    await track.recv()
+    assert track.clear() == ("resp_1", "item_1", 40)
+    assert not (await track.recv()).to_ndarray().any()
+    assert track.clear() is None  # nothing was sounding
+    assert changes == [(True, "resp_1")]  # a clear is the caller's to report
