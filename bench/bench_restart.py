@@ -44,8 +44,9 @@ def _spin() -> None:
 class Head:
     def __init__(self, packed_cache: bool, cache_dir: str) -> None:
         self.port = free_port()
-        overrides = {"0": {"replicas": 2, "engine_args": {"packed_cache": packed_cache}}}
+        overrides = {"0": {"engine_args": {"packed_cache": packed_cache}}}
         cmd = [sys.executable, "-m", "omnistage", "serve", "voice", "--stage-id", "0"]
+        cmd += ["--omni-dp-size-local", "2"]
         cmd += ["--host", HOST, "--port", str(self.port), "-oma", HOST, "-omp", str(free_port())]
         cmd += ["--stage-overrides", json.dumps(overrides), "--log-level", "INFO"]
         env_cache = os.environ.get("OMNISTAGE_CACHE_DIR")
