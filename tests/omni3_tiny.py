@@ -12,6 +12,7 @@ talker finds the user's turns and the assistant's by their role token, so ``user
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.omni_tiny import write_tokenizer
@@ -205,4 +206,23 @@ def build_tiny_omni3(directory: Path, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     write_tokenizer(directory, SPECIALS)
     WhisperFeatureExtractor(feature_size=128).save_pretrained(directory)
+    _add_image_processor(directory / "preprocessor_config.json")
     return directory
+
+
+# The real checkpoint's image processor settings (patches of 16 pixels, 2 x 2 merged).
+IMAGE_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+
+
+def _add_image_processor(path: Path) -> None:
+    settings = json.loads(path.read_text())
+    path.write_text(json.dumps({**settings, **IMAGE_PROCESSOR}, indent=2))

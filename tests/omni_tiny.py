@@ -327,3 +327,20 @@ def spoken_deltas(head: Any, body: dict[str, Any], timeout: float) -> Iterator[t
                 spoken = choice["delta"].get("audio") or {}
                 data = spoken.get("data")
                 yield spoken.get("transcript", ""), base64.b64decode(data) if data else b""
+
+
+def tone_wav(seconds: float = 0.5, rate: int = 16_000) -> bytes:
+    """A WAV file of a 440 Hz tone."""
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return out.getvalue()

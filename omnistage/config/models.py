@@ -74,11 +74,12 @@ def qwen2_5_omni(model: str) -> dict[str, Any]:
 
 
 def qwen3_omni_moe(model: str) -> dict[str, Any]:
-    """Qwen3-Omni (MoE): thinker -> talker (with its code predictor) -> code2wav; text
-    questions (its thinker's spoken input is still to come)."""
+    """Qwen3-Omni (MoE): thinker -> talker (with its code predictor) -> code2wav; text,
+    spoken and image questions."""
     engines = (EngineName.OMNI3_THINKER, EngineName.OMNI3_TALKER, EngineName.OMNI3_CODE2WAV)
     names = ("thinker", "talker", "code2wav")
-    return _omni(model, "qwen3_omni_moe", "Qwen3-Omni", engines, names, ["text"])
+    heard = ["text", "audio", "image"]
+    return _omni(model, "qwen3_omni_moe", "Qwen3-Omni", engines, names, heard)
 
 
 # config.json's model_type -> the raw deploy config for a checkpoint at a path.

@@ -2,7 +2,8 @@
 -> code2wav, each stage its own replica process, picked by the checkpoint itself) answers
 exactly what transformers' monolithic ``Qwen3OmniMoeForConditionalGeneration.generate``
 answers on the same tiny random-weight checkpoint: the same text, the same codes, and so
-the same waveform, sample for sample after int16 rounding.
+the same waveform, sample for sample after int16 rounding; for text, spoken and image
+questions (the reference's prompt made by transformers' own processor).
 
 Greedy decoding in thinker and talker, one thread everywhere, one request at a time:
 random tiny weights have flat logits, so any change of summation order could flip a token.
@@ -15,13 +16,14 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.integration.harness import HeadProc
 from tests.omni3_tiny import SAMPLES_PER_CODE, build_tiny_omni3, special_id
-from tests.omni_tiny import one_thread_head, spoken_chat, spoken_deltas
+from tests.omni_tiny import one_thread_head, png, spoken_chat, spoken_deltas, tone_wav
 
 # The first test also waits for the head and its three replicas to load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -49,23 +51,78 @@ def omni3_head(omni3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         head.stop()
 
 
-def reference(directory: Path, messages: list[dict[str, str]], voice: str) -> tuple[str, bytes]:
-    """The monolithic model's answer: its text, and its waveform as int16 PCM, decoded
-    from its codes in the staged pipeline's chunks."""
-    import torch
-    from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+# The media tokens the real tokenizer's config names (the processor reads them there).
+MEDIA_TOKENS = {
+    "audio_token": "<|audio_pad|>",
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+}
 
+
+def _processor(directory: Path) -> Any:
+    """transformers' ``Qwen3OmniMoeProcessor`` for the checkpoint: the prompt's ids, audio
+    features and pixels the staged thinker must make alike. Built by hand: its constructor
+    insists on a video processor, which needs torchvision (not installed; no test sends a
+    video)."""
+    from transformers import (
+        AutoImageProcessor,
+        AutoTokenizer,
+        Qwen3OmniMoeProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    processor = object.__new__(Qwen3OmniMoeProcessor)
+    processor.tokenizer = AutoTokenizer.from_pretrained(directory)
+    processor.image_processor = AutoImageProcessor.from_pretrained(directory)
+    processor.feature_extractor = WhisperFeatureExtractor.from_pretrained(directory)
+    processor.video_processor = processor.chat_template = None
+    for name, token in MEDIA_TOKENS.items():
+        setattr(processor, name, token)
+        setattr(processor, f"{name}_id", special_id(token))
+    return processor
+
+
+def reference(
+    directory: Path,
+    messages: list[dict[str, str]],
+    voice: str,
+    wav: bytes | None = None,
+    images: list[bytes] | None = None,
+) -> tuple[str, bytes]:
+    """The monolithic model's answer: its text, and its waveform as int16 PCM, decoded
+    from its codes in the staged pipeline's chunks. A spoken input (``wav``) and images go
+    through the processor, their placeholders before the last message's text, as the
+    model's chat template puts them."""
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from omnistage.engines.omni import audio_in, vision_in
     from omnistage.engines.omni.token2wav import pcm16
+    from omnistage.protocol.messages import Prompt
 
     torch.set_num_threads(1)
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(directory).eval()
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+    processor = _processor(directory)
+    heard = [audio_in.samples(Prompt(audio=wav, audio_format="wav"))] if wav else None
+    media = "<|audio_start|><|audio_pad|><|audio_end|>" if wav else ""
+    media += "<|vision_start|><|image_pad|><|vision_end|>" * len(images or [])
+    messages = [*messages[:-1], {**messages[-1], "content": media + messages[-1]["content"]}]
+    text = processor.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    seen = vision_in.decoded(images) if images else None
+    inputs = processor(text=text, audio=heard, images=seen, return_tensors="pt")
+    ids = inputs.pop("input_ids")
+    inputs.pop("attention_mask")
     decode = model.code2wav.chunked_decode
     model.code2wav.chunked_decode = lambda codes, **_: decode(codes, CHUNK, CONTEXT)
-    sequences, wav = model.generate(
-        torch.tensor([ids]),
+    sequences, wav_out = model.generate(
+        ids,
+        **inputs,
         speaker=voice,
         thinker_max_new_tokens=MAX_TOKENS,
         thinker_do_sample=False,
@@ -73,8 +130,16 @@ def reference(directory: Path, messages: list[dict[str, str]], voice: str) -> tu
         talker_do_sample=False,
         talker_max_new_tokens=MAX_CODES,
     )
-    text = tokenizer.decode(sequences[0, len(ids) :], skip_special_tokens=True)
-    return text, pcm16(wav.reshape(-1))
+    answer = processor.tokenizer.decode(sequences[0, ids.shape[1] :], skip_special_tokens=True)
+    return answer, pcm16(wav_out.reshape(-1))
+
+
+def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
+    body = spoken_chat(head, messages, voice, MAX_TOKENS)
+    response = head.client.post("/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    audio = response.json()["choices"][0]["message"]["audio"]
+    return audio["transcript"], base64.b64decode(audio["data"])
 
 
 def test_staged_omni3_answers_as_the_monolithic_model(
@@ -83,17 +148,14 @@ def test_staged_omni3_answers_as_the_monolithic_model(
     messages = [{"role": "user", "content": "Say something about the sea."}]
     want_text, want_pcm = reference(omni3_dir, messages, "Chelsie")
 
-    body = spoken_chat(omni3_head, messages, "Chelsie", MAX_TOKENS)
-    response = omni3_head.client.post("/v1/chat/completions", json=body, timeout=120)
+    text, pcm = _chat(omni3_head, messages, "Chelsie")
 
-    assert response.status_code == 200, response.text
-    audio = response.json()["choices"][0]["message"]["audio"]
-    assert audio["transcript"] == want_text
+    assert text == want_text
     # A frame per talker step but the last (its residual codes are never drawn), each
     # code SAMPLES_PER_CODE samples, less what the causal upsampling holds back per chunk.
     assert MAX_CODES * SAMPLES_PER_CODE * 2 * 0.8 < len(want_pcm) < MAX_CODES * SAMPLES_PER_CODE * 2
     assert np.abs(np.frombuffer(want_pcm, "<i2")).mean() > 100  # not near silence
-    assert base64.b64decode(audio["data"]) == want_pcm
+    assert pcm == want_pcm
 
 
 def test_the_streamed_answer_is_the_same_in_several_audio_chunks(
@@ -109,6 +171,36 @@ def test_the_streamed_answer_is_the_same_in_several_audio_chunks(
     audio = [sound for _, sound in pieces if sound]
     assert b"".join(audio) == want_pcm
     assert len(audio) >= MAX_CODES // CHUNK
+
+
+def test_a_spoken_question_is_answered_as_the_monolithic_model(
+    omni3_head: HeadProc, omni3_dir: Path
+) -> None:
+    wav = tone_wav(1.3)  # more than one of the audio tower's windows (100 frames, 1 s)
+    question = "What is this sound?"
+    want = reference(omni3_dir, [{"role": "user", "content": question}], "Ethan", wav=wav)
+
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode()}}
+    part["input_audio"]["format"] = "wav"
+    content = [{"type": "text", "text": question}, part]
+
+    assert _chat(omni3_head, [{"role": "user", "content": content}], "Ethan") == want
+
+
+def test_a_question_about_images_is_answered_as_the_monolithic_model(
+    omni3_head: HeadProc, omni3_dir: Path
+) -> None:
+    images = [png(84, 56), png(64, 64, seed=1)]  # 6 image tokens, and 4
+    question = "What is in these pictures?"
+    want = reference(omni3_dir, [{"role": "user", "content": question}], "Chelsie", images=images)
+
+    content: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}}
+        for b64 in (base64.b64encode(image).decode() for image in images)
+    ]
+    content.append({"type": "text", "text": question})
+
+    assert _chat(omni3_head, [{"role": "user", "content": content}], "Chelsie") == want
 
 
 def test_the_checkpoint_picks_its_stage_graph(omni3_head: HeadProc) -> None:

@@ -26,6 +26,7 @@ from tests.omni_tiny import (
     png,
     spoken_chat,
     spoken_deltas,
+    tone_wav,
 )
 
 # The first test also waits for the head and its three replicas to load.
@@ -150,28 +151,10 @@ def test_a_text_chat_runs_the_thinker_alone(omni_head: HeadProc, omni_dir: Path)
     assert response.json()["choices"][0]["message"]["content"] == want_text
 
 
-def _tone_wav(seconds: float = 0.5, rate: int = 16_000) -> bytes:
-    """A WAV file of a 440 Hz tone."""
-    import io
-    import wave
-
-    import numpy as np
-
-    t = np.arange(int(seconds * rate)) / rate
-    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return out.getvalue()
-
-
 def test_a_spoken_question_is_answered_as_the_monolithic_model(
     omni_head: HeadProc, omni_dir: Path
 ) -> None:
-    wav = _tone_wav()
+    wav = tone_wav()
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode()}}
     part["input_audio"]["format"] = "wav"
     question = "What is this sound?"

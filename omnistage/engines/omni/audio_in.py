@@ -1,7 +1,12 @@
-"""A chat's spoken input for Qwen2.5-Omni's thinker, prepared as its processor
-(``Qwen2_5OmniProcessor``) prepares it: the audio at 16 kHz, Whisper log-mel features
-padded to 30 s with their mask, and in the prompt one ``<|AUDIO|>`` token per frame the
-audio tower will make, between ``<|audio_bos|>`` and ``<|audio_eos|>``.
+"""A chat's spoken input for an omni thinker, prepared as the model's processor prepares
+it: the audio at 16 kHz, Whisper log-mel features with their mask, and in the prompt one
+audio token per frame the audio tower will make, between its start and end marks.
+
+Qwen2.5-Omni (``Qwen2_5OmniProcessor``): features padded to 30 s, ``<|AUDIO|>`` between
+``<|audio_bos|>`` and ``<|audio_eos|>``. Qwen3-Omni (``Qwen3OmniMoeProcessor``): features
+as long as the audio (its tower reads them in windows of ``2 x n_window`` frames, 13
+tokens per whole window), ``<|audio_pad|>`` between ``<|audio_start|>`` and
+``<|audio_end|>``.
 """
 
 from __future__ import annotations
@@ -17,19 +22,21 @@ SAMPLE_RATE = 16_000
 PARAM = "input_audio"  # what a 400 about the spoken input names
 
 
+# A prompt's audio marks: start, the token per frame, end.
+QWEN2_5_MARKS = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
+QWEN3_MARKS = ("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>")
+
+
 @dataclass
 class AudioInput:
     features: Any  # (1, mel bins, frames) float32: ``input_features``
     mask: Any  # (1, frames) int: ``feature_attention_mask``
-
-    @property
-    def tokens(self) -> int:
-        """How many ``<|AUDIO|>`` tokens stand for it (the audio tower's output frames)."""
-        length = int(self.mask.sum())
-        return ((length - 1) // 2 + 1 - 2) // 2 + 1
+    tokens: int  # how many audio tokens stand for it (the audio tower's output frames)
+    marks: tuple[str, str, str] = QWEN2_5_MARKS
 
     def placeholder(self) -> str:
-        return "<|audio_bos|>" + "<|AUDIO|>" * self.tokens + "<|audio_eos|>"
+        start, token, end = self.marks
+        return start + token * self.tokens + end
 
 
 def samples(prompt: Prompt) -> Any:
@@ -68,7 +75,7 @@ def load_extractor(model: str) -> Any:
 
 
 def prepare(extractor: Any, audio: Any) -> AudioInput:
-    """Features as the processor makes them (padded to 30 s, with the mask)."""
+    """Features as Qwen2.5-Omni's processor makes them (padded to 30 s, with the mask)."""
     out = extractor(
         audio,
         sampling_rate=SAMPLE_RATE,
@@ -76,4 +83,24 @@ def prepare(extractor: Any, audio: Any) -> AudioInput:
         padding="max_length",
         return_tensors="pt",
     )
-    return AudioInput(out["input_features"], out["attention_mask"])
+    length = int(out["attention_mask"].sum())
+    tokens = ((length - 1) // 2 + 1 - 2) // 2 + 1
+    return AudioInput(out["input_features"], out["attention_mask"], tokens)
+
+
+def prepare_qwen3(extractor: Any, audio: Any, n_window: int) -> AudioInput:
+    """Features as Qwen3-Omni's processor makes them (as long as the audio, with the
+    mask); ``n_window`` is the audio tower's."""
+    out = extractor(
+        audio,
+        sampling_rate=SAMPLE_RATE,
+        return_attention_mask=True,
+        padding=True,
+        truncation=False,
+        return_tensors="pt",
+    )
+    length = int(out["attention_mask"].sum())
+    window = n_window * 2
+    rest = (length % window - 1) // 2 + 1
+    tokens = ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (length // window) * 13
+    return AudioInput(out["input_features"], out["attention_mask"], tokens, QWEN3_MARKS)

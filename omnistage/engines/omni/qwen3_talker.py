@@ -99,6 +99,11 @@ class Omni3TalkerEngine(OmniTalkerEngine):
         model.thinker = _Replay(named, replies, self.embed, accept, device)
         model.code2wav = _NoWave()
         extra = {"talker_eos_token_id": list(params.eos_token_ids)} if params.eos_token_ids else {}
+        # The talker's positions (its rope) read the audio lengths and image grids.
+        if "audio_feature_lengths" in named:
+            extra["talker_audio_feature_lengths"] = named["audio_feature_lengths"].to(device)
+        if "image_grid_thw" in named:
+            extra["talker_image_grid_thw"] = named["image_grid_thw"].to(device)
         hook = self.talker.register_forward_pre_hook(on_step, with_kwargs=True)
         try:
             with torch.no_grad():

@@ -1,9 +1,13 @@
 """The ``omni3-thinker`` engine: Qwen3-Omni's thinker (transformers'
 ``Qwen3OmniMoeThinkerForConditionalGeneration``), run as the Qwen2.5-Omni thinker runs
 (engines/omni/thinker.py: text streamed token by token, greedy or sampled, one request at
-a time), with the tensors ``Qwen3OmniMoeForConditionalGeneration.generate`` hands its
-talker, streamed as made (TENSOR chunks, ``TensorMeta``):
+a time), the last user message's audio and images prepared as ``Qwen3OmniMoeProcessor``
+prepares them (audio_in.py, vision_in.py: their placeholders are not Qwen2.5-Omni's), with
+the tensors ``Qwen3OmniMoeForConditionalGeneration.generate`` hands its talker, streamed
+as made (TENSOR chunks, ``TensorMeta``):
 
+- with a spoken input ``audio_feature_lengths`` (int64, its feature frames), with images
+  ``image_grid_thw`` (int64, their patch grids): the talker's positions depend on them;
 - ``prompt_ids`` (int64, the prompt's token ids) and ``prompt_embeds`` (the prompt's input
   embeddings), from the prompt's step;
 - ``prompt_hidden`` (the hidden state of the talker's ``accept_hidden_layer`` at every
@@ -19,14 +23,15 @@ the monolithic model does after the thinker has finished.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from omnistage.engines.base import EngineChunk
+from omnistage.engines.omni import audio_in, vision_in
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import tensor_chunk
 from omnistage.engines.omni.thinker import Media, OmniThinkerEngine
 from omnistage.engines.omni.vision_in import ImageInput
-from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Prompt
 
 
@@ -35,26 +40,27 @@ class Omni3ThinkerEngine(OmniThinkerEngine):
         special = self.thinker.config
         self._media_ids = (special.audio_token_id, special.image_token_id, special.video_token_id)
         self._accept_layer = model.config.talker_config.accept_hidden_layer
+        # The processor's audio window, which must be the audio tower's.
+        self._n_window = special.audio_config.n_window
 
-    def prompt_ids(
-        self, prompt: Prompt | None, heard: AudioInput | None = None, seen: ImageInput | None = None
-    ) -> list[int]:
-        # Its audio and image placeholders are not Qwen2.5-Omni's.
-        if heard is not None:
-            raise BadRequestError(
-                "input_audio is not supported by the Qwen3-Omni thinker yet", "input_audio"
-            )
-        if seen is not None:
-            raise BadRequestError(
-                "image_url is not supported by the Qwen3-Omni thinker yet", "image_url"
-            )
-        return super().prompt_ids(prompt)
+    def hear(self, prompt: Prompt) -> AudioInput:
+        return audio_in.prepare_qwen3(self.extractor, audio_in.samples(prompt), self._n_window)
+
+    def see(self, images: list[bytes]) -> ImageInput:
+        return dataclasses.replace(super().see(images), marks=vision_in.QWEN3_MARKS)
 
     def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
         embeds = hidden[0][0]
         if not prompt:
             return [tensor_chunk("reply", embeds)]
-        out = [tensor_chunk("prompt_ids", input_ids[0]), tensor_chunk("prompt_embeds", embeds)]
+        heard, seen = given
+        out = []
+        # The talker's positions (its rope) depend on them, as the thinker's do.
+        if heard is not None:
+            out.append(tensor_chunk("audio_feature_lengths", heard.mask.sum(-1)))
+        if seen is not None:
+            out.append(tensor_chunk("image_grid_thw", seen.grid))
+        out += [tensor_chunk("prompt_ids", input_ids[0]), tensor_chunk("prompt_embeds", embeds)]
         if bool(self._media(input_ids).any()):
             out.append(tensor_chunk("prompt_hidden", hidden[self._accept_layer][0]))
         return out

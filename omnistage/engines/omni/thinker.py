@@ -128,14 +128,18 @@ class OmniThinkerEngine(Engine):
         text = prompt.text if prompt is not None and prompt.text is not None else ""
         return list(self.tokenizer(text)["input_ids"])
 
+    def hear(self, prompt: Prompt) -> AudioInput:
+        """The prompt's spoken input, prepared as the model's processor prepares it."""
+        return audio_in.prepare(self.extractor, audio_in.samples(prompt))
+
+    def see(self, images: list[bytes]) -> ImageInput:
+        """The prompt's images, prepared as the model's processor prepares them."""
+        return vision_in.prepare(self.image_processor, images)
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        heard = None
         prompt = request.prompt
-        if prompt is not None and prompt.audio is not None:
-            heard = audio_in.prepare(self.extractor, audio_in.samples(prompt))
-        seen = None
-        if prompt is not None and prompt.images:
-            seen = vision_in.prepare(self.image_processor, prompt.images)
+        heard = self.hear(prompt) if prompt is not None and prompt.audio is not None else None
+        seen = self.see(prompt.images) if prompt is not None and prompt.images else None
         ids = self.prompt_ids(prompt, heard, seen)
         params = request.params.generation
         max_new = params.max_tokens or self.args.default_max_tokens

@@ -1,10 +1,12 @@
-"""A chat's images for Qwen2.5-Omni's thinker, prepared as its processor
-(``Qwen2_5OmniProcessor``, with a ``Qwen2VLImageProcessor`` inside) prepares them: each
-image in RGB, resized so both sides are multiples of patch x merge size (28 pixels) within
-the checkpoint's pixel bounds, normalised and cut into patches (``pixel_values``), with
-its patch grid (t, h, w) in ``image_grid_thw``; in the prompt one ``<|IMAGE|>`` token per
-merged patch (t x h x w / merge size squared), between ``<|vision_bos|>`` and
-``<|vision_eos|>``.
+"""A chat's images for an omni thinker, prepared as its processor (``Qwen2_5OmniProcessor``
+or ``Qwen3OmniMoeProcessor``, with a ``Qwen2VLImageProcessor`` inside) prepares them: each
+image in RGB, resized so both sides are multiples of patch x merge size (28 pixels for
+Qwen2.5-Omni, 32 for Qwen3-Omni: the checkpoint's preprocessor config says) within the
+checkpoint's pixel bounds, normalised and cut into patches (``pixel_values``), with its
+patch grid (t, h, w) in ``image_grid_thw``; in the prompt one image token per merged patch
+(t x h x w / merge size squared) between the vision start and end marks: ``<|IMAGE|>``
+between ``<|vision_bos|>`` and ``<|vision_eos|>`` for Qwen2.5-Omni, ``<|image_pad|>``
+between ``<|vision_start|>`` and ``<|vision_end|>`` for Qwen3-Omni.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import Any
 from omnistage.protocol.errors import BadRequestError
 
 PARAM = "image_url"  # what a 400 about an image names
+# An image's marks in the prompt: start, the token per merged patch, end.
+QWEN2_5_MARKS = ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
+QWEN3_MARKS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 
 
 @dataclass
@@ -23,13 +28,15 @@ class ImageInput:
     pixels: Any  # (patches, channels x temporal patch x patch x patch): ``pixel_values``
     grid: Any  # (images, 3) int64: ``image_grid_thw``
     merge: int  # the processor's merge size: merge x merge patches make one token
+    marks: tuple[str, str, str] = QWEN2_5_MARKS
 
     def tokens(self) -> list[int]:
-        """How many ``<|IMAGE|>`` tokens stand for each image."""
+        """How many image tokens stand for each image."""
         return [int(thw.prod()) // self.merge**2 for thw in self.grid]
 
     def placeholder(self) -> str:
-        return "".join("<|vision_bos|>" + "<|IMAGE|>" * n + "<|vision_eos|>" for n in self.tokens())
+        start, token, end = self.marks
+        return "".join(start + token * n + end for n in self.tokens())
 
 
 def load_processor(model: str) -> Any:
