@@ -1,8 +1,8 @@
 """Restart-to-UP of the default thinker's replicas, with the packed int4 weights cached on
 disk (``packed_cache``, the default) against packing them at every start, on a busy machine.
 
-A head serves the voice pipeline's thinker stage alone (``--stage-id 0``) with two local
-replicas. Each round SIGKILLs one replica, then both at once, and times each from the kill
+A head serves the default pipeline's thinker alone (SmolLM2, the fast int4 backend) with
+two local replicas. Each round SIGKILLs one replica, then both at once, and times each from the kill
 until the head shows its new incarnation UP (polling ``/v1/omni/stages`` every 50 ms). The
 head restarts a replica that had reached UP at once, so the figure is the replica's start:
 process, imports, weights, warm-up. ``--busy N`` runs N spinning processes meanwhile (the
@@ -34,6 +34,17 @@ from omnistage import envs
 from omnistage.launch.restart import SETTLE_S
 
 TIMEOUT_S = 300.0
+# The default pipeline's thinker alone, at two replicas.
+THINKER = """pipeline: thinker
+stages:
+  - stage_id: 0
+    name: thinker
+    engine: llm
+    engine_args: {{model: smollm2, packed_cache: {packed_cache}}}
+    replicas: 2
+    final_output: true
+    output_modality: text
+"""
 
 
 def _spin() -> None:
@@ -44,11 +55,10 @@ def _spin() -> None:
 class Head:
     def __init__(self, packed_cache: bool, cache_dir: str) -> None:
         self.port = free_port()
-        overrides = {"0": {"engine_args": {"packed_cache": packed_cache}}}
-        cmd = [sys.executable, "-m", "omnistage", "serve", "voice", "--stage-id", "0"]
-        cmd += ["--omni-dp-size-local", "2"]
-        cmd += ["--host", HOST, "--port", str(self.port), "-oma", HOST, "-omp", str(free_port())]
-        cmd += ["--stage-overrides", json.dumps(overrides), "--log-level", "INFO"]
+        config = Path(cache_dir) / "thinker.yaml"
+        config.write_text(THINKER.format(packed_cache=str(packed_cache).lower()))
+        cmd = [sys.executable, "-m", "omnistage", "serve", str(config)]
+        cmd += ["--host", HOST, "--port", str(self.port), "--log-level", "INFO"]
         env_cache = os.environ.get("OMNISTAGE_CACHE_DIR")
         os.environ["OMNISTAGE_CACHE_DIR"] = cache_dir  # the replicas inherit it
         try:
