@@ -482,11 +482,15 @@ async def backchannels(
         resumed = None
         if after and said.end_of_speech is not None:
             resumed = after[0] - said.end_of_speech
+        stopped = None  # the VAD's end of the turn, for scale: its silence wait and lag
+        if said.speech_stopped is not None and said.end_of_speech is not None:
+            stopped = said.speech_stopped - said.end_of_speech
         out.append(
             {
                 # The answer was still being sent when the server heard the "okay".
                 "during_answer": bool(after),
                 "resumed_after_speech_end_s": resumed,
+                "speech_stopped_after_speech_end_s": stopped,
                 "answer_status": asked.status,
                 "answer_audio_s": asked.audio_s,
                 "answered_backchannel": said.response_id is not None,
