@@ -122,3 +122,26 @@ async def test_going_on_after_a_backchannel_holds_the_answer_again() -> None:
     await h.append(100, SpeechStopped(800))
     await until(lambda: answer.closed, what="the answer to be cancelled")
     await h.answered(2)
+
+
+async def test_where_nobody_transcribes_short_speech_resumes_the_answer() -> None:
+    h = Harness(hears=True)  # an omni thinker hears the audio itself: no words to judge
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    await ticks(20)
+    assert len(h.of("response.output_audio.delta")) == 1
+    h.vad.detector.silence_from = 500
+    await h.append(200)  # paused after 280 ms of turn audio: a backchannel or a noise
+    assert len(h.of("response.output_audio.delta")) == 2 and not answer.closed
+
+
+async def test_a_cleared_input_buffer_resumes_a_held_answer() -> None:
+    h = Harness("tell me a story")
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    await ticks(20)
+    await h.send("input_audio_buffer.clear")
+    assert len(h.of("response.output_audio.delta")) == 2 and not answer.closed
+    assert h.session.turns.interruptions.held is None
