@@ -38,6 +38,9 @@ class _Held:
     resumed: bool = False  # the answer flows again: a backchannel so far
     committed: bool = False  # the turn has ended
     spoken_end: float | None = None  # when it ended, if it is to be answered
+    # The turn before, ended but still being judged when this one started: if it was a
+    # request, it still cancels the answer (and is answered with this one).
+    prior: _Held | None = None
 
 
 class Interruptions:
@@ -67,7 +70,9 @@ class Interruptions:
             self._cancel(run)
             return
         run.hold.hold()
-        held = self._held = _Held(turn, run)
+        old = self._held
+        prior = old if old is not None and old.committed and not old.resumed else None
+        held = self._held = _Held(turn, run, prior=prior)
         asyncio.get_running_loop().call_later(MAX_HOLD_S, self._timed_out, held)
 
     def audio(self, turn: UserTurn | None) -> None:
@@ -100,7 +105,7 @@ class Interruptions:
         if held is None or held.turn is not turn:
             return False
         held.committed, held.spoken_end = True, spoken_end
-        if held.resumed:
+        if held.resumed and not held.run.done:
             self._held = None  # a backchannel: it stays in the conversation, unanswered
         else:
             self._ask(held, turn.transcript)
@@ -131,9 +136,14 @@ class Interruptions:
         self._host.spawn(judge())
 
     def _settle(self, held: _Held, asked: int, decision: Decision) -> None:
-        if self._held is not held or held.asked != asked or decision == Decision.WAIT:
-            return  # decided already, or asked again since
-        run = held.run
+        if held.asked != asked or decision == Decision.WAIT:
+            return  # asked again since
+        current, run = self._held, held.run
+        if current is not held:  # a newer turn holds the answer now
+            request = decision == Decision.CANCEL and not run.done
+            if request and current is not None and current.prior is held:
+                self._cancel(run)  # the newer turn, once it ends, is answered
+            return
         if decision == Decision.RESUME and not run.done:
             run.hold.release()
             held.resumed = True

@@ -4,14 +4,16 @@ scripted pipeline and VAD of test_realtime_session)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from typing import Any
 
 import pytest
 
 from omnistage.audio.server_vad import SpeechStarted, SpeechStopped
 from omnistage.realtime.backchannel import BackchannelPolicy, Decision, is_backchannel
 from tests.unit.fakes import ScriptedStream, ticks, until
-from tests.unit.test_realtime_session import Harness, speech, spoken_turn, words
+from tests.unit.test_realtime_session import LISTENER, Harness, speech, spoken_turn, words
 
 
 @pytest.mark.parametrize(
@@ -145,3 +147,26 @@ async def test_a_cleared_input_buffer_resumes_a_held_answer() -> None:
     await h.send("input_audio_buffer.clear")
     assert len(h.of("response.output_audio.delta")) == 2 and not answer.closed
     assert h.session.turns.interruptions.held is None
+
+
+async def test_a_request_still_being_judged_when_the_user_speaks_again_still_cancels() -> None:
+    h = Harness("tell me a story")
+    answer = await talking(h)
+    release = asyncio.Event()
+    opener = h.session.ctx.service._opener  # type: ignore[attr-defined]
+
+    async def slow_listener(request: Any) -> Any:  # the first request's words come late
+        if request.finals == [LISTENER]:
+            await release.wait()
+        return await opener(request)
+
+    h.session.ctx.service._opener = slow_listener  # type: ignore[attr-defined]
+    h.transcripts += ["wait, what about tomorrow", "uh-huh"]
+    await h.append(100, SpeechStarted(420))
+    await h.append(100, SpeechStopped(560), SpeechStarted(600))  # judged, and again speech
+    h.vad.detector.silence_from = 640
+    await h.append(200)
+    release.set()
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    await h.append(300, SpeechStopped(700))
+    await h.answered(2)  # the request is answered (with the "uh-huh" after it)
