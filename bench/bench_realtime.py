@@ -1,7 +1,9 @@
 """Live voice over the Realtime API (``GET /v1/realtime``) on the default voice pipeline:
 time from the end of the user's speech to the first answer audio, whether answers play
-without gaps, how fast a barge-in stops the answer, and how many sessions the machine
-holds at those latencies.
+without gaps, how fast a barge-in stops the answer, whether a backchannel ("okay") over
+an answer leaves it whole and how soon it resumes, and how many sessions the machine
+holds at those latencies (``--interruptions-only``: the barge-in and backchannel trials
+alone).
 
 Starts ``omnistage serve`` (voice) itself. Clients speak the GA protocol with the openai
 SDK (``client.realtime.connect``); each sends its microphone as a microphone does: pcm16
@@ -41,6 +43,7 @@ QUESTIONS = (
 )
 LONG_QUESTION = "Tell me a long story about a dragon who lives in a castle."
 BARGE_IN = "Wait, stop, I have another question."
+BACKCHANNEL = "Okay."
 SESSION = {
     "type": "realtime",
     "output_modalities": ["audio"],
@@ -54,6 +57,7 @@ SESSION = {
 }
 # The issue's targets.
 ONE_P50_S, LOAD_SESSIONS, LOAD_P90_S, BARGE_IN_S = 0.9, 8, 2.0, 0.150
+RESUME_S = 1.0  # a backchannel's answer plays on within this of the backchannel's end
 SILENT = 330  # |sample| at or below this (-40 dBFS) is silence, for trimming the questions
 PAUSE_S = 0.5  # the user waits this long after the answer played before speaking again
 
@@ -317,6 +321,22 @@ def barge_in_script(
     return script
 
 
+def backchannel_script(long_q: np.ndarray, okay: np.ndarray, after_s: float, timeout: float) -> Any:
+    """Ask for a long answer; say "okay" ``after_s`` after its first audio arrives."""
+
+    async def script(session: Session) -> None:
+        asked, said = Turn(), Turn()
+        session.speak(long_q, asked)
+        await asyncio.wait_for(asked.audio.wait(), timeout)
+        await asyncio.sleep(after_s)
+        session.speak(okay, said)
+        await asyncio.wait_for(asked.done.wait(), timeout)
+        await asyncio.sleep(1.0)  # the backchannel's turn ends: an answer to it would show
+        session.turns[:] = [asked, said]
+
+    return script
+
+
 @dataclass
 class Level:
     sessions: int
@@ -464,6 +484,43 @@ async def barge_ins(
     return out
 
 
+async def backchannels(
+    port: int, args: argparse.Namespace, speech: dict[str, np.ndarray]
+) -> list[dict[str, Any]]:
+    """One session per trial: whether the answer survived "okay", and when it resumed:
+    its first audio after speech_started, from the end of the backchannel's speech."""
+    out = []
+    for _ in range(args.backchannels):
+        script = backchannel_script(
+            speech["long"], speech["backchannel"], args.barge_in_after, args.request_timeout
+        )
+        turns, errors = await run_session(
+            port, args.model, args.frame_ms, script, args.request_timeout
+        )
+        asked, said = [*turns, Turn(), Turn()][:2]
+        heard = said.speech_started
+        after = [t for t, _ in asked.deltas if heard is not None and t > heard]
+        resumed = None
+        if after and said.end_of_speech is not None:
+            resumed = after[0] - said.end_of_speech
+        stopped = None  # the VAD's end of the turn, for scale: its silence wait and lag
+        if said.speech_stopped is not None and said.end_of_speech is not None:
+            stopped = said.speech_stopped - said.end_of_speech
+        out.append(
+            {
+                # The answer was still being sent when the server heard the "okay".
+                "during_answer": bool(after),
+                "resumed_after_speech_end_s": resumed,
+                "speech_stopped_after_speech_end_s": stopped,
+                "answer_status": asked.status,
+                "answer_audio_s": asked.audio_s,
+                "answered_backchannel": said.response_id is not None,
+                "errors": errors,
+            }
+        )
+    return out
+
+
 # -- report ------------------------------------------------------------------------------
 
 
@@ -500,10 +557,6 @@ def print_targets(results: dict[str, Any]) -> None:
     """The issue's targets, PASS or MISS (figures, not assertions)."""
     one = results["one_session"]
     at8 = next((r for r in results["levels"] if r["sessions"] == LOAD_SESSIONS), {})
-    barge = results["barge_ins"]
-    late = [b["audio_after_speech_started_s"] for b in barge]
-    late = [x for x in late if x is not None]
-    cancelled = sum(1 for b in barge if b["answer_status"] == "cancelled")
     p50, p90, rtf = one["first_audio_p50_s"], at8.get("first_audio_p90_s"), at8.get("rtf_p10")
     rows = [
         (
@@ -521,11 +574,7 @@ def print_targets(results: dict[str, Any]) -> None:
             f"RTF p10 {fmt_rtf(rtf)}, gaps in {at8.get('turns_with_gaps', '-')} turns",
             None if rtf is None else rtf >= 1.0 and at8["turns_with_gaps"] == 0,
         ),
-        (
-            f"barge-in: no audio > {BARGE_IN_S * 1000:.0f} ms after speech_started",
-            f"max {max(late) * 1000:.0f} ms, cancelled {cancelled}/{len(barge)}" if late else "-",
-            None if not late else max(late) <= BARGE_IN_S and cancelled == len(barge),
-        ),
+        *interruption_rows(results),
         ("most sessions at those latencies", str(results["capacity"]), None),
     ]
     print("\ntargets")
@@ -562,6 +611,30 @@ def print_webrtc(results: dict[str, Any]) -> None:
         print(f"  {what:<46} {fmt_s(a):>7} s {fmt_s(b):>6} s {d:>7} {verdict(ok)}")
 
 
+def interruption_rows(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    barge, back = results["barge_ins"], results["backchannels"]
+    late = barge_late(barge)
+    cancelled = sum(1 for b in barge if b["answer_status"] == "cancelled")
+    during = [b for b in back if b["during_answer"]]
+    back_cancelled = sum(1 for b in during if b["answer_status"] == "cancelled")
+    resumed = [b["resumed_after_speech_end_s"] for b in during]
+    slowest = max((x for x in resumed if x is not None), default=None)
+    return [
+        (
+            f"barge-in: no audio > {BARGE_IN_S * 1000:.0f} ms after speech_started",
+            f"max {max(late) * 1000:.0f} ms, cancelled {cancelled}/{len(barge)}" if late else "-",
+            None if not late else max(late) <= BARGE_IN_S and cancelled == len(barge),
+        ),
+        (
+            f"backchannel: none cancelled, resumed <= {RESUME_S:.1f} s after it",
+            f"cancelled {back_cancelled}/{len(during)}, slowest {fmt_s(slowest)} s",
+            None
+            if not during
+            else back_cancelled == 0 and None not in resumed and max(resumed) <= RESUME_S,
+        ),
+    ]
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -572,6 +645,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--load-turns", type=int, default=3, help="questions per session per level")
     p.add_argument("--levels", default="2,4,8,12,16,24", help="sessions at once, in order")
     p.add_argument("--barge-ins", type=int, default=3, help="barge-in trials")
+    p.add_argument("--backchannels", type=int, default=3, help='"okay"-over-an-answer trials')
+    p.add_argument(
+        "--interruptions-only", action="store_true", help="only the barge-in and backchannels"
+    )
     p.add_argument(
         "--barge-in-after", type=float, default=0.3, help="s after the answer's first audio"
     )
@@ -586,7 +663,7 @@ def parse_args() -> argparse.Namespace:
     common.add_common_args(p, health_timeout=300.0, request_timeout=60.0)
     args = p.parse_args()
     if args.quick:
-        args.turns, args.load_turns, args.barge_ins = 3, 2, 1
+        args.turns, args.load_turns, args.barge_ins, args.backchannels = 3, 2, 1, 1
         args.levels = "2,4,8"
     return args
 
@@ -625,11 +702,18 @@ async def measure(
 
     print("warm-up: one session, two questions", flush=True)
     await level(port, pid, args, 1, 2, questions)
+    if args.interruptions_only:
+        print(f"barge-in, {args.barge_ins} trials", flush=True)
+        barge = await barge_ins(port, args, speech)
+        print(f"backchannels, {args.backchannels} trials", flush=True)
+        return {"barge_ins": barge, "backchannels": await backchannels(port, args, speech)}
     print(f"one session, {args.turns} questions", flush=True)
     one = await level(port, pid, args, 1, args.turns, questions)
     check()
     print(f"barge-in, {args.barge_ins} trials", flush=True)
     barge = await barge_ins(port, args, speech)
+    print(f"backchannels, {args.backchannels} trials", flush=True)
+    back = await backchannels(port, args, speech)
     check()
     webrtc = None
     if args.webrtc:
@@ -660,6 +744,7 @@ async def measure(
         "answer_sample": sample,
         "levels": [lv.row() for lv in levels],
         "barge_ins": barge,
+        "backchannels": back,
         "capacity": capacity,
         "server_first_audio": server_first_audio(port),
         "webrtc": webrtc,
@@ -676,6 +761,7 @@ def main() -> int:
         "questions": [say(voice, q) for q in QUESTIONS],
         "long": say(voice, LONG_QUESTION),
         "barge_in": say(voice, BARGE_IN),
+        "backchannel": say(voice, BACKCHANNEL),
     }
     speed = machine_speed(voice)
     del voice
@@ -700,6 +786,8 @@ def main() -> int:
         return 1
     finally:
         server.stop()
+    if args.interruptions_only:
+        return report_interruptions(args, speed, results)
     print_levels(results["levels"])
     srv = results["server_first_audio"]
     if srv.get("count"):
@@ -731,6 +819,22 @@ def main() -> int:
         )
         return 1
     return 0
+
+
+def report_interruptions(
+    args: argparse.Namespace, speed: dict[str, float], results: dict[str, Any]
+) -> int:
+    for b in results["backchannels"]:
+        print(f"backchannel trial: {b}")
+    print("\ntargets")
+    for what, got, ok in interruption_rows(results):
+        print(f"  {what:<52} {got:<30} {verdict(ok)}")
+    if args.json:
+        common.write_json(args.json, args, {"machine_speed": speed, **results})
+    errors = [e for k in ("barge_ins", "backchannels") for b in results[k] for e in b["errors"]]
+    if errors:
+        print(f"! errors: {errors[:3]}")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -143,14 +143,6 @@ class Answers:
         else:
             run.on_first_audio = record
 
-    def interrupt(self) -> bool:
-        """Barge-in: cancel the conversation's answer; whether there was one."""
-        if not self.answering:
-            return False
-        assert self.active is not None
-        self.active.cancel(StopReason.TURN_DETECTED)
-        return True
-
     def cancel(self, response_id: str | None) -> None:
         """``response.cancel``."""
         run = self._runs.get(response_id) if response_id else self.active

@@ -49,6 +49,9 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
+    # Ours, not OpenAI's: speech over an answer that turns out to be a backchannel
+    # resumes it (``interruptions``); False cancels it at once.
+    resume_after_backchannel: bool = True
 
     def to_json(self) -> dict[str, Any]:
         if isinstance(self.vad, SemanticVadParams):
@@ -57,6 +60,7 @@ class TurnDetection:
                 "eagerness": self.vad.eagerness,
                 "create_response": self.create_response,
                 "interrupt_response": self.interrupt_response,
+                "resume_after_backchannel": self.resume_after_backchannel,
             }
         return {
             "type": "server_vad",
@@ -66,6 +70,7 @@ class TurnDetection:
             "create_response": self.create_response,
             "interrupt_response": self.interrupt_response,
             "idle_timeout_ms": self.idle_timeout_ms,
+            "resume_after_backchannel": self.resume_after_backchannel,
         }
 
 
@@ -197,9 +202,19 @@ def turn_detection(given: ServerVad | SemanticVad | None, where: str) -> TurnDet
                 f"({smart_turn.INSTALL})",
             )
         semantic = SemanticVadParams(given.eagerness)
-        return TurnDetection(semantic, given.create_response, given.interrupt_response)
+        return TurnDetection(
+            semantic,
+            given.create_response,
+            given.interrupt_response,
+            resume_after_backchannel=given.resume_after_backchannel,
+        )
     vad_keys = ("threshold", "prefix_padding_ms", "silence_duration_ms")
     vad = ServerVadParams(
         **{k: getattr(given, k) for k in vad_keys if getattr(given, k) is not None}
     )
-    return TurnDetection(vad, given.create_response, given.interrupt_response)
+    return TurnDetection(
+        vad,
+        given.create_response,
+        given.interrupt_response,
+        resume_after_backchannel=given.resume_after_backchannel,
+    )

@@ -77,6 +77,7 @@ class ServerVad(_Strict):
     silence_duration_ms: Annotated[int, Meta(ge=0)] | None = None
     create_response: bool = True
     interrupt_response: bool = True
+    resume_after_backchannel: bool = True  # ours: False cancels at once, as barge-in
     # Prompting a silent user is not built; accepting it would silently not act.
     idle_timeout_ms: None = None
 
@@ -88,6 +89,7 @@ class SemanticVad(_Strict):
     eagerness: Literal["low", "medium", "high", "auto"] = "auto"
     create_response: bool = True
     interrupt_response: bool = True
+    resume_after_backchannel: bool = True
 
 
 class InputAudio(_Strict):

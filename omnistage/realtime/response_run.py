@@ -37,6 +37,7 @@ from omnistage.realtime.conversation import (
     message_item,
     new_id,
 )
+from omnistage.realtime.output_hold import AudioHold
 from omnistage.realtime.replies import ResponseSettings
 from omnistage.service import OutputStream, PipelineService
 
@@ -154,11 +155,15 @@ class ResponseRun:
         self._usage = Usage()
         self.first_audio_at: float | None = None  # monotonic time of the first audio delta
         self.on_first_audio: Callable[[float], None] | None = None
-        self.audio_sent_ms = 0.0
+        self.hold = AudioHold(emit)  # the user may be interrupting: audio waits there
 
     @property
     def done(self) -> bool:
         return self.status != ResponseStatus.IN_PROGRESS
+
+    @property
+    def audio_sent_ms(self) -> float:
+        return self.hold.sent_ms
 
     def response_json(self) -> dict[str, Any]:
         s = self.settings
@@ -223,6 +228,7 @@ class ResponseRun:
         finally:
             if self._stream is not None:
                 self._stream.close()
+        await self.hold.released()  # done events after the audio held, or a cancel
         if not self.done:
             if reason == FinishReason.LENGTH:
                 self._stop(ResponseStatus.INCOMPLETE, StopReason.MAX_OUTPUT_TOKENS)
@@ -235,6 +241,10 @@ class ResponseRun:
             return
         if self._stream is not None:
             self._stream.close()
+        if self.hold.holding:  # the user heard it up to where it paused, not further
+            self.hold.drop()
+            if self.message is not None:
+                self.message.truncate(int(self.hold.sent_ms))
         self._stop(ResponseStatus.CANCELLED, reason)
 
     # ----------------------------------------------------------------------------------
@@ -291,12 +301,16 @@ class ResponseRun:
         item = self._open_message()
         ms = len(pcm) * 1000 / rate
         item.spoken.append(Spoken(out.text.strip(), ms))
-        self.audio_sent_ms += ms
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
             if self.on_first_audio is not None:
                 self.on_first_audio(self.first_audio_at)
-        self._part_event(ev.OutputAudioDelta, delta=base64.b64encode(data).decode())
+        index = self._outputs.index(item)
+        delta = base64.b64encode(data).decode()
+        event = ev.OutputAudioDelta(
+            response_id=self.id, item_id=item.id, output_index=index, delta=delta
+        )
+        self.hold.audio(event, ms)
 
     def _fail(self, kind: str, code: str, message: str) -> None:
         error = {"type": kind, "code": code, "message": message}
@@ -307,6 +321,7 @@ class ResponseRun:
 
     def _finish(self, status: ResponseStatus, details: dict[str, Any] | None) -> None:
         """Close every open part and item, then ``response.done``."""
+        self.hold.release()  # a failure: the audio made so far goes out before its end
         self.status = status
         self._details = details
         completed = status == ResponseStatus.COMPLETED

@@ -110,15 +110,19 @@ class RealtimeSession:
         match event:
             case ev.AudioAppend():
                 self.audio.append(event.audio)
+                self.turns.interruptions.audio(self.audio.turn)
             case ev.SessionUpdate():
                 self.config.update(event.session)
                 self.audio.configure(self.config.input_format, self.config.turn_detection)
+                if self.audio.turn is None:  # the turn was dropped: an answer held goes on
+                    self.turns.interruptions.dropped()
                 self.emit(ev.SessionUpdated(session=self._session_json()))
             case ev.AudioCommit():
                 self.turns.commit_manual(self.audio.take_turn())
             case ev.AudioClear():
                 self.turns.drop_early()
                 self.audio.clear()
+                self.turns.interruptions.dropped()
                 self.emit(ev.InputCleared())
             case ev.ItemCreate():
                 self._create_item(event.item, event.previous_item_id)

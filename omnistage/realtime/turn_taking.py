@@ -1,6 +1,7 @@
 """What the user's turns mean: the session's side of ``audio_input.AudioInput``.
 
-- Speech while an answer is under way cancels it (barge-in).
+- Speech while an answer is under way pauses it, and then resumes it (a backchannel)
+  or cancels it (a request: barge-in); ``interruptions`` decides.
 - A pause starts an answer early: the phrase so far is being transcribed and the thinker
   and talker start on it, with everything they say held back (``gate``); if the VAD
   then ends the turn there, it all goes out at once; if the user goes on, it is dropped.
@@ -20,6 +21,7 @@ from omnistage.realtime.answers import Answers
 from omnistage.realtime.context import SessionHost
 from omnistage.realtime.conversation import Item, message_item
 from omnistage.realtime.gate import Gate
+from omnistage.realtime.interruptions import Interruptions
 from omnistage.realtime.listening import TurnListener
 from omnistage.realtime.options import SessionKind
 from omnistage.realtime.replies import reply_settings
@@ -46,6 +48,7 @@ class TurnTaking:
         self._early: _Early | None = None
         # Transcript pieces of a turn not yet committed, sent once it is.
         self._unsent: dict[str, list[str]] = {}
+        self.interruptions = Interruptions(host, answers, self._answer)
 
     @property
     def _auto_answer(self) -> bool:
@@ -87,16 +90,15 @@ class TurnTaking:
 
     def speech_started(self, turn: UserTurn, start_ms: int) -> None:
         host = self._host
-        td = host.config.turn_detection
         self.drop_early()
-        if td is not None and td.interrupt_response and self._answers.interrupt():
-            host.ctx.stats.barge_in()  # cancelled first: no audio after the event
+        self.interruptions.speech_started(turn)  # first: no audio after the event
         # Transcript pieces of dropped turns are of no use any more.
         self._unsent = {turn.item_id: self._unsent.get(turn.item_id, [])}
         host.emit(ev.InputSpeechStarted(audio_start_ms=start_ms, item_id=turn.item_id))
 
     def paused(self, turn: UserTurn) -> None:
         host, answers = self._host, self._answers
+        self.interruptions.paused(turn)
         if not self._auto_answer or answers.answering:
             return
         self.drop_early()
@@ -115,6 +117,7 @@ class TurnTaking:
 
     def resumed(self, turn: UserTurn) -> None:
         self.drop_early()
+        self.interruptions.resumed(turn)
 
     def drop_early(self) -> None:
         early, self._early = self._early, None
@@ -139,8 +142,14 @@ class TurnTaking:
         if early is not None:
             early.gate.drop()
             early.run.cancel(StopReason.TURN_DETECTED)
+        if not self.interruptions.stopped(turn, spoken_end):
+            self._answer(spoken_end)
+
+    def _answer(self, spoken_end: float) -> None:
+        """Answer the turns committed so far, unless an answer is under way."""
+        answers = self._answers
         if self._auto_answer and not answers.answering:
-            settings = reply_settings(host.config, {})
+            settings = reply_settings(self._host.config, {})
             answers.start(settings, None, None, spoken_end, self.hearing())
 
     # ------------------------------------------------------------- commits
@@ -149,6 +158,7 @@ class TurnTaking:
         """``input_audio_buffer.commit`` of ``turn`` (``AudioInput.take_turn``'s)."""
         self.drop_early()
         self._commit(turn, self._user_item(turn))
+        self.interruptions.stopped(turn, None)  # the client asks for its answer itself
 
     def _user_item(self, turn: UserTurn) -> Item:
         item = message_item("user", [{"type": "input_audio", "transcript": None}])

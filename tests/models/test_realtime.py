@@ -346,6 +346,50 @@ async def test_speech_during_an_answer_cancels_it_at_once_and_is_answered(voice_
     assert planned.split()[: len(kept.split())] == kept.split(), (kept, planned)
 
 
+async def test_a_backchannel_during_an_answer_pauses_it_and_it_resumes_whole(voice_head, speak):
+    """ "Okay" said over a story: the story's audio pauses, then flows on from where it
+    paused; the story runs to its end, with all of its words and nothing cut."""
+    vad = {"type": "server_vad", "silence_duration_ms": 500}
+    update = {
+        "instructions": STORYTELLER,
+        "max_output_tokens": 300,
+        "audio": {"input": {**TRANSCRIBE, "turn_detection": vad}},
+    }
+    okay = _trim(speak("Okay."))
+    async with session(voice_head, **update) as live:
+        await typed(live, STORY)
+        await live.conn.response.create()
+        story = (await live.expect("response.created")).response.id
+        await live.expect("response.output_audio.delta")
+        live.stream(silence(200) + okay)
+        started = await live.expect("input_audio_buffer.speech_started")
+        started_at = live.last_at
+        done = await live.expect("response.done", where=lambda e: e.response.id == story)
+        stopped = await live.find("input_audio_buffer.speech_stopped")
+        await live.marker()
+    # It ran to its end (or to max_output_tokens): not cut short by the "okay".
+    details = done.response.status_details
+    assert done.response.status == "completed" or (
+        done.response.status == "incomplete" and details.reason == "max_output_tokens"
+    ), done.response
+    # The answer waited while the user spoke, and went on after.
+    after = [
+        t - started_at
+        for t, e in live.events
+        if t > started_at and e.type == "response.output_audio.delta" and e.response_id == story
+    ]
+    assert after and after[0] < 5.0, after  # resumed (generous: models on shared CPUs)
+    planned = "".join(
+        e.delta
+        for _, e in live.events
+        if e.type == "response.output_audio_transcript.delta" and e.response_id == story
+    )
+    assert done.response.output[0].content[0].transcript == planned  # nothing cut
+    assert stopped.item_id == started.item_id
+    answered = [e for _, e in live.events if e.type == "response.created"]
+    assert len(answered) == 1  # the backchannel was not answered
+
+
 async def test_a_required_tool_call_and_its_output_are_answered(voice_head):
     tool = {
         "type": "function",

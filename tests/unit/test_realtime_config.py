@@ -76,6 +76,7 @@ def test_semantic_vad_is_taken_and_echoed_with_its_eagerness(monkeypatch) -> Non
     assert cfg.to_json("s", 0)["audio"]["input"]["turn_detection"] == {
         **td,
         "create_response": True,
+        "resume_after_backchannel": True,
     }
     cfg.update({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
     assert cfg.turn_detection is not None and cfg.turn_detection.vad == SemanticVadParams()
@@ -253,6 +254,7 @@ def test_the_ga_json_of_a_realtime_session() -> None:
         "create_response": True,
         "interrupt_response": True,
         "idle_timeout_ms": None,
+        "resume_after_backchannel": True,
     }
     assert js["audio"]["output"] == {
         "format": {"type": "audio/pcm", "rate": 24000},

@@ -251,7 +251,11 @@ async def test_a_thinker_that_hears_hears_a_created_items_audio() -> None:
 
 
 async def test_speech_during_an_answer_cancels_it_and_no_audio_follows() -> None:
+    """Plain barge-in, where backchannels are not told apart (the default, which waits
+    to hear them, is in test_realtime_interruptions.py)."""
     h = Harness("tell me a story")
+    td = {"type": "server_vad", "resume_after_backchannel": False}
+    await h.send("session.update", session={"audio": {"input": {"turn_detection": td}}})
     await spoken_turn(h)
     answer = await h.answered()
     answer.put(*words("Once upon a time.", " The end."), speech("Once upon a time."))
@@ -368,8 +372,12 @@ async def test_a_new_turn_drops_an_early_answer() -> None:
     h = Harness("one", "two")
     early = await pause(h)
     await h.append(100, SpeechStopped(100), SpeechStarted(150))
-    # The stop committed the turn and released the early answer; the new turn barges in.
-    assert h.stats.barge_ins == 1 and early.closed
+    # The stop committed the turn and released the early answer; the new turn holds it,
+    # and, being a request ("two"), cancels it.
+    assert h.session.turns.interruptions.held is h.session.response
+    await h.append(300, SpeechStopped(450))
+    await until(lambda: early.closed, what="the answer to be cancelled")
+    assert h.stats.barge_ins == 1
     assert h.of("response.done")[0]["response"]["status"] == "cancelled"
 
 

@@ -1,0 +1,165 @@
+"""Speech over an answer: pause it at once, then resume it or cancel it.
+
+``turn_taking.TurnTaking`` hands this class the turns spoken while the conversation's
+answer is under way (``turn_detection.interrupt_response``). The answer's audio is held
+from the moment the speech starts (``output_hold``); at the user's first pause, and
+when the turn ends, its words so far are judged (``backchannel.BackchannelPolicy``): a
+backchannel or a noise releases the audio, a request cancels the answer (as far as its
+audio went out) and, once the turn is committed, the turn is answered. A user who goes
+on after a backchannel is held and judged again.
+
+With ``turn_detection.resume_after_backchannel`` false, speech cancels the answer at
+once, as plain barge-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from omnistage.realtime.answers import Answers
+from omnistage.realtime.backchannel import BackchannelPolicy, Decision
+from omnistage.realtime.context import SessionHost
+from omnistage.realtime.response_run import ResponseRun, StopReason
+from omnistage.realtime.user_turn import UserTurn
+
+# An answer held this long with no decision (the client stopped sending audio
+# mid-speech) is cancelled rather than left silent.
+MAX_HOLD_S = 5.0
+
+
+@dataclass
+class _Held:
+    turn: UserTurn
+    run: ResponseRun
+    asked: int = 0  # bumped at each question and each resumption: stale answers lose
+    resumed: bool = False  # the answer flows again: a backchannel so far
+    committed: bool = False  # the turn has ended
+    spoken_end: float | None = None  # when it ended, if it is to be answered
+    # The turn before, ended but still being judged when this one started: if it was a
+    # request, it still cancels the answer (and is answered with this one).
+    prior: _Held | None = None
+
+
+class Interruptions:
+    def __init__(
+        self, host: SessionHost, answers: Answers, answer: Callable[[float], None]
+    ) -> None:
+        self._host = host
+        self._answers = answers
+        self._answer = answer  # answer the committed turn (spoken end: monotonic s)
+        self.policy = BackchannelPolicy()
+        self._held: _Held | None = None
+
+    @property
+    def held(self) -> ResponseRun | None:
+        """The answer held for a decision (None: none)."""
+        held = self._held
+        return None if held is None or held.resumed else held.run
+
+    def speech_started(self, turn: UserTurn) -> None:
+        """``turn`` starts while the conversation's answer may be under way."""
+        answers, td = self._answers, self._host.config.turn_detection
+        if td is None or not td.interrupt_response or not answers.answering:
+            return
+        run = answers.active
+        assert run is not None
+        if not td.resume_after_backchannel:
+            self._cancel(run)
+            return
+        run.hold.hold()
+        old = self._held
+        prior = old if old is not None and old.committed and not old.resumed else None
+        held = self._held = _Held(turn, run, prior=prior)
+        asyncio.get_running_loop().call_later(MAX_HOLD_S, self._timed_out, held)
+
+    def audio(self, turn: UserTurn | None) -> None:
+        """More of ``turn`` was heard: speech too long for a backchannel is a request."""
+        held = self._held
+        if held is None or held.turn is not turn or held.resumed or not turn.in_phrase:
+            return
+        if self.policy.speaking(turn.fed_ms - turn.start_ms) == Decision.CANCEL:
+            self._settle(held, held.asked, Decision.CANCEL)
+
+    def paused(self, turn: UserTurn) -> None:
+        held = self._held
+        if held is not None and held.turn is turn and not held.resumed:
+            self._ask(held, turn.heard_so_far)
+
+    def resumed(self, turn: UserTurn) -> None:
+        """The user went on after a pause: whatever was decided on it is held again."""
+        held = self._held
+        if held is None or held.turn is not turn:
+            return
+        held.asked += 1
+        if held.resumed:
+            held.resumed = False
+            held.run.hold.hold()
+
+    def stopped(self, turn: UserTurn, spoken_end: float | None) -> bool:
+        """``turn`` is committed; whether it is the one an answer is held for (then it
+        is answered, at ``spoken_end``, only if that answer is cancelled)."""
+        held = self._held
+        if held is None or held.turn is not turn:
+            return False
+        held.committed, held.spoken_end = True, spoken_end
+        if held.resumed and not held.run.done:
+            self._held = None  # a backchannel: it stays in the conversation, unanswered
+        else:
+            self._ask(held, turn.transcript)
+        return True
+
+    def dropped(self) -> None:
+        """The turn was thrown away (``input_audio_buffer.clear``): as if never said."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.run.hold.release()
+
+    def _ask(self, held: _Held, words: Callable[[], Coroutine[Any, Any, str]]) -> None:
+        held.asked += 1
+        asked = held.asked
+        speech_ms = held.turn.fed_ms - held.turn.start_ms
+        if self._host.ctx.listener is None:  # nobody transcribes: judged by its length
+            self._settle(held, asked, self.policy.heard(speech_ms, None))
+            return
+
+        async def judge() -> None:
+            try:
+                text = await words()
+            except Exception:  # not heard: taken for a request, as barge-in would
+                self._settle(held, asked, Decision.CANCEL)
+                return
+            self._settle(held, asked, self.policy.heard(speech_ms, text))
+
+        self._host.spawn(judge())
+
+    def _settle(self, held: _Held, asked: int, decision: Decision) -> None:
+        if held.asked != asked or decision == Decision.WAIT:
+            return  # asked again since
+        current, run = self._held, held.run
+        if current is not held:  # a newer turn holds the answer now
+            request = decision == Decision.CANCEL and not run.done
+            if request and current is not None and current.prior is held:
+                self._cancel(run)  # the newer turn, once it ends, is answered
+            return
+        if decision == Decision.RESUME and not run.done:
+            run.hold.release()
+            held.resumed = True
+            if held.committed:
+                self._held = None
+            return
+        self._held = None
+        if not run.done:
+            self._cancel(run)
+        if held.committed and held.spoken_end is not None:
+            self._answer(held.spoken_end)
+
+    def _cancel(self, run: ResponseRun) -> None:
+        run.cancel(StopReason.TURN_DETECTED)  # first: no audio after the speech started
+        self._host.ctx.stats.barge_in()
+
+    def _timed_out(self, held: _Held) -> None:
+        if self._held is held and not held.resumed:
+            self._settle(held, held.asked, Decision.CANCEL)

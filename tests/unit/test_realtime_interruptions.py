@@ -1,0 +1,172 @@
+"""Speech over an answer pauses its audio at once; a backchannel or a noise resumes it
+where it paused, a request cancels it and is answered (the real session, over the
+scripted pipeline and VAD of test_realtime_session)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import pytest
+
+from omnistage.audio.server_vad import SpeechStarted, SpeechStopped
+from omnistage.realtime.backchannel import BackchannelPolicy, Decision, is_backchannel
+from tests.unit.fakes import ScriptedStream, ticks, until
+from tests.unit.test_realtime_session import LISTENER, Harness, speech, spoken_turn, words
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["uh-huh", "Mm-hmm.", "yeah", "Yes!", "okay", "OK, right.", "sure", "I see.", "", " ... "],
+)
+def test_acknowledgements_and_noise_are_backchannels(text: str) -> None:
+    assert is_backchannel(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["wait", "stop", "yeah but what about tomorrow", "okay okay okay okay okay", "no"]
+)
+def test_anything_else_is_a_request(text: str) -> None:
+    assert not is_backchannel(text)
+
+
+def test_the_policy_weighs_length_and_words() -> None:
+    policy = BackchannelPolicy(max_speech_ms=1000)
+    assert policy.speaking(900) == Decision.WAIT
+    assert policy.speaking(1001) == Decision.CANCEL  # too long for a backchannel
+    assert policy.heard(600, "Uh-huh.") == Decision.RESUME
+    assert policy.heard(600, "") == Decision.RESUME  # a noise
+    assert policy.heard(600, "wait") == Decision.CANCEL
+    assert policy.heard(1200, "okay") == Decision.CANCEL
+    assert policy.heard(600, None) == Decision.RESUME  # nobody transcribes: short speech
+
+
+def audio_of(h: Harness) -> bytes:
+    return b"".join(base64.b64decode(e["delta"]) for e in h.of("response.output_audio.delta"))
+
+
+async def talking(h: Harness) -> ScriptedStream:
+    """A turn answered; the answer has sent its first sentence's audio."""
+    await spoken_turn(h)
+    answer = await h.answered()
+    answer.put(*words("One.", " Two.")[:2], speech("One."))
+    await until(lambda: h.of("response.output_audio.delta"), what="the first audio")
+    return answer
+
+
+async def test_a_backchannel_pauses_the_answer_then_resumes_it_where_it_paused() -> None:
+    h = Harness("tell me a story", "uh-huh")
+    answer = await talking(h)
+    before = len(h.of("response.output_audio.delta"))
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))  # made while the user speaks: held
+    await ticks(20)
+    assert len(h.of("response.output_audio.delta")) == before
+    assert h.session.turns.interruptions.held is h.session.response
+    h.vad.detector.silence_from = 500  # the user pauses: "uh-huh" is heard, and judged
+    await h.append(200)
+    await until(lambda: len(h.of("response.output_audio.delta")) > before, what="resumed")
+    answer.put(*words("")[1:])
+    answer.end()
+    await h.append(300, SpeechStopped(500))
+    await until(lambda: h.of("response.done"), what="response.done")
+    (done,) = h.of("response.done")
+    assert done["response"]["status"] == "completed" and h.stats.barge_ins == 0
+    assert done["response"]["output"][0]["content"][0]["transcript"] == "One. Two."
+    assert len(audio_of(h)) == 2 * 2205 * 2 * 24000 // 22050  # all of it, once
+    await ticks(20)
+    assert len(h.answers) == 1  # the backchannel is a turn of the conversation, unanswered
+    assert [i.json["role"] for i in h.session.conversation] == ["user", "assistant", "user"]
+
+
+async def test_a_request_over_an_answer_cancels_it_as_far_as_it_was_heard() -> None:
+    h = Harness("tell me a story", "wait, what about tomorrow")
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    await h.append(300, SpeechStopped(500))
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    started = h.kinds().index("input_audio_buffer.speech_started", 3)
+    assert "response.output_audio.delta" not in h.kinds()[started:]
+    done = h.of("response.done")[0]
+    assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+    item = done["response"]["output"][0]
+    assert item["content"][0]["transcript"] == "One."  # "Two." was made, never sent
+    assert h.stats.barge_ins == 1
+    second = await h.answered(2)  # the request is answered
+    messages = h.requests[1].prompt.messages
+    assert messages is not None and messages[-1].content == "wait, what about tomorrow"
+    second.end()
+
+
+async def test_speech_too_long_for_a_backchannel_cancels_before_its_words() -> None:
+    h = Harness("tell me a story")
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    await h.append(1000)
+    assert not answer.closed
+    await h.append(600)  # 1.7 s into the turn, still speaking
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    assert h.stats.barge_ins == 1
+
+
+async def test_going_on_after_a_backchannel_holds_the_answer_again() -> None:
+    h = Harness("tell me a story", "yeah", "but why")
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    h.vad.detector.silence_from = 500
+    await h.append(200)
+    await until(lambda: h.session.turns.interruptions.held is None, what="resumed")
+    h.vad.detector.silence_from = None  # "... but why"
+    await h.append(100)
+    assert h.session.turns.interruptions.held is h.session.response
+    await h.append(100, SpeechStopped(800))
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    await h.answered(2)
+
+
+async def test_where_nobody_transcribes_short_speech_resumes_the_answer() -> None:
+    h = Harness(hears=True)  # an omni thinker hears the audio itself: no words to judge
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    await ticks(20)
+    assert len(h.of("response.output_audio.delta")) == 1
+    h.vad.detector.silence_from = 500
+    await h.append(200)  # paused after 280 ms of turn audio: a backchannel or a noise
+    assert len(h.of("response.output_audio.delta")) == 2 and not answer.closed
+
+
+async def test_a_cleared_input_buffer_resumes_a_held_answer() -> None:
+    h = Harness("tell me a story")
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    await ticks(20)
+    await h.send("input_audio_buffer.clear")
+    assert len(h.of("response.output_audio.delta")) == 2 and not answer.closed
+    assert h.session.turns.interruptions.held is None
+
+
+async def test_a_request_still_being_judged_when_the_user_speaks_again_still_cancels() -> None:
+    h = Harness("tell me a story")
+    answer = await talking(h)
+    release = asyncio.Event()
+    opener = h.session.ctx.service._opener  # type: ignore[attr-defined]
+
+    async def slow_listener(request: Any) -> Any:  # the first request's words come late
+        if request.finals == [LISTENER]:
+            await release.wait()
+        return await opener(request)
+
+    h.session.ctx.service._opener = slow_listener  # type: ignore[attr-defined]
+    h.transcripts += ["wait, what about tomorrow", "uh-huh"]
+    await h.append(100, SpeechStarted(420))
+    await h.append(100, SpeechStopped(560), SpeechStarted(600))  # judged, and again speech
+    h.vad.detector.silence_from = 640
+    await h.append(200)
+    release.set()
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    await h.append(300, SpeechStopped(700))
+    await h.answered(2)  # the request is answered (with the "uh-huh" after it)
