@@ -20,10 +20,9 @@ import base64
 from dataclasses import dataclass
 
 from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_whole
-from omnistage.api.routes.common import audio_finals
+from omnistage.api.routes.common import audio_finals, require_hearing
 from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.protocol.chunk_meta import AudioMeta
-from omnistage.protocol.enums import Modality
 from omnistage.protocol.errors import ApiError
 from omnistage.protocol.messages import OutputChunk
 from omnistage.service import PipelineService
@@ -59,13 +58,7 @@ def heard(omni: PipelineService, body: ResponsesRequest) -> tuple[bytes, str] | 
     if not parts:
         return None
     param = f"input.{index}.content"
-    if not omni.graph.stages_reading(Modality.AUDIO):
-        raise ApiError(
-            400,
-            f"pipeline {omni.config.pipeline!r} has no stage that takes audio input",
-            "invalid_request_error",
-            param,
-        )
+    require_hearing(omni, param)
     if len(parts) > 1:
         raise ApiError(
             400, "a message may carry one input_audio part", "invalid_request_error", param

@@ -37,6 +37,7 @@ from omnistage.audio.server_vad import (
     SpeechStarted,
     SpeechStopped,
     VadEvent,
+    next_window,
 )
 from omnistage.protocol.errors import BadRequestError
 
@@ -145,12 +146,7 @@ class SemanticTurnDetector:
 
     def push(self, probability: float, start_ms: int, end_ms: int) -> VadEvent | None:
         """Account one window of audio ``[start_ms, end_ms)``; the event it completes, if any."""
-        if end_ms <= start_ms or start_ms < self._next_ms:
-            raise ValueError(
-                f"window [{start_ms}, {end_ms}) is empty or overlaps audio already pushed "
-                f"(up to {self._next_ms} ms)"
-            )
-        self._next_ms = end_ms
+        self._next_ms = next_window(self._next_ms, start_ms, end_ms)
         if not self.speaking:
             if probability >= self._speech_threshold:
                 self.speaking = True

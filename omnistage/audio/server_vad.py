@@ -26,6 +26,17 @@ HYSTERESIS = 0.15
 MIN_SILENCE_THRESHOLD = 0.01
 
 
+def next_window(pushed_ms: int, start_ms: int, end_ms: int) -> int:
+    """Where the audio pushed so far ends once window ``[start_ms, end_ms)`` is taken;
+    a ValueError if the window is empty or overlaps what was pushed (up to ``pushed_ms``)."""
+    if end_ms <= start_ms or start_ms < pushed_ms:
+        raise ValueError(
+            f"window [{start_ms}, {end_ms}) is empty or overlaps audio already pushed "
+            f"(up to {pushed_ms} ms)"
+        )
+    return end_ms
+
+
 @dataclass(frozen=True, slots=True)
 class ServerVadParams:
     """Realtime's ``server_vad`` parameters, with OpenAI's defaults; validated on creation."""
@@ -99,12 +110,7 @@ class TurnDetector:
 
     def push(self, probability: float, start_ms: int, end_ms: int) -> VadEvent | None:
         """Account one window of audio ``[start_ms, end_ms)``; the event it completes, if any."""
-        if end_ms <= start_ms or start_ms < self._next_ms:
-            raise ValueError(
-                f"window [{start_ms}, {end_ms}) is empty or overlaps audio already pushed "
-                f"(up to {self._next_ms} ms)"
-            )
-        self._next_ms = end_ms
+        self._next_ms = next_window(self._next_ms, start_ms, end_ms)
         params = self.params
         if not self.speaking:
             if probability >= params.threshold:

@@ -23,6 +23,7 @@ from omnistage.engines.llm.engine import LlmEngine
 from omnistage.engines.llm.fast_llama import FastLlama
 from omnistage.engines.llm.slot_batch import SlotBatch
 from omnistage.protocol.messages import ChatMessage, Prompt
+from tests import int4_kernels
 from tests import params as P
 
 pytestmark = pytest.mark.slow
@@ -130,26 +131,11 @@ def fp32() -> Any:
     return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
 
 
-def _kernels() -> list[str]:
-    """torch's int4 kernel, and each of ours that loads here (the CPU runs it and a C
-    compiler built it)."""
-    ours = [v.name for v in int4_kernel.VARIANTS]
-    return ["torch", *(n for n in ours if not isinstance(int4_kernel.load_variant(n), str))]
-
-
-def _kernel(name: str) -> int4_kernel.Int4Kernel | None:
-    if name == "torch":
-        return None
-    kernel = int4_kernel.load_variant(name)
-    assert not isinstance(kernel, str), kernel
-    return kernel
-
-
-@pytest.mark.parametrize("kernel", _kernels())
+@pytest.mark.parametrize("kernel", int4_kernels.usable())
 def test_next_token_choices_agree_with_the_fp32_model(
     engine: LlmEngine, fp32: Any, kernel: str
 ) -> None:
-    fast = FastLlama(weights.local_model_dir("smollm2"), _kernel(kernel))
+    fast = FastLlama(weights.local_model_dir("smollm2"), int4_kernels.load(kernel))
     tokenizer = engine.tokenizer
     agree = total = 0
     for question in QUESTIONS:
@@ -173,7 +159,7 @@ def test_next_token_choices_agree_with_the_fp32_model(
     assert agree / total >= 0.9, (agree, total)
 
 
-@pytest.mark.parametrize("kernel", [k for k in _kernels() if k != "avx512-vnni"])
+@pytest.mark.parametrize("kernel", [k for k in int4_kernels.usable() if k != "avx512-vnni"])
 def test_every_int4_kernel_answers_the_capital_of_france(kernel: str) -> None:
     # The module's engine runs the default (ours, the best variant here); the others
     # are what other CPUs get.
@@ -274,7 +260,7 @@ def test_an_emptied_batch_keeps_its_cache_and_rows_get_the_same_bits(
     # whole length under a mask: stale K/V from earlier rows must count in neither.
     if kernel != "torch" and isinstance(int4_kernel.load_variant(kernel), str):
         pytest.skip(f"{kernel} does not run here")
-    fast = FastLlama(weights.local_model_dir("smollm2"), _kernel(kernel))
+    fast = FastLlama(weights.local_model_dir("smollm2"), int4_kernels.load(kernel))
     earlier = [_chat_ids(engine, [{"role": "user", "content": q}]) for q in QUESTIONS]
     later = [_chat_ids(engine, [{"role": "user", "content": q}]) for q in QUESTIONS[2:0:-1]]
     with torch.inference_mode():

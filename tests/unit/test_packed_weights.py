@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnistage.engines.llm import int4_kernel
 from omnistage.engines.llm.fast_llama import FastLlama
 from omnistage.engines.llm.packed_weights import cache_file
+from tests import int4_kernels
 
 
 @pytest.fixture(scope="module")
@@ -38,19 +38,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _kernels() -> list[str]:
-    ours = [v.name for v in int4_kernel.VARIANTS]
-    return ["torch", *(n for n in ours if not isinstance(int4_kernel.load_variant(n), str))]
-
-
-def _kernel(name: str) -> int4_kernel.Int4Kernel | None:
-    if name == "torch":
-        return None
-    kernel = int4_kernel.load_variant(name)
-    assert not isinstance(kernel, str), kernel
-    return kernel
-
-
 def _outputs(model: FastLlama) -> list[torch.Tensor]:
     x = torch.randn(3, model.shape.hidden, generator=torch.Generator().manual_seed(1))
     out = [model.embed.logits(x.clone()), model.embed.rows(torch.tensor([0, 7, 255]))]
@@ -59,13 +46,13 @@ def _outputs(model: FastLlama) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("kernel", _kernels())
+@pytest.mark.parametrize("kernel", int4_kernels.usable())
 def test_a_second_load_maps_the_packed_file_and_computes_the_same_bits(
     checkpoint: Path, tmp_path: Path, kernel: str
 ) -> None:
-    first = FastLlama(checkpoint, _kernel(kernel), str(tmp_path))
-    again = FastLlama(checkpoint, _kernel(kernel), str(tmp_path))
-    fresh = FastLlama(checkpoint, _kernel(kernel), cache=False)
+    first = FastLlama(checkpoint, int4_kernels.load(kernel), str(tmp_path))
+    again = FastLlama(checkpoint, int4_kernels.load(kernel), str(tmp_path))
+    fresh = FastLlama(checkpoint, int4_kernels.load(kernel), cache=False)
     assert (first.weights_from, again.weights_from) == ("packed", "mapped")
     assert cache_file(checkpoint, again.kernel, str(tmp_path)).exists()
     for a, b, c in zip(_outputs(first), _outputs(again), _outputs(fresh), strict=True):

@@ -27,6 +27,7 @@ from omnistage.api.routes.common import (
     openai_usage,
     output_stage_params,
     peeked,
+    require_hearing,
     sse_events,
     sse_response,
     text_call,
@@ -167,13 +168,7 @@ def _prompt(omni: PipelineService, body: ChatCompletionRequest) -> tuple[Prompt,
         return Prompt(messages=messages), None
     index, parts = heard[-1]
     param = f"messages.{index}.content"
-    if not omni.graph.stages_reading(Modality.AUDIO):
-        raise ApiError(
-            400,
-            f"pipeline {omni.config.pipeline!r} has no stage that takes audio input",
-            "invalid_request_error",
-            param,
-        )
+    require_hearing(omni, param)
     last_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
     if len(heard) > 1 or len(parts) > 1 or index != last_user:
         raise ApiError(

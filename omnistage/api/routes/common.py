@@ -128,6 +128,17 @@ def text_call(
     return omni, text
 
 
+def require_hearing(omni: PipelineService, param: str) -> None:
+    """A 400 naming ``param`` (where the spoken input is) unless a stage takes audio."""
+    if not omni.graph.stages_reading(Modality.AUDIO):
+        raise ApiError(
+            400,
+            f"pipeline {omni.config.pipeline!r} has no stage that takes audio input",
+            "invalid_request_error",
+            param,
+        )
+
+
 def audio_finals(
     omni: PipelineService, modalities: list[str] | None, fmt: str, stream: bool
 ) -> list[int]:
