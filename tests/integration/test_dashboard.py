@@ -163,18 +163,26 @@ def test_a_replica_the_head_restarts_shows_restarting_with_its_due_time(
         (talker,) = head.up_replicas(1)
         os.kill(talker["pid"], signal.SIGKILL)
 
+        # The page re-renders its rows on every event, so an element found in one
+        # call can be gone by the next: each check reads the page in one script.
         def talker_row(b: Any) -> str:
-            row = b.find_element(By.CSS_SELECTOR, '.replica[data-stage="1"]')
-            return row.text if "restarting" in row.text else ""
+            text = b.execute_script(
+                "const r = document.querySelector('.replica[data-stage=\"1\"]');"
+                "return r ? r.innerText : '';"
+            )
+            return text if "restarting" in text else ""
 
         text = _wait(browser, talker_row, 10, "the talker's slot restarting")
         assert "ERROR \u00b7 restarting" in text
         assert "restart due" in text or "restarting since" in text
-        box = browser.find_element(By.CSS_SELECTOR, '.stage[data-stage="1"]')
 
         def stage_restarting(b: Any) -> bool:
-            metas = [m.text for m in box.find_elements(By.CSS_SELECTOR, ".meta")]
-            restarting = "restarting" in (box.get_attribute("class") or "").split()
+            restarting, metas = b.execute_script(
+                "const s = document.querySelector('.stage[data-stage=\"1\"]');"
+                "if (!s) return [false, []];"
+                "return [s.classList.contains('restarting'),"
+                " [...s.querySelectorAll('.meta')].map(m => m.innerText)];"
+            )
             return restarting and any(m.startswith("restarting") for m in metas)
 
         _wait(browser, stage_restarting, 5, "the talker's stage restarting")
