@@ -46,6 +46,14 @@ def _replicas(browser: Any) -> dict[tuple[int, int], str]:
     return {(int(s), int(r)): state for s, r, state in found}
 
 
+def _texts(browser: Any, css: str) -> list[str]:
+    """The text of every element ``css`` selects, read in one script: the page re-renders
+    on every event, so an element found by one WebDriver call can be gone by the next."""
+    return browser.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)", css
+    )
+
+
 def _numbers(browser: Any, metric: str, replicas: set[tuple[int, int]]) -> Any:
     """{stage id: the page's number for ``metric``}, or False until every stage has one."""
     found = browser.execute_script(
@@ -110,7 +118,7 @@ def test_the_dashboard_shows_every_replica_and_a_killed_one_without_reloading(
             10,
             "every replica UP on the page",
         )
-        names = [e.text.split()[0] for e in browser.find_elements(By.CSS_SELECTOR, ".stage h2")]
+        names = [t.split()[0] for t in _texts(browser, ".stage h2")]
         assert names == ["thinker", "talker", "vocoder"]
         assert len(browser.find_elements(By.CSS_SELECTOR, "#edges path.edge")) == 2
         shot = os.environ.get("OMNISTAGE_SCREENSHOT")
@@ -122,11 +130,11 @@ def test_the_dashboard_shows_every_replica_and_a_killed_one_without_reloading(
             "a p50 stage duration for every stage",
         )
         print(f"p50 stage durations on the page (ms): {p50s}")
-        assert browser.find_element(By.CSS_SELECTOR, '[data-metric="429_per_min"]').text == "0"
+        assert _texts(browser, '[data-metric="429_per_min"]') == ["0"]
         # Not 0: /health answers 503 until the head is ready, and the harness polls it.
-        assert int(browser.find_element(By.CSS_SELECTOR, '[data-metric="5xx_total"]').text) >= 0
-        kinds = browser.find_elements(By.CSS_SELECTOR, '[data-metric="p50_e2e"]')
-        assert kinds and all(float(e.text) >= 0 for e in kinds)
+        assert int(_texts(browser, '[data-metric="5xx_total"]')[0]) >= 0
+        kinds = _texts(browser, '[data-metric="p50_e2e"]')
+        assert kinds and all(float(t) >= 0 for t in kinds)
 
         victim = head.up_replicas(1)[0]
         os.kill(victim["pid"], signal.SIGKILL)
@@ -140,7 +148,7 @@ def test_the_dashboard_shows_every_replica_and_a_killed_one_without_reloading(
         )
         seen_after = time.monotonic() - killed_at
         print(f"killed replica shown {state} after {seen_after:.2f} s")
-        changes = browser.find_element(By.ID, "changes").text
+        (changes,) = _texts(browser, "#changes")
         assert f"talker #{victim['replica_id']} UP \u2192 {state}" in changes
         if shot:
             size = {"width": 1200, "height": 800, "deviceScaleFactor": 1, "mobile": False}
@@ -230,7 +238,8 @@ def test_the_live_voice_panel_appears_with_a_session_and_counts_it(
         assert not panel.is_displayed()  # no session yet: no panel
 
         def shown(metric: str) -> str:
-            return browser.find_element(By.CSS_SELECTOR, f'[data-metric="{metric}"]').text
+            (text,) = _texts(browser, f'[data-metric="{metric}"]')
+            return text
 
         url = head.url.replace("http://", "ws://") + "/v1/realtime"
         with connect(url) as ws:
