@@ -217,6 +217,28 @@ async def test_streamed_input_is_spoken_sentence_by_sentence(engine: TtsEngine):
 
 @pytest.mark.slow
 @module_loop
+async def test_a_retry_speaks_only_the_sentences_not_spoken_before(
+    engine: TtsEngine, monkeypatch: pytest.MonkeyPatch
+):
+    first = "The quick brown fox jumps over the lazy dog."
+    request = speak(LONG)
+    request.resume_text = first  # what a failed replica delivered
+    spoken: list[str] = []
+    synthesize = engine._synthesize
+
+    async def counted(voice: Any, text: str, *args: Any) -> bytes:
+        spoken.append(text)
+        return await synthesize(voice, text, *args)
+
+    monkeypatch.setattr(engine, "_synthesize", counted)
+    chunks = await collect(engine, request)
+    rest = ["A second sentence follows, about as long as the first one.", LONG.split(". ")[2]]
+    assert spoken == [c.text for c in chunks] == rest  # the first one not made again
+    assert all(c.data for c in chunks) and chunks[-1].finished
+
+
+@pytest.mark.slow
+@module_loop
 async def test_unknown_voice_or_bad_speed_is_a_bad_request(engine: TtsEngine):
     with pytest.raises(BadRequestError, match=JOE) as caught:
         await collect(engine, speak(SHORT, voice="nobody"))

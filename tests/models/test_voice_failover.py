@@ -2,7 +2,7 @@
 
 The thinker's retry continues from the prompt plus the text already streamed (an LLM
 continuation); the talker's retry speaks again from the replayed input, and the replica
-drops the sentences the client already has. The client must see one coherent answer:
+client does not have yet. The client must see one coherent answer:
 the same transcript as a run without failures, and about as much audio (a sentence lost
 or spoken twice would change it by a quarter).
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omnistage.engines.speech.sentences import StreamedPieces, prompt_pieces
+from omnistage.engines.speech.sentences import SpokenBefore, StreamedPieces, prompt_pieces
 
 
 def test_a_prompt_is_spoken_by_sentence_or_whole() -> None:
@@ -28,3 +28,16 @@ def test_without_sentence_streaming_everything_waits_for_the_end() -> None:
     assert pieces.add("One. Two. ") == []
     assert pieces.add("Three") == []
     assert pieces.rest() == "One. Two. Three"
+
+
+def test_a_retry_skips_the_pieces_spoken_before_and_cuts_a_straddling_one() -> None:
+    before = SpokenBefore("Hello there.How are you?")
+    assert before.skip("Hello there.") and before.skip("How are you?")
+    assert not before.skip("Fine.")  # new: spoken, its text whole
+    assert before.new_text("Fine.") == "Fine."
+    # Pieces cut differently this time: the text the client has is not sent again.
+    odd = SpokenBefore("Hello there, how")
+    assert not odd.skip("Hello there, how are you?")
+    assert odd.new_text("Hello there, how are you?") == " are you?"
+    assert odd.new_text("Next.") == "Next."
+    assert not SpokenBefore("").skip("Hello.")

@@ -44,3 +44,29 @@ class StreamedPieces:
 
     def rest(self) -> str:
         return self._buffer.strip()
+
+
+class SpokenBefore:
+    """On a retry, the pieces a failed replica already spoke (``EngineRequest.resume_text``
+    is their text, joined): skipped without synthesis, so the answer's audio goes on after
+    one piece's synthesis, not after all of them again.
+
+    Pieces are cut the same way on every try (the same text deltas arrive in the same
+    order: the head replays them), so what was spoken is a prefix of whole pieces. Should
+    a piece still straddle it, its audio is spoken whole and only its text is cut."""
+
+    def __init__(self, spoken: str) -> None:
+        self._left = spoken
+
+    def skip(self, piece: str) -> bool:
+        """Whether ``piece`` was spoken whole already."""
+        if self._left and piece and self._left.startswith(piece):
+            self._left = self._left[len(piece) :]
+            return True
+        return False
+
+    def new_text(self, piece: str) -> str:
+        """The part of a piece not skipped whose text the client has not seen."""
+        cut = min(len(self._left), len(piece))
+        self._left = self._left[cut:]
+        return piece[cut:]

@@ -36,7 +36,7 @@ from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.priority_slots import PrioritySlots
-from omnistage.engines.speech.sentences import StreamedPieces, prompt_pieces
+from omnistage.engines.speech.sentences import SpokenBefore, StreamedPieces, prompt_pieces
 from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
 from omnistage.protocol.chunk_meta import AudioMeta
@@ -62,6 +62,10 @@ URGENT_CHUNKS = 2
 
 
 class TtsEngine(Engine):
+    # A retry skips the sentences already spoken (``SpokenBefore``) instead of making
+    # them all again for the runtime to drop: the audio resumes after one sentence.
+    supports_resume = True
+
     def __init__(self, stage: StageConfig) -> None:
         super().__init__(stage)
         self.args = TtsArgs.model_validate(stage.engine_args)
@@ -143,15 +147,18 @@ class TtsEngine(Engine):
         words_in = 0
 
         said = 0  # chunks synthesized: an answer's first go before others' later ones
+        before = SpokenBefore(request.resume_text)
 
-        async def speak(text: str, finished: bool = False) -> EngineChunk:
+        async def speak(piece: str, finished: bool = False) -> EngineChunk:
             nonlocal said
             pcm = b""
-            if text:
-                pcm = await self._synthesize(piper_voice, text, length_scale, said)
+            if piece and before.skip(piece):
+                piece = ""  # spoken by a replica that failed
+            elif piece:
+                pcm = await self._synthesize(piper_voice, piece, length_scale, said)
                 said += 1
             self.progress += 1
-            chunk = EngineChunk(modality, text=text, data=pcm, meta=meta)
+            chunk = EngineChunk(modality, text=before.new_text(piece), data=pcm, meta=meta)
             if finished:
                 chunk.finished = True
                 chunk.finish_reason = FinishReason.STOP
