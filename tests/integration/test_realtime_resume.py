@@ -1,0 +1,152 @@
+"""Session resume (our Realtime extension) with real processes: a session's config and
+conversation are saved as they change, its API server process is killed with SIGKILL,
+and the client resumes it on the other process with ``?session_id=`` and its token.
+
+An echo head with two API server processes (``--api-server-count 2``) sharing a SQLite
+store. The echo stage answers with every message it was sent (``echo_messages``), so an
+answer shows the instructions and the conversation the thinker read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from tests.integration.harness import HeadProc, wait_for
+from tests.integration.test_api_servers import _api_servers
+
+ECHO = {"0": {"engine_args": {"echo_messages": True, "num_chunks": 2, "suffix": ""}}}
+
+
+@pytest.fixture(scope="module")
+def fronted(module_tmp: Path) -> Iterator[HeadProc]:
+    head = HeadProc(
+        module_tmp,
+        "echo-1stage",
+        "--api-server-count",
+        "2",
+        "--stage-overrides",
+        json.dumps(ECHO),
+        "--store-url",
+        f"sqlite:///{module_tmp / 'resume.db'}",
+        "--media-url",
+        str(module_tmp / "resume-media"),
+        "--api-key",
+        "key-a,key-b",
+        name="resume-head",
+    )
+    try:
+        head.wait_healthy()
+        wait_for(lambda: len(_api_servers(head)) == 2, 20, what="two API servers")
+        yield head
+    finally:
+        head.stop()
+
+
+class Client:
+    """One WebSocket of a Realtime session, typed turns answered in text."""
+
+    def __init__(self, head: HeadProc, key: str = "key-a", query: str = "") -> None:
+        url = head.url.replace("http://", "ws://") + "/v1/realtime" + query
+        headers = {"Authorization": f"Bearer {key}"}
+        self.ws: ClientConnection = connect(url, additional_headers=headers, open_timeout=10)
+        self.created = self.recv()
+        assert self.created["type"] == "session.created", self.created
+
+    def recv(self) -> dict[str, Any]:
+        while True:  # past the rate_limits.updated that follows each answer
+            event = msgspec.json.decode(self.ws.recv(timeout=15))
+            if event["type"] != "rate_limits.updated":
+                return event
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.ws.send(msgspec.json.encode(event).decode())
+
+    def until(self, kind: str) -> dict[str, Any]:
+        while (event := self.recv())["type"] != kind:
+            assert event["type"] != "error", event
+        return event
+
+    def turn(self, text: str) -> str:
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        }
+        self.send({"type": "conversation.item.create", "item": item})
+        self.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        response = self.until("response.done")["response"]
+        assert response["status"] == "completed", response
+        return "".join(p["text"] for p in response["output"][0]["content"])
+
+    def server_pid(self, head: HeadProc) -> int:
+        """The API server process at the other end of this socket."""
+        port = self.ws.socket.getsockname()[1]
+        for pid in _api_servers(head):
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+            if any(c.raddr and c.raddr.port == port for c in conns):
+                return pid
+        raise AssertionError("no API server holds the socket")
+
+
+def _resume(head: HeadProc, session_id: str, token: str, key: str = "key-a") -> Client:
+    return Client(head, key, f"?session_id={session_id}&resume_token={token}")
+
+
+def _refused(head: HeadProc, query: str, key: str = "key-a") -> int:
+    with pytest.raises(InvalidStatus) as refused:
+        Client(head, key, query)
+    return refused.value.response.status_code
+
+
+def test_a_session_resumes_on_the_other_api_server_after_a_kill(fronted: HeadProc) -> None:
+    first = Client(fronted)
+    session = first.created["session"]
+    token = first.created["resume"]["token"]
+    assert first.created["resume"]["resumed"] is False
+    first.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+    first.until("session.updated")
+    said = first.turn("my name is Ada")
+    assert said == "system: Be brief.\nuser: my name is Ada"
+    victim = first.server_pid(fronted)
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(ConnectionClosed):
+        first.recv()
+
+    # Neither another key with the token nor the key without it takes the session over.
+    sid = session["id"]
+    assert _refused(fronted, f"?session_id={sid}&resume_token={token}", "key-b") == 404
+    assert _refused(fronted, f"?session_id={sid}&resume_token=guess") == 404
+
+    again = _resume(fronted, sid, token)
+    assert again.server_pid(fronted) != victim
+    assert again.created["session"]["id"] == sid
+    assert again.created["session"]["instructions"] == "Be brief."
+    assert again.created["resume"] == {"token": token, "resumed": True, "expires_in": 600.0}
+    # The conversation is replayed in order, as conversation.item.done events.
+    replayed = [again.recv() for _ in range(2)]
+    assert [e["type"] for e in replayed] == ["conversation.item.done"] * 2
+    user, answer = (e["item"] for e in replayed)
+    assert replayed[1]["previous_item_id"] == user["id"]
+    assert user["content"][0]["text"] == "my name is Ada"
+    assert (answer["role"], answer["status"]) == ("assistant", "completed")
+    assert answer["content"][0]["text"] == said
+    # The next answer reads the instructions and the whole conversation.
+    assert again.turn("what is my name?") == (
+        f"system: Be brief.\nuser: my name is Ada\nassistant: {said}\nuser: what is my name?"
+    )
+    again.ws.close()
+
+
+def test_an_unknown_session_is_a_404(fronted: HeadProc) -> None:
+    assert _refused(fronted, "?session_id=sess_nope&resume_token=x") == 404
