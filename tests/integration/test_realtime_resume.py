@@ -1,17 +1,20 @@
 """Session resume (our Realtime extension) with real processes: a session's config and
-conversation are saved as they change, its API server process is killed with SIGKILL,
-and the client resumes it on the other process with ``?session_id=`` and its token.
+conversation are saved as they change, the process holding it is killed with SIGKILL,
+and the client resumes it elsewhere with ``?session_id=`` and its token.
 
 An echo head with two API server processes (``--api-server-count 2``) sharing a SQLite
-store. The echo stage answers with every message it was sent (``echo_messages``), so an
-answer shows the instructions and the conversation the thinker read.
+store; and two heads behind haproxy sharing a PostgreSQL store. The echo stage answers
+with every message it was sent (``echo_messages``), so an answer shows the instructions
+and the conversation the thinker read.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +22,21 @@ from typing import Any
 import msgspec
 import psutil
 import pytest
+import sqlalchemy as sa
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.integration.harness import HeadProc, wait_for
+from omnistage.store.engine import engine_url
+from tests.integration.harness import HeadProc, free_port, headless, wait_for
 from tests.integration.test_api_servers import _api_servers
+from tests.integration.test_head_fleet import (
+    _haproxy,
+    _proxy_up,
+    echo_config,
+    fleet_head,
+    stop_all,
+    wait_up,
+)
 
 ECHO = {"0": {"engine_args": {"echo_messages": True, "num_chunks": 2, "suffix": ""}}}
 
@@ -56,8 +69,9 @@ def fronted(module_tmp: Path) -> Iterator[HeadProc]:
 class Client:
     """One WebSocket of a Realtime session, typed turns answered in text."""
 
-    def __init__(self, head: HeadProc, key: str = "key-a", query: str = "") -> None:
-        url = head.url.replace("http://", "ws://") + "/v1/realtime" + query
+    def __init__(self, head: HeadProc | str, key: str = "key-a", query: str = "") -> None:
+        base = head if isinstance(head, str) else head.url
+        url = base.replace("http://", "ws://") + "/v1/realtime" + query
         headers = {"Authorization": f"Bearer {key}"}
         self.ws: ClientConnection = connect(url, additional_headers=headers, open_timeout=10)
         self.created = self.recv()
@@ -99,7 +113,7 @@ class Client:
         raise AssertionError("no API server holds the socket")
 
 
-def _resume(head: HeadProc, session_id: str, token: str, key: str = "key-a") -> Client:
+def _resume(head: HeadProc | str, session_id: str, token: str, key: str = "key-a") -> Client:
     return Client(head, key, f"?session_id={session_id}&resume_token={token}")
 
 
@@ -109,28 +123,39 @@ def _refused(head: HeadProc, query: str, key: str = "key-a") -> int:
     return refused.value.response.status_code
 
 
-def test_a_session_resumes_on_the_other_api_server_after_a_kill(fronted: HeadProc) -> None:
-    first = Client(fronted)
-    session = first.created["session"]
-    token = first.created["resume"]["token"]
+def _begin(url: HeadProc | str) -> tuple[Client, str, str]:
+    """A session with instructions and one turn: the client, the token, the answer."""
+    first = Client(url)
     assert first.created["resume"]["resumed"] is False
     first.send({"type": "session.update", "session": {"instructions": "Be brief."}})
     first.until("session.updated")
     said = first.turn("my name is Ada")
     assert said == "system: Be brief.\nuser: my name is Ada"
-    victim = first.server_pid(fronted)
-    os.kill(victim, signal.SIGKILL)
-    with pytest.raises(ConnectionClosed):
-        first.recv()
+    return first, first.created["resume"]["token"], said
 
-    # Neither another key with the token nor the key without it takes the session over.
-    sid = session["id"]
-    assert _refused(fronted, f"?session_id={sid}&resume_token={token}", "key-b") == 404
-    assert _refused(fronted, f"?session_id={sid}&resume_token=guess") == 404
 
-    again = _resume(fronted, sid, token)
-    assert again.server_pid(fronted) != victim
-    assert again.created["session"]["id"] == sid
+def _wait_saved(store_url: str, client: Client) -> None:
+    """Until the store holds the turn: a save follows its event by one write (a kill
+    before it loses that change, as the docs say)."""
+    engine = sa.create_engine(engine_url(store_url))
+    table = sa.table("realtime_sessions", sa.column("id"), sa.column("items", sa.JSON))
+    query = sa.select(table.c["items"]).where(table.c.id == client.created["session"]["id"])
+
+    def saved() -> bool:
+        with engine.connect() as conn:
+            items = conn.execute(query).scalar_one()
+        return [row["item"]["status"] for row in items] == ["completed"] * 2
+
+    try:
+        wait_for(saved, 30, what="the turn saved")
+    finally:
+        engine.dispose()
+
+
+def _goes_on(again: Client, session_id: str, token: str, said: str) -> None:
+    """The resumed session: its id, config and conversation, and an answer that reads
+    them."""
+    assert again.created["session"]["id"] == session_id
     assert again.created["session"]["instructions"] == "Be brief."
     assert again.created["resume"] == {"token": token, "resumed": True, "expires_in": 600.0}
     # The conversation is replayed in order, as conversation.item.done events.
@@ -148,5 +173,61 @@ def test_a_session_resumes_on_the_other_api_server_after_a_kill(fronted: HeadPro
     again.ws.close()
 
 
+def test_a_session_resumes_on_the_other_api_server_after_a_kill(
+    fronted: HeadProc, module_tmp: Path
+) -> None:
+    first, token, said = _begin(fronted)
+    sid = first.created["session"]["id"]
+    _wait_saved(f"sqlite:///{module_tmp / 'resume.db'}", first)
+    victim = first.server_pid(fronted)
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(ConnectionClosed):
+        first.recv()
+
+    # Neither another key with the token nor the key without it takes the session over.
+    assert _refused(fronted, f"?session_id={sid}&resume_token={token}", "key-b") == 404
+    assert _refused(fronted, f"?session_id={sid}&resume_token=guess") == 404
+
+    again = _resume(fronted, sid, token)
+    assert again.server_pid(fronted) != victim
+    _goes_on(again, sid, token, said)
+
+
 def test_an_unknown_session_is_a_404(fronted: HeadProc) -> None:
     assert _refused(fronted, "?session_id=sess_nope&resume_token=x") == 404
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy (Debian's package)")
+def test_a_session_resumes_on_the_other_head_behind_haproxy(tmp_path: Path, postgres: Any) -> None:
+    """Two heads of one fleet on one PostgreSQL store, behind haproxy: the head holding
+    the session is killed, and the client resumes it, through the proxy, on the other."""
+    config = echo_config(tmp_path, engine_args=ECHO["0"]["engine_args"])
+    store = ("--store-url", postgres.new_database(), "--media-url", str(tmp_path / "media"))
+    a = fleet_head(tmp_path, "a", *store, config=config)
+    b = replicas = None
+    proxy: subprocess.Popen[bytes] | None = None
+    try:
+        a.wait_http()
+        b = fleet_head(tmp_path, "b", *store, join=a, config=config)
+        replicas = headless(tmp_path, a, 0)
+        wait_up(1, a, b)
+        port = free_port()
+        proxy = _haproxy(tmp_path, port, [a, b])
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _proxy_up(f"{url}/v1"), 10, what="haproxy serving")
+        first, token, said = _begin(url)
+        _wait_saved(store[1], first)
+        (holder,) = [h for h in (a, b) if h.stages()["realtime"]["live_sessions"] == 1]
+        holder.signal(signal.SIGKILL)
+        holder.wait(5)
+        with pytest.raises(ConnectionClosed):
+            first.recv()
+        survivor = b if holder is a else a
+        again = _resume(url, first.created["session"]["id"], token)
+        assert survivor.stages()["realtime"]["live_sessions"] == 1
+        _goes_on(again, first.created["session"]["id"], token, said)
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(5)
+        stop_all(replicas, b, a)
