@@ -73,7 +73,8 @@ class Client:
         base = head if isinstance(head, str) else head.url
         url = base.replace("http://", "ws://") + "/v1/realtime" + query
         headers = {"Authorization": f"Bearer {key}"}
-        self.ws: ClientConnection = connect(url, additional_headers=headers, open_timeout=10)
+        opened = connect(url, additional_headers=headers, open_timeout=10)
+        self.ws: ClientConnection = opened.__enter__()  # as a with block would
         self.created = self.recv()
         assert self.created["type"] == "session.created", self.created
 
@@ -191,6 +192,21 @@ def test_a_session_resumes_on_the_other_api_server_after_a_kill(
     again = _resume(fronted, sid, token)
     assert again.server_pid(fronted) != victim
     _goes_on(again, sid, token, said)
+
+
+def test_a_resume_closes_the_connection_that_held_the_session(fronted: HeadProc) -> None:
+    held = Client(fronted)
+    sid, token = held.created["session"]["id"], held.created["resume"]["token"]
+    taken = _resume(fronted, sid, token)
+    # The old connection's next change is not saved over the new one's: it is told, and
+    # closed.
+    held.send({"type": "session.update", "session": {"instructions": "mine"}})
+    held.until("session.updated")
+    assert held.recv()["error"]["code"] == "session_resumed_elsewhere"
+    with pytest.raises(ConnectionClosed):
+        held.recv()
+    assert taken.turn("still here") == "user: still here"
+    taken.ws.close()
 
 
 def test_an_unknown_session_is_a_404(fronted: HeadProc) -> None:
