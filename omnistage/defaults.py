@@ -21,6 +21,8 @@ MAX_QUEUE = 1024
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 REALTIME_MAX_SESSIONS = 32  # per API server process
 REALTIME_IDLE_TIMEOUT_S = 600.0
+# How long a Realtime session stays resumable after its last change (session resume).
+REALTIME_RESUME_TTL_S = 600.0
 # A chat's image URL, where the operator allows its host: the longest fetch and the
 # largest file (OpenAI's image input limit).
 MEDIA_FETCH_TIMEOUT_S = 10.0

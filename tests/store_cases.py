@@ -22,12 +22,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from omnistage.store.engine import schema_revision
-from omnistage.store.records import Job, JobKind, JobStatus, StoredResponse
+from omnistage.store.records import Job, JobKind, JobStatus, RealtimeRecord, StoredResponse
 from omnistage.store.sql import SqlStore
 from omnistage.store.tables import VERSION_TABLE, metadata
 
 VIDEO, RESPONSE = JobKind.VIDEO, JobKind.RESPONSE
 LEASE = 10.0
+HEAD = "0002"  # the newest schema revision
 
 
 def job(job_id: str, created_at: float, owner: str | None = "alice", **fields: Any) -> Job:
@@ -40,6 +41,11 @@ def response(response_id: str, owner: str | None = "alice", **fields: Any) -> St
     return StoredResponse(
         id=response_id, owner=owner, created_at=1.0, conversation=response_id, **fields
     )
+
+
+def session(session_id: str, **fields: Any) -> RealtimeRecord:
+    fields = {"created_at": 1.0, "expires_at": 100.0, **fields}
+    return RealtimeRecord(id=session_id, owner="alice", token_hash="hash-1", **fields)
 
 
 async def claim(store: SqlStore, holder: str, now: float, max_attempts: int = 3) -> Job | None:
@@ -335,6 +341,39 @@ class StoreCases:
         assert await store.get_response("r2", None) == keyless
         assert await store.get_response("r2", "alice") is None
 
+    # -- saved Realtime sessions ------------------------------------------------------
+
+    async def test_a_session_resumes_with_its_owner_and_token_only(self, store: SqlStore) -> None:
+        items = [{"item": {"id": "item_1", "type": "message"}}]
+        await store.create_realtime_session(session("s1", expires_at=100.0))
+        assert await store.save_realtime_session("s1", 0, {"instructions": "hi"}, items, 200.0)
+        assert await store.resume_realtime_session("s1", "bob", "hash-1", 150.0) is None
+        assert await store.resume_realtime_session("s1", "alice", "hash-2", 150.0) is None
+        assert await store.resume_realtime_session("s2", "alice", "hash-1", 150.0) is None
+        found = await store.resume_realtime_session("s1", "alice", "hash-1", 150.0)
+        assert found is not None and found.generation == 1
+        assert (found.config, found.items, found.expires_at) == (
+            {"instructions": "hi"},
+            items,
+            200.0,
+        )
+        # Past its expiry (moved on by the save) it is gone.
+        assert await store.resume_realtime_session("s1", "alice", "hash-1", 201.0) is None
+
+    async def test_a_resume_fences_the_connection_before_it(self, store: SqlStore) -> None:
+        await store.create_realtime_session(session("s1"))
+        assert await store.resume_realtime_session("s1", "alice", "hash-1", 1.0) is not None
+        # The first connection (generation 0) saves no more; the resumed one (1) does.
+        assert not await store.save_realtime_session("s1", 0, {}, [], 50.0)
+        assert await store.save_realtime_session("s1", 1, {"n": 1}, [], 50.0)
+        assert not await store.save_realtime_session("nope", 0, {}, [], 50.0)
+
+    async def test_expired_sessions_go_as_new_ones_come(self, store: SqlStore) -> None:
+        await store.create_realtime_session(session("old", expires_at=10.0))
+        await store.create_realtime_session(session("new", created_at=20.0, expires_at=30.0))
+        assert not await store.save_realtime_session("old", 0, {}, [], 50.0)
+        assert await store.save_realtime_session("new", 0, {}, [], 50.0)
+
     # -- schema ----------------------------------------------------------------------------
 
     async def test_starting_again_keeps_the_schema_and_the_rows(self, store_url: str) -> None:
@@ -342,14 +381,14 @@ class StoreCases:
         await store.start()
         await store.start()
         await store.create_job(job("j1", 1.0))
-        assert schema_revision(store.engine) == "0001"
+        assert schema_revision(store.engine) == HEAD
         await store.close()
         await store.close()
-        again = SqlStore(store_url)  # a database at 0001, opened by a new process's store
+        again = SqlStore(store_url)  # a database at the head, opened by a new process's store
         await again.start()
         try:
             assert (await again.get_job("j1", "alice")).id == "j1"
-            assert schema_revision(again.engine) == "0001"
+            assert schema_revision(again.engine) == HEAD
         finally:
             await again.close()
 
@@ -366,7 +405,7 @@ class StoreCases:
 
     def test_processes_starting_together_all_get_the_schema(self, store_url: str) -> None:
         revisions = _run_in_process(start_worker, [(store_url,)] * 4)
-        assert revisions == ["0001"] * 4
+        assert revisions == [HEAD] * 4
 
     async def test_processes_claiming_together_take_each_job_once(
         self, store: SqlStore, store_url: str

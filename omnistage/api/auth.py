@@ -112,7 +112,9 @@ class ApiKeyMiddleware:
         realtime = scope["path"] == REALTIME_PATH and self._secrets is not None
         allowed = self._keys is None
         for token in _websocket_tokens(scope):
-            if self._keys is not None and self._match(token.encode()) is not None:
+            if self._keys is not None and (i := self._match(token.encode())) is not None:
+                # The key's owner, as an HTTP request gets: a saved session is its.
+                scope.setdefault("state", {})[OWNER] = self._owners[i]
                 allowed = True
             elif realtime and token.startswith(PREFIX) and self._secret_allowed(scope, token):
                 return True

@@ -40,6 +40,7 @@ class ApiServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     realtime_max_sessions: int = defaults.REALTIME_MAX_SESSIONS
     realtime_idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
+    realtime_resume_ttl_s: float = defaults.REALTIME_RESUME_TTL_S
     allowed_media_domains: tuple[str, ...] = ()
     media_fetch_timeout_s: float = defaults.MEDIA_FETCH_TIMEOUT_S
     media_fetch_max_bytes: int = defaults.MEDIA_FETCH_MAX_BYTES
@@ -73,7 +74,9 @@ async def serve(opts: ApiServerOptions) -> int:
     except TimeoutError:
         log.error("API server %d: no answer from the head at %s", opts.index, opts.head_address)
         return 1
-    limits = RealtimeLimits(opts.realtime_max_sessions, opts.realtime_idle_timeout_s)
+    limits = RealtimeLimits(
+        opts.realtime_max_sessions, opts.realtime_idle_timeout_s, opts.realtime_resume_ttl_s
+    )
     # Jobs are created here and run by the head's runner, which polls the store.
     try:
         persist = await open_persistence(opts.store_url, opts.media_url, opts.media_ttl_s)

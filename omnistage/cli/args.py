@@ -155,6 +155,7 @@ BOUNDS = (
     Bound("--max-request-bytes", 1),
     Bound("--realtime-max-sessions", 1),
     Bound("--realtime-idle-timeout", 0, strict=True),
+    Bound("--realtime-resume-ttl", 0),
     Bound("--media-ttl", 0),
     Bound("--media-fetch-timeout", 0, strict=True),
     Bound("--media-fetch-max-bytes", 1),

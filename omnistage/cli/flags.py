@@ -1,9 +1,8 @@
-"""The ``omnistage serve`` flags as data: one ``Flag`` per option, in help groups by the
-process that reads them.
+"""``omnistage serve``'s flags as data: one ``Flag`` per option, grouped by their reader.
 
 Names follow vLLM-Omni's serve command. Defaults come from ``omnistage.defaults`` and
-help shows them with ``%(default)s``, so a default is written once. A default read from
-the environment is read when the parser is built (``env``), and secrets never show it.
+help shows them with ``%(default)s``, so a default is written once. An ``env`` default is
+read when the parser is built; secrets never show it.
 """
 
 from __future__ import annotations
@@ -197,6 +196,14 @@ HEAD_FLAGS = (
         default=defaults.REALTIME_IDLE_TIMEOUT_S,
         help="seconds a Realtime session may send nothing before it is closed with a "
         "session_idle_timeout error (default %(default)g)",
+    ),
+    flag(
+        "--realtime-resume-ttl",
+        metavar="S",
+        type=float,
+        default=defaults.REALTIME_RESUME_TTL_S,
+        help="seconds a Realtime session stays resumable (in the store) after its last "
+        "change or its connection's end; 0 saves no sessions (default %(default)g)",
     ),
     flag(
         "--omni-max-queue",

@@ -161,6 +161,7 @@ def head_options(args: argparse.Namespace, config: DeployConfig) -> HeadOptions:
         max_request_bytes=args.max_request_bytes,
         realtime_max_sessions=args.realtime_max_sessions,
         realtime_idle_timeout_s=args.realtime_idle_timeout,
+        realtime_resume_ttl_s=args.realtime_resume_ttl,
         allowed_media_domains=tuple(args.allowed_media_domains or ()),
         media_fetch_timeout_s=args.media_fetch_timeout,
         media_fetch_max_bytes=args.media_fetch_max_bytes,

@@ -62,6 +62,7 @@ class ApiServers:
             max_request_bytes=self._opts.max_request_bytes,
             realtime_max_sessions=self._opts.realtime_max_sessions,
             realtime_idle_timeout_s=self._opts.realtime_idle_timeout_s,
+            realtime_resume_ttl_s=self._opts.realtime_resume_ttl_s,
             allowed_media_domains=self._opts.allowed_media_domains,
             media_fetch_timeout_s=self._opts.media_fetch_timeout_s,
             media_fetch_max_bytes=self._opts.media_fetch_max_bytes,

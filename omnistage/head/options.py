@@ -41,6 +41,7 @@ class HeadOptions:
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     realtime_max_sessions: int = defaults.REALTIME_MAX_SESSIONS  # per API server process
     realtime_idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
+    realtime_resume_ttl_s: float = defaults.REALTIME_RESUME_TTL_S
     # A chat's image URLs: the hosts fetched from (none: only data: URLs), the limits.
     allowed_media_domains: tuple[str, ...] = ()
     media_fetch_timeout_s: float = defaults.MEDIA_FETCH_TIMEOUT_S

@@ -208,8 +208,10 @@ class Head:
         await frontends.stop()
 
     def _http_config(self) -> uvicorn.Config:
-        limits = RealtimeLimits(self.opts.realtime_max_sessions, self.opts.realtime_idle_timeout_s)
         opts = self.opts
+        limits = RealtimeLimits(
+            opts.realtime_max_sessions, opts.realtime_idle_timeout_s, opts.realtime_resume_ttl_s
+        )
         fetch = MediaFetch(
             opts.allowed_media_domains, opts.media_fetch_timeout_s, opts.media_fetch_max_bytes
         )

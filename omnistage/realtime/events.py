@@ -172,6 +172,8 @@ class Error(ServerEvent, tag="error", kw_only=True):
 
 class SessionCreated(ServerEvent, tag="session.created", kw_only=True):
     session: dict[str, Any]
+    # Ours (session resume): {"token", "resumed", "expires_in"}, where sessions are saved.
+    resume: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionUpdated(ServerEvent, tag="session.updated", kw_only=True):

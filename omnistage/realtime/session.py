@@ -20,6 +20,7 @@ from typing import Any
 
 from omnistage.protocol.errors import BadRequestError
 from omnistage.realtime import events as ev
+from omnistage.realtime import saved
 from omnistage.realtime.answers import Answers
 from omnistage.realtime.audio_input import AudioInput, item_audio
 from omnistage.realtime.config import SessionConfig
@@ -43,8 +44,9 @@ class RealtimeSession:
         ctx: SessionContext,
         config: SessionConfig,
         send: Callable[[ev.ServerEvent], None],
+        session_id: str | None = None,
     ) -> None:
-        self.id = new_id("sess")
+        self.id = session_id or new_id("sess")
         self.ctx = ctx
         self.config = config
         self._send = send
@@ -58,6 +60,8 @@ class RealtimeSession:
         self._created = time.time()
         # Set by a WebRTC call, whose answer audio plays on the server's side of the call.
         self.clear_output: Callable[[], None] | None = None
+        # Set where sessions are saved: told of each change to the config or items.
+        self.on_change: Callable[[], None] | None = None
 
     @property
     def response(self) -> ResponseRun | None:
@@ -69,6 +73,8 @@ class RealtimeSession:
     def emit(self, event: ev.ServerEvent) -> None:
         event.event_id = self._ids.next()
         self._send(event)
+        if self.on_change is not None and isinstance(event, saved.SAVED_EVENTS):
+            self.on_change()
 
     def error(self, exc: BadRequestError, event_id: str | None = None) -> None:
         self.emit(ev.error_event(exc, event_id))
@@ -80,8 +86,25 @@ class RealtimeSession:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def opened(self) -> None:
-        self.emit(ev.SessionCreated(session=self._session_json()))
+    def opened(self, resume: dict[str, Any] | None = None) -> None:
+        """``session.created``; for a resumed session, then each item it had, in order,
+        as ``conversation.item.done`` (``resume``: the extension's field, if saved)."""
+        created = ev.SessionCreated(session=self._session_json())
+        if resume is not None:
+            created.resume = resume
+        self.emit(created)
+        previous = None
+        for item in self.conversation:
+            self.emit(ev.ItemDone(previous_item_id=previous, item=item.json))
+            previous = item.id
+
+    def restore(self, items: list[dict[str, Any]]) -> None:
+        """A resumed session's saved items (before ``opened``)."""
+        saved.restore_items(self.conversation, items)
+
+    def saved_state(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The config and items as the store keeps them."""
+        return saved.snapshot(self._session_json(), self.config, self.conversation)
 
     def _session_json(self) -> dict[str, Any]:
         return self.config.to_json(self.id, int(self._created) + SESSION_TTL_S)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from omnistage.store.records import Job, JobKind, JobStatus, Page, StoredResponse
+from omnistage.store.records import Job, JobKind, JobStatus, Page, RealtimeRecord, StoredResponse
 
 
 class Store(Protocol):
@@ -100,3 +100,26 @@ class Store(Protocol):
     async def get_response(self, response_id: str, owner: str | None) -> StoredResponse | None: ...
 
     async def delete_response(self, response_id: str, owner: str | None) -> bool: ...
+
+    # -- saved Realtime sessions -------------------------------------------------------
+
+    async def create_realtime_session(self, record: RealtimeRecord) -> None:
+        """Insert a new session (and remove the sessions expired by ``created_at``)."""
+
+    async def save_realtime_session(
+        self,
+        session_id: str,
+        generation: int,
+        config: dict[str, Any],
+        items: list[dict[str, Any]],
+        expires_at: float,
+    ) -> bool:
+        """Rewrite the session's config and items; False (nothing written) if it has
+        been resumed since ``generation``, or is gone."""
+
+    async def resume_realtime_session(
+        self, session_id: str, owner: str | None, token_hash: str, now: float
+    ) -> RealtimeRecord | None:
+        """The session, unexpired, of ``owner``, whose token hashes to ``token_hash``,
+        with its generation bumped (the previous connection's saves now fail); None
+        otherwise, whichever check failed."""

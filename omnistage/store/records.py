@@ -9,6 +9,9 @@ items and the response object as it was returned, chained by ``previous_response
 
 ``owner`` is the fingerprint of the API key that created the row (None when the server
 has no key): rows are visible only to their owner.
+
+A ``RealtimeRecord`` is a Realtime session as a client may resume it on another API
+process or head: its config and conversation, saved as they change, until it expires.
 """
 
 from __future__ import annotations
@@ -81,6 +84,20 @@ class StoredResponse(msgspec.Struct, kw_only=True):
     conversation: str
     input_items: list[dict[str, Any]] = []  # this turn's input, as input_items lists them
     body: dict[str, Any] = {}  # the response object as returned (output, usage, ...)
+
+
+class RealtimeRecord(msgspec.Struct, kw_only=True):
+    id: str  # the session's id (sess_...)
+    owner: str | None
+    # SHA-256 of the resume token the session was created with: only its holder resumes.
+    token_hash: str
+    # Bumped by each resume: the connection that held the session before finds its
+    # next save refused, and stops (one live connection per session).
+    generation: int = 0
+    created_at: float
+    expires_at: float  # not resumable after this (each save moves it on)
+    config: dict[str, Any] = {}  # the session object as session.updated reports it
+    items: list[dict[str, Any]] = []  # the conversation, in order (``realtime.saved``)
 
 
 class Page(msgspec.Struct):

@@ -59,3 +59,18 @@ responses = sa.Table(
     sa.Column("input_items", JSON, nullable=False),
     sa.Column("body", JSON, nullable=False),
 )
+
+realtime_sessions = sa.Table(
+    "realtime_sessions",
+    metadata,
+    sa.Column("id", sa.String(), primary_key=True),
+    sa.Column("owner", sa.String(), nullable=True),
+    sa.Column("token_hash", sa.String(64), nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False),
+    sa.Column("created_at", TIME, nullable=False),
+    sa.Column("expires_at", TIME, nullable=False),
+    sa.Column("config", JSON, nullable=False),
+    sa.Column("items", JSON, nullable=False),
+    # Clean-up: sessions no longer resumable.
+    sa.Index("ix_realtime_sessions_expires", "expires_at"),
+)

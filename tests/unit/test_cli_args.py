@@ -92,6 +92,7 @@ def test_a_value_outside_the_choices_is_one_line_naming_flag_and_value(
         (["--realtime-max-sessions", "0"], "--realtime-max-sessions must be >= 1, got 0"),
         (["--realtime-idle-timeout", "0"], "--realtime-idle-timeout must be > 0, got 0"),
         (["--realtime-idle-timeout", "-2.5"], "--realtime-idle-timeout must be > 0, got -2.5"),
+        (["--realtime-resume-ttl", "-1"], "--realtime-resume-ttl must be >= 0, got -1"),
         (["--media-fetch-timeout", "0"], "--media-fetch-timeout must be > 0, got 0"),
         (["--media-fetch-max-bytes", "0"], "--media-fetch-max-bytes must be >= 1, got 0"),
         (["--omni-master-port", "65536"], "--omni-master-port must be in 0..65535, got 65536"),
@@ -175,9 +176,18 @@ def test_the_realtime_limits_reach_the_head_and_its_api_servers() -> None:
         defaults.REALTIME_MAX_SESSIONS,
         defaults.REALTIME_IDLE_TIMEOUT_S,
     )
-    args = _parse("--realtime-max-sessions", "3", "--realtime-idle-timeout", "1.5")
+    assert plain.realtime_resume_ttl_s == defaults.REALTIME_RESUME_TTL_S
+    args = _parse(
+        "--realtime-max-sessions",
+        "3",
+        "--realtime-idle-timeout",
+        "1.5",
+        "--realtime-resume-ttl",
+        "0",
+    )
     opts = head_options(validate(args), config)
     assert (opts.realtime_max_sessions, opts.realtime_idle_timeout_s) == (3, 1.5)
+    assert opts.realtime_resume_ttl_s == 0
     # What the head hands each API server process survives the trip through its env.
     server = ApiServerOptions(
         index=0,
@@ -187,6 +197,8 @@ def test_the_realtime_limits_reach_the_head_and_its_api_servers() -> None:
         started_at=0,
         realtime_max_sessions=opts.realtime_max_sessions,
         realtime_idle_timeout_s=opts.realtime_idle_timeout_s,
+        realtime_resume_ttl_s=opts.realtime_resume_ttl_s,
     )
     back = decode_options(encode_options(server))
     assert (back.realtime_max_sessions, back.realtime_idle_timeout_s) == (3, 1.5)
+    assert back.realtime_resume_ttl_s == 0

@@ -17,16 +17,20 @@ from fastapi import APIRouter, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnistage import defaults
+from omnistage.api import realtime_resume as resume
 from omnistage.api.errors import error_response
 from omnistage.audio import smart_turn
 from omnistage.audio.vad import load_silero
 from omnistage.protocol.enums import EngineName, Modality
 from omnistage.protocol.errors import BadRequestError
+from omnistage.realtime import saved
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
 from omnistage.realtime.events import MAX_EVENT_BYTES, ServerEvent
 from omnistage.realtime.session import RealtimeSession
 from omnistage.service import PipelineService
+from omnistage.store.base import Store
+from omnistage.store.records import RealtimeRecord
 
 router = APIRouter()
 
@@ -34,6 +38,7 @@ PATH = "/v1/realtime"
 # A client that reads nothing while answers stream is dropped past this many events.
 MAX_QUEUED_EVENTS = 4096
 _encode = msgspec.json.Encoder().encode
+LOST = "this session was resumed on another connection; this one is closed"
 
 
 @dataclass
@@ -42,6 +47,8 @@ class RealtimeLimits:
 
     max_sessions: int = defaults.REALTIME_MAX_SESSIONS
     idle_timeout_s: float = defaults.REALTIME_IDLE_TIMEOUT_S
+    # How long a session stays resumable after its last change (0: none are saved).
+    resume_ttl_s: float = defaults.REALTIME_RESUME_TTL_S
     live: int = 0
 
 
@@ -103,13 +110,30 @@ async def realtime(ws: WebSocket) -> None:
     # The slot is taken before the first await: handshakes at once cannot all pass.
     limits.live += 1
     try:
-        await _accept(ws, ctx, config, limits)
+        store = resume.store_of(ws, limits.resume_ttl_s)
+        try:
+            resumed = await resume.load(ws, store)
+        except resume.ResumeRefused as no:
+            return await _refuse(ws, no.status, no.message, resume.SESSION_PARAM, no.code)
+        try:
+            if resumed is not None:
+                saved.restore_config(config, resumed[0].config)
+        except BadRequestError as exc:  # saved by a server that took more than this one
+            return await _refuse(ws, 400, str(exc), exc.param, exc.code)
+        await _accept(ws, ctx, config, limits, (store, resumed))
     finally:
         limits.live -= 1
 
 
+Saved = tuple[Store | None, tuple[RealtimeRecord, str] | None]
+
+
 async def _accept(
-    ws: WebSocket, ctx: SessionContext, config: SessionConfig, limits: RealtimeLimits
+    ws: WebSocket,
+    ctx: SessionContext,
+    config: SessionConfig,
+    limits: RealtimeLimits,
+    saving: Saved = (None, None),
 ) -> None:
     await load_vad(config)
     offered = ws.scope.get("subprotocols") or []
@@ -119,7 +143,7 @@ async def _accept(
         ctx.stats = stats
         stats.session_opened()
     try:
-        await _serve(ws, ctx, config, limits)
+        await _serve(ws, ctx, config, limits, saving)
     finally:
         if stats is not None:
             stats.session_closed()
@@ -176,7 +200,11 @@ def _default_voice(omni: PipelineService, ctx: SessionContext) -> str | None:
 
 
 async def _serve(
-    ws: WebSocket, ctx: SessionContext, config: SessionConfig, limits: RealtimeLimits
+    ws: WebSocket,
+    ctx: SessionContext,
+    config: SessionConfig,
+    limits: RealtimeLimits,
+    saving: Saved,
 ) -> None:
     outbox: asyncio.Queue[ServerEvent | None] = asyncio.Queue()
     overflow = asyncio.Event()
@@ -187,13 +215,25 @@ async def _serve(
             return
         outbox.put_nowait(event)
 
-    session = RealtimeSession(ctx, config, send)
+    store, resumed = saving
+    session = RealtimeSession(ctx, config, send, resumed[0].id if resumed else None)
+    if resumed is not None:
+        session.restore(resumed[0].items)
     writer = asyncio.ensure_future(_write(ws, outbox))
-    session.opened()
+
+    def lost() -> None:  # resumed on another connection: this one ends
+        session.error(BadRequestError(LOST, code="session_resumed_elsewhere"))
+        outbox.put_nowait(None)
+        session.spawn(_close_after(writer, ws))
+
+    saver, resume_info = await resume.attach(store, ws, session, resumed, limits.resume_ttl_s, lost)
+    session.opened(resume_info)
     try:
         await _read(ws, session, writer, overflow, limits.idle_timeout_s)
     finally:
         await session.close()
+        if saver is not None:
+            await saver.close()
         outbox.put_nowait(None)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(writer, 1.0)
@@ -241,6 +281,13 @@ async def _read(
 async def _write(ws: WebSocket, outbox: asyncio.Queue[ServerEvent | None]) -> None:
     while (event := await outbox.get()) is not None:
         await ws.send_text(_encode(event).decode())
+
+
+async def _close_after(writer: asyncio.Future[None], ws: WebSocket) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer, 1.0)
+    with contextlib.suppress(Exception):
+        await ws.close()
 
 
 async def _refuse(
