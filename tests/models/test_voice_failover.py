@@ -1,8 +1,8 @@
 """Real models, real failures: kill -9 the thinker and then the talker mid-stream.
 
 The thinker's retry continues from the prompt plus the text already streamed (an LLM
-continuation); the talker's retry speaks again from the replayed input, and the replica
-client does not have yet. The client must see one coherent answer:
+continuation); the talker's retry reads the replayed input again and speaks from the
+first sentence the client does not have yet. The client must see one coherent answer:
 the same transcript as a run without failures, and about as much audio (a sentence lost
 or spoken twice would change it by a quarter).
 """
