@@ -25,9 +25,11 @@ from tests.omni_tiny import (
     OMNI_MAX_CODES,
     mp4,
     png,
+    spoken_answer,
     spoken_chat,
     spoken_deltas,
     tone_wav,
+    video_question,
 )
 
 # The first test also waits for the head and its three replicas to load.
@@ -103,11 +105,8 @@ def reference(
 
 
 def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
-    body = spoken_chat(head, messages, voice, MAX_TOKENS)
-    response = head.client.post("/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    message = response.json()["choices"][0]["message"]
-    return message["audio"]["transcript"], base64.b64decode(message["audio"]["data"])
+    text, pcm, _ = spoken_answer(head, messages, voice, MAX_TOKENS)
+    return text, pcm
 
 
 def _chat_streamed(
@@ -242,20 +241,12 @@ def test_a_question_about_a_video_is_answered_as_the_monolithic_model(
         omni_dir, [{"role": "user", "content": question}], "Chelsie", videos=[clip]
     )
 
-    data_url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
-    content = [
-        {"type": "video_url", "video_url": {"url": data_url}},
-        {"type": "text", "text": question},
-    ]
-    body = spoken_chat(omni_head, [{"role": "user", "content": content}], "Chelsie", MAX_TOKENS)
-    response = omni_head.client.post("/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    answer = response.json()
-    audio = answer["choices"][0]["message"]["audio"]
+    asked = video_question(clip, question)
+    text, pcm, prompt_tokens = spoken_answer(omni_head, asked, "Chelsie", MAX_TOKENS)
 
-    assert answer["usage"]["prompt_tokens"] > 2 * 12 * 12  # the video's tokens are in it
-    assert audio["transcript"] == want_text
-    assert base64.b64decode(audio["data"]) == want_pcm
+    assert prompt_tokens > 2 * 12 * 12  # the video's tokens are in it
+    assert text == want_text
+    assert pcm == want_pcm
 
 
 @pytest.mark.parametrize(
