@@ -101,3 +101,9 @@ def test_sampling_placeholders_and_bad_files() -> None:
     with pytest.raises(BadRequestError, match="video 0") as info:
         video_in.prepare(settings, [b"not a video"])
     assert info.value.param == "video_url"
+    # 4 frames of 56 x 56: 2 temporal patches of 12 x 12 tokens (frames grow to 128 tokens
+    # at least); refused from the header when the model's context is smaller.
+    assert settings.tokens(4, 56, 56) == 288
+    small = video_in.VideoSettings(14, 2, 2, (0.5,) * 3, (0.5,) * 3, most_tokens=287)
+    with pytest.raises(BadRequestError, match="288 tokens, more than the model's context"):
+        video_in.prepare(small, [mp4()])

@@ -125,7 +125,8 @@ class OmniThinkerEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.extractor = audio_in.load_extractor(directory)
         self.image_processor = vision_in.load_processor(directory)
-        self.video_settings = video_in.VideoSettings.of(self.image_processor)
+        context = self.thinker.config.text_config.max_position_embeddings
+        self.video_settings = video_in.VideoSettings.of(self.image_processor, context)
         self._configure(model)
 
     def _configure(self, model: Any) -> None:

@@ -53,9 +53,13 @@ class VideoSettings:
     merge: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # The most tokens one video may take (the model's context; 0: no bound), checked from
+    # the file's header before any frame is decoded: a long video at full size would
+    # otherwise cost gigabytes of frames before the context check refused it.
+    most_tokens: int = 0
 
     @classmethod
-    def of(cls, image_processor: Any) -> VideoSettings:
+    def of(cls, image_processor: Any, most_tokens: int = 0) -> VideoSettings:
         p = image_processor
         return cls(
             int(p.patch_size),
@@ -63,7 +67,14 @@ class VideoSettings:
             int(p.merge_size),
             tuple(float(m) for m in p.image_mean),
             tuple(float(s) for s in p.image_std),
+            most_tokens,
         )
+
+    def tokens(self, frames: int, height: int, width: int) -> int:
+        """How many tokens a video of ``frames`` sampled frames of this size takes."""
+        factor = self.patch * self.merge
+        h, w = smart_resize(height, width, factor)
+        return -(-frames // self.temporal) * (h // factor) * (w // factor)
 
 
 @dataclass
@@ -96,9 +107,9 @@ def sample(total: int, fps: float, temporal: int) -> list[int]:
     return [int(i) for i in torch.arange(0, total, total / count).int()]
 
 
-def decoded(index: int, data: bytes, temporal: int) -> tuple[Any, list[int]]:
+def decoded(index: int, data: bytes, settings: VideoSettings) -> tuple[Any, list[int]]:
     """A video file's sampled frames, (frames, height, width, 3) uint8 RGB, and which
-    frames they are."""
+    frames they are; a 400 when they would take more than ``settings.most_tokens``."""
     import av
     import numpy as np
 
@@ -110,7 +121,14 @@ def decoded(index: int, data: bytes, temporal: int) -> tuple[Any, list[int]]:
                 total = sum(1 for _ in container.decode(video=0))
                 fps = fps or FPS
                 container.seek(0)
-            chosen = sample(total, fps, temporal)
+            chosen = sample(total, fps, settings.temporal)
+            tokens = settings.tokens(len(chosen), stream.height, stream.width)
+            if settings.most_tokens and tokens > settings.most_tokens:
+                raise BadRequestError(
+                    f"video {index} would take {tokens} tokens, more than the model's "
+                    f"context of {settings.most_tokens}; send a shorter or smaller video",
+                    PARAM,
+                )
             keep, frames = set(chosen), []
             for i, frame in enumerate(container.decode(video=0)):
                 if i > chosen[-1]:
@@ -180,9 +198,7 @@ def prepare(settings: VideoSettings, files: list[bytes]) -> VideoInput:
     """Pixel values, grids and seconds per grid as the processor makes them."""
     import torch
 
-    made = [
-        pixels(decoded(i, data, settings.temporal)[0], settings) for i, data in enumerate(files)
-    ]
+    made = [pixels(decoded(i, data, settings)[0], settings) for i, data in enumerate(files)]
     return VideoInput(
         torch.cat([patches for patches, _ in made]),
         torch.tensor([grid for _, grid in made], dtype=torch.long),
