@@ -226,16 +226,24 @@ def png(width: int = 56, height: int = 56, seed: int = 0) -> bytes:
     return out.getvalue()
 
 
-def mp4(frames: int = 4, width: int = 56, height: int = 56, fps: int = 2, seed: int = 0) -> bytes:
-    """An MP4 (MPEG-4 part 2) of random colours, made with PyAV: 4 frames at 2 a second
-    are one video of 2 temporal patches for the omni models."""
+def mp4(
+    frames: int = 4,
+    width: int = 56,
+    height: int = 56,
+    fps: int = 2,
+    seed: int = 0,
+    form: tuple[str, str] = ("mp4", "mpeg4"),
+) -> bytes:
+    """An MP4 (MPEG-4 part 2; or another container and codec, ``form``) of random
+    colours, made with PyAV: 4 frames at 2 a second are one video of 2 temporal patches
+    for the omni models."""
     import av
     import numpy as np
 
     rng = np.random.default_rng(seed)
     out = io.BytesIO()
-    with av.open(out, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
+    with av.open(out, "w", format=form[0]) as container:
+        stream = container.add_stream(form[1], rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for _ in range(frames):
             pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)

@@ -101,6 +101,8 @@ def test_sampling_placeholders_and_bad_files() -> None:
     with pytest.raises(BadRequestError, match="video 0") as info:
         video_in.prepare(settings, [b"not a video"])
     assert info.value.param == "video_url"
+    webm = mp4(form=("webm", "libvpx"))  # no frame count in its header: counted by decoding
+    assert video_in.decoded(0, webm, settings)[1] == [0, 1, 2, 3]
     # 4 frames of 56 x 56: 2 temporal patches of 12 x 12 tokens (frames grow to 128 tokens
     # at least); refused from the header when the model's context is smaller.
     assert settings.tokens(4, 56, 56) == 288

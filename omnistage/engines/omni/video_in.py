@@ -122,7 +122,8 @@ def decoded(index: int, data: bytes, settings: VideoSettings) -> tuple[Any, list
                 fps = fps or FPS
                 container.seek(0)
             chosen = sample(total, fps, settings.temporal)
-            tokens = settings.tokens(len(chosen), stream.height, stream.width)
+            size = (stream.height, stream.width)
+            tokens = settings.tokens(len(chosen), *size) if all(size) else 0
             if settings.most_tokens and tokens > settings.most_tokens:
                 raise BadRequestError(
                     f"video {index} would take {tokens} tokens, more than the model's "
