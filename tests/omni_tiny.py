@@ -226,6 +226,40 @@ def png(width: int = 56, height: int = 56, seed: int = 0) -> bytes:
     return out.getvalue()
 
 
+def mp4(
+    frames: int = 4,
+    width: int = 56,
+    height: int = 56,
+    fps: int = 2,
+    seed: int = 0,
+    form: tuple[str, str] = ("mp4", "mpeg4"),
+) -> bytes:
+    """An MP4 (MPEG-4 part 2; or another container and codec, ``form``) of random
+    colours, made with PyAV: 4 frames at 2 a second are one video of 2 temporal patches
+    for the omni models."""
+    import av
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    with av.open(out, "w", format=form[0]) as container:
+        stream = container.add_stream(form[1], rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for _ in range(frames):
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
+def video_question(clip: bytes, question: str) -> list[dict[str, Any]]:
+    """One user message: a video (a ``data:`` URL in vLLM's ``video_url`` part), then the
+    question."""
+    url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
+    content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": question}]
+    return [{"role": "user", "content": content}]
+
+
 def _speakers(seed: int):  # type: ignore[no-untyped-def]
     import torch
 
@@ -314,6 +348,18 @@ def spoken_chat(
         "temperature": 0,
         "max_tokens": max_tokens,
     }
+
+
+def spoken_answer(
+    head: Any, messages: list[dict[str, Any]], voice: str, max_tokens: int
+) -> tuple[str, bytes, int]:
+    """A greedy spoken chat's transcript, its audio (pcm16) and its prompt's token count."""
+    body = spoken_chat(head, messages, voice, max_tokens)
+    response = head.client.post("/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    audio = answer["choices"][0]["message"]["audio"]
+    return audio["transcript"], base64.b64decode(audio["data"]), answer["usage"]["prompt_tokens"]
 
 
 def spoken_deltas(head: Any, body: dict[str, Any], timeout: float) -> Iterator[tuple[str, bytes]]:

@@ -1,11 +1,12 @@
-"""A chat's image and video parts: which ones the served pipeline takes, and the image
-files they carry (a ``data:`` URL, or an http(s) URL fetched when the operator allows its
-host with ``--allowed-media-domains``).
+"""A chat's image and video parts: which ones the served pipeline takes, and the files
+they carry (a ``data:`` URL, or an http(s) URL fetched when the operator allows its host
+with ``--allowed-media-domains``). Images are ``image_url`` parts (OpenAI's), videos
+``video_url`` parts (vLLM's: OpenAI's chat has none), alike but for the media type.
 
 A part no stage of the pipeline reads is a 400 naming it (``messages.N.content.M``): a
 silent drop would answer a question about an image without the image. Only the last
-user message may carry images, as it alone may carry audio: the thinker places every
-media placeholder in that message (engines/omni/thinker.py).
+user message may carry images and videos, as it alone may carry audio: the thinker places
+every media placeholder in that message (engines/omni/thinker.py).
 """
 
 from __future__ import annotations
@@ -42,16 +43,20 @@ class MediaFetch:
         return any(d == "*" or host == d.lower().rstrip(".") for d in self.allowed_domains)
 
 
+# A part's kind -> what it is called in messages, and the media type of its data URLs.
+_KINDS = {"image_url": ("image", Modality.IMAGE), "video_url": ("video", Modality.VIDEO)}
+
+
 def _refused(where: str, message: str) -> ApiError:
     return ApiError(400, f"{where}: {message}", "invalid_request_error", where)
 
 
-def image_parts(
+def media_parts(
     body: ChatCompletionRequest, graph: StageGraph, pipeline: str
 ) -> list[tuple[str, ContentPart]]:
-    """The image parts (with where each is) after refusing every part the pipeline
-    cannot take: unknown kinds, videos, images where no stage reads them or not in the
-    last user message."""
+    """The image and video parts (with where each is) after refusing every part the
+    pipeline cannot take: unknown kinds, images or videos where no stage reads them or
+    not in the last user message."""
     last_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
     found = []
     for i, message in enumerate(body.messages):
@@ -60,38 +65,41 @@ def image_parts(
             where = f"messages.{i}.content.{j}"
             if part.type in ("text", "input_audio"):
                 continue  # audio has its own checks (api/routes/chat.py)
-            if part.type == "video_url":
-                raise _refused(where, "video input is not supported yet")
-            if part.type != "image_url":
+            if part.type not in _KINDS:
                 raise _refused(
                     where, f"content parts of type {part.type!r} are not supported; use {_PARTS}"
                 )
-            if not graph.stages_reading(Modality.IMAGE):
-                raise _refused(where, f"pipeline {pipeline!r} has no stage that takes images")
+            kind, modality = _KINDS[part.type]
+            if not graph.stages_reading(modality):
+                raise _refused(where, f"pipeline {pipeline!r} has no stage that takes {kind}s")
             if i != last_user:
-                raise _refused(where, "only the last user message may carry images")
+                raise _refused(where, f"only the last user message may carry {kind}s")
             found.append((where, part))
     return found
 
 
-async def image_bytes(where: str, part: ContentPart, fetch: MediaFetch) -> bytes:
-    """The image file a part carries, checked to be an image Pillow can open."""
-    assert part.image_url is not None
-    url = part.image_url.url
+async def media_bytes(where: str, part: ContentPart, fetch: MediaFetch) -> bytes:
+    """The image or video file a part carries, checked to be one Pillow (an image) or
+    PyAV (a video) can open."""
+    kind = _KINDS[part.type][0]
+    media = part.image_url if kind == "image" else part.video_url
+    assert media is not None
+    url = media.url
     if url.startswith("data:"):
-        data = _data_url(where, url)
+        data = _data_url(where, url, kind)
     else:
-        data = await asyncio.to_thread(_fetched, where, url, fetch)
-    await asyncio.to_thread(_check_image, where, data)
+        data = await asyncio.to_thread(_fetched, where, url, fetch, kind)
+    await asyncio.to_thread(_check_image if kind == "image" else _check_video, where, data)
     return data
 
 
-def _data_url(where: str, url: str) -> bytes:
+def _data_url(where: str, url: str, kind: str) -> bytes:
     head, comma, payload = url.partition(",")
+    example = "data:image/png;base64,..." if kind == "image" else "data:video/mp4;base64,..."
     if not comma or not head.endswith(";base64"):
-        raise _refused(where, "a data URL must be base64: data:image/png;base64,...")
-    if not head[len("data:") :].startswith("image/"):
-        raise _refused(where, "a data URL of an image_url part must hold an image/* type")
+        raise _refused(where, f"a data URL must be base64: {example}")
+    if not head[len("data:") :].startswith(f"{kind}/"):
+        raise _refused(where, f"the data URL of this {kind}_url part must hold a {kind}/* type")
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
@@ -107,26 +115,27 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
-def _fetched(where: str, url: str, fetch: MediaFetch) -> bytes:
+def _fetched(where: str, url: str, fetch: MediaFetch, kind: str) -> bytes:
     """The file at an http(s) URL of an allowed host, refused past the size limit."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _refused(where, "an image URL must be a data: URL or an http(s) URL")
+        message = f"the URL of this {kind}_url part must be a data: URL or an http(s) URL"
+        raise _refused(where, message)
     if not fetch.allows(parts.hostname):
         raise _refused(
             where,
-            f"this server does not fetch images from {parts.hostname!r} "
+            f"this server does not fetch {kind}s from {parts.hostname!r} "
             "(the operator allows hosts with --allowed-media-domains); send a data: URL",
         )
     try:
         with _OPENER.open(url, timeout=fetch.timeout_s) as response:
             data = response.read(fetch.max_bytes + 1)
     except urllib.error.HTTPError as exc:
-        raise _refused(where, f"fetching the image answered HTTP {exc.code}") from None
+        raise _refused(where, f"fetching the {kind} answered HTTP {exc.code}") from None
     except (OSError, ValueError) as exc:  # refused, unreachable, timed out, bad URL
-        raise _refused(where, f"could not fetch the image: {exc}") from None
+        raise _refused(where, f"could not fetch the {kind}: {exc}") from None
     if len(data) > fetch.max_bytes:
-        raise _refused(where, f"the image is larger than {fetch.max_bytes} bytes")
+        raise _refused(where, f"the {kind} is larger than {fetch.max_bytes} bytes")
     return data
 
 
@@ -138,3 +147,14 @@ def _check_image(where: str, data: bytes) -> None:
             image.verify()
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
         raise _refused(where, "the image cannot be read (PNG, JPEG, WebP, GIF)") from None
+
+
+def _check_video(where: str, data: bytes) -> None:
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise ValueError("no video stream")
+    except (av.error.FFmpegError, OSError, ValueError):
+        raise _refused(where, "the video cannot be read (MP4, WebM, MOV, ...)") from None

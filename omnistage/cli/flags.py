@@ -132,22 +132,22 @@ HEAD_FLAGS = (
         nargs="+",
         default=None,
         metavar="HOST",
-        help="hosts whose http(s) image URLs a chat may name; the server fetches them (no "
-        "redirects), '*' any host; default: none, only data: URLs are taken",
+        help="hosts whose http(s) image and video URLs a chat may name; the server fetches "
+        "them (no redirects), '*' any host; default: none, only data: URLs are taken",
     ),
     flag(
         "--media-fetch-timeout",
         metavar="S",
         type=float,
         default=defaults.MEDIA_FETCH_TIMEOUT_S,
-        help="seconds one image URL may take to fetch (default %(default)g)",
+        help="seconds one image or video URL may take to fetch (default %(default)g)",
     ),
     flag(
         "--media-fetch-max-bytes",
         metavar="BYTES",
         type=int,
         default=defaults.MEDIA_FETCH_MAX_BYTES,
-        help="largest image a URL may hold; larger ones are a 400 (default %(default)s)",
+        help="largest image or video a URL may hold; larger ones are a 400 (default %(default)s)",
     ),
     flag(
         "--realtime-max-sessions",

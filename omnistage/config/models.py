@@ -66,19 +66,20 @@ def _omni(
 
 
 def qwen2_5_omni(model: str) -> dict[str, Any]:
-    """Qwen2.5-Omni: thinker -> talker -> token2wav; text, spoken and image questions."""
+    """Qwen2.5-Omni: thinker -> talker -> token2wav; text, spoken, image and video
+    questions."""
     engines = (EngineName.OMNI_THINKER, EngineName.OMNI_TALKER, EngineName.OMNI_TOKEN2WAV)
     names = ("thinker", "talker", "token2wav")
-    heard = ["text", "audio", "image"]
+    heard = ["text", "audio", "image", "video"]
     return _omni(model, "qwen2_5_omni", "Qwen2.5-Omni", engines, names, heard)
 
 
 def qwen3_omni_moe(model: str) -> dict[str, Any]:
     """Qwen3-Omni (MoE): thinker -> talker (with its code predictor) -> code2wav; text,
-    spoken and image questions."""
+    spoken, image and video questions."""
     engines = (EngineName.OMNI3_THINKER, EngineName.OMNI3_TALKER, EngineName.OMNI3_CODE2WAV)
     names = ("thinker", "talker", "code2wav")
-    heard = ["text", "audio", "image"]
+    heard = ["text", "audio", "image", "video"]
     return _omni(model, "qwen3_omni_moe", "Qwen3-Omni", engines, names, heard)
 
 

@@ -149,6 +149,8 @@ class Prompt(Tagged):
     # where an edit may paint (its fully transparent pixels, as OpenAI's mask means it).
     images: list[bytes] | None = None
     mask: bytes | None = None
+    # Videos to watch (an omni thinker): encoded files (MP4, WebM, ...) as sent.
+    videos: list[bytes] | None = None
 
     def modalities(self) -> frozenset[str]:
         has_text = self.text is not None or self.messages is not None
@@ -156,12 +158,13 @@ class Prompt(Tagged):
             found = _TEXT if has_text else frozenset()
         else:
             found = _TEXT_AUDIO if has_text else _AUDIO
-        return found | _IMAGE if self.images else found
+        found = found | _IMAGE if self.images else found
+        return found | _VIDEO if self.videos else found
 
 
 _TEXT, _AUDIO = frozenset({Modality.TEXT}), frozenset({Modality.AUDIO})
 _TEXT_AUDIO = _TEXT | _AUDIO
-_IMAGE = frozenset({Modality.IMAGE})
+_IMAGE, _VIDEO = frozenset({Modality.IMAGE}), frozenset({Modality.VIDEO})
 
 
 class Resume(Tagged):

@@ -23,7 +23,16 @@ import pytest
 
 from tests.integration.harness import HeadProc
 from tests.omni3_tiny import SAMPLES_PER_CODE, build_tiny_omni3, special_id
-from tests.omni_tiny import one_thread_head, png, spoken_chat, spoken_deltas, tone_wav
+from tests.omni_tiny import (
+    mp4,
+    one_thread_head,
+    png,
+    spoken_answer,
+    spoken_chat,
+    spoken_deltas,
+    tone_wav,
+    video_question,
+)
 
 # The first test also waits for the head and its three replicas to load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -66,8 +75,8 @@ MEDIA_TOKENS = {
 def _processor(directory: Path) -> Any:
     """transformers' ``Qwen3OmniMoeProcessor`` for the checkpoint: the prompt's ids, audio
     features and pixels the staged thinker must make alike. Built by hand: its constructor
-    insists on a video processor, which needs torchvision (not installed; no test sends a
-    video)."""
+    insists on a video processor, which needs torchvision (not installed: videos are
+    prepared by video_in.py, checked against transformers in tests/unit/test_video_in.py)."""
     from transformers import (
         AutoImageProcessor,
         AutoTokenizer,
@@ -92,15 +101,17 @@ def reference(
     voice: str,
     wav: bytes | None = None,
     images: list[bytes] | None = None,
+    videos: list[bytes] | None = None,
 ) -> tuple[str, bytes]:
     """The monolithic model's answer: its text, and its waveform as int16 PCM, decoded
     from its codes in the staged pipeline's chunks. A spoken input (``wav``) and images go
-    through the processor, their placeholders before the last message's text, as the
-    model's chat template puts them."""
+    through the processor, videos through video_in.py (the processor's video path needs
+    torchvision), their placeholders before the last message's text, as the model's chat
+    template puts them; a video's audio is not heard (``use_audio_in_video=False``)."""
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    from omnistage.engines.omni import audio_in, vision_in
+    from omnistage.engines.omni import audio_in, video_in, vision_in
     from omnistage.engines.omni.token2wav import pcm16
     from omnistage.protocol.messages import Prompt
 
@@ -110,6 +121,13 @@ def reference(
     heard = [audio_in.samples(Prompt(audio=wav, audio_format="wav"))] if wav else None
     media = "<|audio_start|><|audio_pad|><|audio_end|>" if wav else ""
     media += "<|vision_start|><|image_pad|><|vision_end|>" * len(images or [])
+    watched = None
+    if videos:
+        settings = video_in.VideoSettings.of(processor.image_processor)
+        watched = video_in.prepare(settings, videos)
+        watched.marks = video_in.QWEN3_MARKS
+        media += watched.placeholder()  # expanded already: the processor must not count it
+        processor.video_token = processor.video_token_id = None
     messages = [*messages[:-1], {**messages[-1], "content": media + messages[-1]["content"]}]
     text = processor.tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=False
@@ -118,12 +136,19 @@ def reference(
     inputs = processor(text=text, audio=heard, images=seen, return_tensors="pt")
     ids = inputs.pop("input_ids")
     inputs.pop("attention_mask")
+    if watched is not None:
+        inputs.update(
+            pixel_values_videos=watched.pixels,
+            video_grid_thw=watched.grid,
+            video_second_per_grid=watched.seconds,
+        )
     decode = model.code2wav.chunked_decode
     model.code2wav.chunked_decode = lambda codes, **_: decode(codes, CHUNK, CONTEXT)
     sequences, wav_out = model.generate(
         ids,
         **inputs,
         speaker=voice,
+        use_audio_in_video=False,
         thinker_max_new_tokens=MAX_TOKENS,
         thinker_do_sample=False,
         thinker_eos_token_id=special_id("<|im_end|>"),
@@ -135,11 +160,8 @@ def reference(
 
 
 def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
-    body = spoken_chat(head, messages, voice, MAX_TOKENS)
-    response = head.client.post("/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    audio = response.json()["choices"][0]["message"]["audio"]
-    return audio["transcript"], base64.b64decode(audio["data"])
+    text, pcm, _ = spoken_answer(head, messages, voice, MAX_TOKENS)
+    return text, pcm
 
 
 def test_staged_omni3_answers_as_the_monolithic_model(
@@ -201,6 +223,20 @@ def test_a_question_about_images_is_answered_as_the_monolithic_model(
     content.append({"type": "text", "text": question})
 
     assert _chat(omni3_head, [{"role": "user", "content": content}], "Chelsie") == want
+
+
+def test_a_question_about_a_video_is_answered_as_the_monolithic_model(
+    omni3_head: HeadProc, omni3_dir: Path
+) -> None:
+    clip = mp4()  # 4 frames at 2 a second: 2 temporal patches of 12 x 12 tokens
+    question = "What happens in this video?"
+    want = reference(omni3_dir, [{"role": "user", "content": question}], "Chelsie", videos=[clip])
+
+    asked = video_question(clip, question)
+    text, pcm, prompt_tokens = spoken_answer(omni3_head, asked, "Chelsie", MAX_TOKENS)
+
+    assert prompt_tokens > 2 * 12 * 12  # the video's tokens are in it
+    assert (text, pcm) == want
 
 
 def test_the_checkpoint_picks_its_stage_graph(omni3_head: HeadProc) -> None:

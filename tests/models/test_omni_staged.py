@@ -23,10 +23,13 @@ from tests.integration.harness import HeadProc
 from tests.omni_tiny import (
     CODEC_EOS,
     OMNI_MAX_CODES,
+    mp4,
     png,
+    spoken_answer,
     spoken_chat,
     spoken_deltas,
     tone_wav,
+    video_question,
 )
 
 # The first test also waits for the head and its three replicas to load.
@@ -42,14 +45,17 @@ def reference(
     voice: str,
     wav: bytes | None = None,
     images: list[bytes] | None = None,
+    videos: list[bytes] | None = None,
 ) -> tuple[str, bytes]:
     """The monolithic model's answer: its text and its waveform as int16 PCM. A spoken
-    input (``wav``) and images are prepared as Qwen2.5-Omni's processor prepares them,
-    their placeholders before the last message's text."""
+    input (``wav``), images and videos are prepared as Qwen2.5-Omni's processor prepares
+    them (video_in.py is checked against it in tests/unit/test_video_in.py), their
+    placeholders before the last message's text; a video's audio is not heard
+    (``use_audio_in_video=False``)."""
     import torch
     from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
 
-    from omnistage.engines.omni import audio_in, vision_in
+    from omnistage.engines.omni import audio_in, video_in, vision_in
     from omnistage.engines.omni.token2wav import pcm16
     from omnistage.protocol.messages import Prompt
 
@@ -70,6 +76,16 @@ def reference(
         # By the thinker's prefix: the talker, which generate hands every unprefixed
         # argument too, refuses pixel values (transformers 5.25); the grids go to both.
         heard.update(thinker_pixel_values=seen.pixels, image_grid_thw=seen.grid)
+    if videos:
+        settings = video_in.VideoSettings.of(vision_in.load_processor(str(directory)))
+        watched = video_in.prepare(settings, videos)
+        text = watched.placeholder() + messages[-1]["content"]
+        messages = [*messages[:-1], {**messages[-1], "content": text}]
+        heard.update(
+            thinker_pixel_values_videos=watched.pixels,
+            video_grid_thw=watched.grid,
+            video_second_per_grid=watched.seconds,
+        )
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
     torch.manual_seed(NOISE_SEED)  # greedy stages draw nothing: the DiT's noise is the first draw
@@ -77,6 +93,7 @@ def reference(
         torch.tensor([ids]),
         **heard,
         speaker=voice,
+        use_audio_in_video=False,
         thinker_max_new_tokens=MAX_TOKENS,
         thinker_do_sample=False,
         talker_do_sample=False,
@@ -88,11 +105,8 @@ def reference(
 
 
 def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
-    body = spoken_chat(head, messages, voice, MAX_TOKENS)
-    response = head.client.post("/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    message = response.json()["choices"][0]["message"]
-    return message["audio"]["transcript"], base64.b64decode(message["audio"]["data"])
+    text, pcm, _ = spoken_answer(head, messages, voice, MAX_TOKENS)
+    return text, pcm
 
 
 def _chat_streamed(
@@ -214,6 +228,23 @@ def test_a_question_about_images_is_answered_as_the_monolithic_model(
     ]
     text, pcm = _chat(omni_head, [{"role": "user", "content": content}], "Chelsie")
 
+    assert text == want_text
+    assert pcm == want_pcm
+
+
+def test_a_question_about_a_video_is_answered_as_the_monolithic_model(
+    omni_head: HeadProc, omni_dir: Path
+) -> None:
+    clip = mp4()  # 4 frames at 2 a second: 2 temporal patches of 12 x 12 tokens
+    question = "What happens in this video?"
+    want_text, want_pcm = reference(
+        omni_dir, [{"role": "user", "content": question}], "Chelsie", videos=[clip]
+    )
+
+    asked = video_question(clip, question)
+    text, pcm, prompt_tokens = spoken_answer(omni_head, asked, "Chelsie", MAX_TOKENS)
+
+    assert prompt_tokens > 2 * 12 * 12  # the video's tokens are in it
     assert text == want_text
     assert pcm == want_pcm
 

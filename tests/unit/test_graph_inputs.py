@@ -69,6 +69,7 @@ def test_prompt_modalities() -> None:
     assert Prompt(messages=[], audio=b"a").modalities() == BOTH
     assert Prompt(audio=b"a").modalities() == AUDIO
     assert Prompt().modalities() == frozenset()
+    assert Prompt(text="x", videos=[b"v"]).modalities() == TEXT | {"video"}
 
 
 def test_the_transcript_completes_the_last_user_turn() -> None:

@@ -1,4 +1,4 @@
-"""A chat's image parts: the schema, which parts a pipeline refuses (naming the part),
+"""A chat's image and video parts: the schema, which parts a pipeline refuses (naming the part),
 data URLs, http(s) URLs fetched only from allowed hosts (a real server on 127.0.0.1),
 and the thinker's image preparation."""
 
@@ -16,15 +16,17 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from omnistage.api.media_parts import MediaFetch, image_bytes, image_parts
+from omnistage.api.media_parts import MediaFetch, media_bytes, media_parts
 from omnistage.api.schemas.chat import ChatCompletionRequest, ContentPart
 from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
 from omnistage.protocol.errors import ApiError
-from tests.omni_tiny import png
+from tests.omni_tiny import mp4, png
 
 PICTURE = png()
 DATA_URL = "data:image/png;base64," + base64.b64encode(PICTURE).decode()
+CLIP = mp4()
+VIDEO_URL = "data:video/mp4;base64," + base64.b64encode(CLIP).decode()
 NO_FETCH = MediaFetch()  # the default: data: URLs only
 
 
@@ -34,6 +36,10 @@ def _chat(*messages: dict[str, Any]) -> ChatCompletionRequest:
 
 def _image(url: str = DATA_URL) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _video(url: str = VIDEO_URL) -> dict[str, Any]:
+    return {"type": "video_url", "video_url": {"url": url}}
 
 
 def _asked(*parts: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +55,7 @@ def omni_graph(tmp_path_factory: pytest.TempPathFactory) -> StageGraph:
 
 def _refusal(body: ChatCompletionRequest, graph: StageGraph) -> ApiError:
     with pytest.raises(ApiError) as info:
-        image_parts(body, graph, "p")
+        media_parts(body, graph, "p")
     assert info.value.status == 400
     return info.value
 
@@ -62,23 +68,30 @@ def test_an_image_part_parses_and_alone_is_content() -> None:
         ContentPart.model_validate({"type": "image_url"})
 
 
-def test_the_omni_pipeline_takes_the_last_user_messages_images(omni_graph: StageGraph) -> None:
-    body = _chat(_asked(_image(), _image()))
-    assert [where for where, _ in image_parts(body, omni_graph, "p")] == [
-        "messages.0.content.1",
-        "messages.0.content.2",
+def test_the_omni_pipeline_takes_the_last_user_messages_images_and_videos(
+    omni_graph: StageGraph,
+) -> None:
+    body = _chat(_asked(_image(), _video(), _image()))
+    assert [(where, part.type) for where, part in media_parts(body, omni_graph, "p")] == [
+        ("messages.0.content.1", "image_url"),
+        ("messages.0.content.2", "video_url"),
+        ("messages.0.content.3", "image_url"),
     ]
 
 
 @pytest.mark.parametrize(
     ("messages", "where", "says"),
     [
-        ([_asked({"type": "video_url", "video_url": {"url": "x"}})], "0.content.1", "video"),
         ([_asked({"type": "file", "file": {}})], "0.content.1", "'file'"),
         (
             [_asked(_image()), {"role": "assistant", "content": "A cat."}, _asked()],
             "0.content.1",
             "last user message",
+        ),
+        (
+            [_asked(_video()), {"role": "assistant", "content": "A cat."}, _asked()],
+            "0.content.1",
+            "may carry videos",
         ),
     ],
 )
@@ -90,20 +103,23 @@ def test_parts_the_omni_pipeline_cannot_take_are_400s_naming_them(
     assert says in error.message
 
 
-def test_a_pipeline_without_an_image_reader_refuses_images() -> None:
-    error = _refusal(_chat(_asked(_image())), StageGraph(load_config("echo")))
+@pytest.mark.parametrize(("part", "kind"), [(_image(), "images"), (_video(), "videos")])
+def test_a_pipeline_without_a_reader_refuses_images_and_videos(
+    part: dict[str, Any], kind: str
+) -> None:
+    error = _refusal(_chat(_asked(part)), StageGraph(load_config("echo")))
     assert error.param == "messages.0.content.1"
-    assert "no stage that takes images" in error.message
+    assert f"no stage that takes {kind}" in error.message
 
 
-def _bytes_of(url: str, fetch: MediaFetch = NO_FETCH) -> bytes:
-    part = ContentPart.model_validate(_image(url))
-    return asyncio.run(image_bytes("messages.0.content.1", part, fetch))
+def _bytes_of(url: str, fetch: MediaFetch = NO_FETCH, video: bool = False) -> bytes:
+    part = ContentPart.model_validate(_video(url) if video else _image(url))
+    return asyncio.run(media_bytes("messages.0.content.1", part, fetch))
 
 
-def _refused(url: str, fetch: MediaFetch = NO_FETCH) -> str:
+def _refused(url: str, fetch: MediaFetch = NO_FETCH, video: bool = False) -> str:
     with pytest.raises(ApiError) as info:
-        _bytes_of(url, fetch)
+        _bytes_of(url, fetch, video)
     assert info.value.param == "messages.0.content.1"
     return info.value.message
 
@@ -115,6 +131,12 @@ def test_a_data_url_carries_the_image() -> None:
     assert "cannot be read" in _refused("data:image/png;base64,aGVsbG8=")
 
 
+def test_a_data_url_carries_the_video() -> None:
+    assert _bytes_of(VIDEO_URL, video=True) == CLIP
+    assert "video/*" in _refused(DATA_URL, video=True)
+    assert "video cannot be read" in _refused("data:video/mp4;base64,aGVsbG8=", video=True)
+
+
 class _Files(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/moved":
@@ -122,7 +144,7 @@ class _Files(BaseHTTPRequestHandler):
             self.send_header("Location", "/picture.png")
             self.end_headers()
             return
-        body = {"/picture.png": PICTURE, "/big.png": PICTURE * 8}.get(self.path)
+        body = {"/picture.png": PICTURE, "/big.png": PICTURE * 8, "/clip.mp4": CLIP}.get(self.path)
         if body is None:
             self.send_error(404)
             return
@@ -158,6 +180,9 @@ def test_an_http_url_is_fetched_only_from_an_allowed_host(files: str) -> None:
     assert "HTTP 404" in _refused(f"{files}/nothing.png", allowed)
     assert "HTTP 302" in _refused(f"{files}/moved", allowed)  # redirects are not followed
     assert "data: URL or an http(s) URL" in _refused("ftp://127.0.0.1/x.png", allowed)
+    video = MediaFetch(("127.0.0.1",), timeout_s=5, max_bytes=len(CLIP))
+    assert _bytes_of(f"{files}/clip.mp4", video, video=True) == CLIP
+    assert "fetch videos" in _refused(f"{files}/clip.mp4", video=True)
 
 
 def test_the_thinker_prepares_images_as_qwen2_5_omnis_processor(tmp_path: Path) -> None:

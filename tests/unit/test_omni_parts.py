@@ -45,7 +45,7 @@ def test_a_qwen3_omni_checkpoint_picks_thinker_talker_code2wav(tmp_path: Path) -
     ]
     assert {s.engine_args["model"] for s in config.stages} == {str(tmp_path.resolve())}
     assert [s.stage_id for s in config.stages if s.final_output] == [0, 2]
-    assert set(config.stage(0).reads_prompt) == {"text", "audio", "image"}
+    assert set(config.stage(0).reads_prompt) == {"text", "audio", "image", "video"}
 
 
 def test_stage_overrides_apply_to_the_picked_pipeline(tmp_path: Path) -> None:

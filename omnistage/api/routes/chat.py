@@ -17,7 +17,7 @@ from omnistage.api.audio_out import DEFAULT_INPUT_RATE, AudioEncoder, encode_who
 from omnistage.api.body import parse_body
 from omnistage.api.ids import next_id
 from omnistage.api.logprobs import chat_logprobs
-from omnistage.api.media_parts import MediaFetch, image_bytes, image_parts
+from omnistage.api.media_parts import MediaFetch, media_bytes, media_parts
 from omnistage.api.routes.common import (
     ChunkShape,
     Collected,
@@ -65,11 +65,13 @@ async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatCompletionRequest)
     omni, text_stages = text_call(request, body)
     plan = _plan(omni, body, text_stages)
-    shown = image_parts(body, omni.graph, omni.config.pipeline)
+    shown = media_parts(body, omni.graph, omni.config.pipeline)
     prompt, audio_param = _prompt(omni, body)
     if shown:  # fetched once every check of the body has passed
         fetch: MediaFetch = request.app.state.media_fetch
-        prompt.images = [await image_bytes(where, part, fetch) for where, part in shown]
+        files = [(part.type, await media_bytes(where, part, fetch)) for where, part in shown]
+        prompt.images = [data for kind, data in files if kind == "image_url"] or None
+        prompt.videos = [data for kind, data in files if kind == "video_url"] or None
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
         voice = StageParams(speech=SpeechParams(body.audio.voice if body.audio else "default"))

@@ -87,6 +87,12 @@ def load_omni(args: OmniArgs, directory: str | None = None, dtype: str | None = 
     return model.eval()
 
 
+# The thinker's tensors that size the prompt's media (a spoken input's frames, the images'
+# and videos' patch grids, the seconds of a video's temporal patch): the talker's
+# positions (its rope) depend on them, as the thinker's do.
+MEDIA_SIZES = ("audio_feature_lengths", "image_grid_thw", "video_grid_thw", "video_second_per_grid")
+
+
 def tensor_chunk(name: str, tensor: Any) -> EngineChunk:
     """A tensor as a chunk: its bytes in C order, its dtype and shape in the meta."""
     import torch

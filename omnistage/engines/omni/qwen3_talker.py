@@ -27,6 +27,7 @@ from typing import Any
 from omnistage.config.omni_args import Omni3TalkerArgs
 from omnistage.engines.base import EngineChunk, EngineRequest
 from omnistage.engines.omni.checkpoint import (
+    MEDIA_SIZES,
     QWEN3_VOICE,
     ThreadRun,
     chunk_tensor,
@@ -99,11 +100,8 @@ class Omni3TalkerEngine(OmniTalkerEngine):
         model.thinker = _Replay(named, replies, self.embed, accept, device)
         model.code2wav = _NoWave()
         extra = {"talker_eos_token_id": list(params.eos_token_ids)} if params.eos_token_ids else {}
-        # The talker's positions (its rope) read the audio lengths and image grids.
-        if "audio_feature_lengths" in named:
-            extra["talker_audio_feature_lengths"] = named["audio_feature_lengths"].to(device)
-        if "image_grid_thw" in named:
-            extra["talker_image_grid_thw"] = named["image_grid_thw"].to(device)
+        # The talker's positions (its rope) read the media's sizes.
+        extra.update({f"talker_{n}": named[n].to(device) for n in MEDIA_SIZES if n in named})
         hook = self.talker.register_forward_pre_hook(on_step, with_kwargs=True)
         try:
             with torch.no_grad():

@@ -2,12 +2,14 @@
 ``Qwen3OmniMoeThinkerForConditionalGeneration``), run as the Qwen2.5-Omni thinker runs
 (engines/omni/thinker.py: text streamed token by token, greedy or sampled, one request at
 a time), the last user message's audio and images prepared as ``Qwen3OmniMoeProcessor``
-prepares them (audio_in.py, vision_in.py: their placeholders are not Qwen2.5-Omni's), with
+prepares them (audio_in.py, vision_in.py, video_in.py: their placeholders are not
+Qwen2.5-Omni's), with
 the tensors ``Qwen3OmniMoeForConditionalGeneration.generate`` hands its talker, streamed
 as made (TENSOR chunks, ``TensorMeta``):
 
 - with a spoken input ``audio_feature_lengths`` (int64, its feature frames), with images
-  ``image_grid_thw`` (int64, their patch grids): the talker's positions depend on them;
+  ``image_grid_thw`` (int64, their patch grids), with videos ``video_grid_thw`` and
+  ``video_second_per_grid``: the talker's positions depend on them;
 - ``prompt_ids`` (int64, the prompt's token ids) and ``prompt_embeds`` (the prompt's input
   embeddings), from the prompt's step;
 - ``prompt_hidden`` (the hidden state of the talker's ``accept_hidden_layer`` at every
@@ -27,10 +29,11 @@ import dataclasses
 from typing import Any
 
 from omnistage.engines.base import EngineChunk
-from omnistage.engines.omni import audio_in, vision_in
+from omnistage.engines.omni import audio_in, video_in, vision_in
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import tensor_chunk
 from omnistage.engines.omni.thinker import Media, OmniThinkerEngine
+from omnistage.engines.omni.video_in import VideoInput
 from omnistage.engines.omni.vision_in import ImageInput
 from omnistage.protocol.messages import Prompt
 
@@ -49,17 +52,14 @@ class Omni3ThinkerEngine(OmniThinkerEngine):
     def see(self, images: list[bytes]) -> ImageInput:
         return dataclasses.replace(super().see(images), marks=vision_in.QWEN3_MARKS)
 
+    def watch(self, videos: list[bytes]) -> VideoInput:
+        return dataclasses.replace(super().watch(videos), marks=video_in.QWEN3_MARKS)
+
     def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
         embeds = hidden[0][0]
         if not prompt:
             return [tensor_chunk("reply", embeds)]
-        heard, seen = given
-        out = []
-        # The talker's positions (its rope) depend on them, as the thinker's do.
-        if heard is not None:
-            out.append(tensor_chunk("audio_feature_lengths", heard.mask.sum(-1)))
-        if seen is not None:
-            out.append(tensor_chunk("image_grid_thw", seen.grid))
+        out = given.sizes()
         out += [tensor_chunk("prompt_ids", input_ids[0]), tensor_chunk("prompt_embeds", embeds)]
         if bool(self._media(input_ids).any()):
             out.append(tensor_chunk("prompt_hidden", hidden[self._accept_layer][0]))

@@ -24,6 +24,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, StageInput
 from omnistage.engines.omni.checkpoint import (
     DEFAULT_VOICE,
+    MEDIA_SIZES,
     Cancelled,
     ThreadRun,
     TokenStreamer,
@@ -160,12 +161,7 @@ class OmniTalkerEngine(Engine):
             return self.embed(token(value)).to(device)
 
         bos = int(speaker["bos_token"])
-        extra = {}
-        # A spoken input's length in frames, the images' patch grids: the positions of
-        # the prompt's media depend on them.
-        for name in ("audio_feature_lengths", "image_grid_thw"):
-            if name in feed.named:
-                extra[name] = feed.named[name].to(device)
+        extra = {n: feed.named[n].to(device) for n in MEDIA_SIZES if n in feed.named}
         codec = (talker.codec_mask_token, talker.codec_pad_token, talker.codec_bos_token)
         # The thinker's states in the talker's dtype (the two stages may load differently).
         state = feed.named["prompt"].to(device, talker.dtype).unsqueeze(0)

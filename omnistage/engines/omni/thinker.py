@@ -1,14 +1,16 @@
 """The ``omni-thinker`` engine: Qwen2.5-Omni's thinker (transformers'
 ``Qwen2_5OmniThinkerForConditionalGeneration``). Chat or text in, with the last user
-message's audio and images (audio_in.py, vision_in.py); out, streamed as made:
+message's audio, images and videos (audio_in.py, vision_in.py, video_in.py; a video's
+own audio track is not heard: ``use_audio_in_video=False``); out, streamed as made:
 
 - the answer's text, token by token (TEXT chunks, for the client);
 - the tensors the talker reads (TENSOR chunks, ``TensorMeta``), as
   ``Qwen2_5OmniForConditionalGeneration.generate`` builds them from the thinker's hidden
   states: ``prompt_ids`` (int64, the prompt's token ids), ``prompt`` (the prompt's
   positions: last hidden state + input embedding, with the embeddings of audio, image and
-  video positions zeroed), with a spoken input ``audio_feature_lengths`` and with images
-  ``image_grid_thw`` (the talker's positions need them), ``first_token`` (int64, the
+  video positions zeroed), with a spoken input ``audio_feature_lengths``, with images
+  ``image_grid_thw``, with videos ``video_grid_thw`` and ``video_second_per_grid`` (the
+  talker's positions need them), ``first_token`` (int64, the
   answer's first token id), then one ``reply`` per answer token fed back in (last hidden
   state + embedding, shape (1, H)).
   The answer's last token is never fed back, so it has no ``reply``, as in transformers.
@@ -25,12 +27,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from omnistage.config.omni_args import OmniThinkerArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
-from omnistage.engines.omni import audio_in, vision_in
+from omnistage.engines.omni import audio_in, video_in, vision_in
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import (
     ThreadRun,
@@ -42,14 +45,56 @@ from omnistage.engines.omni.checkpoint import (
     stop_criteria,
     tensor_chunk,
 )
+from omnistage.engines.omni.video_in import VideoInput
 from omnistage.engines.omni.vision_in import ImageInput
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Prompt, Usage
 from omnistage.protocol.params import GenerationParams, StageParams
 
-# A prompt's spoken input and images, as prepared for the thinker (None: none).
-Media = tuple[AudioInput | None, ImageInput | None]
+
+@dataclass
+class Media:
+    """A prompt's spoken input, images and videos, as prepared for the thinker (None:
+    none)."""
+
+    heard: AudioInput | None = None
+    seen: ImageInput | None = None
+    watched: VideoInput | None = None
+
+    def placeholder(self) -> str:
+        """Their placeholders, in this order, before the last user message's text."""
+        return "".join(m.placeholder() for m in (self.heard, self.seen, self.watched) if m)
+
+    def inputs(self, device: Any) -> dict[str, Any]:
+        """The thinker's inputs for them, as the processor names them."""
+        out = {}
+        if self.heard is not None:
+            out["input_features"] = self.heard.features.to(device)
+            out["feature_attention_mask"] = self.heard.mask.to(device)
+        if self.seen is not None:
+            out["pixel_values"] = self.seen.pixels.to(device)
+            out["image_grid_thw"] = self.seen.grid.to(device)
+        if self.watched is not None:
+            out["pixel_values_videos"] = self.watched.pixels.to(device)
+            out["video_grid_thw"] = self.watched.grid.to(device)
+            out["video_second_per_grid"] = self.watched.seconds.to(device)
+        return out
+
+    def sizes(self) -> list[EngineChunk]:
+        """What the talker's positions (its rope) depend on, as the thinker's do: the
+        spoken input's length in frames, the images' and videos' patch grids, and the
+        seconds a video's temporal patch spans."""
+        out = []
+        if self.heard is not None:
+            out.append(tensor_chunk("audio_feature_lengths", self.heard.mask.sum(-1)))
+        if self.seen is not None:
+            out.append(tensor_chunk("image_grid_thw", self.seen.grid))
+        if self.watched is not None:
+            out.append(tensor_chunk("video_grid_thw", self.watched.grid))
+            out.append(tensor_chunk("video_second_per_grid", self.watched.seconds))
+        return out
+
 
 _REPLACEMENT = "\ufffd"
 
@@ -80,6 +125,8 @@ class OmniThinkerEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.extractor = audio_in.load_extractor(directory)
         self.image_processor = vision_in.load_processor(directory)
+        context = self.thinker.config.text_config.max_position_embeddings
+        self.video_settings = video_in.VideoSettings.of(self.image_processor, context)
         self._configure(model)
 
     def _configure(self, model: Any) -> None:
@@ -108,15 +155,13 @@ class OmniThinkerEngine(Engine):
                 "response_format",
             )
 
-    def prompt_ids(
-        self, prompt: Prompt | None, heard: AudioInput | None = None, seen: ImageInput | None = None
-    ) -> list[int]:
+    def prompt_ids(self, prompt: Prompt | None, given: Media | None = None) -> list[int]:
         """The token ids of a chat (through the checkpoint's chat template) or a text; the
-        placeholders of the spoken input, then of the images, go before the last user
-        message's text."""
+        placeholders of the spoken input, then of the images, then of the videos, go
+        before the last user message's text."""
         if prompt is not None and prompt.messages:
             messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
-            media = (heard.placeholder() if heard else "") + (seen.placeholder() if seen else "")
+            media = given.placeholder() if given is not None else ""
             if media:
                 last = max(i for i, m in enumerate(messages) if m["role"] == "user")
                 asked = messages[last]
@@ -136,11 +181,23 @@ class OmniThinkerEngine(Engine):
         """The prompt's images, prepared as the model's processor prepares them."""
         return vision_in.prepare(self.image_processor, images)
 
+    def watch(self, videos: list[bytes]) -> VideoInput:
+        """The prompt's videos, prepared as the model's processor prepares them."""
+        return video_in.prepare(self.video_settings, videos)
+
+    def media(self, prompt: Prompt | None) -> Media:
+        if prompt is None:
+            return Media()
+        return Media(
+            self.hear(prompt) if prompt.audio is not None else None,
+            self.see(prompt.images) if prompt.images else None,
+            self.watch(prompt.videos) if prompt.videos else None,
+        )
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         prompt = request.prompt
-        heard = self.hear(prompt) if prompt is not None and prompt.audio is not None else None
-        seen = self.see(prompt.images) if prompt is not None and prompt.images else None
-        ids = self.prompt_ids(prompt, heard, seen)
+        given = self.media(prompt)
+        ids = self.prompt_ids(prompt, given)
         params = request.params.generation
         max_new = params.max_tokens or self.args.default_max_tokens
         run = ThreadRun(asyncio.get_running_loop())
@@ -148,7 +205,7 @@ class OmniThinkerEngine(Engine):
         tokens: list[int] = []
 
         def work(run: ThreadRun) -> None:
-            self._generate(ids, (heard, seen), params, max_new, run)
+            self._generate(ids, given, params, max_new, run)
 
         async for kind, value in run.events(self._executor, work):
             self.progress += 1
@@ -182,7 +239,6 @@ class OmniThinkerEngine(Engine):
     ) -> None:
         import torch
 
-        heard, seen = given
         device = self.thinker.device
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
 
@@ -193,7 +249,7 @@ class OmniThinkerEngine(Engine):
             for chunk in self._states(output.hidden_states, steps[0] == 1, input_ids, given):
                 run.emit(("states", chunk))
 
-        sampling: dict[str, Any] = {"do_sample": False, **_media_inputs(heard, seen, device)}
+        sampling: dict[str, Any] = {"do_sample": False, **given.inputs(device)}
         if params.temperature:
             sampling.update(do_sample=True, temperature=params.temperature)
             if params.top_p is not None:
@@ -227,17 +283,11 @@ class OmniThinkerEngine(Engine):
     def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
         """The talker's tensors from one forward step's hidden states (one tuple entry per
         layer, the input embedding first): the prompt's on the first step, else a reply.
-        The prompt's audio lengths and images' patch grids too: the talker's positions
-        depend on them."""
+        The sizes of the prompt's media too: the talker's positions depend on them."""
         embeds, last = hidden[0][0], hidden[-1][0]
         if not prompt:
             return [tensor_chunk("reply", last + embeds)]
-        heard, seen = given
-        out = []
-        if heard is not None:
-            out.append(tensor_chunk("audio_feature_lengths", heard.mask.sum(-1)))
-        if seen is not None:
-            out.append(tensor_chunk("image_grid_thw", seen.grid))
+        out = given.sizes()
         embeds = embeds.masked_fill(self._media(input_ids).unsqueeze(-1), 0.0)
         out.append(tensor_chunk("prompt_ids", input_ids[0]))
         out.append(tensor_chunk("prompt", last + embeds))
@@ -245,18 +295,6 @@ class OmniThinkerEngine(Engine):
 
     async def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _media_inputs(heard: AudioInput | None, seen: ImageInput | None, device: Any) -> dict:
-    """The thinker's inputs for the prompt's audio and images, as the processor names them."""
-    out = {}
-    if heard is not None:
-        out["input_features"] = heard.features.to(device)
-        out["feature_attention_mask"] = heard.mask.to(device)
-    if seen is not None:
-        out["pixel_values"] = seen.pixels.to(device)
-        out["image_grid_thw"] = seen.grid.to(device)
-    return out
 
 
 def _long(values: list[int]) -> Any:
