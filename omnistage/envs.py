@@ -127,5 +127,13 @@ def webrtc_stun() -> tuple[str, ...]:
     return _list("OMNISTAGE_WEBRTC_STUN")
 
 
+def peer_kept_requests() -> int | None:
+    """OMNISTAGE_PEER_KEPT_REQUESTS: how many requests' sent tensors a replica keeps to
+    feed a replaced downstream replica again (None: the default, 4096). 0 keeps none:
+    every replacement runs the sending stage again (what the failure tests use)."""
+    value = os.environ.get("OMNISTAGE_PEER_KEPT_REQUESTS")
+    return int(value) if value else None
+
+
 def _list(name: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in os.environ.get(name, "").split(",") if x.strip())

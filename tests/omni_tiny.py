@@ -312,11 +312,11 @@ def one_thread_head(
 ) -> Any:
     """A head serving the checkpoint at ``directory`` (its own pipeline) with
     ``--stage-overrides``, its replicas on one thread each: random tiny weights have flat
-    logits, so another split of a matmul could flip a token. Every stage's replica is up
-    when it returns."""
+    logits, so another split of a matmul could flip a token. A replica of every stage is
+    up when it returns (of a stage with several, the others may still be loading)."""
     import pytest
 
-    from tests.integration.harness import HeadProc
+    from tests.integration.harness import HeadProc, wait_for
 
     mp = pytest.MonkeyPatch()
     mp.setenv("OMP_NUM_THREADS", "1")  # the replicas inherit it
@@ -329,7 +329,8 @@ def one_thread_head(
         # Healthy as soon as every stage has a replica, loading or not: a first request
         # would wait for the loading ones within its own timeout.
         for stage in head.stages()["stages"]:
-            head.wait_up(stage["stage_id"], 1, timeout=240)
+            sid = stage["stage_id"]
+            wait_for(lambda s=sid: head.up_replicas(s), 240, what=f"stage {sid} UP")
     except BaseException:
         head.stop()
         raise

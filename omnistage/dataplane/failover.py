@@ -3,7 +3,9 @@
 The stages joined to the failed one by direct edges (``run.restart_group``) go with it,
 as a new attempt, to other replicas, up to ``max_retries`` times per failed stage; a
 final stage that fed them over a direct edge keeps running, and sends the new replicas
-again what it kept (``run.redirects``): its text is the client's already. A
+again what it kept (``run.redirects``): its text is the client's already. When it
+cannot (its replica is gone too, or it kept nothing: ``refeed``), it runs again with
+them, resuming after what the client has. A
 BUSY refusal (replicas shared by several heads: full with other heads' requests) is not
 a failure: it costs no retry, and the stage is dispatched again after a short pause, a
 bounded number of times.
@@ -63,6 +65,10 @@ class Failover:
         # A final stage that finished has delivered everything: it never runs again.
         group = restart_group(run, failed) - (run.finished & run.finals)
         feeds = redirects(run, group)
+        for keeper in [up for up in feeds if not _alive(run, up)]:
+            # Its replica is gone, and what it kept with it: it runs again too.
+            del feeds[keeper]
+            group |= _with_keeper(run, keeper)
         log.log(
             logging.DEBUG if busy else logging.INFO,
             "request %s: stage %d (%s) %s; retry %d of %d%s",
@@ -74,6 +80,31 @@ class Failover:
             self.max_retries,
             f" (with stage(s) {sorted(group - {failed})})" if len(group) > 1 else "",
         )
+        self._again(run, group, feeds, failed, reason, busy)
+
+    def refeed(self, run: Run, keeper: int, reason: str) -> None:
+        """``keeper``'s replica kept nothing to feed the replicas that replaced its lost
+        peers (it answered their Redirect so): it runs again with them, resuming after
+        what the client has, as for a lost replica (no retry is spent: the lost peer's
+        retry was)."""
+        if run.progress(keeper).attempt == run.attempt:
+            return  # already running again with them
+        group = _with_keeper(run, keeper)
+        log.info(
+            "request %s: stage %d (%s): %s; it runs again (with stage(s) %s)",
+            run.request_id,
+            keeper,
+            self._name(keeper),
+            reason,
+            sorted(group - {keeper}),
+        )
+        self._again(run, group, redirects(run, group), keeper, reason)
+
+    def _again(
+        self, run: Run, group: set[int], feeds: Feeds, failed: int, reason: str, busy: bool = False
+    ) -> None:
+        """Dispatch ``group`` again as a new attempt (``feeds``: keepers outside it that
+        feed it again, see ``Dispatcher.send_group``)."""
         self._restart(run, group, failed)
         if not busy and self.dispatcher.try_acquire(run, group) is None:
             self.dispatcher.send_group(run, group, feeds)
@@ -125,3 +156,15 @@ class Failover:
 
     def _name(self, sid: int) -> str:
         return self.dispatcher.graph.stages[sid].name
+
+
+def _alive(run: Run, keeper: int) -> bool:
+    handle = run.assigned.get(keeper)
+    return handle is not None and handle.up
+
+
+def _with_keeper(run: Run, keeper: int) -> set[int]:
+    """The stages that run again with a keeper that cannot feed them: it (finished or
+    not: the client's text is skipped) and those it feeds, transitively; not another
+    final stage that finished."""
+    return restart_group(run, keeper) - ((run.finished & run.finals) - {keeper})

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 # Members this hot path compares against, bound once (see protocol/enums.py).
 _OK = Outcome.OK
+_NOT_KEPT = ErrorKind.NOT_KEPT
 
 
 class Orchestrator:
@@ -196,7 +197,11 @@ class Orchestrator:
         sid = chunk.stage_id
         st = run.progress(sid)
         if chunk.attempt != st.attempt or chunk.seq < st.next_seq:
-            return  # an earlier attempt's, or already delivered (a retry re-sent it)
+            # An earlier attempt's, or already delivered (a retry re-sent it); or a
+            # keeper's answer to a Redirect (stamped with the run's attempt, not its own).
+            if chunk.error_kind == _NOT_KEPT and chunk.attempt == run.attempt:
+                self.failover.refeed(run, sid, chunk.error or "nothing kept")
+            return
         st.next_seq = chunk.seq + 1
         if chunk.text:
             st.text.append(chunk.text)
@@ -229,7 +234,10 @@ class Orchestrator:
                 st.inputs.clear()  # nothing can make it run again: free what it kept
             self.pools[sid].release(handle, run.request_id)
         if sid in run.finals:
-            run.queue.put_nowait(chunk)
+            if sid not in run.delivered:
+                run.queue.put_nowait(chunk)
+            if chunk.finished:
+                run.delivered.add(sid)
         if chunk.finished and run.active <= run.finished:
             self.latency.done(run)
             run.queue.put_nowait(DONE)

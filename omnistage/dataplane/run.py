@@ -83,6 +83,9 @@ class Run:
     # Final stages whose replica keeps what it sent over its direct edges
     # (AddRequest.peer_tensors): a lost downstream replica is fed again from there.
     keepers: set[int] = field(default_factory=set)
+    # Final stages whose last chunk the client has: one run again only to feed its
+    # peers (a keeper that kept nothing) sends the client nothing more.
+    delivered: set[int] = field(default_factory=set)
     attempt: int = 0
     ack: bool = False  # final stages acknowledge their params first (AddRequest.ack)
     affinity: str = ""  # PipelineRequest.affinity: the key replicas stick to

@@ -86,6 +86,10 @@ class ErrorKind(enum.StrEnum):
     # The replica is full with other heads' requests (several heads share it): the
     # head dispatches the request again, elsewhere or later; not a failure.
     BUSY = "busy"
+    # The answer to a Redirect from a replica that kept nothing for the request: the
+    # head runs that stage again (with resume) to feed the new downstream replicas.
+    # Never a client's error.
+    NOT_KEPT = "not_kept"
 
 
 class LbPolicy(enum.StrEnum):

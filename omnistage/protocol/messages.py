@@ -29,7 +29,7 @@ __all__ = ["Reason", "ReplicaState"]  # re-exported: they were declared here fir
 
 # Raised with every change to a message's wire shape: registration and the handshake
 # refuse a replica that states another version.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:
@@ -240,7 +240,10 @@ class Redirect(Tagged):
     as ``attempt`` elsewhere); this stage keeps running. The replica stops sending to the
     peers in ``gone``, sends the new ``peers`` (``connectors``: one each, as in
     AddRequest) everything it kept for them (``AddRequest.peer_tensors``) stamped with
-    ``attempt``, then the rest of the request's outputs as they come."""
+    ``attempt``, then the rest of the request's outputs as they come. A replica that kept
+    nothing for the request (dropped: ``MAX_KEPT``; or a new incarnation) answers with an
+    error chunk of kind NOT_KEPT stamped with ``attempt``: the head runs the stage again
+    with the new replicas, resuming after the text the client has."""
 
     request_id: str
     attempt: int

@@ -9,6 +9,9 @@ and the kept chunks go there again, so this stage, whose text the client already
 never runs twice. Memory: what one request sent its peers, held only while the head
 holds the request (or until this replica leaves the head), for at most ``MAX_KEPT``
 requests (the oldest dropped first: one whose end never came). Plain state, no I/O.
+
+A retry that runs again from the start (``ReplayFilter``) drops what the client has from
+the head's chunks only: its peers run again from their start too, and get it all.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from omnistage import envs
 from omnistage.protocol.messages import (
     AddRequest,
     OutputChunk,
@@ -24,11 +28,13 @@ from omnistage.protocol.messages import (
     Redirect,
     is_tensor,
 )
+from omnistage.replica.outputs import ReplayFilter
 
 _ZMQ = PeerConnector("zmq")
 
 # Requests whose sent chunks a replica keeps at most: far above any replica's capacity,
-# so only requests whose end (Abort) never came are dropped.
+# so only requests whose end (Abort) never came are dropped (OMNISTAGE_PEER_KEPT_REQUESTS
+# sets another; a request dropped is run again when its peer is replaced).
 MAX_KEPT = 4096
 
 # (peer address, connector name) -> the connector and the chunks for that peer (a
@@ -50,6 +56,8 @@ class _Route:
     head_all: bool
     peer_tensors: bool
     peers: list[_Peer]
+    replay: ReplayFilter | None
+    skipped: int = 0  # chunks the head had all of (``replay``): not numbered for it
 
 
 def _peers(addresses: list[str], connectors: list[PeerConnector], attempt: int) -> list[_Peer]:
@@ -64,20 +72,36 @@ def _put(batches: PeerBatches, peer: _Peer, chunk: OutputChunk) -> None:
     batches.setdefault((peer.address, peer.connector.name), (peer.connector, []))[1].append(chunk)
 
 
+def _unseen(route: _Route, chunk: OutputChunk, to_head: list[OutputChunk]) -> None:
+    """What of ``chunk`` the head has not had, if anything, numbered on from the last
+    chunk it was sent."""
+    assert route.replay is not None
+    text, data = route.replay.apply(chunk.text, chunk.data)
+    if not (text or data or chunk.finished):
+        route.skipped += 1
+        return
+    if text is not chunk.text or data is not chunk.data or route.skipped:
+        chunk = msgspec.structs.replace(chunk, text=text, data=data, seq=chunk.seq - route.skipped)
+    to_head.append(chunk)
+
+
 class PeerRoutes:
     def __init__(self) -> None:
+        limit = envs.peer_kept_requests()
+        self.max_kept = MAX_KEPT if limit is None else limit
         self._routes: dict[str, _Route] = {}
         # Request id -> what it sent its peers (``peer_tensors`` routes only).
         self._kept: dict[str, list[OutputChunk]] = {}
 
-    def add(self, msg: AddRequest) -> None:
+    def add(self, msg: AddRequest, replay: ReplayFilter | None = None) -> None:
+        """Route the request's outputs; ``replay``: what of them the head has already."""
         rid = msg.request_id
         peers = _peers(msg.peers, msg.connectors, msg.attempt)
-        self._routes[rid] = _Route(msg.attempt, msg.head_all, msg.peer_tensors, peers)
+        self._routes[rid] = _Route(msg.attempt, msg.head_all, msg.peer_tensors, peers, replay)
         if msg.peer_tensors:
             self._kept.pop(rid, None)  # a retry of it: newest again
             self._kept[rid] = []
-            while len(self._kept) > MAX_KEPT:
+            while len(self._kept) > self.max_kept:
                 del self._kept[next(iter(self._kept))]
         else:
             self._kept.pop(rid, None)
@@ -93,7 +117,10 @@ class PeerRoutes:
                 to_head.append(chunk)  # a late chunk of an earlier attempt: the head drops it
                 continue
             if chunk.finished or (route.head_all and not (route.peer_tensors and is_tensor(chunk))):
-                to_head.append(chunk)
+                if route.replay is None:
+                    to_head.append(chunk)
+                else:
+                    _unseen(route, chunk, to_head)
             for peer in route.peers:
                 _put(to_peers, peer, chunk)
             if route.peer_tensors:

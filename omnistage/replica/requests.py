@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 _OK = Outcome.OK
 _STOP = FinishReason.STOP
 
+_NOT_KEPT_ERROR = "nothing kept for the request: it cannot feed the new replicas"
+
 
 class ReplicaBusy(Exception):
     def __init__(self) -> None:
@@ -76,6 +78,7 @@ class RequestRunner:
     ) -> None:
         self.stage_id = stage_id
         self.engine = engine
+        self._modality = engine.stage.output_modality
         self._on_shutdown = on_shutdown
         self.requests: dict[str, _Running] = {}
         self._routes = PeerRoutes()
@@ -140,7 +143,6 @@ class RequestRunner:
         for chunk in self._early.take(rid):
             if chunk.attempt == msg.attempt and chunk.stage_id in running.upstream:
                 running.inputs.put_nowait(chunk)
-        self._routes.add(msg)
         request = EngineRequest(
             request_id=rid,
             prompt=msg.prompt,
@@ -153,13 +155,15 @@ class RequestRunner:
         replay: ReplayFilter | None = None
         seq = 0
         if msg.resume is not None:
-            # A retry of a request a failed replica had started: continue its output.
+            # A retry of a request a failed replica had started: continue its output
+            # (an engine that cannot runs again; the head's chunks skip what it has).
             seq = msg.resume.seq
             if self.engine.supports_resume:
                 request.resume_text = msg.resume.text
                 request.resume_tokens = msg.resume.tokens
             else:
                 replay = ReplayFilter(len(msg.resume.text), msg.resume.data_chunks)
+        self._routes.add(msg, replay)
         self._outputs.start_at(rid, seq)
         if self.admission is not None and self.admission.full(self.engine.capacity):
             # Full with other heads' requests: this head dispatches it again.
@@ -173,10 +177,10 @@ class RequestRunner:
                 self._send(self._refusal(rid, running, seq, exc))
                 _end_span(running, 1, Outcome.BAD_REQUEST)
                 return
-            self._send(self._chunk(rid, running, seq, self.engine.stage.output_modality, False))
+            self._send(self._chunk(rid, running.attempt, seq, self._modality, False))
             seq += 1
         self.requests[rid] = running
-        running.task = asyncio.create_task(self._run(request, seq, replay, running))
+        running.task = asyncio.create_task(self._run(request, seq, running))
         if running.span is not None:
             # A task cancelled before its first step never runs its ``finally``.
             running.task.add_done_callback(lambda _: _end_span(running, 0, Outcome.ABORTED))
@@ -197,10 +201,8 @@ class RequestRunner:
 
     # -- running ---------------------------------------------------------------------
 
-    async def _run(
-        self, request: EngineRequest, seq: int, replay: ReplayFilter | None, running: _Running
-    ) -> None:
-        rid, modality = request.request_id, self.engine.stage.output_modality
+    async def _run(self, request: EngineRequest, seq: int, running: _Running) -> None:
+        rid, modality = request.request_id, self._modality
         finished, first_seq, outcome = False, seq, _OK
         try:
             if request.prompt_chunks is not None and not self.engine.streams_input:
@@ -209,11 +211,7 @@ class RequestRunner:
                 request.prompt = await joined_prompt(request.prompt, request.prompt_chunks)
                 request.prompt_chunks = None
             async for chunk in self.engine.generate(request):
-                if replay is not None:
-                    chunk.text, chunk.data = replay.apply(chunk.text, chunk.data)
-                    if not (chunk.text or chunk.data or chunk.finished):
-                        continue
-                out = self._chunk(rid, running, seq, chunk.modality, chunk.finished)
+                out = self._chunk(rid, running.attempt, seq, chunk.modality, chunk.finished)
                 out.text, out.data, out.meta = chunk.text, chunk.data, chunk.meta
                 out.finish_reason, out.usage = chunk.finish_reason, chunk.usage
                 out.logprobs = chunk.logprobs
@@ -223,7 +221,7 @@ class RequestRunner:
                     finished = True
                     break
             if not finished:
-                final = self._chunk(rid, running, seq, modality, True)
+                final = self._chunk(rid, running.attempt, seq, modality, True)
                 final.finish_reason = _STOP
                 self._send(final)
                 seq += 1
@@ -253,7 +251,7 @@ class RequestRunner:
 
     def _refusal(self, rid: str, running: _Running, seq: int, exc: Exception) -> OutputChunk:
         """The last chunk of a request that failed: the error, and its kind."""
-        final = self._chunk(rid, running, seq, self.engine.stage.output_modality, True)
+        final = self._chunk(rid, running.attempt, seq, self._modality, True)
         final.finish_reason, final.error = FinishReason.ERROR, str(exc) or repr(exc)
         if isinstance(exc, BadRequestError):
             final.error_kind, final.error_param = ErrorKind.BAD_REQUEST, exc.param
@@ -263,7 +261,7 @@ class RequestRunner:
         return final
 
     def _chunk(
-        self, rid: str, running: _Running, seq: int, modality: Modality, finished: bool
+        self, rid: str, attempt: int, seq: int, modality: Modality, finished: bool
     ) -> OutputChunk:
         return OutputChunk(
             request_id=rid,
@@ -273,7 +271,7 @@ class RequestRunner:
             seq=seq,
             modality=modality,
             finished=finished,
-            attempt=running.attempt,
+            attempt=attempt,
         )
 
     # -- outputs ---------------------------------------------------------------------
@@ -287,12 +285,16 @@ class RequestRunner:
 
     def redirect(self, msg: Redirect) -> None:
         """A downstream replica was replaced: what this request sent it goes to the new
-        one, and the rest follows there."""
-        # What this tick produced so far leaves first, to the peers it was meant for.
-        self.flush()
+        one, and the rest follows there. Nothing kept for it (dropped: ``MAX_KEPT``; or
+        this replica started again): the head is told, and runs the request again."""
+        self.flush()  # what this tick made leaves first, to the peers it was meant for
         batches = self._routes.redirect(msg)
         if batches is None:
             log.warning("redirect of request %s: nothing kept for it", msg.request_id)
+            if self._outlet is not None:
+                answer = self._chunk(msg.request_id, msg.attempt, 0, self._modality, False)
+                answer.error, answer.error_kind = _NOT_KEPT_ERROR, ErrorKind.NOT_KEPT
+                self._outlet.to_head([answer])
             return
         self._to_peers(batches)
 

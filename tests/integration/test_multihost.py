@@ -7,6 +7,7 @@ Needs root (``ip netns``); skipped elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -91,6 +92,14 @@ class Hosts:
 
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
+    with two_hosts() as h:
+        yield h
+
+
+@contextlib.contextmanager
+def two_hosts() -> Iterator[Hosts]:
+    """Two namespaces joined by a veth pair (skips the test without root or ``ip``); the
+    processes in ``Hosts.procs`` are stopped on the way out."""
     if os.geteuid() != 0:
         pytest.skip("multi-host test needs root for ip netns (CI runs it as root)")
     if shutil.which("ip") is None:

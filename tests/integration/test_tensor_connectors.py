@@ -282,6 +282,15 @@ def _choices(lines) -> dict[int, str]:  # type: ignore[no-untyped-def]
     return {i: "".join(parts) for i, parts in text.items()}
 
 
+def _dispatched(samples: dict) -> dict[str, float]:  # type: ignore[type-arg]
+    """How often the head dispatched each stage (its queue-wait histogram counts each)."""
+    return {
+        dict(labels)["stage_id"]: v
+        for (name, labels), v in samples.items()
+        if name == "omnistage_stage_queue_wait_seconds_count"
+    }
+
+
 def _answer_killing(head: HeadProc, stage_id: int) -> dict[int, str]:
     """A streamed answer, the busy replica of ``stage_id`` killed once tensors flow."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True}
@@ -322,12 +331,40 @@ def test_a_final_stage_feeds_a_killed_talkers_replacement_without_running_again(
         _, samples = scrape(head.client)
         assert value(samples, "omnistage_redirects_total") == 2
         assert value(samples, "omnistage_forwarded_tensor_chunks_total") == 0
-        dispatched = {
-            dict(labels)["stage_id"]: v
-            for (name, labels), v in samples.items()
-            if name == "omnistage_stage_queue_wait_seconds_count"
-        }
+        dispatched = _dispatched(samples)
         assert dispatched == {"0": 2, "1": 4, "2": 4}
         assert head.up_replicas(0)[0]["pid"] == thinker["pid"]
+    finally:
+        head.stop()
+
+
+def test_a_sender_that_kept_nothing_runs_again_to_feed_a_killed_talkers_replacement(
+    tmp_path: Path,
+) -> None:
+    # As above, but the thinker's replica keeps nothing it sent (as when what it kept was
+    # dropped): it answers the head's redirect so, and the head runs the thinker again
+    # with the new talker and vocoder, resuming after the text the client has.
+    path = tmp_path / "keeper.yaml"
+    path.write_text(KEEPER.format(**SLOW))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OMNISTAGE_PEER_KEPT_REQUESTS", "0")
+    head = HeadProc(tmp_path, str(path), name="head-kept-nothing")
+    mp.undo()
+    try:
+        head.wait_healthy(timeout=60)
+        head.wait_up(1, 2)
+        answers = _answer_killing(head, 1)
+        # The thinker's text once, whole; the new talker got all its tensors and text.
+        assert answers[0] == f"{PROMPT} [thinker]"
+        assert answers[1].startswith(f"{PROMPT} [thinker] [talker]")
+        assert answers[1].endswith(" [vocoder]")
+        _tally(answers[1], SLOW["chunks"], SLOW["nbytes"])
+        _, samples = scrape(head.client)
+        assert value(samples, "omnistage_redirects_total") == 1
+        assert value(samples, "omnistage_forwarded_tensor_chunks_total") == 0
+        dispatched = _dispatched(samples)
+        # The redirect's talker and vocoder, then all three again with the thinker.
+        assert dispatched == {"0": 2, "1": 3, "2": 3}
+        assert "nothing kept" in head.log()
     finally:
         head.stop()

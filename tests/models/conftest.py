@@ -45,12 +45,13 @@ def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def omni_head(omni_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProc]:
     """``omnistage serve`` of the tiny checkpoint (its own staged pipeline), greedy talker,
-    one thread per replica, images fetched from 127.0.0.1: shared by the files that only
-    send it requests (chat, Responses, Realtime); a test that kills a replica starts its
-    own."""
+    two talker replicas taken in turn, one thread per replica, images fetched from
+    127.0.0.1: shared by the files that only send it requests (chat, Responses,
+    Realtime); a test that kills a replica starts its own."""
     from tests.omni_tiny import OMNI_MAX_CODES, one_thread_head
 
-    overrides = {"1": {"engine_args": {"do_sample": False, "max_new_tokens": OMNI_MAX_CODES}}}
+    talker = {"do_sample": False, "max_new_tokens": OMNI_MAX_CODES}
+    overrides = {"1": {"replicas": 2, "lb_policy": "round-robin", "engine_args": talker}}
     head = one_thread_head(
         tmp_path_factory.mktemp("omni-head"),
         omni_dir,

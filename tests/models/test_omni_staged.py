@@ -1,5 +1,6 @@
 """Qwen2.5-Omni served as a staged pipeline (thinker -> talker -> token2wav, each stage
-its own replica process, picked by the checkpoint itself) answers exactly what
+its own replica process, two for the talker, picked by the checkpoint itself) answers
+exactly what
 transformers' monolithic ``Qwen2_5OmniForConditionalGeneration.generate`` answers on the
 same tiny random-weight checkpoint: the same text, and from the same codes and the same
 DiT noise (both seeded alike) the same waveform, sample for sample after int16 rounding.
@@ -32,7 +33,7 @@ from tests.omni_tiny import (
     video_question,
 )
 
-# The first test also waits for the head and its three replicas to load.
+# The first test also waits for the head and its four replicas to load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MAX_TOKENS = 6  # the thinker's answer
@@ -149,10 +150,28 @@ def test_the_streamed_answer_is_the_same(omni_head: HeadProc, omni_dir: Path) ->
 def test_the_checkpoint_picks_its_stage_graph(omni_head: HeadProc) -> None:
     stages = {s["stage_id"]: s for s in omni_head.stages()["stages"]}
     assert [stages[i]["name"] for i in sorted(stages)] == ["thinker", "talker", "token2wav"]
-    assert all(len(omni_head.up_replicas(i)) == 1 for i in stages)
+    omni_head.wait_up(1, 2, timeout=240)
+    assert [len(omni_head.up_replicas(i)) for i in sorted(stages)] == [1, 2, 1]
     # dtype "auto" on the CPU is float32, as the monolithic model loads.
     kernels = [r["kernel"] for i in sorted(stages) for r in omni_head.up_replicas(i)]
-    assert kernels == ["cpu float32"] * 3
+    assert kernels == ["cpu float32"] * 4
+
+
+def test_each_of_two_talker_replicas_answers_as_the_monolithic_model(
+    omni_head: HeadProc, omni_dir: Path
+) -> None:
+    messages = [{"role": "user", "content": "Tell me about rivers."}]
+    want_text, want_pcm = reference(omni_dir, messages, "Ethan")
+    omni_head.wait_up(1, 2, timeout=240)
+    before = {r["replica_id"]: r["dispatched_total"] for r in omni_head.up_replicas(1)}
+
+    for _ in range(2):  # the talker's replicas are taken in turn (round-robin)
+        text, pcm = _chat(omni_head, messages, "Ethan")
+        assert text == want_text
+        assert pcm == want_pcm
+
+    after = {r["replica_id"]: r["dispatched_total"] for r in omni_head.up_replicas(1)}
+    assert {rid: after[rid] - before[rid] for rid in after} == {rid: 1 for rid in after}
 
 
 def test_a_text_chat_runs_the_thinker_alone(omni_head: HeadProc, omni_dir: Path) -> None:

@@ -15,7 +15,7 @@ from omnistage.config.load import load_config
 from omnistage.config.omni_args import OmniThinkerArgs, OmniToken2WavArgs
 from omnistage.engines.omni.checkpoint import chunk_tensor, dtype_of, pick_voice, tensor_chunk
 from omnistage.engines.omni.talker import ReplyFeed
-from omnistage.engines.omni.thinker import _Text
+from omnistage.engines.omni.thinker import AnswerText
 from omnistage.protocol.enums import EngineName
 from omnistage.protocol.errors import BadRequestError, ConfigError
 
@@ -151,11 +151,39 @@ class _Bytes:
         return bytes(tokens).decode("utf-8", errors="replace")
 
 
-def test_text_pieces_join_to_the_whole_decode_and_never_split_a_character() -> None:
-    tokens = list("hé €!".encode())
-    text, pieces = _Text(_Bytes()), []
+def _streamed(tokenizer: object, tokens: list[int]) -> list[str]:
+    """The pieces the thinker streams as ``tokens`` come, its last one included."""
+    text, pieces = AnswerText(tokenizer), []
     for n in range(1, len(tokens) + 1):
         pieces.append(text.add(tokens[:n]))
     pieces.append(text.finish(tokens))
+    return pieces
+
+
+def test_text_pieces_join_to_the_whole_decode_and_never_split_a_character() -> None:
+    pieces = _streamed(_Bytes(), list("hé €!".encode()))
     assert "".join(pieces) == "hé €!"
     assert all("\ufffd" not in piece for piece in pieces)
+    assert len([p for p in pieces if p]) > 2  # streamed, not all at the end
+
+
+def test_text_a_tokenizer_rewrites_once_the_next_token_comes_is_streamed_whole() -> None:
+    # A WordPiece tokenizer that cleans up tokenization spaces, as BERT-style checkpoints
+    # do: "it '" becomes "it's" once "s" comes, so decoding the tokens so far does not
+    # extend the previous decode. Text stopped there, before: "yes, it '".
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "it", "'", "s", "here", ".", "are", "you", "?", "yes", ",", "i", "m"]
+    model = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    model.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=model, unk_token="[UNK]", clean_up_tokenization_spaces=True
+    )
+    tokens = tokenizer("yes , it ' s here . are you ? i ' m here .")["input_ids"]
+    whole = tokenizer.decode(tokens, skip_special_tokens=True)
+    assert whole == "yes, it's here. are you? i'm here."
+    pieces = _streamed(tokenizer, tokens)
+    assert "".join(pieces) == whole
+    assert len([p for p in pieces if p]) > len(tokens) // 2  # streamed, not all at the end

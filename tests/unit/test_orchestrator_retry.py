@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from omnistage.config.load import load_config
@@ -17,6 +18,7 @@ from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.orchestrator import Orchestrator, RequestStream
 from omnistage.dataplane.stage_pool import StagePool
 from omnistage.protocol import codec
+from omnistage.protocol.enums import ErrorKind
 from omnistage.protocol.errors import (
     StageFailedError,
     StageOverloadedError,
@@ -591,14 +593,61 @@ async def test_a_lost_keeper_runs_again_with_all_it_fed_resuming_its_text() -> N
     stream.close()
 
 
-async def test_a_talker_whose_keeper_is_gone_fails_the_request() -> None:
+async def test_a_talker_whose_keeper_is_gone_runs_the_keeper_again_resuming() -> None:
+    head = omni_like({0: 2, 1: 2, 2: 1})
+    stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
+    lost_thinker, lost_talker = head.replica_of(0), head.replica_of(1)
+    head.out(0, lost_thinker, 0, "hello", finished=True)  # done: its slot is freed
+    head.fail(0, lost_thinker)  # and then its replica is lost: what it kept went with it
+    head.channels.take()
+    head.fail(1, lost_talker)
+    adds = {i: m for i, m in head.channels.take() if isinstance(m, AddRequest)}
+    # The thinker runs again on its other replica, feeding the new talker every tensor;
+    # the client has its text, which the rerun skips.
+    thinker = adds[ident(0, 1 - lost_thinker)]
+    assert thinker.resume == Resume(text="hello", data_chunks=0, seq=1)
+    assert thinker.peer_tensors and thinker.attempt == 1
+    assert adds[ident(1, 1 - lost_talker)].resume is None
+    head.out(0, 1 - lost_thinker, 1, "", finished=True, attempt=1)
+    head.out(1, 1 - lost_talker, 0, "HELLO", finished=True, attempt=1)
+    head.out(2, 0, 0, "HELLO!", finished=True, attempt=1)
+    # The thinker's text and end reached the client once.
+    got = [(o.stage_id, o.text, o.finished) for o in await collect(stream)]
+    assert got == [(0, "hello", True), (2, "HELLO!", True)]
+    assert head.slots_in_use() == 0
+
+
+async def test_a_keeper_that_kept_nothing_runs_again_to_feed_the_new_talker() -> None:
     head = omni_like({0: 1, 1: 2, 2: 1})
     stream = await head.orch.open(PipelineRequest("r1", PROMPT, [0, 2]))
-    head.out(0, 0, 0, "hello", finished=True)  # the thinker is done: its slot is freed
-    head.fail(0, 0)  # and then its replica is lost: what it kept went with it
-    head.fail(1, head.replica_of(1))
-    with pytest.raises(StageFailedError, match="cannot be fed by stage 0"):
-        await collect(stream)
+    failing = head.replica_of(1)
+    head.out(0, 0, 0, "hello", finished=True)
+    head.out(2, 0, 0, "HEL")
+    head.fail(1, failing)
+    (redirect,) = [m for _, m in head.channels.take() if isinstance(m, Redirect)]
+    # Its replica dropped what it kept: it says so, stamped with the redirect's attempt.
+    stale = OutputChunk("r1", 0, 0, 1, 0, "text", error="nothing kept", attempt=0)
+    stale.error_kind = ErrorKind.NOT_KEPT
+    head.orch.on_outputs([stale])  # not this redirect's: ignored
+    assert head.channels.take() == []
+    head.orch.on_outputs([msgspec.structs.replace(stale, attempt=redirect.attempt)])
+    sent = head.channels.take()
+    adds = {i: m for i, m in sent if isinstance(m, AddRequest)}
+    # Thinker, talker and vocoder run again as a new attempt; the thinker resumes after
+    # the text the client has, the vocoder after its audio; no retry is spent on it.
+    assert adds[ident(0, 0)].resume == Resume(text="hello", data_chunks=0, seq=1)
+    assert adds[ident(0, 0)].attempt == 2 == adds[ident(1, 1 - failing)].attempt
+    assert adds[ident(2, 0)].resume == Resume(text="HEL", data_chunks=0, seq=1)
+    assert not any(isinstance(m, Redirect) for _, m in sent)
+    assert head.orch.retried_total == 1
+    head.orch.on_outputs([msgspec.structs.replace(stale, attempt=redirect.attempt)])  # again
+    assert head.channels.take() == []
+    head.out(0, 0, 1, "", finished=True, attempt=2)
+    head.out(1, 1 - failing, 0, "HELLO", finished=True, attempt=2)
+    head.out(2, 0, 1, "LO!", finished=True, attempt=2)
+    got = [(o.stage_id, o.text) for o in await collect(stream)]
+    assert got == [(0, "hello"), (2, "HEL"), (2, "LO!")]
+    assert head.slots_in_use() == 0
 
 
 async def test_tensor_chunks_the_head_passes_on_are_counted() -> None:

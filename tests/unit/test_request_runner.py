@@ -242,6 +242,33 @@ async def test_what_was_kept_outlives_the_stage_until_the_head_ends_the_request(
     assert "tcp://c:3" not in out.peers
 
 
+async def test_a_redirect_for_which_nothing_was_kept_is_answered_to_the_head() -> None:
+    runner, out = _runner(num_chunks=2, suffix="", tensor_bytes=16)
+    runner.handle(Redirect("gone", 4, ["tcp://b:2"], [], ["tcp://a:1"]))
+    assert "tcp://b:2" not in out.peers
+    (answer,) = out.head
+    assert (answer.request_id, answer.error_kind, answer.attempt) == ("gone", "not_kept", 4)
+    assert (answer.stage_id, answer.replica_id, answer.epoch) == (0, 3, 7)
+    assert not answer.finished
+
+
+async def test_a_rerun_feeds_its_peers_all_and_the_head_only_what_it_lacks() -> None:
+    runner, out = _runner(num_chunks=4, suffix="", tensor_bytes=16)
+    add = _add("t", "abcdefgh", Resume("abcd", 0, 5), peers=["tcp://a:1"], peer_tensors=True)
+    runner.handle(add)
+    await others_done()
+    # The peers run again from their start: every tensor, all the text.
+    sent = out.peers["tcp://a:1"]
+    assert "".join(c.text for c in sent) == "abcdefgh" and len([c for c in sent if c.data]) == 4
+    # The client has "abcd": the head gets the rest, numbered on from the resume.
+    assert "".join(c.text for c in out.head) == "efgh" and not any(c.data for c in out.head)
+    seqs = [c.seq for c in out.head]
+    assert seqs == sorted(set(seqs)) and seqs[0] >= 5
+    # What it keeps for a redirect is what the peers got.
+    runner.handle(Redirect("t", 1, ["tcp://b:2"], [], ["tcp://a:1"]))
+    assert [c.text for c in out.peers["tcp://b:2"]] == [c.text for c in sent]
+
+
 async def test_a_stage_that_is_not_told_to_keep_keeps_nothing() -> None:
     runner, out = _runner(num_chunks=2, suffix="", tensor_bytes=16)
     runner.handle(_add("t", "abcd", peers=["tcp://a:1"], head_all=False))

@@ -201,7 +201,7 @@ class OmniThinkerEngine(Engine):
         params = request.params.generation
         max_new = params.max_tokens or self.args.default_max_tokens
         run = ThreadRun(asyncio.get_running_loop())
-        text = _Text(self.tokenizer)
+        text = AnswerText(self.tokenizer)
         tokens: list[int] = []
 
         def work(run: ThreadRun) -> None:
@@ -303,25 +303,46 @@ def _long(values: list[int]) -> Any:
     return torch.tensor(values, dtype=torch.long)
 
 
-class _Text:
-    """The answer's text as tokens come: the whole decode so far, released once it does
-    not end in a partial character; whatever is held back comes at the end, so the pieces
-    join to the decode of all the tokens."""
+class AnswerText:
+    """The answer's text as tokens come, as pieces that join to the decode of all the
+    tokens (``finish``).
+
+    Decoding the tokens so far need not extend the previous decode: a partial UTF-8
+    character decodes as U+FFFD until its last byte comes, and a tokenizer may rewrite
+    the end of its text once the next token is there (``clean_up_tokenization_spaces``
+    turns "a ." into "a."; a merge). As incremental detokenizers do (vLLM's), only
+    what is stable goes out: the longest prefix that the last two decodes agree on,
+    less a trailing partial character; the rest is held until a later token settles it,
+    or the end."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._sent = ""
+        self._last = ""  # the previous decode
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self._tokenizer.decode(tokens, skip_special_tokens=True))
 
     def add(self, tokens: list[int]) -> str:
+        """The next piece, once ``tokens`` (all so far) are decoded; may be empty."""
         full = self._decode(tokens)
-        if full.endswith(_REPLACEMENT) or not full.startswith(self._sent):
+        stable = _common_prefix(self._last, full).rstrip(_REPLACEMENT)
+        self._last = full
+        if len(stable) <= len(self._sent) or not stable.startswith(self._sent):
             return ""
-        piece, self._sent = full[len(self._sent) :], full
+        piece, self._sent = stable[len(self._sent) :], stable
         return piece
 
     def finish(self, tokens: list[int]) -> str:
+        """The rest: what the decode of all the tokens has after the pieces sent (should
+        a tokenizer have rewritten text already sent, what follows the part they share)."""
         full = self._decode(tokens)
-        return full[len(self._sent) :] if full.startswith(self._sent) else ""
+        return full[len(_common_prefix(self._sent, full)) :]
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return a[:i]
+    return a[:n]
