@@ -26,15 +26,17 @@ def default_media_url() -> str:
 
 
 def open_store(url: str | None = None) -> Store:
-    """The store at ``url`` (default: ``default_store_url()``), not yet started.
-    Raises ConfigError naming --store-url for a URL it cannot serve."""
+    """The store at ``url`` (default: OMNISTAGE_STORE_URL, else ``default_store_url()``,
+    for heads built in-process as for the CLI), not yet started. Raises ConfigError
+    naming --store-url for a URL it cannot serve."""
     from omnistage.store.sql import SqlStore
 
-    return SqlStore(url or default_store_url())
+    return SqlStore(url or envs.store_url() or default_store_url())
 
 
 def open_media(url: str | None = None) -> MediaStore:
-    """The media store at ``url`` (default: ``default_media_url()``)."""
+    """The media store at ``url`` (default: OMNISTAGE_MEDIA_URL, else
+    ``default_media_url()``)."""
     from omnistage.store.media import MediaStore
 
-    return MediaStore(url or default_media_url())
+    return MediaStore(url or envs.media_url() or default_media_url())

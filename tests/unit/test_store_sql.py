@@ -62,9 +62,18 @@ async def test_the_default_store_and_media_live_in_the_cache_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path / "cache"))
+    # Without OMNISTAGE_STORE_URL / _MEDIA_URL (the suite sets them: tests/conftest.py).
+    monkeypatch.delenv("OMNISTAGE_STORE_URL", raising=False)
+    monkeypatch.delenv("OMNISTAGE_MEDIA_URL", raising=False)
     assert default_store_url() == f"sqlite:///{tmp_path}/cache/store.db"
     assert default_media_url() == f"{tmp_path}/cache/media"
     store = open_store()
     await store.start()
     await store.close()
     assert (tmp_path / "cache" / "store.db").is_file()
+    # The environment's URL is the default of a head built in-process too, as of the CLI.
+    monkeypatch.setenv("OMNISTAGE_STORE_URL", f"sqlite:///{tmp_path}/env.db")
+    store = open_store()
+    await store.start()
+    await store.close()
+    assert (tmp_path / "env.db").is_file()
