@@ -8,7 +8,9 @@ in float32 with the voice's conditioning and reference mel from the checkpoint's
 ``spk_dict.pt``. The DiT's starting noise is drawn from ``noise_seed`` for every utterance,
 so the same codes always give the same waveform (a retry, another replica, the monolithic
 model seeded the same way). With ``chunk_codes``, audio leaves chunk by chunk as the codes
-come, close to the whole decode but not equal to it (see ``code_chunks``).
+come, close to the whole decode but not equal to it (see ``code_chunks``). Either way the
+DiT's speaker encoder runs once per voice, not in every DiT evaluation
+(``remember_speakers``).
 """
 
 from __future__ import annotations
