@@ -42,6 +42,9 @@ class OmniTalkerArgs(OmniArgs):
     repetition_penalty: float = Field(default=1.05, gt=0.0)
     # Codes that end an utterance; None: the talker config's codec end token.
     eos_token_ids: tuple[int, ...] | None = None
+    # Codes sent downstream per chunk (the last chunk may hold fewer): fewer messages per
+    # code. 4 delays no chunked token2wav whose chunks and margins are multiples of 4.
+    codes_per_chunk: int = Field(default=4, ge=1)
 
 
 class Omni3TalkerArgs(OmniTalkerArgs):
