@@ -20,6 +20,7 @@ from omnistage.control.coordinator import PrefixReport
 from omnistage.control.replica_table import Transition, routing_id
 from omnistage.control.slots import Slot
 from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.connections import Connections
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
@@ -39,28 +40,9 @@ from omnistage.protocol.registration import RegisterRequest
 
 log = logging.getLogger(__name__)
 
-# Probe rounds closer together than this are one: connections lost together (a host's
-# many replicas, a network partition) each raise an event, and each would otherwise
-# probe every replica of the fleet three times (at 5,000 replicas, 5 lost ones cost the
-# loop 1.9 s of CPU).
-PROBE_GAP_S = 0.02
-
-
-class Spaced:
-    """Whether something may happen now: not within ``gap_s`` of the last time it did.
-    Pure, with an injected clock."""
-
-    def __init__(self, clock: Callable[[], float], gap_s: float) -> None:
-        self._clock = clock
-        self._gap_s = gap_s
-        self._last = float("-inf")
-
-    def now(self) -> bool:
-        t = self._clock()
-        if t - self._last < self._gap_s:
-            return False
-        self._last = t
-        return True
+# When a lost connection's replicas are probed, after its event: ZMQ may drop the peer
+# a moment after the event, and a replica's READY may come in after it.
+PROBE_AFTER_S = (0.0, 0.1, 0.5)
 
 
 class DialIns:
@@ -114,12 +96,12 @@ class ReplicaEvents:
         self._orchestrator = orchestrator
         self._on_serving = on_serving
         self._dialled = DialIns()
+        self.connections = Connections()  # the input ROUTER's, by descriptor
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to the head's loop before any event can arrive."""
         self._loop = loop
-        self._probe_round = Spaced(loop.time, PROBE_GAP_S)
 
     def _call_soon(self, fn: Callable[..., object], *args: object) -> None:
         assert self._loop is not None
@@ -190,7 +172,7 @@ class ReplicaEvents:
     def on_outputs(self, chunks: list[OutputChunk]) -> None:
         self._orchestrator.on_outputs(chunks)
 
-    def on_ready(self, identity: bytes, ready: Ready) -> None:
+    def on_ready(self, identity: bytes, ready: Ready, fd: int) -> None:
         if identity != routing_id(ready.stage_id, ready.replica_id, ready.epoch):
             log.warning("READY with a mismatched routing id %r dropped", identity)
             return
@@ -212,29 +194,34 @@ class ReplicaEvents:
                 ready.epoch,
             )
             self._channels.post(identity, Shutdown("stale registration"))
+            return
+        self.connections.seen(fd, identity, key)
 
     def on_unreachable(self, identity: bytes) -> None:
         try:
             stage_id, replica_id, epoch = (int(p) for p in identity.split(b"."))
         except ValueError:
             return
+        self.connections.forget(identity)
         key = (stage_id, replica_id)
         self._coordinator.mark(key, epoch, ReplicaState.ERROR, Reason.UNREACHABLE)
 
-    def on_disconnect(self) -> None:
-        """Find which replica's connection closed by probing them all, now and again
-        shortly (ZMQ may drop the peer a moment after the event)."""
+    def on_disconnect(self, fd: int) -> None:
+        """Find which replica's connection closed by probing those seen on its
+        descriptor (``Connections``), now and again shortly."""
         assert self._loop is not None
-        for delay in (0.0, 0.1, 0.5):
-            self._loop.call_later(delay, self._probe_replicas)
+        for i, delay in enumerate(PROBE_AFTER_S):
+            self._loop.call_later(delay, self._probe, fd, i == len(PROBE_AFTER_S) - 1)
 
-    def _probe_replicas(self) -> None:
-        if not self._probe_round.now():
-            return  # another lost connection's round, just now, probed them all
-        for pool in self._pools.values():
-            for handle in list(pool.replicas.values()):
-                self._channels.post(handle.identity, Ping())
-        self._channels.outbox.flush()
+    def _probe(self, fd: int, last: bool) -> None:
+        """A Ping to each suspect: the send to a vanished one fails (``on_unreachable``)."""
+        suspects = self.connections.suspects(fd)
+        for identity in suspects:
+            self._channels.post(identity, Ping())
+        if suspects:
+            self._channels.outbox.flush()
+        if last:
+            self.connections.settled(fd)
 
     def _on_transition(self, t: Transition) -> None:
         self._history.changed(t)
@@ -244,6 +231,7 @@ class ReplicaEvents:
             with self._lock:  # proven dead: its id may be taken over
                 self._slots.fence(e.stage_id, e.replica_id, e.epoch)
         if t.new == ReplicaState.DOWN:
+            self.connections.forget(e.identity)
             with self._lock:
                 self._slots.release(e.stage_id, e.replica_id, e.epoch)
             gone = self._dialled.get((e.stage_id, e.replica_id))

@@ -142,10 +142,29 @@ def test_loads_carry_each_replicas_last_reported_queue_and_other_heads_count(tab
     make_up(table)
     make_up(table, key=(1, 1), epoch=2)
     table.heartbeat(KEY, 1, "UP", 3, 5, 0, seq=0, others=4)
-    assert sorted(table.loads()) == [
+    table.heartbeat((1, 1), 2, "UP", 0, 0, 0, seq=0, others=0)  # nothing new
+    assert table.loads() == [
         LoadReading(stage_id=1, replica_id=0, epoch=1, queue_length=3, others=4),
-        LoadReading(stage_id=1, replica_id=1, epoch=2, queue_length=0, others=0),
     ]
+
+
+def test_loads_name_only_the_replicas_whose_load_changed_since_the_last_read(table):
+    make_up(table)
+    make_up(table, key=(1, 1), epoch=2)
+    assert table.loads() == []  # a fleet at rest: nothing to refresh
+    table.heartbeat(KEY, 1, "UP", 2, 2, 0, seq=0)
+    table.heartbeat((1, 1), 2, "UP", 0, 0, 0, seq=0, others=1)
+    table.heartbeat(KEY, 1, "UP", 1, 1, 0, seq=1)  # changed twice: read once, as last
+    assert sorted(table.loads()) == [
+        LoadReading(stage_id=1, replica_id=0, epoch=1, queue_length=1, others=0),
+        LoadReading(stage_id=1, replica_id=1, epoch=2, queue_length=0, others=1),
+    ]
+    assert table.loads() == []
+    table.heartbeat(KEY, 1, "UP", 1, 1, 0, seq=2)  # the same figures again
+    assert table.loads() == []
+    table.heartbeat(KEY, 1, "UP", 0, 0, 0, seq=3)
+    table.remove(KEY, 1)  # gone before the read: nothing to say of it
+    assert table.loads() == []
 
 
 def test_heartbeat_after_timeout_error_reattaches_replica_to_up(table, clock):
