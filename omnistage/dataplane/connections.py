@@ -53,6 +53,10 @@ class Connections:
         not placed."""
         return [*self._on_fd.get(fd, ()), *self._unplaced]
 
+    def placed_on(self, fd: int) -> bool:
+        """Whether any id is seen on ``fd`` (and not found gone since)."""
+        return fd in self._on_fd
+
     def settled(self, fd: int) -> None:
         """The probes of a lost connection on ``fd`` are over: the ids seen on it that
         are still here (none was found gone) are no longer placed."""

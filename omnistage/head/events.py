@@ -40,9 +40,12 @@ from omnistage.protocol.registration import RegisterRequest
 
 log = logging.getLogger(__name__)
 
-# When a lost connection's replicas are probed, after its event: ZMQ may drop the peer
-# a moment after the event, and a replica's READY may come in after it.
-PROBE_AFTER_S = (0.0, 0.1, 0.5)
+# When a lost connection's replicas are probed, in seconds after its event, until the
+# one whose connection closed is found. ZMQ drops the peer's pipe some steps after the
+# event, and the socket takes each step only when the head touches it (a send, a read):
+# on a busy host three probes in 0.5 s were not always enough. A replica's READY may
+# also come in after the event. Each probe costs a message to one or two replicas.
+PROBE_AFTER_S = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
 
 
 class DialIns:
@@ -209,18 +212,24 @@ class ReplicaEvents:
     def on_disconnect(self, fd: int) -> None:
         """Find which replica's connection closed by probing those seen on its
         descriptor (``Connections``), now and again shortly."""
-        assert self._loop is not None
-        for i, delay in enumerate(PROBE_AFTER_S):
-            self._loop.call_later(delay, self._probe, fd, i == len(PROBE_AFTER_S) - 1)
+        self._probe(fd, 0)
 
-    def _probe(self, fd: int, last: bool) -> None:
-        """A Ping to each suspect: the send to a vanished one fails (``on_unreachable``)."""
+    def _probe(self, fd: int, step: int) -> None:
+        """A Ping to each suspect: the send to a vanished one fails (``on_unreachable``).
+        Again at the next step while one seen on ``fd`` is still there."""
+        assert self._loop is not None
         suspects = self.connections.suspects(fd)
         for identity in suspects:
             self._channels.post(identity, Ping())
         if suspects:
             self._channels.outbox.flush()
-        if last:
+        # Through the first half second even with nobody placed on it: a READY read
+        # after the event places its replica there.
+        more = self.connections.placed_on(fd) or PROBE_AFTER_S[step] < 0.5
+        if step + 1 < len(PROBE_AFTER_S) and more:
+            delay = PROBE_AFTER_S[step + 1] - PROBE_AFTER_S[step]
+            self._loop.call_later(delay, self._probe, fd, step + 1)
+        else:
             self.connections.settled(fd)
 
     def _on_transition(self, t: Transition) -> None:

@@ -27,8 +27,10 @@ def test_a_lost_connection_names_only_the_replica_seen_on_it() -> None:
 
 def test_a_replica_found_gone_is_forgotten() -> None:
     conns = _fleet(3)
+    assert conns.placed_on(101)
     conns.forget(_id(1))
     assert conns.suspects(101) == []
+    assert not conns.placed_on(101)  # its probes may stop
     assert len(conns) == 2
     conns.settled(101)  # the probes end with nothing left on it
     assert conns.suspects(7) == []

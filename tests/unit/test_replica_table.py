@@ -526,3 +526,25 @@ def test_a_replica_taken_back_after_silence_that_still_makes_no_progress_stalls(
     assert seen == []
     clock.now = back + STALL + 0.5
     assert [t.reason for t in stall_table.expire()] == [STALL_REASON]
+
+
+def test_expire_looks_only_at_replicas_due_and_keeps_one_look_queued_each(stall_table, clock):
+    keys = [(1, r) for r in range(200)]
+    for key in keys:
+        make_up(stall_table, key=key)
+    # Every replica beats each second for a minute, its work coming and going (each
+    # arrival may queue an earlier look for a stall); the tick expires after each beat.
+    for seq in range(60):
+        clock.now += 1.0
+        for key in keys:
+            beat(stall_table, seq, key=key, in_flight=seq % 2, progress=seq)
+        assert stall_table.expire() == []
+    assert len(stall_table._queued) == len(keys)  # one live look each
+    assert len(stall_table._due) <= 3 * len(keys)  # and few replaced ones left behind
+    # One falls silent: found once its timeout is past, the others untouched.
+    clock.now += TIMEOUT + 0.5
+    for key in keys[1:]:
+        beat(stall_table, 60, key=key)
+    (t,) = stall_table.expire()
+    assert (t.entry.key, t.new, t.reason) == (keys[0], ReplicaState.ERROR, TIMEOUT_REASON)
+    assert keys[0] not in stall_table._queued  # ERROR: no more looks
