@@ -1,5 +1,5 @@
-"""Running an omnistage process's event loop (uvloop when installed, else asyncio), and a
-small queue for the hot path."""
+"""Running an omnistage process's event loop (uvloop when installed, else asyncio), a
+small queue for the hot path, and ``Changes``, a change tasks wait for."""
 
 from __future__ import annotations
 
@@ -46,3 +46,28 @@ class Mailbox(Generic[T]):
             finally:
                 self._waiter = None
         return self._items.popleft()
+
+
+class Changes:
+    """Something tasks wait for to change (a stage pool's room): ``wait`` until the next
+    change or a timeout. A change with nobody waiting costs a compare, not an Event's
+    wake-ups (the pool changes per request)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._sleepers = 0  # tasks waiting: only they need waking
+
+    async def wait(self, timeout: float) -> None:
+        """Until the next change, or ``timeout`` (seconds)."""
+        self._event.clear()
+        self._sleepers += 1
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._sleepers -= 1
+
+    def happened(self) -> None:
+        if self._sleepers:
+            self._event.set()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import msgspec
 import zmq
@@ -58,11 +59,15 @@ class Pump:
         self,
         loop: asyncio.AbstractEventLoop,
         sock: zmq.Socket,
-        on_frames: Callable[[list[bytes]], None],
+        on_frames: Callable[[list[Any]], None],
+        copy: bool = True,
     ) -> None:
+        """``on_frames`` gets each message's frames: bytes, or with ``copy=False``
+        ``zmq.Frame``s (which also say which connection they came in on)."""
         self._loop = loop
         self._sock = sock
         self._on_frames = on_frames
+        self._copy = copy
         self._fd = sock.getsockopt(zmq.FD)
         self._scheduled = False
         self._closed = False
@@ -95,7 +100,7 @@ class Pump:
             if self._closed or not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
             try:
-                frames = sock.recv_multipart(NOBLOCK)
+                frames = sock.recv_multipart(NOBLOCK, copy=self._copy)
             except zmq.Again:
                 break
             except zmq.ZMQError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Hashable
 from typing import Protocol
 
@@ -25,6 +26,7 @@ from omnistage.zmqio import NOBLOCK, Outbox, Pump, send_frames
 
 log = logging.getLogger(__name__)
 _bad_input = Throttled(log)
+_EVENT = struct.Struct("=hi")  # a monitor event's first frame (zmq_socket_monitor)
 
 
 class DataEvents(Protocol):
@@ -32,14 +34,16 @@ class DataEvents(Protocol):
 
     def on_outputs(self, chunks: list[OutputChunk]) -> None: ...
 
-    def on_ready(self, identity: bytes, ready: Ready) -> None: ...
+    def on_ready(self, identity: bytes, ready: Ready, fd: int) -> None:
+        """``fd``: the descriptor of the connection it came in on (``ZMQ_SRCFD``)."""
+        ...
 
     def on_unreachable(self, identity: bytes) -> None:
         """A send to this routing id failed: its connection is gone."""
         ...
 
-    def on_disconnect(self) -> None:
-        """Some replica's connection closed (the event names no peer)."""
+    def on_disconnect(self, fd: int) -> None:
+        """The connection on descriptor ``fd`` closed (the event names no peer)."""
         ...
 
 
@@ -50,7 +54,8 @@ class DataChannels:
         # A re-registered replica that reuses an identity takes over the connection.
         self.input.setsockopt(zmq.ROUTER_HANDOVER, 1)
         # A closed connection (a crashed remote replica) shows up as a monitor event;
-        # the event names no peer, so the head then probes its replicas (see Ping).
+        # the event names only the connection's descriptor, so the head then probes the
+        # replicas it saw on that descriptor (see Ping, dataplane/connections.py).
         self._monitor = self.input.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.input.setsockopt(zmq.LINGER, 0)
         # Deep enough that only a replica that stopped reading fills it.
@@ -75,8 +80,10 @@ class DataChannels:
         self._events = events
         self.outbox = Outbox(loop, self._send_batch)
         self._out_pump = Pump(loop, self.output, self._read_outputs)
-        self._in_pump = Pump(loop, self.input, self._read_inputs)
-        self._monitor_pump = Pump(loop, self._monitor, lambda _frames: events.on_disconnect())
+        # Frames, not bytes: a Ready's says which connection it came in on. (Replicas
+        # send nothing else on this socket: no hot path to keep.)
+        self._in_pump = Pump(loop, self.input, self._read_inputs, copy=False)
+        self._monitor_pump = Pump(loop, self._monitor, self._read_monitor)
 
     async def stop(self) -> None:
         self.outbox.close()
@@ -129,9 +136,19 @@ class DataChannels:
             return
         self._events.on_outputs(chunks)
 
-    def _read_inputs(self, frames: list[bytes]) -> None:
+    def _read_inputs(self, frames: list[zmq.Frame]) -> None:
         if len(frames) < 2:
             return
-        for msg in codec.decode_batch_or_drop(frames[1:], _bad_input, "on the input channel"):
+        fd = frames[0].get(zmq.SRCFD)
+        body = [f.bytes for f in frames[1:]]
+        for msg in codec.decode_batch_or_drop(body, _bad_input, "on the input channel"):
             if isinstance(msg, Ready):
-                self._events.on_ready(frames[0], msg)
+                self._events.on_ready(frames[0].bytes, msg, fd)
+
+    def _read_monitor(self, frames: list[bytes]) -> None:
+        # The first frame: the event (16 bits) and its value (32 bits: the descriptor).
+        if not frames or len(frames[0]) != _EVENT.size:
+            _bad_input.warning("dropped a monitor event of an unknown format")
+            return
+        _event, fd = _EVENT.unpack(frames[0])
+        self._events.on_disconnect(fd)

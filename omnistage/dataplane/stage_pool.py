@@ -9,12 +9,13 @@ replica whose cache is gone.
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from omnistage.aio import Changes
 from omnistage.control.balancing import BalancingPolicy, CacheAwarePolicy, RouteReason
 from omnistage.control.balancing.affinity import AffinityMap
 from omnistage.control.balancing.cache_aware import load_bound
@@ -74,8 +75,11 @@ class StagePool:
         self.max_waiting = max_waiting
         self.waiting = 0
         self.replicas: dict[int, ReplicaHandle] = {}
-        self._changed = asyncio.Event()
-        self._sleepers = 0  # tasks waiting on _changed: only they need waking
+        # Load readings of an incarnation the pool has no handle for yet (its UP is on
+        # its way to the loop): readings come only when the load changes, so one must
+        # not be lost. Replica id -> its latest; kept until that incarnation comes UP.
+        self._early: dict[int, LoadReading] = {}
+        self._changed = Changes()  # what requests waiting for room sleep on
         # The replicas up and their load: kept by ``apply``, ``try_acquire`` and
         # ``release``, read per request.
         self._live: LivePool[ReplicaHandle] = LivePool(rng)
@@ -88,6 +92,10 @@ class StagePool:
 
     def has_live(self) -> bool:
         return len(self._live) > 0
+
+    def slots(self) -> tuple[int, int]:
+        """The live replicas' slots and how many of them are taken, all together."""
+        return self._live.capacity, self._live.in_flight
 
     def apply(self, t: Transition) -> set[str]:
         """Apply a state transition; returns request ids lost with a failed replica."""
@@ -108,7 +116,7 @@ class StagePool:
             handle = None  # a new incarnation replaces the old one
         if t.new == ReplicaState.UP:
             if handle is None:
-                handle = _handle_from(e)
+                handle = _handle_from(e, self._early.pop(e.replica_id, None))
                 self.replicas[e.replica_id] = handle
                 if self.prefixes is not None:
                     self.prefixes.drop(e.replica_id)  # a new incarnation: an empty cache
@@ -130,23 +138,26 @@ class StagePool:
             handle.prefixes_seq = -1
         if t.new == ReplicaState.DOWN:
             del self.replicas[e.replica_id]
+            self._early.pop(e.replica_id, None)
         self._wake()
         return lost
 
     def observe(self, load: LoadReading) -> None:
-        """Refresh heartbeat-reported load (display and tie-breaking only)."""
+        """Refresh heartbeat-reported load (for display, tie-breaking, and the room the
+        other heads leave); only readings that changed come."""
         handle = self.replicas.get(load.replica_id)
-        if handle is not None and handle.epoch == load.epoch:
+        if handle is None or handle.epoch < load.epoch:
+            self._early[load.replica_id] = load
+            return
+        if handle.epoch == load.epoch:
             handle.queue_length = load.queue_length
-            freed = load.others < handle.others
-            handle.others = load.others
-            if freed:
+            if self._live.set_others(handle, load.others):
                 self._wake()  # room the other heads left: requests waiting may take it
 
     def busy(self, handle: ReplicaHandle) -> None:
         """It refused a request as full with other heads' work: route elsewhere until
         its next heartbeat says how much the other heads hold."""
-        handle.others = max(handle.others, handle.capacity)
+        self._live.set_others(handle, max(handle.others, handle.capacity))
 
     def report_prefixes(self, replica_id: int, epoch: int, seq: int, keys: list[int]) -> None:
         """A replica's heartbeat said what its prefix cache holds (``seq``: the
@@ -194,15 +205,15 @@ class StagePool:
 
     def _candidates(self, held: dict[int, int]) -> list[ReplicaHandle]:
         """Live replicas with room (of a large stage's sample, the replicas in ``held``
-        included; of all of them where the sample has none): counting the fleet's other
-        heads' requests where any has room so counted, else by this head's own count
-        (what the others hold is a heartbeat old; a replica still full refuses, and the
-        request moves on)."""
+        included; of a sample of all those with room where the sample has none):
+        counting the fleet's other heads' requests where any has room so counted, else
+        by this head's own count (what the others hold is a heartbeat old; a replica
+        still full refuses, and the request moves on)."""
         also = [h for rid in held if (h := self.replicas.get(rid)) and h.up] if held else ()
         drawn = self._live.sample(also)
         shared, free = _room(drawn)
         if not shared and drawn is not self._live.replicas:
-            shared, free = _room(self._live.replicas)
+            shared, free = self._live.with_room()
         return shared or free
 
     def _choose(
@@ -237,7 +248,7 @@ class StagePool:
         is full or the wait is over with replicas live but busy (as long as a wait for
         a replica coming back, if one is); with none live, as ``wait_live``."""
         now = time.monotonic()
-        live = self.live()
+        live = len(self._live)
         if not live:
             left = self._no_live_deadline(started, now, bounds) - now
         else:
@@ -251,7 +262,7 @@ class StagePool:
                 raise StageOverloadedError(
                     self.stage_id,
                     self.name,
-                    f"all {len(live)} live replica(s) at capacity for {wait_s:.1f}s",
+                    f"all {live} live replica(s) at capacity for {wait_s:.1f}s",
                 )
         await self._wait_counted(left)
 
@@ -269,7 +280,7 @@ class StagePool:
     async def _wait_counted(self, timeout: float) -> None:
         self.waiting += 1
         try:
-            await self._sleep(timeout)
+            await self._changed.wait(timeout)
         finally:
             self.waiting -= 1
 
@@ -286,20 +297,8 @@ class StagePool:
             self._live.moved(handle)
             self._wake()
 
-    async def _sleep(self, timeout: float) -> None:
-        """Until the pool changes, or ``timeout``."""
-        self._changed.clear()
-        self._sleepers += 1
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            self._sleepers -= 1
-
     def _wake(self) -> None:
-        if self._sleepers:
-            self._changed.set()
+        self._changed.happened()
 
 
 def _room(handles: list[ReplicaHandle]) -> tuple[list[ReplicaHandle], list[ReplicaHandle]]:
@@ -309,13 +308,18 @@ def _room(handles: list[ReplicaHandle]) -> tuple[list[ReplicaHandle], list[Repli
     return [r for r in free if r.in_flight + r.others < r.capacity], free
 
 
-def _handle_from(e: ReplicaEntry) -> ReplicaHandle:
+def _handle_from(e: ReplicaEntry, early: LoadReading | None) -> ReplicaHandle:
+    """A handle for a new incarnation; ``early``: a load reading that came before it."""
+    if early is not None and early.epoch == e.epoch:
+        e = dataclasses.replace(e, queue_length=early.queue_length, others=early.others)
     return ReplicaHandle(
         stage_id=e.stage_id,
         replica_id=e.replica_id,
         epoch=e.epoch,
         identity=e.identity,
         capacity=max(1, e.capacity),
+        queue_length=e.queue_length,
+        others=e.others,
         address=e.address,
         peer_address=e.peer_address,
         host_key=e.host_key,

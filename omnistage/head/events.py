@@ -20,6 +20,7 @@ from omnistage.control.coordinator import PrefixReport
 from omnistage.control.replica_table import Transition, routing_id
 from omnistage.control.slots import Slot
 from omnistage.dataplane.channels import DataChannels
+from omnistage.dataplane.connections import Connections
 from omnistage.dataplane.orchestrator import Orchestrator
 from omnistage.head.history import History
 from omnistage.head.options import HeadOptions
@@ -39,28 +40,12 @@ from omnistage.protocol.registration import RegisterRequest
 
 log = logging.getLogger(__name__)
 
-# Probe rounds closer together than this are one: connections lost together (a host's
-# many replicas, a network partition) each raise an event, and each would otherwise
-# probe every replica of the fleet three times (at 5,000 replicas, 5 lost ones cost the
-# loop 1.9 s of CPU).
-PROBE_GAP_S = 0.02
-
-
-class Spaced:
-    """Whether something may happen now: not within ``gap_s`` of the last time it did.
-    Pure, with an injected clock."""
-
-    def __init__(self, clock: Callable[[], float], gap_s: float) -> None:
-        self._clock = clock
-        self._gap_s = gap_s
-        self._last = float("-inf")
-
-    def now(self) -> bool:
-        t = self._clock()
-        if t - self._last < self._gap_s:
-            return False
-        self._last = t
-        return True
+# When a lost connection's replicas are probed, in seconds after its event, until the
+# one whose connection closed is found. ZMQ drops the peer's pipe some steps after the
+# event, and the socket takes each step only when the head touches it (a send, a read):
+# on a busy host three probes in 0.5 s were not always enough. A replica's READY may
+# also come in after the event. Each probe costs a message to one or two replicas.
+PROBE_AFTER_S = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
 
 
 class DialIns:
@@ -114,12 +99,12 @@ class ReplicaEvents:
         self._orchestrator = orchestrator
         self._on_serving = on_serving
         self._dialled = DialIns()
+        self.connections = Connections()  # the input ROUTER's, by descriptor
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to the head's loop before any event can arrive."""
         self._loop = loop
-        self._probe_round = Spaced(loop.time, PROBE_GAP_S)
 
     def _call_soon(self, fn: Callable[..., object], *args: object) -> None:
         assert self._loop is not None
@@ -190,7 +175,7 @@ class ReplicaEvents:
     def on_outputs(self, chunks: list[OutputChunk]) -> None:
         self._orchestrator.on_outputs(chunks)
 
-    def on_ready(self, identity: bytes, ready: Ready) -> None:
+    def on_ready(self, identity: bytes, ready: Ready, fd: int) -> None:
         if identity != routing_id(ready.stage_id, ready.replica_id, ready.epoch):
             log.warning("READY with a mismatched routing id %r dropped", identity)
             return
@@ -212,29 +197,40 @@ class ReplicaEvents:
                 ready.epoch,
             )
             self._channels.post(identity, Shutdown("stale registration"))
+            return
+        self.connections.seen(fd, identity, key)
 
     def on_unreachable(self, identity: bytes) -> None:
         try:
             stage_id, replica_id, epoch = (int(p) for p in identity.split(b"."))
         except ValueError:
             return
+        self.connections.forget(identity)
         key = (stage_id, replica_id)
         self._coordinator.mark(key, epoch, ReplicaState.ERROR, Reason.UNREACHABLE)
 
-    def on_disconnect(self) -> None:
-        """Find which replica's connection closed by probing them all, now and again
-        shortly (ZMQ may drop the peer a moment after the event)."""
-        assert self._loop is not None
-        for delay in (0.0, 0.1, 0.5):
-            self._loop.call_later(delay, self._probe_replicas)
+    def on_disconnect(self, fd: int) -> None:
+        """Find which replica's connection closed by probing those seen on its
+        descriptor (``Connections``), now and again shortly."""
+        self._probe(fd, 0)
 
-    def _probe_replicas(self) -> None:
-        if not self._probe_round.now():
-            return  # another lost connection's round, just now, probed them all
-        for pool in self._pools.values():
-            for handle in list(pool.replicas.values()):
-                self._channels.post(handle.identity, Ping())
-        self._channels.outbox.flush()
+    def _probe(self, fd: int, step: int) -> None:
+        """A Ping to each suspect: the send to a vanished one fails (``on_unreachable``).
+        Again at the next step while one seen on ``fd`` is still there."""
+        assert self._loop is not None
+        suspects = self.connections.suspects(fd)
+        for identity in suspects:
+            self._channels.post(identity, Ping())
+        if suspects:
+            self._channels.outbox.flush()
+        # Through the first half second even with nobody placed on it: a READY read
+        # after the event places its replica there.
+        more = self.connections.placed_on(fd) or PROBE_AFTER_S[step] < 0.5
+        if step + 1 < len(PROBE_AFTER_S) and more:
+            delay = PROBE_AFTER_S[step + 1] - PROBE_AFTER_S[step]
+            self._loop.call_later(delay, self._probe, fd, step + 1)
+        else:
+            self.connections.settled(fd)
 
     def _on_transition(self, t: Transition) -> None:
         self._history.changed(t)
@@ -244,6 +240,7 @@ class ReplicaEvents:
             with self._lock:  # proven dead: its id may be taken over
                 self._slots.fence(e.stage_id, e.replica_id, e.epoch)
         if t.new == ReplicaState.DOWN:
+            self.connections.forget(e.identity)
             with self._lock:
                 self._slots.release(e.stage_id, e.replica_id, e.epoch)
             gone = self._dialled.get((e.stage_id, e.replica_id))

@@ -42,8 +42,7 @@ def build_runner(
 
     def room(stage_id: int) -> StageRoom:
         pool = pools.get(stage_id)
-        live = pool.live() if pool is not None else []
-        return StageRoom(sum(h.capacity for h in live), sum(h.in_flight for h in live))
+        return StageRoom(*pool.slots()) if pool is not None else StageRoom(0, 0)
 
     settings = RunnerSettings(holder, lease_s=lease_s, media_ttl_s=persist.media_ttl_s)
     runner = JobRunner(persist.store, handlers, room, settings)

@@ -60,7 +60,7 @@ class HeadService:
         return self._orchestrator.open(request)
 
     def stages_without_replicas(self) -> list[tuple[int, str]]:
-        return [(sid, p.name) for sid, p in self._pools.items() if not p.live()]
+        return [(sid, p.name) for sid, p in self._pools.items() if not p.has_live()]
 
     def stages_status(self) -> dict[str, Any]:
         return status.stages_status(

@@ -87,7 +87,7 @@ _NO_ENTRY: dict[str, Any] = {
 
 
 def _stage_status(pool: StagePool) -> str:
-    if pool.live():
+    if pool.has_live():
         return "ready"
     return "restarting" if pool.comebacks.restarting else "waiting"
 

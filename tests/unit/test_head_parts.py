@@ -9,7 +9,7 @@ from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
 from omnistage.dataplane.run import Run, direct_edge, redirects, restart_group
 from omnistage.dataplane.stage_pool import ReplicaHandle
-from omnistage.head.events import DialIns, Spaced
+from omnistage.head.events import DialIns
 from omnistage.head.options import HeadOptions
 from omnistage.head.startup import StartupWatch, Verdict
 from omnistage.protocol.messages import Prompt
@@ -38,17 +38,6 @@ def test_dial_ins_hand_back_the_endpoints_they_replace() -> None:
     # The slot re-registers without binding its own sockets: the old ones come back.
     assert dials.replace((0, 1), None) == urls
     assert dials.get((0, 1)) is None
-
-
-def test_probe_rounds_of_connections_lost_together_are_one() -> None:
-    clock = FakeClock(50.0)
-    rounds = Spaced(clock, gap_s=0.02)
-    # Five replicas' connections closed at once: five events, one round.
-    assert [rounds.now() for _ in range(5)] == [True, False, False, False, False]
-    clock.now += 0.019
-    assert not rounds.now()
-    clock.now += 0.1  # the next of the rounds each event asks for
-    assert rounds.now() and not rounds.now()
 
 
 def test_replica_options_travel_as_one_blob_with_their_secrets() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from omnistage.control.balancing import make_policy
 from omnistage.control.balancing.base import ReplicaLoad
+from omnistage.control.replica_table import LoadReading
 from omnistage.dataplane import pool_load
 from omnistage.dataplane.pool_load import SAMPLE, SAMPLE_ABOVE
 from omnistage.dataplane.stage_pool import ReplicaHandle, StagePool
@@ -64,6 +65,11 @@ def _check(pool: StagePool) -> None:
     assert pool._live.in_flight == sum(r.in_flight for r in live)
     assert pool._live.least() == min((r.in_flight for r in live), default=0)
     assert pool.has_live() == bool(live)
+    assert pool.slots() == (sum(r.capacity for r in live), pool._live.in_flight)
+    free = {r.replica_id for r in live if r.in_flight < r.capacity}
+    assert {r.replica_id for r in pool._live._free.items} == free
+    shared = {r.replica_id for r in live if r.in_flight + r.others < r.capacity}
+    assert {r.replica_id for r in pool._live._open.items} == shared
 
 
 def test_a_small_stage_offers_every_live_replica_a_large_one_a_sample() -> None:
@@ -121,6 +127,12 @@ def test_kept_figures_match_a_walk_through_any_history(
             state = rng.choice(list(STATES))
             lost = _leave(pool, rid, state, epoch=max(1, epochs[rid]))
             held = [(h, r) for h, r in held if r not in lost]
+        elif op < 0.35 and rid in epochs:
+            # A heartbeat's load (sometimes of an incarnation not UP here yet), or a BUSY.
+            epoch = max(1, epochs[rid]) + rng.choice((0, 0, 1))
+            pool.observe(LoadReading(0, rid, epoch, rng.randrange(3), rng.randrange(4)))
+            if rid in pool.replicas and rng.random() < 0.2:
+                pool.busy(pool.replicas[rid])
         elif op < 0.65:
             handle = pool.try_acquire(f"q{step}")
             room = [r for r in pool.replicas.values() if r.up and r.in_flight < r.capacity]
@@ -132,3 +144,27 @@ def test_kept_figures_match_a_walk_through_any_history(
             handle, request_id = held.pop(rng.randrange(len(held)))
             pool.release(handle, request_id)
         _check(pool)
+
+
+def test_a_request_finds_room_the_other_heads_left_outside_the_sample() -> None:
+    pool, _ = _pool(300, capacity=2)
+    for rid in range(300):  # the other heads hold every slot but replica 77's
+        pool.observe(LoadReading(0, rid, 1, 0, 1 if rid == 77 else 2))
+    handle = pool.try_acquire("r")
+    assert handle is not None and handle.replica_id == 77
+    _check(pool)
+
+
+def test_a_load_reading_before_its_replica_is_up_here_is_kept_for_it() -> None:
+    pool, _ = _pool(2, capacity=2)
+    # Replica 5's heartbeat said the other heads fill it; its UP had not reached the
+    # pool yet. Readings come only on change: this one must not be lost.
+    pool.observe(LoadReading(0, 5, 3, 1, 2))
+    _up(pool, 5, capacity=2, epoch=3)
+    handle = pool.replicas[5]
+    assert (handle.queue_length, handle.others) == (1, 2)
+    _check(pool)
+    # A reading of an older incarnation is not kept for a newer one.
+    pool.observe(LoadReading(0, 6, 1, 1, 2))
+    _up(pool, 6, capacity=2, epoch=2)
+    assert pool.replicas[6].others == 0

@@ -142,10 +142,29 @@ def test_loads_carry_each_replicas_last_reported_queue_and_other_heads_count(tab
     make_up(table)
     make_up(table, key=(1, 1), epoch=2)
     table.heartbeat(KEY, 1, "UP", 3, 5, 0, seq=0, others=4)
-    assert sorted(table.loads()) == [
+    table.heartbeat((1, 1), 2, "UP", 0, 0, 0, seq=0, others=0)  # nothing new
+    assert table.loads() == [
         LoadReading(stage_id=1, replica_id=0, epoch=1, queue_length=3, others=4),
-        LoadReading(stage_id=1, replica_id=1, epoch=2, queue_length=0, others=0),
     ]
+
+
+def test_loads_name_only_the_replicas_whose_load_changed_since_the_last_read(table):
+    make_up(table)
+    make_up(table, key=(1, 1), epoch=2)
+    assert table.loads() == []  # a fleet at rest: nothing to refresh
+    table.heartbeat(KEY, 1, "UP", 2, 2, 0, seq=0)
+    table.heartbeat((1, 1), 2, "UP", 0, 0, 0, seq=0, others=1)
+    table.heartbeat(KEY, 1, "UP", 1, 1, 0, seq=1)  # changed twice: read once, as last
+    assert sorted(table.loads()) == [
+        LoadReading(stage_id=1, replica_id=0, epoch=1, queue_length=1, others=0),
+        LoadReading(stage_id=1, replica_id=1, epoch=2, queue_length=0, others=1),
+    ]
+    assert table.loads() == []
+    table.heartbeat(KEY, 1, "UP", 1, 1, 0, seq=2)  # the same figures again
+    assert table.loads() == []
+    table.heartbeat(KEY, 1, "UP", 0, 0, 0, seq=3)
+    table.remove(KEY, 1)  # gone before the read: nothing to say of it
+    assert table.loads() == []
 
 
 def test_heartbeat_after_timeout_error_reattaches_replica_to_up(table, clock):
@@ -507,3 +526,25 @@ def test_a_replica_taken_back_after_silence_that_still_makes_no_progress_stalls(
     assert seen == []
     clock.now = back + STALL + 0.5
     assert [t.reason for t in stall_table.expire()] == [STALL_REASON]
+
+
+def test_expire_looks_only_at_replicas_due_and_keeps_one_look_queued_each(stall_table, clock):
+    keys = [(1, r) for r in range(200)]
+    for key in keys:
+        make_up(stall_table, key=key)
+    # Every replica beats each second for a minute, its work coming and going (each
+    # arrival may queue an earlier look for a stall); the tick expires after each beat.
+    for seq in range(60):
+        clock.now += 1.0
+        for key in keys:
+            beat(stall_table, seq, key=key, in_flight=seq % 2, progress=seq)
+        assert stall_table.expire() == []
+    assert len(stall_table._queued) == len(keys)  # one live look each
+    assert len(stall_table._due) <= 3 * len(keys)  # and few replaced ones left behind
+    # One falls silent: found once its timeout is past, the others untouched.
+    clock.now += TIMEOUT + 0.5
+    for key in keys[1:]:
+        beat(stall_table, 60, key=key)
+    (t,) = stall_table.expire()
+    assert (t.entry.key, t.new, t.reason) == (keys[0], ReplicaState.ERROR, TIMEOUT_REASON)
+    assert keys[0] not in stall_table._queued  # ERROR: no more looks
