@@ -83,6 +83,16 @@ def auth_token() -> str | None:
     return os.environ.get("OMNISTAGE_AUTH_TOKEN") or None
 
 
+def load_nice() -> int:
+    """OMNISTAGE_LOAD_NICE: how much lower a replica's CPU priority is while it loads its
+    model (nice steps, default 10; 0: none). See ``replica.load_priority``."""
+    raw = os.environ.get("OMNISTAGE_LOAD_NICE", "").strip()
+    try:
+        return max(0, int(raw)) if raw else 10
+    except ValueError:
+        return 10
+
+
 def replica_options() -> str | None:
     """OMNISTAGE_REPLICA_OPTIONS: a replica process's options, encoded by its launcher
     (see omnistage.replica.options)."""

@@ -9,6 +9,7 @@ import sys
 from omnistage import aio, envs, tracing
 from omnistage.logs import setup_logging
 from omnistage.protocol.errors import ProtocolError
+from omnistage.replica import load_priority
 from omnistage.replica.options import decode_options
 from omnistage.replica.runtime import ReplicaRuntime
 
@@ -29,8 +30,10 @@ def main() -> int:
         return 2
     setup_logging(opts.log_level)
     tracing.configure(opts.otlp_traces_endpoint, f"omnistage-replica-{opts.stage_id}")
+    # Before any thread starts: those the load starts inherit the lower priority.
+    niced = load_priority.lower_for_load(envs.load_nice())
     try:
-        return aio.run(ReplicaRuntime(opts).run())
+        return aio.run(ReplicaRuntime(opts, load_niced=niced).run())
     finally:
         tracing.shutdown()  # export the last batch of spans
 

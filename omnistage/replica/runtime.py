@@ -27,6 +27,7 @@ from omnistage.engines.base import Engine
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import IdConflict, OmniError
 from omnistage.protocol.messages import HandshakeInit, ReplicaState
+from omnistage.replica import load_priority
 from omnistage.replica.admission import Admission
 from omnistage.replica.join import Joiner
 from omnistage.replica.options import ReplicaOptions
@@ -39,8 +40,13 @@ log = logging.getLogger(__name__)
 
 
 class ReplicaRuntime:
-    def __init__(self, opts: ReplicaOptions) -> None:
+    def __init__(
+        self, opts: ReplicaOptions, load_niced: load_priority.Lowered = load_priority.NOT_LOWERED
+    ) -> None:
+        """``load_niced``: the lower priority the process loads at (``load_priority``),
+        given back once it is ready to serve."""
         self.opts = opts
+        self._load_niced = load_niced
         self._ctx = zmq.Context()
         if opts.curve_keys:
             curve.secure_replica(self._ctx, opts.curve_keys)
@@ -110,6 +116,8 @@ class ReplicaRuntime:
         """Serve the head until we stop or (``_head_lost``) must rejoin."""
         joiner = self._joiner
         assert self._runner is not None and joiner.reply and joiner.address
+        self._load_niced.restore()  # loaded: serve at the process's own priority
+        self._load_niced = load_priority.NOT_LOWERED
         session = self._session = HeadSession(
             self._ctx, self.opts, self._runner, joiner.reply, init, joiner.address
         )
