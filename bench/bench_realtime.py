@@ -127,6 +127,7 @@ class Turn:
     created: float | None = None
     first_text: float | None = None
     transcript: str = ""
+    done_at: float | None = None  # response.done, seen here
     done: asyncio.Event = field(default_factory=asyncio.Event)
     audio: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -245,6 +246,7 @@ class Session:
                 turn = self.by_response.get(event["response"]["id"])
                 if turn is not None:
                     turn.status = event["response"].get("status")
+                    turn.done_at = now
                     turn.done.set()
             elif kind == "error":
                 self.errors.append(str(event.get("error", {}).get("message", event)))
@@ -488,7 +490,8 @@ async def backchannels(
     port: int, args: argparse.Namespace, speech: dict[str, np.ndarray]
 ) -> list[dict[str, Any]]:
     """One session per trial: whether the answer survived "okay", and when it resumed:
-    its first audio after speech_started, from the end of the backchannel's speech."""
+    its first audio after speech_started, from the end of the backchannel's speech (and
+    from its start: its first frame sent)."""
     out = []
     for _ in range(args.backchannels):
         script = backchannel_script(
@@ -500,17 +503,21 @@ async def backchannels(
         asked, said = [*turns, Turn(), Turn()][:2]
         heard = said.speech_started
         after = [t for t, _ in asked.deltas if heard is not None and t > heard]
-        resumed = None
+        resumed = from_start = None
         if after and said.end_of_speech is not None:
             resumed = after[0] - said.end_of_speech
+            from_start = after[0] - said.spoke_at
         stopped = None  # the VAD's end of the turn, for scale: its silence wait and lag
         if said.speech_stopped is not None and said.end_of_speech is not None:
             stopped = said.speech_stopped - said.end_of_speech
         out.append(
             {
-                # The answer was still being sent when the server heard the "okay".
-                "during_answer": bool(after),
+                # The answer was still under way when the server heard the "okay" (a
+                # cancelled one has no audio after it, but counts).
+                "during_answer": bool(after)
+                or (heard is not None and (asked.done_at is None or asked.done_at > heard)),
                 "resumed_after_speech_end_s": resumed,
+                "resumed_after_speech_start_s": from_start,
                 "speech_stopped_after_speech_end_s": stopped,
                 "answer_status": asked.status,
                 "answer_audio_s": asked.audio_s,
@@ -619,6 +626,8 @@ def interruption_rows(results: dict[str, Any]) -> list[tuple[str, str, bool | No
     back_cancelled = sum(1 for b in during if b["answer_status"] == "cancelled")
     resumed = [b["resumed_after_speech_end_s"] for b in during]
     slowest = max((x for x in resumed if x is not None), default=None)
+    from_start = [b.get("resumed_after_speech_start_s") for b in during]
+    slowest_start = max((x for x in from_start if x is not None), default=None)
     return [
         (
             f"barge-in: no audio > {BARGE_IN_S * 1000:.0f} ms after speech_started",
@@ -627,7 +636,8 @@ def interruption_rows(results: dict[str, Any]) -> list[tuple[str, str, bool | No
         ),
         (
             f"backchannel: none cancelled, resumed <= {RESUME_S:.1f} s after it",
-            f"cancelled {back_cancelled}/{len(during)}, slowest {fmt_s(slowest)} s",
+            f"cancelled {back_cancelled}/{len(during)}, slowest {fmt_s(slowest)} s "
+            f"({fmt_s(slowest_start)} s from its start)",
             None
             if not during
             else back_cancelled == 0 and None not in resumed and max(resumed) <= RESUME_S,

@@ -22,6 +22,7 @@ from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage
 from omnistage.realtime import audio_input
+from omnistage.realtime.backchannel import BackchannelPolicy
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
 from omnistage.realtime.events import ServerEvent
@@ -75,7 +76,9 @@ class Stats:
 class Harness:
     """A session, what it sent, its pipeline requests and its VAD."""
 
-    def __init__(self, *transcripts: str, hears: bool = False) -> None:
+    def __init__(
+        self, *transcripts: str, hears: bool = False, policy: BackchannelPolicy | None = None
+    ) -> None:
         self.transcripts = list(transcripts)
         self.listened: list[PipelineRequest] = []
         self.answers: list[ScriptedStream] = []
@@ -111,6 +114,9 @@ class Harness:
             hears=hears,
         )
         self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self._sent)
+        # Words are awaited however long they take, unless a test says otherwise: whether
+        # they come before a timer would otherwise depend on the machine's speed.
+        self.session.turns.interruptions.policy = policy or BackchannelPolicy(quick_ms=0)
         self.session.opened()
 
     def _sent(self, event: ServerEvent) -> None:
