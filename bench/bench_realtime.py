@@ -121,6 +121,8 @@ class Turn:
     deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
     status: str | None = None
     speech_started: float | None = None  # the server's speech_started, seen here
+    item_id: str | None = None  # the user item the server made of it
+    heard_at: float | None = None  # its conversation.item.done: its words are in
     # Where the time to first audio goes, as the client sees the server's events: VAD's
     # speech_stopped, the response's creation (the transcript is in), its first text.
     speech_stopped: float | None = None
@@ -234,6 +236,7 @@ class Session:
             elif kind == "input_audio_buffer.speech_started":
                 if self.listening is not None and self.listening.speech_started is None:
                     self.listening.speech_started = now
+                    self.listening.item_id = event.get("item_id")
             elif kind == "input_audio_buffer.speech_stopped":
                 if self.listening is not None and self.listening.speech_stopped is None:
                     self.listening.speech_stopped = now
@@ -248,6 +251,10 @@ class Session:
                     turn.status = event["response"].get("status")
                     turn.done_at = now
                     turn.done.set()
+            elif kind == "conversation.item.done":
+                said = self.listening
+                if said is not None and said.item_id == event["item"].get("id"):
+                    said.heard_at = said.heard_at or now
             elif kind == "error":
                 self.errors.append(str(event.get("error", {}).get("message", event)))
 
@@ -507,6 +514,9 @@ async def backchannels(
         if after and said.end_of_speech is not None:
             resumed = after[0] - said.end_of_speech
             from_start = after[0] - said.spoke_at
+        words = None  # when its words were in: what the decision used to wait for
+        if said.heard_at is not None and said.end_of_speech is not None:
+            words = said.heard_at - said.end_of_speech
         stopped = None  # the VAD's end of the turn, for scale: its silence wait and lag
         if said.speech_stopped is not None and said.end_of_speech is not None:
             stopped = said.speech_stopped - said.end_of_speech
@@ -519,6 +529,7 @@ async def backchannels(
                 "resumed_after_speech_end_s": resumed,
                 "resumed_after_speech_start_s": from_start,
                 "speech_stopped_after_speech_end_s": stopped,
+                "words_heard_after_speech_end_s": words,
                 "answer_status": asked.status,
                 "answer_audio_s": asked.audio_s,
                 "answered_backchannel": said.response_id is not None,

@@ -17,9 +17,12 @@ audio's own (ms into the turn), so the decision is the same however fast it arri
 Waiting for the words is what takes time: the phrase is transcribed after the pause, by
 a listener that shares the machine with the answer's thinker and talker (0.8-2.3 s on
 the project's 2-core VM). So speech short enough to be a backchannel
-(``quick_ms``) does not wait for them past ``words_wait_s``: the answer resumes then,
-provisionally, and its words still decide: if they turn out to be a request, the answer
-is cancelled when they come (a short "stop" lets the answer play on until it is heard).
+(``quick_ms``) does not wait for them once its silence has lasted ``words_wait_ms`` past
+the pause (of the user's audio, not the server's clock: a comma's pause in a longer
+request is over before that, and a server that falls behind the audio does not resume
+early): the answer resumes then, provisionally, and its words still decide: if they turn
+out to be a request, the answer is cancelled when they come (a short "stop" lets the
+answer play on until it is heard).
 """
 
 from __future__ import annotations
@@ -85,8 +88,9 @@ class BackchannelPolicy:
     # Speech up to this long (the turn's audio at its pause: the prefix padding, about
     # 0.7 s of voice, the pause) may resume before its words are heard ...
     quick_ms: float = 1100
-    # ... once they have been awaited this long after the pause.
-    words_wait_s: float = 0.25
+    # ... once its silence has gone on this much longer than the pause (``PAUSE_MS``):
+    # longer than the pause between two words of a request ("Wait, ... stop").
+    words_wait_ms: float = 250
 
     def may_resume_unheard(self, speech_ms: float) -> bool:
         """Whether speech of ``speech_ms`` resumes the answer if its words are slow."""

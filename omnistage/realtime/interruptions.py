@@ -7,8 +7,9 @@ when the turn ends, its words so far are judged (``backchannel.BackchannelPolicy
 backchannel or a noise releases the audio, a request cancels the answer (as far as its
 audio went out) and, once the turn is committed, the turn is answered. A user who goes
 on after a backchannel is held and judged again. Speech short enough to be a backchannel
-resumes the answer if its words are slow to come (``BackchannelPolicy.words_wait_s``),
-provisionally: its words, when they come, may still cancel it.
+resumes the answer if its words are slow to come (``BackchannelPolicy.words_wait_ms``
+of silence after its pause, or its end), provisionally: its words, when they come, may
+still cancel it.
 
 With ``turn_detection.resume_after_backchannel`` false, speech cancels the answer at
 once, as plain barge-in.
@@ -39,6 +40,7 @@ class _Held:
     asked: int = 0  # bumped at each question and each resumption: stale answers lose
     resumed: bool = False  # the answer flows again: a backchannel so far
     provisional: bool = False  # resumed before its words were heard: they still decide
+    quick: int | None = None  # the question (``asked``) short enough to resume unheard
     committed: bool = False  # the turn has ended
     spoken_end: float | None = None  # when it ended, if it is to be answered
     # The turn before, ended but still being judged when this one started: if it was a
@@ -79,13 +81,17 @@ class Interruptions:
         held = self._held = _Held(turn, run, prior=prior)
         asyncio.get_running_loop().call_later(MAX_HOLD_S, self._timed_out, held)
 
-    def audio(self, turn: UserTurn | None) -> None:
-        """More of ``turn`` was heard: speech too long for a backchannel is a request."""
+    def audio(self, turn: UserTurn | None, now_ms: float) -> None:
+        """More of ``turn`` was heard, up to ``now_ms`` of the session's audio: speech too
+        long for a backchannel is a request; a short one's silence may resume unheard."""
         held = self._held
-        if held is None or held.turn is not turn or held.resumed or not turn.in_phrase:
+        if held is None or held.turn is not turn or held.resumed:
             return
-        if self.policy.speaking(turn.fed_ms - turn.start_ms) == Decision.CANCEL:
-            self._settle(held, held.asked, Decision.CANCEL)
+        if turn.in_phrase:
+            if self.policy.speaking(turn.fed_ms - turn.start_ms) == Decision.CANCEL:
+                self._settle(held, held.asked, Decision.CANCEL)
+        elif now_ms - turn.fed_ms >= self.policy.words_wait_ms:  # fed_ms: the pause's
+            self._unheard(held)
 
     def paused(self, turn: UserTurn) -> None:
         held = self._held
@@ -113,6 +119,7 @@ class Interruptions:
             self._held = None  # a backchannel: it stays in the conversation, unanswered
         else:
             self._ask(held, turn.transcript)
+            self._unheard(held)  # the turn is over: short speech waits no longer
         return True
 
     def dropped(self) -> None:
@@ -138,13 +145,12 @@ class Interruptions:
             self._settle(held, asked, self.policy.heard(speech_ms, text))
 
         self._host.spawn(judge())
-        if self.policy.may_resume_unheard(speech_ms):
-            loop = asyncio.get_running_loop()
-            loop.call_later(self.policy.words_wait_s, self._unheard, held, asked)
+        held.quick = asked if self.policy.may_resume_unheard(speech_ms) else None
 
-    def _unheard(self, held: _Held, asked: int) -> None:
-        """Short speech's words did not come in time: the answer resumes meanwhile."""
-        if held.asked == asked and self._held is held and not held.resumed and not held.run.done:
+    def _unheard(self, held: _Held) -> None:
+        """Short speech's words are not in yet: the answer resumes meanwhile."""
+        quick = held.quick is not None and held.quick == held.asked
+        if quick and self._held is held and not held.resumed and not held.run.done:
             held.run.hold.release()
             held.resumed = held.provisional = True
 

@@ -110,7 +110,7 @@ class RealtimeSession:
         match event:
             case ev.AudioAppend():
                 self.audio.append(event.audio)
-                self.turns.interruptions.audio(self.audio.turn)
+                self.turns.interruptions.audio(self.audio.turn, self.audio.buffer.end_ms)
             case ev.SessionUpdate():
                 self.config.update(event.session)
                 self.audio.configure(self.config.input_format, self.config.turn_detection)

@@ -189,7 +189,7 @@ def slow_words(h: Harness) -> asyncio.Event:
     return release
 
 
-QUICK = BackchannelPolicy(words_wait_s=0)  # short speech's words are never awaited
+QUICK = BackchannelPolicy(words_wait_ms=0)  # short speech's words are never awaited
 
 
 async def test_short_speech_whose_words_are_slow_resumes_before_them_and_they_confirm() -> None:
@@ -234,7 +234,9 @@ async def test_short_speech_resumed_unheard_still_cancels_once_its_words_are_a_r
 
 
 async def test_speech_too_long_to_be_quick_waits_for_its_words() -> None:
-    h = Harness("tell me a story", "uh-huh", policy=BackchannelPolicy(quick_ms=200, words_wait_s=0))
+    h = Harness(
+        "tell me a story", "uh-huh", policy=BackchannelPolicy(quick_ms=200, words_wait_ms=0)
+    )
     answer = await talking(h)
     release = slow_words(h)
     await h.append(100, SpeechStarted(420))
@@ -246,3 +248,26 @@ async def test_speech_too_long_to_be_quick_waits_for_its_words() -> None:
     assert len(h.of("response.output_audio.delta")) == 1
     release.set()
     await until(lambda: len(h.of("response.output_audio.delta")) == 2, what="resumed")
+
+
+async def test_only_a_silence_longer_than_a_pause_between_words_resumes_unheard() -> None:
+    h = Harness("tell me a story", "wait, stop", policy=BackchannelPolicy())
+    answer = await talking(h)
+    release = slow_words(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    h.vad.detector.silence_from = 500
+    await h.append(200)  # the pause after "wait,": short speech, its words not in
+    await h.append(100)  # 100 ms more of silence (of the user's audio): a comma's pause
+    await ticks(20)
+    assert len(h.of("response.output_audio.delta")) == 1
+    h.vad.detector.silence_from = None  # "... stop": the same request goes on
+    await h.append(100)
+    h.vad.detector.silence_from = 900
+    await h.append(200)  # its second pause, and this time a silence as long as words_wait
+    await h.append(int(BackchannelPolicy().words_wait_ms))
+    await until(lambda: len(h.of("response.output_audio.delta")) == 2, what="resumed unheard")
+    await h.append(100, SpeechStopped(900))
+    release.set()  # the words: a request after all
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    await h.answered(2)
