@@ -514,6 +514,12 @@ async def backchannels(
         if after and said.end_of_speech is not None:
             resumed = after[0] - said.end_of_speech
             from_start = after[0] - said.spoke_at
+        # How far the story's audio ran ahead of playing it when the "okay" was heard:
+        # below 0, the talker was behind real time, and a resume waits for its next audio.
+        ahead = None
+        if heard is not None and asked.deltas:
+            sent = sum(d for t, d in asked.deltas if t <= heard)
+            ahead = sent - (heard - asked.deltas[0][0])
         words = None  # when its words were in: what the decision used to wait for
         if said.heard_at is not None and said.end_of_speech is not None:
             words = said.heard_at - said.end_of_speech
@@ -530,6 +536,7 @@ async def backchannels(
                 "resumed_after_speech_start_s": from_start,
                 "speech_stopped_after_speech_end_s": stopped,
                 "words_heard_after_speech_end_s": words,
+                "story_ahead_at_speech_s": ahead,
                 "answer_status": asked.status,
                 "answer_audio_s": asked.audio_s,
                 "answered_backchannel": said.response_id is not None,
