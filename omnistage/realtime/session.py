@@ -172,8 +172,8 @@ class RealtimeSession:
             raise bad("content_index", "an answer has one content part: use 0")
         if audio_end_ms < 0:
             raise bad("audio_end_ms", "must not be negative")
-        item.truncate(audio_end_ms)
-        self.emit(ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=audio_end_ms))
+        end_ms = item.truncate(audio_end_ms)
+        self.emit(ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=end_ms))
 
     def add_answer_item(self, item: Item) -> None:
         """An answer's output item joins the conversation."""

@@ -98,6 +98,11 @@ async def test_a_request_over_an_answer_cancels_it_as_far_as_it_was_heard() -> N
     messages = h.requests[1].prompt.messages
     assert messages is not None and messages[-1].content == "wait, what about tomorrow"
     second.end()
+    # A client that counts what it played by the clock (Pipecat) counts the held time
+    # too: a truncate past what went out finds nothing more to cut.
+    await h.send("conversation.item.truncate", item_id=item["id"], audio_end_ms=60_000)
+    (truncated,) = h.of("conversation.item.truncated")
+    assert truncated["audio_end_ms"] == 100 and not h.errors()  # "One." is 100 ms
 
 
 async def test_speech_too_long_for_a_backchannel_cancels_before_its_words() -> None:
