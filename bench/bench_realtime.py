@@ -121,12 +121,15 @@ class Turn:
     deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
     status: str | None = None
     speech_started: float | None = None  # the server's speech_started, seen here
+    item_id: str | None = None  # the user item the server made of it
+    heard_at: float | None = None  # its conversation.item.done: its words are in
     # Where the time to first audio goes, as the client sees the server's events: VAD's
     # speech_stopped, the response's creation (the transcript is in), its first text.
     speech_stopped: float | None = None
     created: float | None = None
     first_text: float | None = None
     transcript: str = ""
+    done_at: float | None = None  # response.done, seen here
     done: asyncio.Event = field(default_factory=asyncio.Event)
     audio: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -233,6 +236,7 @@ class Session:
             elif kind == "input_audio_buffer.speech_started":
                 if self.listening is not None and self.listening.speech_started is None:
                     self.listening.speech_started = now
+                    self.listening.item_id = event.get("item_id")
             elif kind == "input_audio_buffer.speech_stopped":
                 if self.listening is not None and self.listening.speech_stopped is None:
                     self.listening.speech_stopped = now
@@ -245,7 +249,12 @@ class Session:
                 turn = self.by_response.get(event["response"]["id"])
                 if turn is not None:
                     turn.status = event["response"].get("status")
+                    turn.done_at = now
                     turn.done.set()
+            elif kind == "conversation.item.done":
+                said = self.listening
+                if said is not None and said.item_id == event["item"].get("id"):
+                    said.heard_at = said.heard_at or now
             elif kind == "error":
                 self.errors.append(str(event.get("error", {}).get("message", event)))
 
@@ -488,7 +497,8 @@ async def backchannels(
     port: int, args: argparse.Namespace, speech: dict[str, np.ndarray]
 ) -> list[dict[str, Any]]:
     """One session per trial: whether the answer survived "okay", and when it resumed:
-    its first audio after speech_started, from the end of the backchannel's speech."""
+    its first audio after speech_started, from the end of the backchannel's speech (and
+    from its start: its first frame sent)."""
     out = []
     for _ in range(args.backchannels):
         script = backchannel_script(
@@ -500,18 +510,33 @@ async def backchannels(
         asked, said = [*turns, Turn(), Turn()][:2]
         heard = said.speech_started
         after = [t for t, _ in asked.deltas if heard is not None and t > heard]
-        resumed = None
+        resumed = from_start = None
         if after and said.end_of_speech is not None:
             resumed = after[0] - said.end_of_speech
+            from_start = after[0] - said.spoke_at
+        # How far the story's audio ran ahead of playing it when the "okay" was heard:
+        # below 0, the talker was behind real time, and a resume waits for its next audio.
+        ahead = None
+        if heard is not None and asked.deltas:
+            sent = sum(d for t, d in asked.deltas if t <= heard)
+            ahead = sent - (heard - asked.deltas[0][0])
+        words = None  # when its words were in: what the decision used to wait for
+        if said.heard_at is not None and said.end_of_speech is not None:
+            words = said.heard_at - said.end_of_speech
         stopped = None  # the VAD's end of the turn, for scale: its silence wait and lag
         if said.speech_stopped is not None and said.end_of_speech is not None:
             stopped = said.speech_stopped - said.end_of_speech
         out.append(
             {
-                # The answer was still being sent when the server heard the "okay".
-                "during_answer": bool(after),
+                # The answer was still under way when the server heard the "okay" (a
+                # cancelled one has no audio after it, but counts).
+                "during_answer": bool(after)
+                or (heard is not None and (asked.done_at is None or asked.done_at > heard)),
                 "resumed_after_speech_end_s": resumed,
+                "resumed_after_speech_start_s": from_start,
                 "speech_stopped_after_speech_end_s": stopped,
+                "words_heard_after_speech_end_s": words,
+                "story_ahead_at_speech_s": ahead,
                 "answer_status": asked.status,
                 "answer_audio_s": asked.audio_s,
                 "answered_backchannel": said.response_id is not None,
@@ -619,6 +644,8 @@ def interruption_rows(results: dict[str, Any]) -> list[tuple[str, str, bool | No
     back_cancelled = sum(1 for b in during if b["answer_status"] == "cancelled")
     resumed = [b["resumed_after_speech_end_s"] for b in during]
     slowest = max((x for x in resumed if x is not None), default=None)
+    from_start = [b.get("resumed_after_speech_start_s") for b in during]
+    slowest_start = max((x for x in from_start if x is not None), default=None)
     return [
         (
             f"barge-in: no audio > {BARGE_IN_S * 1000:.0f} ms after speech_started",
@@ -627,7 +654,8 @@ def interruption_rows(results: dict[str, Any]) -> list[tuple[str, str, bool | No
         ),
         (
             f"backchannel: none cancelled, resumed <= {RESUME_S:.1f} s after it",
-            f"cancelled {back_cancelled}/{len(during)}, slowest {fmt_s(slowest)} s",
+            f"cancelled {back_cancelled}/{len(during)}, slowest {fmt_s(slowest)} s "
+            f"({fmt_s(slowest_start)} s from its start)",
             None
             if not during
             else back_cancelled == 0 and None not in resumed and max(resumed) <= RESUME_S,

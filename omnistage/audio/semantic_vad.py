@@ -23,6 +23,14 @@ sentence cut at a word boundary by a 700 ms pause still scores >= 0.5 in 60% of 
 
 The clock is the audio's (window times), so every timing is exact and testable with a fake
 ``judge``; ``vad.VadStream`` keeps the audio and runs the real model.
+
+The model may answer late. Without a ``judge`` the detector only asks (``take_question``),
+and the verdict is given back with ``verdict`` when it comes (``vad.VadStream`` runs the
+model on a worker thread, off the session's event loop): it acts as it would have at the
+question, judged on the silence heard by the time it arrives, so a turn still ends where
+its silence began. A verdict on a silence that is over (the user spoke again, the turn
+ended, the detector was reset) is stale and dropped; a silence that lasts ``max_wait_ms``
+ends the turn whether or not its verdict has come.
 """
 
 from __future__ import annotations
@@ -112,6 +120,16 @@ class SemanticVadParams:
 Judge = Callable[[int, int], float]
 
 
+@dataclass(frozen=True, slots=True)
+class Question:
+    """What the model is to hear: the turn's audio ``[start_ms, end_ms)``; ``token`` names
+    the silence it is asked about (its verdict is ``verdict(token, ...)``)."""
+
+    token: int
+    start_ms: int
+    end_ms: int
+
+
 class SemanticTurnDetector:
     """Turns one session's window probabilities and the model's verdicts into turn events.
 
@@ -120,9 +138,9 @@ class SemanticTurnDetector:
     order without overlap.
     """
 
-    def __init__(self, params: SemanticVadParams, judge: Judge) -> None:
+    def __init__(self, params: SemanticVadParams, judge: Judge | None = None) -> None:
         self.params = params
-        self._judge = judge
+        self._judge = judge  # None: questions wait for ``take_question``
         self._speech_threshold = SPEECH.threshold
         self._silence_threshold = SPEECH.threshold - HYSTERESIS
         self.speaking = False
@@ -130,6 +148,9 @@ class SemanticTurnDetector:
         self._wait_ms: int | None = None  # the silence that ends the turn, once judged
         self._turn_start = 0
         self._next_ms = 0
+        self._tokens = 0  # questions asked so far: each one's token
+        self._question: Question | None = None  # this silence's, once asked
+        self._untaken: Question | None = None  # asked, not yet taken to the model
         # The model's last verdict (for stats and tests): (probability, at ms).
         self.last_verdict: tuple[float, int] | None = None
 
@@ -140,9 +161,22 @@ class SemanticTurnDetector:
 
     def reset(self) -> None:
         self.speaking = False
-        self._silence_from = None
-        self._wait_ms = None
+        self._end_silence(None)
         self._next_ms = 0
+
+    def _end_silence(self, silence_from: int | None) -> None:
+        """A silence begins (or none holds): its question and verdict, if any, are void."""
+        self._silence_from, self._wait_ms = silence_from, None
+        self._question = self._untaken = None
+
+    def take_question(self) -> Question | None:
+        """The question asked since the last call, for the model (without a ``judge``)."""
+        question, self._untaken = self._untaken, None
+        return question
+
+    def wants(self, token: int) -> bool:
+        """Whether the verdict on question ``token`` still matters (its silence holds)."""
+        return self._question is not None and self._question.token == token
 
     def push(self, probability: float, start_ms: int, end_ms: int) -> VadEvent | None:
         """Account one window of audio ``[start_ms, end_ms)``; the event it completes, if any."""
@@ -150,28 +184,49 @@ class SemanticTurnDetector:
         if not self.speaking:
             if probability >= self._speech_threshold:
                 self.speaking = True
-                self._silence_from = None
-                self._wait_ms = None
+                self._end_silence(None)
                 self._turn_start = max(0, start_ms - self.params.prefix_padding_ms)
                 return SpeechStarted(self._turn_start)
             return None
         if probability >= self._speech_threshold:
-            self._silence_from, self._wait_ms = None, None
+            self._end_silence(None)
         elif probability < self._silence_threshold and self._silence_from is None:
-            self._silence_from = start_ms
+            self._end_silence(start_ms)
         if self._silence_from is None:
             return None
-        silent = end_ms - self._silence_from
-        if silent >= CHECK_MS and self._wait_ms is None:
-            verdict = self._judge(self._turn_start, end_ms)
-            self.last_verdict = (verdict, end_ms)
-            self._wait_ms = self.params.wait_ms(verdict)
-        if self._wait_ms is not None and silent >= self._wait_ms:
-            return self._stop()
-        return None
+        if end_ms - self._silence_from >= CHECK_MS and self._question is None:
+            self._ask(end_ms)
+        return self._ended()
 
-    def _stop(self) -> SpeechStopped:
+    def _ask(self, end_ms: int) -> None:
+        self._tokens += 1
+        question = self._question = Question(self._tokens, self._turn_start, end_ms)
+        if self._judge is None:
+            self._untaken = question
+        else:
+            self._judged(question, self._judge(question.start_ms, question.end_ms))
+
+    def verdict(self, token: int, probability: float) -> VadEvent | None:
+        """The model's verdict on question ``token``; the event it completes, if any (none
+        when the question's silence is over: the verdict is stale)."""
+        if not self.wants(token) or self._wait_ms is not None:
+            return None
+        assert self._question is not None
+        self._judged(self._question, probability)
+        return self._ended()
+
+    def _judged(self, question: Question, probability: float) -> None:
+        self.last_verdict = (probability, question.end_ms)
+        self._wait_ms = self.params.wait_ms(probability)
+
+    def _ended(self) -> SpeechStopped | None:
+        """The turn's end, if its silence so far ends it."""
         assert self._silence_from is not None
+        silent = self._next_ms - self._silence_from
+        wait_ms = self.params.max_wait_ms if self._wait_ms is None else self._wait_ms
+        if silent < wait_ms:
+            return None
         self.speaking = False
-        end, self._silence_from, self._wait_ms = self._silence_from, None, None
+        end = self._silence_from
+        self._end_silence(None)
         return SpeechStopped(end)

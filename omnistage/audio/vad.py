@@ -13,20 +13,28 @@ mono, 24 kHz, or 16 kHz), resamples to 16 kHz, scores it and runs the windows th
 ``server_vad.TurnDetector`` (or, for ``semantic_vad``, a ``semantic_vad.SemanticTurnDetector``,
 for which it also keeps the last seconds of audio for the end-of-turn model to hear),
 returning the events each chunk completes with times counted from the first byte fed.
+
+Given a ``verdicts.VerdictPool``, a semantic stream runs the end-of-turn model on the pool's
+worker thread instead of inside ``feed``: ``verdicts()`` hands out each question asked as a
+coroutine, which the caller awaits (on its event loop) for the events its verdict completes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from omnistage.audio.resample import StreamResampler
-from omnistage.audio.semantic_vad import SemanticTurnDetector, SemanticVadParams
+from omnistage.audio.semantic_vad import Question, SemanticTurnDetector, SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams, TurnDetector, VadEvent
+from omnistage.audio.verdicts import VerdictPool
+
+log = logging.getLogger(__name__)
 
 MODEL_RATE = 16_000
 WINDOW = 512  # samples per scored window at 16 kHz: 32 ms
@@ -138,6 +146,7 @@ class VadStream:
         sample_rate: int = 24_000,
         vad: WindowScorer | None = None,
         judge: Callable[[np.ndarray], float] | None = None,
+        verdicts: VerdictPool | None = None,
     ) -> None:
         if sample_rate not in INPUT_RATES:
             raise ValueError(f"sample_rate must be one of {INPUT_RATES}, got {sample_rate}")
@@ -146,6 +155,8 @@ class VadStream:
         # 16 kHz audio since the last reset, its last KEPT_SAMPLES (semantic_vad only).
         self._kept: np.ndarray | None = None
         self._kept_from = 0  # samples since the reset dropped from the front of _kept
+        self._pool = verdicts
+        self._questions: list[Coroutine[Any, Any, list[VadEvent]]] = []
         if isinstance(params, SemanticVadParams):
             if judge is None:
                 from omnistage.audio.smart_turn import SmartTurn
@@ -153,7 +164,7 @@ class VadStream:
                 judge = SmartTurn().probability
             self._model = judge
             self._kept = np.zeros(0, dtype=np.float32)
-            self.detector = SemanticTurnDetector(params, self._judge)
+            self.detector = SemanticTurnDetector(params, None if verdicts else self._judge)
         else:
             self.detector = TurnDetector(params)
         self.vad: WindowScorer = vad if vad is not None else SileroVad()
@@ -187,11 +198,33 @@ class VadStream:
 
     def _judge(self, start_ms: int, end_ms: int) -> float:
         """The end-of-turn model on the kept audio of ``[start_ms, end_ms)``."""
+        return self._model(self._audio_of(start_ms, end_ms))
+
+    def _audio_of(self, start_ms: int, end_ms: int) -> np.ndarray:
         assert self._kept is not None
         per_ms = MODEL_RATE // 1000
         lo = (start_ms - self._window_base_ms) * per_ms - self._kept_from
         hi = (end_ms - self._window_base_ms) * per_ms - self._kept_from
-        return self._model(self._kept[max(0, lo) : max(0, hi)])
+        # A view of an array never written again: feeding builds a new one.
+        return self._kept[max(0, lo) : max(0, hi)]
+
+    def verdicts(self) -> list[Coroutine[Any, Any, list[VadEvent]]]:
+        """The questions for the end-of-turn model asked by the audio fed since the last
+        call (with a pool only): each, awaited, runs the model off the loop and gives the
+        events its verdict completes (none when it came too late to matter)."""
+        questions, self._questions = self._questions, []
+        return questions
+
+    async def _verdict(self, question: Question, audio: np.ndarray) -> list[VadEvent]:
+        detector, pool = self.detector, self._pool
+        assert isinstance(detector, SemanticTurnDetector) and pool is not None
+        try:
+            verdict = await pool.judge(self._model, audio, lambda: detector.wants(question.token))
+        except Exception:  # the turn then ends on the longest wait, as if judged unfinished
+            log.exception("the end-of-turn model failed")
+            return []
+        event = None if verdict is None else detector.verdict(question.token, verdict)
+        return [] if event is None else [event]
 
     def feed(self, pcm: bytes) -> list[VadEvent]:
         """Account a chunk of PCM16 little-endian mono audio; the events it completes."""
@@ -214,4 +247,9 @@ class VadStream:
             event = self.detector.push(float(probability), start, start + WINDOW_MS)
             if event is not None:
                 events.append(event)
+            if self._pool is not None and isinstance(self.detector, SemanticTurnDetector):
+                question = self.detector.take_question()
+                if question is not None:
+                    audio = self._audio_of(question.start_ms, question.end_ms)
+                    self._questions.append(self._verdict(question, audio))
         return events

@@ -9,19 +9,23 @@ tells it what it hears through ``Listener`` callbacks:
 - ``paused(turn)``: the user has been silent for ``turn.PAUSE_MS`` (the turn may be
   over; the phrase so far is being transcribed);
 - ``resumed(turn)``: the user spoke again before the turn ended.
+
+A ``semantic_vad`` turn may end after the audio that ended it was appended: the end-of-turn
+model's verdict is awaited off the event loop (``vad.VadStream.verdicts``), in a task of
+the session's, and its events are handled as they come.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
 
 from omnistage.audio.formats import AudioFormat, InputStream
-from omnistage.audio.server_vad import ServerVadParams, SpeechStarted
+from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, VadEvent
 from omnistage.audio.vad import VadParams, VadStream
 from omnistage.realtime.config import TurnDetection
 from omnistage.realtime.conversation import new_id
@@ -49,8 +53,10 @@ class AudioInput:
         listener: Listener,
         new_turn: Callable[[str, float], UserTurn],
         vad: Callable[[VadParams], VadStream],
+        spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None,
     ) -> None:
         self._listener = listener
+        self._spawn = spawn  # runs the session's background tasks (late VAD verdicts)
         self._new_turn = new_turn
         self._make_vad = vad
         self.buffer = InputBuffer()
@@ -95,7 +101,18 @@ class AudioInput:
             return
         if self.turn is not None and self.turn.in_phrase:
             self.turn.feed(pcm, ms)
-        for event in self._vad.feed(pcm):
+        self._heard(self._vad.feed(pcm))
+        for verdict in self._vad.verdicts():
+            assert self._spawn is not None, "a VAD with late verdicts needs a spawn"
+            self._spawn(self._late(self._vad, verdict))
+
+    async def _late(self, vad: VadStream, verdict: Coroutine[Any, Any, list[VadEvent]]) -> None:
+        events = await verdict
+        if vad is self._vad:  # not replaced by a session.update meanwhile
+            self._heard(events)
+
+    def _heard(self, events: list[VadEvent]) -> None:
+        for event in events:
             if isinstance(event, SpeechStarted):
                 self._started(event.audio_start_ms)
             elif self.turn is not None:

@@ -13,6 +13,16 @@ The speech is judged at its first pause (``user_turn.PAUSE_MS``) from the words 
 far, and again if the user goes on after it. Where nobody transcribes (an omni thinker
 hears the audio itself), short speech is taken for a backchannel. Times are the user
 audio's own (ms into the turn), so the decision is the same however fast it arrives.
+
+Waiting for the words is what takes time: the phrase is transcribed after the pause, by
+a listener that shares the machine with the answer's thinker and talker (0.8-2.3 s on
+the project's 2-core VM). So speech short enough to be a backchannel
+(``quick_ms``) does not wait for them once its silence has lasted ``words_wait_ms`` past
+the pause (of the user's audio, not the server's clock: a comma's pause in a longer
+request is over before that, and a server that falls behind the audio does not resume
+early): the answer resumes then, provisionally, and its words still decide: if they turn
+out to be a request, the answer is cancelled when they come (a short "stop" lets the
+answer play on until it is heard).
 """
 
 from __future__ import annotations
@@ -75,6 +85,16 @@ class BackchannelPolicy:
     second of speech fits in the default."""
 
     max_speech_ms: float = 1500
+    # Speech up to this long (the turn's audio at its pause: the prefix padding, about
+    # 0.7 s of voice, the pause) may resume before its words are heard ...
+    quick_ms: float = 1100
+    # ... once its silence has gone on this much longer than the pause (``PAUSE_MS``):
+    # longer than the pause between two words of a request ("Wait, ... stop").
+    words_wait_ms: float = 250
+
+    def may_resume_unheard(self, speech_ms: float) -> bool:
+        """Whether speech of ``speech_ms`` resumes the answer if its words are slow."""
+        return speech_ms <= self.quick_ms
 
     def speaking(self, speech_ms: float) -> Decision:
         """The user is still speaking, ``speech_ms`` into the turn."""

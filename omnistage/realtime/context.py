@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from omnistage.audio.vad import VadParams, VadStream
+from omnistage.audio.verdicts import shared_pool
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.conversation import Conversation, Item
 from omnistage.realtime.events import ServerEvent
@@ -43,7 +44,8 @@ class SessionContext:
     talker: int | None
     listener: int | None
     stats: Stats = field(default_factory=_NoStats)
-    vad: Callable[[VadParams], VadStream] = lambda p: VadStream(p, RATE)
+    # The end-of-turn model runs on the process's worker pool, off the event loop.
+    vad: Callable[[VadParams], VadStream] = lambda p: VadStream(p, RATE, verdicts=shared_pool())
     # What ``rate_limits.updated`` reports after each answer (None: nothing is sent).
     rate_limits: Callable[[], list[dict[str, Any]]] | None = None
     # The thinker hears the user's audio itself (an omni model's): no listener, and

@@ -55,6 +55,9 @@ class Item:
     spoken: list[Spoken] = field(default_factory=list)
     # A user turn's audio (24 kHz pcm16), where the thinker hears it itself.
     audio: bytes | None = None
+    # An answer the server cut where its audio stopped going out (a barge-in over held
+    # audio): it already ends where the user stopped hearing it.
+    cut: bool = False
 
     @property
     def id(self) -> str:
@@ -67,14 +70,21 @@ class Item:
     def audio_ms(self) -> float:
         return sum(s.audio_ms for s in self.spoken)
 
-    def truncate(self, audio_end_ms: int) -> None:
-        """Keep the words of the first ``audio_end_ms`` of this answer's audio."""
+    def truncate(self, audio_end_ms: int, *, cut: bool = False) -> int:
+        """Keep the words of the first ``audio_end_ms`` of this answer's audio; the
+        ``audio_end_ms`` applied. Past the item's audio is an error, as OpenAI's, except
+        on an answer the server has ``cut``: a client that counts what it played by the
+        clock (Pipecat) counts the time the audio was held too, and there is nothing
+        more to cut."""
         total = self.audio_ms()
         if audio_end_ms > total + 1:
-            raise bad(
-                "audio_end_ms",
-                f"audio_end_ms {audio_end_ms} is past the item's audio ({total:.0f} ms)",
-            )
+            if not self.cut:
+                raise bad(
+                    "audio_end_ms",
+                    f"audio_end_ms {audio_end_ms} is past the item's audio ({total:.0f} ms)",
+                )
+            audio_end_ms = int(total)
+        self.cut = self.cut or cut
         kept: list[Spoken] = []
         at = 0.0
         for s in self.spoken:
@@ -90,6 +100,7 @@ class Item:
         part = self.json["content"][0]
         part["transcript"] = " ".join(s.text for s in kept if s.text)
         self.json["status"] = ItemStatus.INCOMPLETE
+        return audio_end_ms
 
 
 def message_item(

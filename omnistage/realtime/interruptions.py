@@ -6,7 +6,10 @@ from the moment the speech starts (``output_hold``); at the user's first pause, 
 when the turn ends, its words so far are judged (``backchannel.BackchannelPolicy``): a
 backchannel or a noise releases the audio, a request cancels the answer (as far as its
 audio went out) and, once the turn is committed, the turn is answered. A user who goes
-on after a backchannel is held and judged again.
+on after a backchannel is held and judged again. Speech short enough to be a backchannel
+resumes the answer if its words are slow to come (``BackchannelPolicy.words_wait_ms``
+of silence after its pause, or its end), provisionally: its words, when they come, may
+still cancel it.
 
 With ``turn_detection.resume_after_backchannel`` false, speech cancels the answer at
 once, as plain barge-in.
@@ -36,6 +39,8 @@ class _Held:
     run: ResponseRun
     asked: int = 0  # bumped at each question and each resumption: stale answers lose
     resumed: bool = False  # the answer flows again: a backchannel so far
+    provisional: bool = False  # resumed before its words were heard: they still decide
+    quick: int | None = None  # the question (``asked``) short enough to resume unheard
     committed: bool = False  # the turn has ended
     spoken_end: float | None = None  # when it ended, if it is to be answered
     # The turn before, ended but still being judged when this one started: if it was a
@@ -71,17 +76,22 @@ class Interruptions:
             return
         run.hold.hold()
         old = self._held
-        prior = old if old is not None and old.committed and not old.resumed else None
+        undecided = old is not None and (not old.resumed or old.provisional)
+        prior = old if old is not None and old.committed and undecided else None
         held = self._held = _Held(turn, run, prior=prior)
         asyncio.get_running_loop().call_later(MAX_HOLD_S, self._timed_out, held)
 
-    def audio(self, turn: UserTurn | None) -> None:
-        """More of ``turn`` was heard: speech too long for a backchannel is a request."""
+    def audio(self, turn: UserTurn | None, now_ms: float) -> None:
+        """More of ``turn`` was heard, up to ``now_ms`` of the session's audio: speech too
+        long for a backchannel is a request; a short one's silence may resume unheard."""
         held = self._held
-        if held is None or held.turn is not turn or held.resumed or not turn.in_phrase:
+        if held is None or held.turn is not turn or held.resumed:
             return
-        if self.policy.speaking(turn.fed_ms - turn.start_ms) == Decision.CANCEL:
-            self._settle(held, held.asked, Decision.CANCEL)
+        if turn.in_phrase:
+            if self.policy.speaking(turn.fed_ms - turn.start_ms) == Decision.CANCEL:
+                self._settle(held, held.asked, Decision.CANCEL)
+        elif now_ms - turn.fed_ms >= self.policy.words_wait_ms:  # fed_ms: the pause's
+            self._unheard(held)
 
     def paused(self, turn: UserTurn) -> None:
         held = self._held
@@ -95,7 +105,7 @@ class Interruptions:
             return
         held.asked += 1
         if held.resumed:
-            held.resumed = False
+            held.resumed = held.provisional = False
             held.run.hold.hold()
 
     def stopped(self, turn: UserTurn, spoken_end: float | None) -> bool:
@@ -105,10 +115,11 @@ class Interruptions:
         if held is None or held.turn is not turn:
             return False
         held.committed, held.spoken_end = True, spoken_end
-        if held.resumed and not held.run.done:
+        if held.resumed and not held.provisional and not held.run.done:
             self._held = None  # a backchannel: it stays in the conversation, unanswered
         else:
             self._ask(held, turn.transcript)
+            self._unheard(held)  # the turn is over: short speech waits no longer
         return True
 
     def dropped(self) -> None:
@@ -134,6 +145,14 @@ class Interruptions:
             self._settle(held, asked, self.policy.heard(speech_ms, text))
 
         self._host.spawn(judge())
+        held.quick = asked if self.policy.may_resume_unheard(speech_ms) else None
+
+    def _unheard(self, held: _Held) -> None:
+        """Short speech's words are not in yet: the answer resumes meanwhile."""
+        quick = held.quick is not None and held.quick == held.asked
+        if quick and self._held is held and not held.resumed and not held.run.done:
+            held.run.hold.release()
+            held.resumed = held.provisional = True
 
     def _settle(self, held: _Held, asked: int, decision: Decision) -> None:
         if held.asked != asked or decision == Decision.WAIT:
@@ -146,7 +165,7 @@ class Interruptions:
             return
         if decision == Decision.RESUME and not run.done:
             run.hold.release()
-            held.resumed = True
+            held.resumed, held.provisional = True, False
             if held.committed:
                 self._held = None
             return

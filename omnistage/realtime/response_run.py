@@ -244,7 +244,7 @@ class ResponseRun:
         if self.hold.holding:  # the user heard it up to where it paused, not further
             self.hold.drop()
             if self.message is not None:
-                self.message.truncate(int(self.hold.sent_ms))
+                self.message.truncate(int(self.hold.sent_ms), cut=True)
         self._stop(ResponseStatus.CANCELLED, reason)
 
     # ----------------------------------------------------------------------------------

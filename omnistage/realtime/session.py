@@ -55,7 +55,7 @@ class RealtimeSession:
         self.answers = Answers(self)
         self.turns = TurnTaking(self, self.answers)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.audio = AudioInput(self.turns, self.turns.new_turn, ctx.vad)
+        self.audio = AudioInput(self.turns, self.turns.new_turn, ctx.vad, self.spawn)
         self.audio.configure(config.input_format, config.turn_detection)
         self._created = time.time()
         # Set by a WebRTC call, whose answer audio plays on the server's side of the call.
@@ -133,7 +133,7 @@ class RealtimeSession:
         match event:
             case ev.AudioAppend():
                 self.audio.append(event.audio)
-                self.turns.interruptions.audio(self.audio.turn)
+                self.turns.interruptions.audio(self.audio.turn, self.audio.buffer.end_ms)
             case ev.SessionUpdate():
                 self.config.update(event.session)
                 self.audio.configure(self.config.input_format, self.config.turn_detection)
@@ -195,8 +195,8 @@ class RealtimeSession:
             raise bad("content_index", "an answer has one content part: use 0")
         if audio_end_ms < 0:
             raise bad("audio_end_ms", "must not be negative")
-        item.truncate(audio_end_ms)
-        self.emit(ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=audio_end_ms))
+        end_ms = item.truncate(audio_end_ms)
+        self.emit(ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=end_ms))
 
     def add_answer_item(self, item: Item) -> None:
         """An answer's output item joins the conversation."""

@@ -98,6 +98,11 @@ async def test_a_request_over_an_answer_cancels_it_as_far_as_it_was_heard() -> N
     messages = h.requests[1].prompt.messages
     assert messages is not None and messages[-1].content == "wait, what about tomorrow"
     second.end()
+    # A client that counts what it played by the clock (Pipecat) counts the held time
+    # too: a truncate past what went out finds nothing more to cut.
+    await h.send("conversation.item.truncate", item_id=item["id"], audio_end_ms=60_000)
+    (truncated,) = h.of("conversation.item.truncated")
+    assert truncated["audio_end_ms"] == 100 and not h.errors()  # "One." is 100 ms
 
 
 async def test_speech_too_long_for_a_backchannel_cancels_before_its_words() -> None:
@@ -170,3 +175,104 @@ async def test_a_request_still_being_judged_when_the_user_speaks_again_still_can
     await until(lambda: answer.closed, what="the answer to be cancelled")
     await h.append(300, SpeechStopped(700))
     await h.answered(2)  # the request is answered (with the "uh-huh" after it)
+
+
+# ------------------------------------------------------------- words that come late
+
+
+def slow_words(h: Harness) -> asyncio.Event:
+    """The listener's words come only once the returned event is set."""
+    release = asyncio.Event()
+    opener = h.session.ctx.service._opener  # type: ignore[attr-defined]
+
+    async def slow_listener(request: Any) -> Any:
+        if request.finals == [LISTENER]:
+            await release.wait()
+        return await opener(request)
+
+    h.session.ctx.service._opener = slow_listener  # type: ignore[attr-defined]
+    return release
+
+
+QUICK = BackchannelPolicy(words_wait_ms=0)  # short speech's words are never awaited
+
+
+async def test_short_speech_whose_words_are_slow_resumes_before_them_and_they_confirm() -> None:
+    h = Harness("tell me a story", "uh-huh", policy=QUICK)
+    answer = await talking(h)
+    release = slow_words(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    h.vad.detector.silence_from = 500  # paused after 280 ms: short enough
+    await h.append(200)
+    await until(lambda: len(h.of("response.output_audio.delta")) == 2, what="resumed unheard")
+    assert h.session.turns.interruptions.held is None and not h.listened[1:]
+    release.set()
+    await h.append(300, SpeechStopped(500))
+    users = lambda: [e for e in h.of("conversation.item.done") if e["item"]["role"] == "user"]  # noqa: E731
+    await until(lambda: len(users()) == 2, what="its words")
+    await ticks(20)
+    answer.put(*words("")[1:])
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    assert h.of("response.done")[0]["response"]["status"] == "completed"
+    assert h.stats.barge_ins == 0 and len(h.answers) == 1
+
+
+async def test_short_speech_resumed_unheard_still_cancels_once_its_words_are_a_request() -> None:
+    h = Harness("tell me a story", "stop", policy=QUICK)
+    answer = await talking(h)
+    release = slow_words(h)
+    await h.append(100, SpeechStarted(420))
+    h.vad.detector.silence_from = 500
+    await h.append(200)
+    await until(lambda: h.session.turns.interruptions.held is None, what="resumed unheard")
+    await h.append(300, SpeechStopped(500))  # the turn ends before its words are heard
+    assert not answer.closed
+    release.set()
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    assert h.stats.barge_ins == 1
+    second = await h.answered(2)  # and the request is answered
+    messages = h.requests[1].prompt.messages
+    assert messages is not None and messages[-1].content == "stop"
+    second.end()
+
+
+async def test_speech_too_long_to_be_quick_waits_for_its_words() -> None:
+    h = Harness(
+        "tell me a story", "uh-huh", policy=BackchannelPolicy(quick_ms=200, words_wait_ms=0)
+    )
+    answer = await talking(h)
+    release = slow_words(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    h.vad.detector.silence_from = 500
+    await h.append(200)  # paused after 280 ms: longer than quick_ms
+    await ticks(20)
+    assert h.session.turns.interruptions.held is h.session.response
+    assert len(h.of("response.output_audio.delta")) == 1
+    release.set()
+    await until(lambda: len(h.of("response.output_audio.delta")) == 2, what="resumed")
+
+
+async def test_only_a_silence_longer_than_a_pause_between_words_resumes_unheard() -> None:
+    h = Harness("tell me a story", "wait, stop", policy=BackchannelPolicy())
+    answer = await talking(h)
+    release = slow_words(h)
+    await h.append(100, SpeechStarted(420))
+    answer.put(speech("Two."))
+    h.vad.detector.silence_from = 500
+    await h.append(200)  # the pause after "wait,": short speech, its words not in
+    await h.append(100)  # 100 ms more of silence (of the user's audio): a comma's pause
+    await ticks(20)
+    assert len(h.of("response.output_audio.delta")) == 1
+    h.vad.detector.silence_from = None  # "... stop": the same request goes on
+    await h.append(100)
+    h.vad.detector.silence_from = 900
+    await h.append(200)  # its second pause, and this time a silence as long as words_wait
+    await h.append(int(BackchannelPolicy().words_wait_ms))
+    await until(lambda: len(h.of("response.output_audio.delta")) == 2, what="resumed unheard")
+    await h.append(100, SpeechStopped(900))
+    release.set()  # the words: a request after all
+    await until(lambda: answer.closed, what="the answer to be cancelled")
+    await h.answered(2)

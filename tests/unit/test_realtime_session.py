@@ -6,6 +6,7 @@ turn event and where the silence under way began, so every turn is exact."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage
 from omnistage.realtime import audio_input
+from omnistage.realtime.backchannel import BackchannelPolicy
 from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
 from omnistage.realtime.events import ServerEvent
@@ -38,6 +40,7 @@ class ScriptedVad:
         self.params = params
         self.detector = SimpleNamespace(silence_from=None)
         self.next: list[VadEvent] = []
+        self.late: list[Any] = []  # verdict coroutines handed out after the next feed
         self.fed = 0
         self.resets = 0
 
@@ -49,6 +52,10 @@ class ScriptedVad:
     def reset(self) -> None:
         self.resets += 1
         self.detector.silence_from = None
+
+    def verdicts(self) -> list[Any]:
+        late, self.late = self.late, []
+        return late
 
 
 class Stats:
@@ -69,7 +76,9 @@ class Stats:
 class Harness:
     """A session, what it sent, its pipeline requests and its VAD."""
 
-    def __init__(self, *transcripts: str, hears: bool = False) -> None:
+    def __init__(
+        self, *transcripts: str, hears: bool = False, policy: BackchannelPolicy | None = None
+    ) -> None:
         self.transcripts = list(transcripts)
         self.listened: list[PipelineRequest] = []
         self.answers: list[ScriptedStream] = []
@@ -105,6 +114,9 @@ class Harness:
             hears=hears,
         )
         self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self._sent)
+        # Words are awaited however long they take, unless a test says otherwise: whether
+        # they come before a timer would otherwise depend on the machine's speed.
+        self.session.turns.interruptions.policy = policy or BackchannelPolicy(quick_ms=0)
         self.session.opened()
 
     def _sent(self, event: ServerEvent) -> None:
@@ -201,6 +213,25 @@ async def test_a_turn_is_committed_transcribed_and_answered() -> None:
     # After each answer, the server's limits (the route: sessions at once).
     assert kinds[kinds.index("response.done") + 1] == "rate_limits.updated"
     assert h.of("rate_limits.updated")[0]["rate_limits"][0]["remaining"] == 3
+
+
+async def test_a_turn_ended_by_a_late_verdict_is_committed_when_it_comes() -> None:
+    """semantic_vad's verdict is awaited off the loop: the audio that asked for it is
+    handled first, and the turn ends when the verdict comes (a superseded VAD's does not)."""
+    h = Harness("what time is it")
+    await h.append(100, SpeechStarted(0))
+    verdict: asyncio.Future[list[VadEvent]] = asyncio.get_running_loop().create_future()
+
+    async def late() -> list[VadEvent]:
+        return await verdict
+
+    h.vad.late.append(late())
+    await h.append(300)
+    assert "input_audio_buffer.speech_stopped" not in h.kinds()
+    verdict.set_result([SpeechStopped(300)])
+    await until(lambda: h.of("input_audio_buffer.committed"), what="the commit")
+    assert h.of("input_audio_buffer.speech_stopped")[0]["audio_end_ms"] == 300
+    await h.answered()
 
 
 async def test_a_thinker_that_hears_is_given_each_turns_audio_itself() -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
 from omnistage.audio.semantic_vad import CHECK_MS, SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped
 from omnistage.audio.vad import WINDOW, VadStream
+from omnistage.audio.verdicts import VerdictPool
 
 
 class LoudScorer:
@@ -113,3 +118,54 @@ def test_semantic_vad_hears_the_turns_own_audio_and_ends_it_on_the_models_word()
     stream.reset()
     assert feed_in(stream, data, [4801]) == [SpeechStarted(3992 - 300), SpeechStopped(5016)]
     assert np.nonzero(np.abs(heard[1]) > 0.1)[0][0] == pytest.approx(308 * 16, abs=32)
+
+
+async def test_with_a_pool_the_verdict_runs_off_the_loop_and_ends_the_turn_when_it_comes() -> None:
+    started, release = threading.Event(), threading.Event()
+    heard: list[int] = []
+
+    def model(audio: np.ndarray) -> float:  # a slow model: blocks until the test says
+        heard.append(len(audio))
+        started.set()
+        release.wait(30)
+        return 1.0
+
+    stream = VadStream(
+        SemanticVadParams(), 24_000, vad=LoudScorer(), judge=model, verdicts=VerdictPool()
+    )
+    assert feed_in(stream, pcm(24_000, (1, 0), (1, 0.5), (1, 0)), [961]) == TURN[:1]
+    (verdict,) = stream.verdicts()
+    assert stream.verdicts() == []
+    task = asyncio.ensure_future(verdict)
+    await asyncio.to_thread(started.wait, 30)
+    # The model is running and the loop is free: the session's other work goes on.
+    assert not task.done()
+    await asyncio.sleep(0)
+    release.set()
+    assert await task == TURN[1:]  # where the silence began, as without a pool
+    assert stream.verdicts() == [] and not stream.speaking
+    assert heard == [pytest.approx((2016 + CHECK_MS - 692) * 16, abs=WINDOW)]
+
+
+async def test_a_question_whose_silence_is_over_is_never_run() -> None:
+    runs: list[int] = []
+
+    def model(audio: np.ndarray) -> float:
+        runs.append(len(audio))
+        return 1.0
+
+    # A pool whose worker is busy until the test lets it go.
+    gate = threading.Event()
+    executor = ThreadPoolExecutor(1)
+    executor.submit(gate.wait, 30)
+    stream = VadStream(
+        SemanticVadParams(), 24_000, vad=LoudScorer(), judge=model, verdicts=VerdictPool(executor)
+    )
+    feed_in(stream, pcm(24_000, (1, 0), (1, 0.5), (0.3, 0)), [961])
+    (first,) = stream.verdicts()
+    task = asyncio.ensure_future(first)
+    feed_in(stream, pcm(24_000, (0.5, 0.5)), [961])  # the user went on
+    gate.set()
+    assert await task == []
+    assert runs == [] and stream.speaking
+    executor.shutdown()

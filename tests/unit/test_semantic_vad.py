@@ -129,3 +129,61 @@ def test_reset_forgets_the_turn_and_a_bad_eagerness_is_refused() -> None:
     with pytest.raises(BadRequestError) as info:
         SemanticVadParams("eager")  # type: ignore[arg-type]
     assert info.value.param == "eagerness"
+
+
+# ------------------------------------------------------------- verdicts that come late
+
+
+def test_a_late_verdict_ends_the_turn_where_its_silence_began() -> None:
+    d = SemanticTurnDetector(SemanticVadParams())  # no judge: questions are taken
+    events = run(d, speech(320) + quiet(320))
+    assert [type(e) for _, e in events] == [SpeechStarted]  # asked, not yet answered
+    question = d.take_question()
+    assert question is not None and d.take_question() is None
+    assert (question.start_ms, question.end_ms) == (0, 320 + 7 * W)  # CHECK_MS in
+    # The silence went on 320 ms - CHECK_MS before the verdict came: the turn ends at once,
+    # where the silence began, as it would have ended at the question.
+    assert d.wants(question.token)
+    assert d.verdict(question.token, 0.99) == SpeechStopped(320)
+    assert not d.speaking and not d.wants(question.token)
+    assert d.last_verdict == (0.99, question.end_ms)
+
+
+def test_a_late_unsure_verdict_counts_its_wait_from_the_silences_start() -> None:
+    d = SemanticTurnDetector(SemanticVadParams("medium"))  # likely finished: 1000 ms
+    run(d, speech(320) + quiet(704))
+    question = d.take_question()
+    assert question is not None
+    assert d.verdict(question.token, 0.7) is None  # 704 ms of silence so far
+    assert d.verdict(question.token, 0.99) is None  # one verdict per question
+    events = run(d, quiet(320), at=320 + 704)
+    # The first window to end 1000 ms into the silence ends the turn.
+    assert events == [(320 + 1000 + W - 40, SpeechStopped(320))]
+
+
+def test_a_verdict_on_a_silence_that_is_over_is_dropped() -> None:
+    d = SemanticTurnDetector(SemanticVadParams())
+    run(d, speech(320) + quiet(256))
+    first = d.take_question()
+    assert first is not None
+    run(d, speech(96), at=576)  # the user went on before the verdict came
+    assert not d.wants(first.token) and d.verdict(first.token, 1.0) is None
+    assert d.speaking
+    run(d, quiet(256), at=672)
+    second = d.take_question()
+    assert second is not None and second.token != first.token
+    assert d.verdict(first.token, 1.0) is None  # out of order: the old one still loses
+    assert d.verdict(second.token, 1.0) == SpeechStopped(672)
+    d2 = SemanticTurnDetector(SemanticVadParams())
+    run(d2, speech(320) + quiet(256))
+    q = d2.take_question()
+    assert q is not None
+    d2.reset()
+    assert d2.verdict(q.token, 1.0) is None and d2.take_question() is None
+
+
+def test_a_verdict_that_never_comes_ends_the_turn_on_the_longest_wait() -> None:
+    d = SemanticTurnDetector(SemanticVadParams("high"))
+    events = run(d, speech(320) + quiet(2000 + 64))
+    assert events[-1] == (2304, SpeechStopped(320))  # the first window to end 2000 ms in
+    assert d.take_question() is None  # its question went with the turn
