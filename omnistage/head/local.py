@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from omnistage.head.options import HeadOptions
 from omnistage.head.state import ControlState
 from omnistage.launch import make_launcher
@@ -47,6 +49,7 @@ class _Owned:
     proc: ReplicaProcess | None = None
     running: bool = False
     retiring: bool = False
+    up: bool = False  # reached UP since it was last launched
 
 
 def _no_restart_note(stage_id: int, replica_id: int) -> None:
@@ -196,6 +199,7 @@ class LocalReplicas:
         with self._owned_lock:
             if key in self._owned:
                 self.restarts.up(key)
+                self._owned[key].up = True
 
     def _due(self, key: tuple[int, int], delay: float) -> None:
         """Tell the stage's pool (on the loop) that ``key`` restarts ``delay`` s from now."""
@@ -217,7 +221,7 @@ class LocalReplicas:
             owned = self._owned.setdefault(key, _Owned(options))
             if owned.retiring:
                 return
-            owned.options = options
+            owned.options, owned.up = options, False
             self.restarts.started(key)
         proc = self.launcher.launch(options)
         with self._owned_lock:
@@ -230,6 +234,11 @@ class LocalReplicas:
             return
         if not self._stopping:
             self._hooks.on_restart(options.stage_id, options.replica_id)
+        # With another replica of the stage serving here, the restart loads niced (the
+        # environment's default, see replica.load_priority); with none, the stage waits
+        # on it, and it loads at full priority.
+        nice = None if self._serving_here(options.stage_id) else 0
+        options = msgspec.structs.replace(options, load_nice=nice)
         try:
             self._launch(options)
         except Exception as exc:  # Ray refused the actor, say: nothing is coming now
@@ -238,6 +247,11 @@ class LocalReplicas:
             with self._owned_lock:
                 self._owned.pop(key, None)  # gone for good; its slot stays the head's
             self._dropped(key)
+
+    def _serving_here(self, stage_id: int) -> bool:
+        """Whether another of this head's replicas of ``stage_id`` is UP."""
+        with self._owned_lock:
+            return any(o.up and o.running for (s, _), o in self._owned.items() if s == stage_id)
 
     def _on_exit(self, proc: ReplicaProcess, code: int) -> None:
         """Launcher thread: a local replica process ended."""

@@ -57,23 +57,27 @@ class Rig:
     """LocalReplicas over a real coordinator, recording what it tells the loop, in
     order: ("due", replica id, delay from now or None) and ("state", replica id, state)."""
 
-    def __init__(self, policy: str = "on-failure") -> None:
+    def __init__(self, policy: str = "on-failure", replicas: int = 1) -> None:
         self.clock = FakeClock()
         self.said: list[tuple[str, int, Any]] = []
         self.loop = asyncio.get_running_loop()
         coordinator = Coordinator(ReplicaTable(self.clock, 5.0), threading.Lock(), self._transition)
         self.coordinator = coordinator
-        slots = SlotTable([0], preallocated={0: 1}, head_local={0: [0]})
+        ids = list(range(replicas))
+        slots = SlotTable([0], preallocated={0: replicas}, head_local={0: ids})
         state = ControlState(threading.Lock(), slots, coordinator)
         hooks = LocalHooks(lambda: True, lambda: None, on_restart_due=self._due)
-        opts = HeadOptions(config=CONFIG, restart_policy=policy)
+        stage = {"stage_id": 0, "name": "a", "engine": "echo", "final_output": True}
+        config = validate_config({"pipeline": "p", "stages": [{**stage, "replicas": replicas}]})
+        opts = HeadOptions(config=config, restart_policy=policy)
         self.local = LocalReplicas(opts, state, hooks, master_port=5555, local_key="k")
         self.launcher = Launcher()
         self.local.launcher = self.launcher  # type: ignore[assignment]
         self.local.restarts = RestartPolicy(policy, self.clock)
         self.local.start(self.loop)
-        coordinator.register((0, 0), 1, "127.0.0.1", True, 60)
-        coordinator.ready((0, 0), 1, 4, 1000)
+        for rid in ids:
+            coordinator.register((0, rid), 1 + rid, "127.0.0.1", True, 60)
+            coordinator.ready((0, rid), 1 + rid, 4, 1000)
 
     def _transition(self, t: Transition) -> None:
         # As the head posts transitions: through the loop, after whatever went before.
@@ -86,15 +90,17 @@ class Rig:
         self.said.append(("due", replica_id, delay))
 
     @classmethod
-    async def serving(cls, policy: str = "on-failure") -> Rig:
-        """Its replica UP, and what that said already heard."""
-        rig = cls(policy)
+    async def serving(cls, policy: str = "on-failure", replicas: int = 1) -> Rig:
+        """Its replicas UP, and what that said already heard."""
+        rig = cls(policy, replicas)
         await ticks()
         rig.said.clear()
         return rig
 
-    async def exit(self, code: int = -9) -> None:
+    async def exit(self, code: int = -9, replica_id: int | None = None) -> None:
         proc = self.launcher.launched[-1]
+        if replica_id is not None:
+            proc = next(p for p in self.launcher.launched if p.options.replica_id == replica_id)
         await asyncio.to_thread(self.local._on_exit, proc, code)  # a launcher thread
         await ticks()
 
@@ -129,3 +135,16 @@ async def test_a_slot_retired_while_waiting_for_its_restart_withdraws_it() -> No
     assert rig.local.retire(0, 0, None)
     await ticks()
     assert rig.said == [("due", 0, None)]
+
+
+async def test_a_restart_its_stage_waits_on_loads_at_full_priority_else_niced() -> None:
+    rig = await Rig.serving(replicas=2)
+    assert [p.options.load_nice for p in rig.launcher.launched] == [None, None]
+    rig.clock.now += SETTLE_S + 5
+    await rig.exit(replica_id=1)  # replica 0 still serves: the restart loads niced
+    await asyncio.sleep(0.05)
+    assert rig.launcher.launched[-1].options.load_nice is None  # OMNISTAGE_LOAD_NICE
+    await rig.exit(replica_id=0)  # replica 1's restart is not UP yet: nothing serves
+    await asyncio.sleep(0.05)
+    restarted = rig.launcher.launched[-1].options
+    assert (restarted.replica_id, restarted.load_nice) == (0, 0)
