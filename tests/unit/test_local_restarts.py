@@ -19,13 +19,6 @@ from omnistage.launch.restart import SETTLE_S, RestartPolicy
 from omnistage.protocol.messages import ReplicaState
 from tests.unit.fakes import FakeClock, ticks
 
-CONFIG = validate_config(
-    {
-        "pipeline": "p",
-        "stages": [{"stage_id": 0, "name": "a", "engine": "echo", "final_output": True}],
-    }
-)
-
 
 class Process:
     node = None
