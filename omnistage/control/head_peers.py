@@ -4,9 +4,10 @@ Heads find each other by gossip (``HeadAnnounce``): every head announces itself 
 head it knows, each interval, listing the heads it knows; whoever hears of a head it did
 not know adds it. A head started with --omni-join needs one address to find them all,
 and a head killed and started again (without --omni-join) is found by the others,
-which keep announcing to its address. There is no leader: a head is UP while it was
-heard from (an announcement or an answer) within ``down_after_s``, then DOWN; a head
-DOWN for ``forget_after_s`` is forgotten.
+which keep announcing to its address. There is no leader (``id_owner`` only names the
+head that hands out replica ids, by a rule every head applies alike): a head is UP while
+it was heard from (an announcement or an answer) within ``down_after_s``, then DOWN; a
+head DOWN for ``forget_after_s`` is forgotten.
 
 Addresses are masters' URLs (``tcp://HOST:PORT``): where replicas register with that head.
 """
@@ -95,6 +96,18 @@ class FleetView:
     def peers(self) -> list[str]:
         """Every other head known, UP or DOWN: whom to announce to."""
         return sorted(self._peers)
+
+    def id_owner(self) -> str | None:
+        """The head that hands out replica ids in this fleet, None when this one: the UP
+        head with the smallest instance. Every head picks the same one once their views
+        agree, so two replicas registering at once through two heads never get the same
+        id; while views disagree (a head just died or joined, a partition), two heads
+        may each hand out ids, and a clash is settled by the replicas (one gives way)."""
+        up = [p for p in self._peers.values() if p.up and p.instance]
+        owner = min(up, key=lambda p: p.instance, default=None)
+        if owner is None or owner.instance > self.instance:
+            return None
+        return owner.address
 
     def heads(self) -> list[str]:
         """What replicas are told: this head first, then the others (DOWN ones too, so

@@ -24,7 +24,12 @@ from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer, Verifier
 from omnistage.protocol.errors import IdConflict, ProtocolError, RegistrationError
 from omnistage.protocol.messages import PROTOCOL_VERSION, HeadAnnounce, HeadProbe, HeadProbeReply
-from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
+from omnistage.protocol.registration import (
+    ErrorReply,
+    RegisterRedirect,
+    RegisterReply,
+    RegisterRequest,
+)
 from omnistage.protocol.tags import TAGS
 
 log = logging.getLogger(__name__)
@@ -60,11 +65,14 @@ class Master:
         signer: Signer | None = None,
         announce: Callable[[list[bytes]], list[bytes] | None] | None = None,
         on_moved: OnMoved | None = None,
+        id_owner: Callable[[], str | None] | None = None,
     ) -> None:
         """``announce`` answers another head's ``HeadAnnounce`` (``head.gossip``);
         ``on_moved``: a replica registered again under another id, and its old slot is
-        to be let go at once rather than after a heartbeat timeout."""
+        to be let go at once rather than after a heartbeat timeout; ``id_owner``: the
+        master URL of the fleet's head that hands out ids, None when this one."""
         self._announce = announce
+        self._id_owner = id_owner
         self._on_moved = on_moved
         self._verifier = verifier
         self._signer = signer
@@ -104,7 +112,7 @@ class Master:
         reply = HeadProbeReply(head_instance=self._slots.instance)
         return [frames[0], *codec.sign(codec.encode(reply), self._signer)]
 
-    def _register(self, body: bytes) -> RegisterReply:
+    def _register(self, body: bytes) -> RegisterReply | RegisterRedirect:
         req = codec.decode_register_request(body, self._verifier)
         if self.closing:
             raise RegistrationError("the head is shutting down; register with the next one")
@@ -115,6 +123,9 @@ class Master:
                 f"protocol_version {version} is not supported; this head speaks "
                 f"{PROTOCOL_VERSION} (upgrade the replica or the head so they match)"
             )
+        owner = self._redirect_to(req)
+        if owner is not None:
+            return RegisterRedirect(redirect=owner, head_instance=self._slots.instance)
         with self._lock:
             old = self._slots.held(req.stage_id, req.replica_instance)
             moved = (old.replica_id, old.epoch) if old is not None else None
@@ -136,6 +147,17 @@ class Master:
             req.replica_bind_address or "?",
         )
         return self._reply(slot)
+
+    def _redirect_to(self, req: RegisterRequest) -> str | None:
+        """Where an auto-assign registration gets its id instead, if not here: the
+        fleet's id owner, for a replica that follows redirects. A replica rejoining
+        this head instance gets its old id back here, and the head's own replicas
+        register only here."""
+        if not req.follows_redirect or req.replica_id >= 0 or self._id_owner is None:
+            return None
+        if req.local_key or (req.previous_head and req.previous_head == self._slots.instance):
+            return None
+        return self._id_owner()
 
     def _reply(self, slot: Slot) -> RegisterReply:
         a = self._addresses

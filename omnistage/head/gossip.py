@@ -63,6 +63,11 @@ class HeadFleet:
                 self._heads, self._heads_version = self.view.heads(), self.view.version
             return self._heads
 
+    def id_owner(self) -> str | None:
+        """The master URL of the head that hands out replica ids, None when this one."""
+        with self.lock:
+            return self.view.id_owner()
+
     def snapshot(self) -> list[dict[str, object]]:
         with self.lock:
             return self.view.snapshot()

@@ -61,6 +61,7 @@ def control_plane(
         opts.signer(),
         announce=fleet.answer,
         on_moved=events.on_moved,
+        id_owner=fleet.id_owner,
     )
     handshake = HandshakeServer(state.slots, state.lock, events.init_for, opts.verifier())
     control = ControlPlane(state.coordinator.tick)

@@ -8,8 +8,13 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from omnistage.protocol.auth import AuthStamp, Signer, Verifier, decode_stamp, encode_stamp
-from omnistage.protocol.errors import IdConflict, ProtocolError
-from omnistage.protocol.registration import ErrorReply, RegisterReply, RegisterRequest
+from omnistage.protocol.errors import IdConflict, ProtocolError, Redirected
+from omnistage.protocol.registration import (
+    ErrorReply,
+    RegisterRedirect,
+    RegisterReply,
+    RegisterRequest,
+)
 from omnistage.protocol.tags import TAGS
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -215,13 +220,14 @@ def sign(frames: list[bytes], signer: Signer | None) -> list[bytes]:
     return [*frames, encode_stamp(signer.stamp(b"".join(frames)))]
 
 
-def encode_register_reply(reply: RegisterReply | ErrorReply) -> bytes:
+def encode_register_reply(reply: RegisterReply | RegisterRedirect | ErrorReply) -> bytes:
     return _encoder.encode(reply)
 
 
 def decode_register_reply(body: bytes) -> RegisterReply:
     """Decode the master's reply; an error reply becomes a ProtocolError with its text
-    (an ``IdConflict`` when it names the replica holding the id asked for)."""
+    (an ``IdConflict`` when it names the replica holding the id asked for), a redirect
+    a ``Redirected``."""
     try:
         raw = _raw_decoder.decode(body)
     except _DECODE_ERRORS as exc:
@@ -230,6 +236,12 @@ def decode_register_reply(body: bytes) -> RegisterReply:
         if isinstance(raw.get("held_by"), str):
             raise IdConflict(str(raw["error"]), raw["held_by"])
         raise ProtocolError(str(raw["error"]))
+    if isinstance(raw, dict) and "redirect" in raw:
+        try:
+            redirect = msgspec.convert(raw, RegisterRedirect)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"invalid registration redirect: {exc}") from None
+        raise Redirected(redirect.redirect, redirect.head_instance)
     try:
         return msgspec.convert(raw, RegisterReply)
     except msgspec.ValidationError as exc:

@@ -35,6 +35,16 @@ class IdConflict(RegistrationError):
         self.held_by = held_by
 
 
+class Redirected(RegistrationError):
+    """A head of a fleet answered an auto-assign registration with the master URL of
+    the head that hands out ids (``RegisterRedirect``)."""
+
+    def __init__(self, master: str, head_instance: str) -> None:
+        super().__init__(f"ids are handed out by the head at {master}")
+        self.master = master
+        self.head_instance = head_instance
+
+
 class HandshakeError(OmniError):
     """HELLO/READY did not complete (timeout, refusal, engine failure)."""
 

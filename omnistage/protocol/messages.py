@@ -29,7 +29,7 @@ __all__ = ["Reason", "ReplicaState"]  # re-exported: they were declared here fir
 
 # Raised with every change to a message's wire shape: registration and the handshake
 # refuse a replica that states another version.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 def routing_id(stage_id: int, replica_id: int, epoch: int) -> bytes:

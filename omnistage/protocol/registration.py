@@ -48,6 +48,11 @@ class RegisterRequest(msgspec.Struct, omit_defaults=True):
     # two replicas share one id.
     replica_instance: str | None = None
     assigned_id: bool | None = None
+    # An auto-assign registration that can follow a ``RegisterRedirect``: in a fleet,
+    # only one head hands out ids (``FleetView.id_owner``), so that two replicas
+    # registering at once through two heads never get the same one. Seed clients never
+    # send it and are never redirected.
+    follows_redirect: bool | None = None
 
 
 class RegisterReply(msgspec.Struct):
@@ -61,6 +66,15 @@ class RegisterReply(msgspec.Struct):
     epoch: int = 0
     protocol_version: int = PROTOCOL_VERSION
     # Changes every time a head starts: lets a rejoining replica ask for its old id.
+    head_instance: str = ""
+
+
+class RegisterRedirect(msgspec.Struct):
+    """The answer to a ``follows_redirect`` registration at a head of a fleet that does
+    not hand out ids: register at ``redirect`` (that head's master URL) for an id, then
+    here with it (``assigned_id``)."""
+
+    redirect: str
     head_instance: str = ""
 
 

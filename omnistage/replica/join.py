@@ -28,7 +28,7 @@ from omnistage.replica.register import (
     MasterLink,
     gives_way,
     handshake,
-    register,
+    register_in_fleet,
     registration,
     with_fleet_id,
 )
@@ -83,6 +83,7 @@ class Joiner:
                 return await self._register_and_handshake(max(0.001, deadline - time.monotonic()))
             except IdConflict as exc:
                 if gives_way(self._opts, exc):
+                    log.warning("%s; registering for a new id", exc)
                     self.new_id()
                     continue
                 if time.monotonic() + delay >= deadline:
@@ -147,7 +148,7 @@ class Joiner:
         req = registration(o, address, ports, previous)
         if self.keep_id and self.replica_id >= 0:
             req = with_fleet_id(o, req, self.replica_id)
-        reply = await asyncio.to_thread(register, self._link, req, timeout_s)
+        reply = await asyncio.to_thread(register_in_fleet, o, self._link, req, timeout_s)
         self.replica_id, self._head_instance, self.reply = (
             reply.replica_id,
             reply.head_instance,

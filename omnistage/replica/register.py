@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 import zmq
 
-from omnistage.net import connectable_url, tcp_url
+from omnistage.net import connectable_url, split_tcp_url, tcp_url
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.errors import (
     HandshakeError,
     IdConflict,
+    OmniError,
     ProtocolError,
+    Redirected,
     RegistrationError,
 )
 from omnistage.protocol.messages import PROTOCOL_VERSION, HandshakeInit, Hello
@@ -28,6 +32,12 @@ from omnistage.protocol.registration import RegisterReply, RegisterRequest
 from omnistage.replica.options import ReplicaOptions
 
 _Msg = TypeVar("_Msg", bound=msgspec.Struct)
+
+log = logging.getLogger(__name__)
+
+# How long a replica waits for the fleet's id owner (a redirect's target) to answer
+# before it takes an id from its first head instead.
+CLAIM_WAIT_S = 5.0
 
 # This replica process, as the heads of a fleet tell replicas apart (registration's
 # ``replica_instance``). Hex, so two instances compare as strings: when two replicas
@@ -104,6 +114,55 @@ def wire_map(req: RegisterRequest) -> dict[str, Any]:
         "stage_config": req.stage_config,
         **msgspec.to_builtins(req),
     }
+
+
+Send = Callable[[MasterLink, RegisterRequest, float], RegisterReply]
+
+
+def register_in_fleet(
+    opts: ReplicaOptions,
+    link: MasterLink,
+    req: RegisterRequest,
+    timeout_s: float,
+    send: Send | None = None,
+) -> RegisterReply:
+    """Register at ``link`` (the first head); an auto-assigned id comes from the fleet's
+    id owner when the first head redirects there: register there first, then here with
+    that id (``with_fleet_id``). One hop only (the owner is asked without following
+    another redirect); an owner that does not answer or refuses leaves the id to the
+    first head, and a clash with another head's id is then settled by ``gives_way``.
+    ``send``: ``register`` (tests pass a fake)."""
+    send = send or register
+    if req.replica_id >= 0:
+        return send(link, req, timeout_s)
+    try:
+        return send(link, msgspec.structs.replace(req, follows_redirect=True), timeout_s)
+    except Redirected as redirect:
+        host, port = split_tcp_url(redirect.master)
+        owner = dataclasses.replace(link, host=host, port=port)
+        claim = _claim(req)
+        try:
+            fleet_id = send(owner, claim, min(timeout_s, CLAIM_WAIT_S)).replica_id
+        except OmniError as exc:
+            log.warning("the fleet's id owner at %s: %s; taking an id here", redirect.master, exc)
+            return send(link, req, timeout_s)
+        log.info("replica id %d from the fleet's id owner at %s", fleet_id, redirect.master)
+    return send(link, with_fleet_id(opts, req, fleet_id), timeout_s)
+
+
+def _claim(req: RegisterRequest) -> RegisterRequest:
+    """``req`` as sent to the id owner for an id only: without our own ports (that head
+    must not dial the sockets we bind for the first head: it would take HELLOs meant
+    for it); we register there for service later, with the id (``other_heads``)."""
+    return msgspec.structs.replace(
+        req,
+        previous_head=None,
+        previous_replica_id=None,
+        replica_binds_sockets=None,
+        replica_handshake_port=None,
+        replica_input_port=None,
+        replica_output_port=None,
+    )
 
 
 def register(link: MasterLink, req: RegisterRequest, timeout_s: float) -> RegisterReply:

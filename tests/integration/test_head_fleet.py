@@ -158,6 +158,38 @@ def test_two_heads_that_gave_out_the_same_id_merge_into_one_set_of_ids(tmp_path:
         stop_all(r1, r2, c, b, a)
 
 
+def test_two_replicas_registering_at_once_through_two_heads_get_distinct_ids(
+    tmp_path: Path,
+) -> None:
+    # Only one head of a fleet hands out ids (the UP one with the smallest instance):
+    # the other redirects an auto-assign registration there, so the two replicas get
+    # distinct ids at once and neither has to give its id up.
+    a = fleet_head(tmp_path, "a")
+    b = r1 = r2 = None
+    try:
+        a.wait_http()
+        b = fleet_head(tmp_path, "b", join=a)
+        b.wait_http()
+        both = {url_of(a): "UP", url_of(b): "UP"}
+        for head in (a, b):
+            wait_for(lambda h=head: heads_of(h) == both, 20, what=f"{head.url} sees both")
+        instances = {h["address"]: h["instance"] for h in a.stages()["heads"]}
+        owner = min(instances, key=lambda url: instances[url])
+        r1 = headless(tmp_path, a, 0, name="r1")
+        r2 = headless(tmp_path, b, 0, name="r2")
+        wait_up(2, a, b)
+        wait_for(lambda: replicas_of(a) == replicas_of(b), 20, what="one set of ids")
+        assert {rid for rid, _ in replicas_of(a)} == {0, 1}
+        logs = {url_of(a): r1.log(), url_of(b): r2.log()}
+        assert not [log for log in logs.values() if "registering for a new id" in log]
+        # The replica pointed at the other head took its id from the owner.
+        (other,) = set(logs) - {owner}
+        assert f"from the fleet's id owner at {owner}" in logs[other], logs[other][-2000:]
+        assert "fleet's id owner" not in logs[owner]
+    finally:
+        stop_all(r1, r2, b, a)
+
+
 def test_a_head_killed_under_load_costs_the_other_nothing_and_is_served_again_on_restart(
     tmp_path: Path,
 ) -> None:
