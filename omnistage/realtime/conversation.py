@@ -58,6 +58,9 @@ class Item:
     # An answer the server cut where its audio stopped going out (a barge-in over held
     # audio): it already ends where the user stopped hearing it.
     cut: bool = False
+    # Where a client's truncate said the user stopped hearing it: Pipecat truncates at
+    # ``speech_started``, while the server still holds the answer, before it cuts it.
+    heard_ms: float | None = None
 
     @property
     def id(self) -> str:
@@ -75,15 +78,21 @@ class Item:
         ``audio_end_ms`` applied. Past the item's audio is an error, as OpenAI's, except
         on an answer the server has ``cut``: a client that counts what it played by the
         clock (Pipecat) counts the time the audio was held too, and there is nothing
-        more to cut."""
+        more to cut. The server's own ``cut`` (what went out) keeps a client's shorter
+        truncate before it, and is never an error."""
         total = self.audio_ms()
-        if audio_end_ms > total + 1:
+        if cut:
+            heard = min(audio_end_ms, total, self.heard_ms if self.heard_ms is not None else total)
+            audio_end_ms = int(heard)
+        elif audio_end_ms > total + 1:
             if not self.cut:
                 raise bad(
                     "audio_end_ms",
                     f"audio_end_ms {audio_end_ms} is past the item's audio ({total:.0f} ms)",
                 )
             audio_end_ms = int(total)
+        else:
+            self.heard_ms = audio_end_ms
         self.cut = self.cut or cut
         kept: list[Spoken] = []
         at = 0.0

@@ -105,6 +105,27 @@ async def test_a_request_over_an_answer_cancels_it_as_far_as_it_was_heard() -> N
     assert truncated["audio_end_ms"] == 100 and not h.errors()  # "One." is 100 ms
 
 
+async def test_a_truncate_at_speech_start_then_a_request_cancels_it_where_the_client_cut() -> None:
+    """Pipecat truncates the answer at ``speech_started`` to what its clock says played,
+    less than what went out; the request then cancels the answer, which keeps the
+    client's cut (it was an error that left the response without its done events)."""
+    h = Harness("tell me a story", "wait, what about tomorrow")
+    answer = await talking(h)
+    await h.append(100, SpeechStarted(420))
+    item_id = h.of("response.output_audio.delta")[0]["item_id"]
+    await h.send("conversation.item.truncate", item_id=item_id, audio_end_ms=40)
+    (truncated,) = h.of("conversation.item.truncated")
+    assert truncated["audio_end_ms"] == 40
+    answer.put(speech("Two.", samples=441))  # 20 ms made while held: 60 ms now, 100 went out
+    await h.append(300, SpeechStopped(500))
+    await until(lambda: h.of("response.done"), what="response.done")
+    done = h.of("response.done")[0]
+    assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+    assert not h.errors()
+    item = h.session.conversation.get(item_id)
+    assert item.audio_ms() == 40 and item.cut  # not "Two.", made after the cut, never sent
+
+
 async def test_speech_too_long_for_a_backchannel_cancels_before_its_words() -> None:
     h = Harness("tell me a story")
     answer = await talking(h)
