@@ -84,8 +84,9 @@ def auth_token() -> str | None:
 
 
 def load_nice() -> int:
-    """OMNISTAGE_LOAD_NICE: how much lower a replica's CPU priority is while it loads its
-    model (nice steps, default 10; 0: none). See ``replica.load_priority``."""
+    """OMNISTAGE_LOAD_NICE: how much lower the CPU priority of a replica the head restarts
+    beside a live one of its stage is while it loads its model (nice steps, default 10;
+    0: none). See ``replica.load_priority``."""
     raw = os.environ.get("OMNISTAGE_LOAD_NICE", "").strip()
     try:
         return max(0, int(raw)) if raw else 10

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from omnistage import aio, envs
+from omnistage import aio
 from omnistage.config.devices import (
     DEVICE_ENV_VAR,
     NO_PLACEMENT,
@@ -27,7 +27,6 @@ from omnistage.config.devices import (
 )
 from omnistage.launch.devices import replica_visible_devices
 from omnistage.launch.local import LocalLauncher
-from omnistage.replica import load_priority
 from omnistage.replica.options import ReplicaOptions
 from omnistage.replica.runtime import ReplicaRuntime
 
@@ -83,8 +82,7 @@ def run_headless(opts: HeadlessOptions) -> int:
         if each[0].visible_devices is not None:
             # Before any engine library loads (they read it once, at import).
             os.environ[DEVICE_ENV_VAR] = each[0].visible_devices
-        niced = load_priority.lower_for_load(envs.load_nice())
-        return aio.run(ReplicaRuntime(each[0], load_niced=niced).run())
+        return aio.run(ReplicaRuntime(each[0]).run())
     return _supervise(each)
 
 

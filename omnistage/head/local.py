@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from omnistage import envs
 from omnistage.head.options import HeadOptions
 from omnistage.head.state import ControlState
 from omnistage.launch import make_launcher
@@ -234,10 +235,10 @@ class LocalReplicas:
             return
         if not self._stopping:
             self._hooks.on_restart(options.stage_id, options.replica_id)
-        # With another replica of the stage serving here, the restart loads niced (the
-        # environment's default, see replica.load_priority); with none, the stage waits
-        # on it, and it loads at full priority.
-        nice = None if self._serving_here(options.stage_id) else 0
+        # With another replica of the stage serving here, the restart loads niced, not to
+        # take the cores that replica answers on (see replica.load_priority); with none,
+        # the stage waits on it, and it loads at full priority.
+        nice = envs.load_nice() if self._serving_here(options.stage_id) else 0
         options = msgspec.structs.replace(options, load_nice=nice)
         try:
             self._launch(options)

@@ -31,8 +31,7 @@ def main() -> int:
     setup_logging(opts.log_level)
     tracing.configure(opts.otlp_traces_endpoint, f"omnistage-replica-{opts.stage_id}")
     # Before any thread starts: those the load starts inherit the lower priority.
-    step = envs.load_nice() if opts.load_nice is None else opts.load_nice
-    niced = load_priority.lower_for_load(step)
+    niced = load_priority.lower_for_load(opts.load_nice)
     try:
         return aio.run(ReplicaRuntime(opts, load_niced=niced).run())
     finally:

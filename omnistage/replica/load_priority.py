@@ -1,4 +1,5 @@
-"""A replica loads its model at a lower CPU priority than the serving it then does.
+"""A replica restarted beside a live one of its stage loads its model at a lower CPU
+priority than the serving it then does (the head sets ``ReplicaOptions.load_nice``).
 
 Why: a replica restarted beside live ones (the head restarts a killed replica at once
 when it had served) loads and warms up its model on the cores the live replicas are

@@ -45,9 +45,9 @@ class ReplicaOptions(msgspec.Struct, frozen=True, kw_only=True):
     # This replica's devices as the value of config.devices.DEVICE_ENV_VAR, which its
     # launcher sets in the child's environment; None: the child inherits the launcher's.
     visible_devices: str | None = None
-    # Nice steps the model loads at (``replica.load_priority``); None: OMNISTAGE_LOAD_NICE.
-    # The head sets 0 for a restart its stage waits on (no other replica of it UP here).
-    load_nice: int | None = None
+    # Nice steps the model loads at (``replica.load_priority``): the head sets
+    # OMNISTAGE_LOAD_NICE for a restart beside a live replica of the stage, else 0.
+    load_nice: int = 0
 
 
 def encode_options(opts: ReplicaOptions) -> str:

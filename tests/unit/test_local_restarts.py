@@ -8,6 +8,8 @@ import asyncio
 import threading
 from typing import Any
 
+import pytest
+
 from omnistage.config.load import validate_config
 from omnistage.control.coordinator import Coordinator
 from omnistage.control.replica_table import ReplicaTable, Transition
@@ -130,13 +132,16 @@ async def test_a_slot_retired_while_waiting_for_its_restart_withdraws_it() -> No
     assert rig.said == [("due", 0, None)]
 
 
-async def test_a_restart_its_stage_waits_on_loads_at_full_priority_else_niced() -> None:
+async def test_a_restart_its_stage_waits_on_loads_at_full_priority_else_niced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMNISTAGE_LOAD_NICE", "7")
     rig = await Rig.serving(replicas=2)
-    assert [p.options.load_nice for p in rig.launcher.launched] == [None, None]
+    assert [p.options.load_nice for p in rig.launcher.launched] == [0, 0]  # first starts
     rig.clock.now += SETTLE_S + 5
     await rig.exit(replica_id=1)  # replica 0 still serves: the restart loads niced
     await asyncio.sleep(0.05)
-    assert rig.launcher.launched[-1].options.load_nice is None  # OMNISTAGE_LOAD_NICE
+    assert rig.launcher.launched[-1].options.load_nice == 7  # OMNISTAGE_LOAD_NICE
     await rig.exit(replica_id=0)  # replica 1's restart is not UP yet: nothing serves
     await asyncio.sleep(0.05)
     restarted = rig.launcher.launched[-1].options
