@@ -23,11 +23,11 @@ import signal
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import common
+from bench_chaos import stages
 from bench_realtime import Turn
 from common import HOST, ServerProcess, free_port
 from openai import AsyncOpenAI
@@ -55,9 +55,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def replicas(port: int, stage_id: int) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"http://{HOST}:{port}/v1/omni/stages", timeout=5) as r:
-        stages = json.load(r)["stages"]
-    return next(s["replicas"] for s in stages if s["stage_id"] == stage_id)
+    return stages(port)[stage_id]
 
 
 async def both_up(port: int, timeout: float) -> None:
