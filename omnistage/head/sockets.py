@@ -47,7 +47,9 @@ class HeadSockets:
         return int(self.master_url.rsplit(":", 1)[1])
 
     def close(self) -> None:
-        """After the control plane (which owns the routers) and the channels stopped."""
+        """After the control plane (which owns the routers) and the channels stopped, or
+        before they started (a store that cannot open): sockets still open are closed
+        unsent, else ``term`` would wait for them forever."""
         if self._zauth is not None:
             self._zauth.stop()
-        self.ctx.term()
+        self.ctx.destroy(linger=0)

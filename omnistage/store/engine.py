@@ -28,10 +28,13 @@ import msgspec
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import event
 from sqlalchemy.pool import StaticPool
 
 from omnistage.protocol.errors import ConfigError
+from omnistage.store.tables import VERSION_TABLE
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Threads (and pooled connections) per store: the event loop hands queries to these.
@@ -171,16 +174,34 @@ def upgrade_schema(engine: sa.Engine) -> None:
     with write_transaction(engine) as conn:
         if not is_sqlite(engine):
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+        _refuse_newer_schema(conn, ScriptDirectory.from_config(config))
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
 
+class SchemaTooNew(RuntimeError):
+    """The database was written by a newer omnistage: its revision is not one of ours."""
+
+
+def _refuse_newer_schema(conn: sa.Connection, scripts: ScriptDirectory) -> None:
+    # Alembic's own error ("Can't locate revision ...") does not say what to do; a newer
+    # omnistage sharing the store (or one run earlier on the same file) is the usual cause.
+    current = _current_revision(conn)
+    known = {script.revision for script in scripts.walk_revisions()}
+    if current is not None and current not in known:
+        raise SchemaTooNew(
+            f"its schema is at revision {current!r}, written by a newer omnistage (this "
+            f"one knows up to {scripts.get_current_head()!r}): run that version, or point "
+            "--store-url at another database"
+        )
+
+
+def _current_revision(conn: sa.Connection) -> str | None:
+    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
 def schema_revision(engine: sa.Engine) -> str | None:
     """The revision the database is at (None: no schema yet)."""
-    from alembic.migration import MigrationContext
-
-    from omnistage.store.tables import VERSION_TABLE
-
     with read_transaction(engine) as conn:
-        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        return context.get_current_revision()
+        return _current_revision(conn)

@@ -162,3 +162,24 @@ def test_ray_backend_without_ray_installed_says_what_to_install(tmp_path: Path) 
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[-1].endswith("--worker-backend ray needs Ray: pip install 'omnistage[ray]'")
+
+
+def test_a_store_written_by_a_newer_omnistage_stops_the_head_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    from tests.integration.harness import free_port
+
+    db = tmp_path / "newer.db"
+    with sqlite3.connect(db) as conn:  # what a newer omnistage's migration leaves
+        conn.execute("CREATE TABLE omnistage_alembic_version (version_num VARCHAR(32))")
+        conn.execute("INSERT INTO omnistage_alembic_version VALUES ('9999_from_the_future')")
+    result = _serve(
+        "echo-1stage",
+        *("--port", str(free_port()), "-oma", "127.0.0.1", "-omp", str(free_port())),
+        *("--store-url", f"sqlite:///{db}"),
+    )
+    assert result.returncode == 1
+    assert "--store-url: cannot open the store" in result.stderr
+    assert "'9999_from_the_future', written by a newer omnistage" in result.stderr
