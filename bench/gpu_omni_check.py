@@ -20,7 +20,6 @@ another device or dtype, a request that fails or brings no audio.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import shutil
@@ -28,13 +27,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import common
 import httpx
+from bench_omni import stream_chat
 from common import HOST, ServerProcess, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.*
@@ -112,35 +111,6 @@ def placements(port: int) -> dict[str, list[tuple[int, str]]]:
     }
 
 
-def spoken_chat(port: int, model: str, args: argparse.Namespace) -> tuple[float, float, int]:
-    """(seconds to the first audio bytes, to the end, audio bytes) of one streamed chat."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Tell me about the sea."}],
-        "modalities": ["text", "audio"],
-        "audio": {"voice": "Chelsie", "format": "pcm16"},
-        "temperature": 0,
-        "max_tokens": args.max_tokens,
-        "stream": True,
-    }
-    t0, first, nbytes = time.perf_counter(), None, 0
-    url = f"http://{HOST}:{port}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, timeout=args.request_timeout) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"spoken chat: HTTP {response.status_code} {response.read()!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            for choice in json.loads(line[6:])["choices"]:
-                data = (choice["delta"].get("audio") or {}).get("data")
-                if data:
-                    first = first if first is not None else time.perf_counter() - t0
-                    nbytes += len(base64.b64decode(data))
-    if first is None or nbytes == 0:
-        raise RuntimeError("spoken chat: no audio in the answer")
-    return first, time.perf_counter() - t0, nbytes
-
-
 def text_chat(port: int, model: str, args: argparse.Namespace) -> str:
     body = {
         "model": model,
@@ -178,15 +148,16 @@ def check(server: ServerProcess, args: argparse.Namespace) -> list[str]:
                 failures.append(f"{name} on {kernel!r}, expected {want.get(name)!r}")
     model = _get(port, "/v1/models")["data"][0]["id"]
     timings = []
-    for i in range(args.requests):
-        ttfa, total, nbytes = spoken_chat(port, model, args)
-        label = "warm-up" if i == 0 else f"request {i}"
-        print(
-            f"{label}: first audio {ttfa * 1000:.0f} ms, end {total * 1000:.0f} ms, "
-            f"{nbytes // 2} samples"
-        )
-        if i:
-            timings.append(ttfa)
+    with httpx.Client() as client:
+        for i in range(args.requests):
+            chat = stream_chat(client, port, model, "Tell me about the sea.", args)
+            label = "warm-up" if i == 0 else f"request {i}"
+            print(
+                f"{label}: first audio {chat['ttfa'] * 1000:.0f} ms, "
+                f"end {chat['end'] * 1000:.0f} ms, {chat['samples']} samples"
+            )
+            if i:
+                timings.append(chat["ttfa"])
     if timings:
         print(
             f"time to first audio, median of {len(timings)}: "
