@@ -15,7 +15,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +261,30 @@ def video_question(clip: bytes, question: str) -> list[dict[str, Any]]:
     url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
     content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": question}]
     return [{"role": "user", "content": content}]
+
+
+@contextmanager
+def served(body: bytes, name: str) -> Iterator[str]:
+    """An http URL of ``body`` (any path answers it), served on 127.0.0.1: the host the
+    test heads may fetch images and videos from."""
+
+    class File(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), File)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/{name}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _speakers(seed: int):  # type: ignore[no-untyped-def]

@@ -12,9 +12,7 @@ random tiny weights have flat logits, so any change of summation order could fli
 from __future__ import annotations
 
 import base64
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from tests.omni_tiny import (
     OMNI_MAX_CODES,
     mp4,
     png,
+    served,
     spoken_answer,
     spoken_chat,
     spoken_deltas,
@@ -202,29 +201,14 @@ def test_a_spoken_question_is_answered_as_the_monolithic_model(
     assert pcm == want_pcm
 
 
-class _Picture(BaseHTTPRequestHandler):
-    body = png(56, 56, seed=1)
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+PICTURE = png(56, 56, seed=1)
 
 
 @pytest.fixture(scope="module")
 def picture_url() -> Iterator[str]:
-    """An http URL of a PNG, served on 127.0.0.1 (the host the head may fetch from)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Picture)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/picture.png"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """An http URL of ``PICTURE``, served on 127.0.0.1 (the host the head may fetch from)."""
+    with served(PICTURE, "picture.png") as url:
+        yield url
 
 
 def test_a_question_about_images_is_answered_as_the_monolithic_model(
@@ -236,7 +220,7 @@ def test_a_question_about_images_is_answered_as_the_monolithic_model(
         omni_dir,
         [{"role": "user", "content": question}],
         "Chelsie",
-        images=[inline, _Picture.body],
+        images=[inline, PICTURE],
     )
 
     data_url = "data:image/png;base64," + base64.b64encode(inline).decode()
