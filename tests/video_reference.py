@@ -20,6 +20,9 @@ and metadata (``read_video_pyav``), ``Qwen2VLVideoProcessor.sample_frames``,
 the torchvision backend's ``resize`` and fused ``rescale_and_normalize``, and
 ``Qwen2VLVideoProcessor.patchify``; the seconds per grid are the processor's formula
 (temporal patch size / fps).
+
+``audio_in_video_layout`` is the processor's layout of a video whose audio it loads
+(``use_audio_in_video``), from its own methods (they need no torchvision).
 """
 
 from __future__ import annotations
@@ -107,6 +110,28 @@ def reference(model: str, path: str, mean: list[float], std: list[float]) -> dic
         "video_grid_thw": torch.tensor([[t, h, w]]),
         "video_second_per_grid": torch.tensor([temporal / FPS]),
     }
+
+
+def audio_in_video_layout(grid: list[int], seconds: float, audio_tokens: int) -> str:
+    """What ``Qwen2_5OmniProcessor`` puts in a video's marks (the chat template's
+    ``<|vision_bos|>`` and ``<|vision_eos|>``) when it loads the video's audio."""
+    import torch
+    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
+
+    processor = SimpleNamespace(
+        video_processor=SimpleNamespace(merge_size=2),
+        get_chunked_index=partial(Qwen2_5OmniProcessor.get_chunked_index, None),
+        audio_bos_token="<|audio_bos|>",
+        audio_eos_token="<|audio_eos|>",
+        video_token="<|VIDEO|>",
+        audio_token="<|AUDIO|>",
+    )
+    videos = {"video_grid_thw": torch.tensor([grid]), "video_second_per_grid": [seconds]}
+    audio = {"num_audio_tokens": [audio_tokens]}
+    inside = Qwen2_5OmniProcessor.replace_video_with_audio_token(
+        processor, videos, 0, audio, 0, position_id_per_seconds=25, seconds_per_chunk=2.0
+    )
+    return "<|vision_bos|>" + inside + "<|vision_eos|>"
 
 
 if __name__ == "__main__":

@@ -108,22 +108,30 @@ def _check_place(where: str, part_type: str, graph: StageGraph, pipeline: str, l
         raise _refused(where, f"only the last user message may carry {kind}s")
 
 
-async def media_bytes(where: str, part: ContentPart, fetch: MediaFetch) -> bytes:
+async def media_bytes(
+    where: str, part: ContentPart, fetch: MediaFetch, sound: bool = False
+) -> bytes:
     """The image or video file a chat's part carries (see ``media_file``)."""
     media = part.image_url if part.type == "image_url" else part.video_url
     assert media is not None
-    return await media_file(where, part.type, media.url, fetch)
+    return await media_file(where, part.type, media.url, fetch, sound)
 
 
-async def media_file(where: str, part_type: str, url: str, fetch: MediaFetch) -> bytes:
+async def media_file(
+    where: str, part_type: str, url: str, fetch: MediaFetch, sound: bool = False
+) -> bytes:
     """The image or video file at ``url`` of a part of ``part_type`` (``image_url``,
-    ``video_url``), checked to be one Pillow (an image) or PyAV (a video) can open."""
+    ``video_url``), checked to be one Pillow (an image) or PyAV (a video) can open; a
+    video with an audio track where ``sound`` (``use_audio_in_video``) asks to hear it."""
     kind = _KINDS[part_type][0]
     if url.startswith("data:"):
         data = _data_url(where, url, kind)
     else:
         data = await asyncio.to_thread(_fetched, where, url, fetch, kind)
-    await asyncio.to_thread(_check_image if kind == "image" else _check_video, where, data)
+    if kind == "image":
+        await asyncio.to_thread(_check_image, where, data)
+    else:
+        await asyncio.to_thread(_check_video, where, data, sound)
     return data
 
 
@@ -183,12 +191,16 @@ def _check_image(where: str, data: bytes) -> None:
         raise _refused(where, "the image cannot be read (PNG, JPEG, WebP, GIF)") from None
 
 
-def _check_video(where: str, data: bytes) -> None:
+def _check_video(where: str, data: bytes, sound: bool) -> None:
     import av
 
     try:
         with av.open(io.BytesIO(data)) as container:
             if not container.streams.video:
                 raise ValueError("no video stream")
+            heard = bool(container.streams.audio)
     except (av.error.FFmpegError, OSError, ValueError):
         raise _refused(where, "the video cannot be read (MP4, WebM, MOV, ...)") from None
+    if sound and not heard:
+        asks = "mm_processor_kwargs.use_audio_in_video asks to hear"
+        raise _refused(where, f"the video has no audio track, which {asks}")
