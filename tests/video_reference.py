@@ -112,26 +112,48 @@ def reference(model: str, path: str, mean: list[float], std: list[float]) -> dic
     }
 
 
-def audio_in_video_layout(grid: list[int], seconds: float, audio_tokens: int) -> str:
-    """What ``Qwen2_5OmniProcessor`` puts in a video's marks (the chat template's
-    ``<|vision_bos|>`` and ``<|vision_eos|>``) when it loads the video's audio."""
-    import torch
-    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
+# Each model's marks: vision start and end, audio start and end, a video and an audio token.
+MARKS = {
+    "qwen2_5_omni": "<|vision_bos|> <|vision_eos|> <|audio_bos|> <|audio_eos|> <|VIDEO|> <|AUDIO|>",
+    "qwen3_omni_moe": "<|vision_start|> <|vision_end|> <|audio_start|> <|audio_end|> "
+    "<|video_pad|> <|audio_pad|>",
+}
 
+
+def audio_in_video_layout(
+    grid: list[int],
+    seconds: float,
+    audio_tokens: int,
+    model: str = "qwen2_5_omni",
+    per_second: float = 25,
+) -> str:
+    """What the model's processor puts in a video's marks (the chat template's vision
+    start and end) when it loads the video's audio, ``per_second`` rope positions a
+    second (the processor's ``position_id_per_seconds``)."""
+    import torch
+
+    start, end, a_start, a_end, video, audio = MARKS[model].split()
+    module, name, _ = SETTINGS[model]
+    cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
     processor = SimpleNamespace(
         video_processor=SimpleNamespace(merge_size=2),
-        get_chunked_index=partial(Qwen2_5OmniProcessor.get_chunked_index, None),
-        audio_bos_token="<|audio_bos|>",
-        audio_eos_token="<|audio_eos|>",
-        video_token="<|VIDEO|>",
-        audio_token="<|AUDIO|>",
+        get_chunked_index=partial(cls.get_chunked_index, None),
+        audio_bos_token=a_start,
+        audio_eos_token=a_end,
+        video_token=video,
+        audio_token=audio,
     )
     videos = {"video_grid_thw": torch.tensor([grid]), "video_second_per_grid": [seconds]}
-    audio = {"num_audio_tokens": [audio_tokens]}
-    inside = Qwen2_5OmniProcessor.replace_video_with_audio_token(
-        processor, videos, 0, audio, 0, position_id_per_seconds=25, seconds_per_chunk=2.0
+    inside = cls.replace_video_with_audio_token(
+        processor,
+        videos,
+        0,
+        {"num_audio_tokens": [audio_tokens]},
+        0,
+        position_id_per_seconds=per_second,
+        seconds_per_chunk=2.0,
     )
-    return "<|vision_bos|>" + inside + "<|vision_eos|>"
+    return start + inside + end
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def pipeline_request(
         for speaker in omni.graph.speaking_for([audio.stage]):
             stage_params[speaker] = stage_params.get(speaker, NO_PARAMS).merged(voice)
     prompt = Prompt(messages=messages(body), videos=videos or None)
+    prompt.audio_in_video = body.audio_in_video() and bool(videos)
     if spoken := heard(omni, body):
         prompt.audio, prompt.audio_format = spoken
     params = body.sampling_params()

@@ -81,8 +81,9 @@ def _audio_part(pcm24: bytes) -> dict[str, Any]:
     return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
 
 
-def _chat(head: HeadProc, model: str, content: Any, voice: str) -> tuple[str, bytes]:
-    """Chat's streamed answer: its transcript and its 24 kHz pcm16."""
+def _chat(head: HeadProc, model: str, content: Any, voice: str, **more: Any) -> tuple[str, bytes]:
+    """Chat's streamed answer: its transcript and its 24 kHz pcm16; ``more``: other
+    fields of the body."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -90,6 +91,7 @@ def _chat(head: HeadProc, model: str, content: Any, voice: str) -> tuple[str, by
         "audio": {"voice": voice, "format": "pcm16"},
         "max_tokens": MAX_TOKENS,
         "stream": True,
+        **more,
     }
     text, audio = [], []
     for words, sound in spoken_deltas(head, body, timeout=WAIT_S):
@@ -162,19 +164,23 @@ def clip_url() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.parametrize("heard", [False, True])
 def test_a_response_watches_a_video_part_as_chat_does(
-    omni_head: HeadProc, model: str, clip_url: str
+    omni_head: HeadProc, model: str, clip_url: str, heard: bool
 ) -> None:
-    """Chat's ``video_url`` part in a response's input (fetched from an allowed host)
-    gives chat's answer to the same video (test_omni_staged.py checks chat's against
+    """Chat's ``video_url`` part in a response's input (fetched from an allowed host; a
+    data: URL of a video with an audio track, heard with ``use_audio_in_video``) gives
+    chat's answer to the same video (test_omni_staged.py checks chat's against
     transformers' generate)."""
-    (asked,) = video_question(CLIP, "What happens here?")
-    want_text, want_pcm = _chat(omni_head, model, asked["content"], "Chelsie")
+    clip = mp4(frames=8, sound=True) if heard else CLIP
+    more = {"mm_processor_kwargs": {"use_audio_in_video": True}} if heard else {}
+    (asked,) = video_question(clip, "What happens here?")
+    want_text, want_pcm = _chat(omni_head, model, asked["content"], "Chelsie", **more)
 
-    video = {"type": "video_url", "video_url": {"url": clip_url}}
+    video = asked["content"][0] if heard else {"type": "video_url", "video_url": {"url": clip_url}}
     question = [video, {"type": "input_text", "text": "What happens here?"}]
     r = omni_head.client.post(
-        "/v1/responses", json=_responses_body(model, question, "Chelsie"), timeout=WAIT_S
+        "/v1/responses", json=_responses_body(model, question, "Chelsie", **more), timeout=WAIT_S
     )
 
     assert r.status_code == 200, r.text

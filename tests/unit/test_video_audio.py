@@ -1,8 +1,8 @@
-"""A video's own audio track for Qwen2.5-Omni (engines/omni/video_audio.py,
+"""A video's own audio track for the omni models (engines/omni/video_audio.py,
 ``use_audio_in_video``): the prompt's interleaving of video and audio tokens by time
-chunks checked against ``Qwen2_5OmniProcessor``'s own code (its methods run without
-torchvision), the track decoded as an ``input_audio`` part is, and the 400s for a video
-without a track."""
+(Qwen2.5-Omni's chunks, Qwen3-Omni's merge) checked against ``Qwen2_5OmniProcessor``'s
+and ``Qwen3OmniMoeProcessor``'s own code (their methods run without torchvision), the
+track decoded as an ``input_audio`` part is, and the 400s for a video without a track."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pydantic import ValidationError
 
 from omnistage.api.media_parts import MediaFetch, media_bytes
 from omnistage.api.schemas.chat import ChatCompletionRequest, ContentPart
-from omnistage.engines.omni import video_audio
+from omnistage.engines.omni import audio_in, video_audio
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.video_audio import Soundtracks, chunk_sizes
-from omnistage.engines.omni.video_in import VideoInput
+from omnistage.engines.omni.video_in import QWEN3_MARKS, VideoInput
 from omnistage.protocol.errors import ApiError, BadRequestError
 from tests.omni_tiny import mp4
 from tests.video_reference import audio_in_video_layout
@@ -45,6 +45,29 @@ def test_video_and_audio_tokens_interleave_as_qwen2_5_omnis_processor_lays_them(
     watched = VideoInput(None, torch.tensor([grid]), torch.tensor([seconds]), merge=2)
     sound = Soundtracks([AudioInput(None, None, audio_tokens)], 25.0, 2.0)
     assert sound.placeholder(watched) == audio_in_video_layout(grid, seconds, audio_tokens)
+
+
+@pytest.mark.parametrize(
+    ("grid", "seconds", "audio_tokens", "per_second"),
+    [
+        ([4, 24, 24], 1.0, 52, 13),  # the test clip at the processor's 13 a second
+        ([4, 24, 24], 1.0, 52, 25),  # ... and at the tiny checkpoint's rope's 25
+        ([6, 4, 6], 0.5, 3, 25),  # the audio runs out first
+        ([3, 4, 4], 2.5, 200, 13),  # the video runs out first
+    ],
+)
+def test_video_and_audio_tokens_merge_as_qwen3_omnis_processor_merges_them(
+    grid: list[int], seconds: float, audio_tokens: int, per_second: float
+) -> None:
+    import torch
+
+    watched = VideoInput(
+        None, torch.tensor([grid]), torch.tensor([seconds]), merge=2, marks=QWEN3_MARKS
+    )
+    track = AudioInput(None, None, audio_tokens, audio_in.QWEN3_MARKS)
+    sound = Soundtracks([track], per_second, 0.0)
+    want = audio_in_video_layout(grid, seconds, audio_tokens, "qwen3_omni_moe", per_second)
+    assert sound.placeholder(watched) == want
 
 
 def test_chunk_sizes_are_the_processors_chunks() -> None:

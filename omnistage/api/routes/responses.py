@@ -72,7 +72,8 @@ async def responses(request: Request) -> Response:
         await turn.keep(final, body.previous_response_id)
 
     fetch = request.app.state.media_fetch  # once every check of the body has passed
-    videos = [await media_file(where, "video_url", url, fetch) for where, url in shown]
+    sound = body.audio_in_video()
+    videos = [await media_file(where, "video_url", url, fetch, sound) for where, url in shown]
     pipeline = pipeline_request(omni, asked, sid, turn.id, turn.conversation, audio, videos)
     try:
         stream = await omni.open(pipeline)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from omnistage.api.schemas.base import INT64_MAX, Body, JsonObject, StageParamsField
-from omnistage.api.schemas.chat import AudioOptions, InputAudio, MediaUrl
+from omnistage.api.schemas.chat import AudioOptions, InputAudio, MediaUrl, MmProcessorKwargs
 from omnistage.protocol.params import GenerationParams, StageParams
 
 
@@ -195,6 +195,10 @@ class ResponsesRequest(Body):
     stage_params: StageParamsField = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOptions | None = None  # the voice and format of audio out, as chat's
+    mm_processor_kwargs: MmProcessorKwargs | None = None  # vLLM's, as on chat
+
+    def audio_in_video(self) -> bool:
+        return bool(self.mm_processor_kwargs and self.mm_processor_kwargs.use_audio_in_video)
 
     @field_validator("input", mode="before")
     @classmethod

@@ -3,8 +3,8 @@
 (engines/omni/thinker.py: text streamed token by token, greedy or sampled, one request at
 a time), the last user message's audio and images prepared as ``Qwen3OmniMoeProcessor``
 prepares them (audio_in.py, vision_in.py, video_in.py: their placeholders are not
-Qwen2.5-Omni's; a video's own audio track is not heard yet: ``use_audio_in_video`` is a
-400), with
+Qwen2.5-Omni's; a video's own audio track, where heard, merged with its frames by time:
+video_audio.py), with
 the tensors ``Qwen3OmniMoeForConditionalGeneration.generate`` hands its talker, streamed
 as made (TENSOR chunks, ``TensorMeta``):
 
@@ -37,7 +37,6 @@ from omnistage.engines.omni.thinker import Media, OmniThinkerEngine
 from omnistage.engines.omni.video_audio import Soundtracks
 from omnistage.engines.omni.video_in import VideoInput
 from omnistage.engines.omni.vision_in import ImageInput
-from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import Prompt
 
 
@@ -59,9 +58,7 @@ class Omni3ThinkerEngine(OmniThinkerEngine):
         return dataclasses.replace(super().watch(videos), marks=video_in.QWEN3_MARKS)
 
     def listen_to(self, videos: list[bytes]) -> Soundtracks:
-        # Qwen3-Omni's processor lays a heard video out otherwise (not done here yet).
-        message = "use_audio_in_video is not supported for Qwen3-Omni yet"
-        raise BadRequestError(message, video_audio.PARAM)
+        return video_audio.prepare_qwen3(self.extractor, videos, self.thinker.config)
 
     def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
         embeds = hidden[0][0]

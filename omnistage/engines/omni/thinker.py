@@ -78,14 +78,26 @@ class Media:
         """Every audio the prompt holds, in prompt order: the spoken input, the tracks."""
         return ([self.heard] if self.heard else []) + (self.sound.tracks if self.sound else [])
 
+    def _features(self) -> tuple[Any, Any] | None:
+        """Every audio's features and masks, one row each. Qwen3-Omni's are as long as
+        each audio: the shorter are padded (the masks say what is read)."""
+        import torch
+        import torch.nn.functional as F
+
+        audio = self._audio()
+        if not audio:
+            return None
+        frames = max(a.mask.shape[-1] for a in audio)
+        features = [F.pad(a.features, (0, frames - a.features.shape[-1])) for a in audio]
+        masks = [F.pad(a.mask, (0, frames - a.mask.shape[-1])) for a in audio]
+        return torch.cat(features), torch.cat(masks)
+
     def inputs(self, device: Any) -> dict[str, Any]:
         """The thinker's inputs for them, as the processor names them."""
-        import torch
-
         out = {}
-        if audio := self._audio():
-            out["input_features"] = torch.cat([a.features for a in audio]).to(device)
-            out["feature_attention_mask"] = torch.cat([a.mask for a in audio]).to(device)
+        if (heard := self._features()) is not None:
+            out["input_features"] = heard[0].to(device)
+            out["feature_attention_mask"] = heard[1].to(device)
         if self.seen is not None:
             out["pixel_values"] = self.seen.pixels.to(device)
             out["image_grid_thw"] = self.seen.grid.to(device)
@@ -97,14 +109,12 @@ class Media:
 
     def sizes(self) -> list[EngineChunk]:
         """What the talker's positions (its rope) depend on, as the thinker's do: the
-        spoken input's length in frames, the images' and videos' patch grids, and the
-        seconds a video's temporal patch spans."""
-        import torch
-
+        spoken input's and the heard tracks' lengths in frames, the images' and videos'
+        patch grids, the seconds a video's temporal patch spans, and whether the tracks
+        are heard (their tokens then sit inside the videos')."""
         out = []
-        if audio := self._audio():
-            lengths = torch.cat([a.mask for a in audio]).sum(-1)
-            out.append(tensor_chunk("audio_feature_lengths", lengths))
+        if (heard := self._features()) is not None:
+            out.append(tensor_chunk("audio_feature_lengths", heard[1].sum(-1)))
         if self.seen is not None:
             out.append(tensor_chunk("image_grid_thw", self.seen.grid))
         if self.watched is not None:

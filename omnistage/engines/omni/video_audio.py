@@ -1,18 +1,20 @@
-"""A video's own audio track for Qwen2.5-Omni's thinker (``use_audio_in_video``, which a
-chat asks for with ``mm_processor_kwargs: {"use_audio_in_video": true}``, as vLLM-Omni
-takes it), prepared as ``Qwen2_5OmniProcessor`` prepares it when it loads a video's
-audio:
+"""A video's own audio track for an omni thinker (``use_audio_in_video``, which a chat
+asks for with ``mm_processor_kwargs: {"use_audio_in_video": true}``, as vLLM-Omni takes
+it), prepared as the model's processor prepares it when it loads a video's audio:
 
 - the track decoded with PyAV and resampled to the feature extractor's 16 kHz mono, as
   an ``input_audio`` part is (audio_in.py: faster-whisper's decoder), then made into
-  the same Whisper features (padded to 30 s, with the mask);
-- in the prompt, each video's tokens and its track's interleaved by time: the video's
-  tokens sit at rope time positions ``t x seconds per grid x position_id_per_seconds``
-  (one per temporal patch), the audio's at 0, 1, 2, ... (25 a second); both are cut into
-  chunks of ``position_id_per_seconds x seconds_per_chunk`` positions (2 s) as the
-  processor's ``get_chunked_index`` cuts them, and chunk j of the video is followed by
-  chunk j of the audio, all between the audio start and end marks, inside the vision
-  marks: ``<|vision_bos|><|audio_bos|>V..A..V..A..<|audio_eos|><|vision_eos|>``;
+  the model's Whisper features, as a spoken input's (with the mask);
+- in the prompt, each video's tokens and its track's interleaved by time, between the
+  audio start and end marks inside the vision marks
+  (``<|vision_bos|><|audio_bos|>V..A..V..A..<|audio_eos|><|vision_eos|>`` for
+  Qwen2.5-Omni; Qwen3-Omni's marks are its own). The video's tokens sit at rope time
+  positions ``t x seconds per grid x position_id_per_seconds`` (one per temporal
+  patch), the audio's at 0, 1, 2, ... Qwen2.5-Omni (``Qwen2_5OmniProcessor``) cuts both
+  into chunks of ``position_id_per_seconds x seconds_per_chunk`` positions (2 s) as its
+  ``get_chunked_index`` cuts them, chunk j of the video followed by chunk j of the audio;
+  Qwen3-Omni (``Qwen3OmniMoeProcessor``) merges the two token by token by position, a
+  video token first where they tie;
 - the tracks' features follow the spoken input's (if any), in the order of the videos:
   the thinker's ``get_rope_index`` takes the audio lengths in prompt order.
 
@@ -64,31 +66,48 @@ def chunk_sizes(positions: list[float], per_chunk: int) -> list[int]:
     return sizes
 
 
+def merged(video: list[float], audio: int) -> str:
+    """Qwen3-Omni's order of a video's tokens (at rope time positions ``video``) and its
+    track's ``audio`` tokens (at 0, 1, 2, ...): "v" or "a" per token, by position, the
+    video's first where they tie."""
+    out, a = [], 0
+    for position in video:
+        while a < audio and a < position:
+            out.append("a")
+            a += 1
+        out.append("v")
+    return "".join(out) + "a" * (audio - a)
+
+
 @dataclass
 class Soundtracks:
     """The videos' audio tracks, prepared, and how the model times them."""
 
     tracks: list[AudioInput]
     per_second: float  # rope positions a second (the thinker's position_id_per_seconds)
-    seconds_per_chunk: float
+    seconds_per_chunk: float  # Qwen2.5-Omni's chunks; 0: Qwen3-Omni's merge
 
     def placeholder(self, watched: VideoInput) -> str:
-        """Each video's tokens interleaved with its track's, by time chunks."""
+        """Each video's tokens interleaved with its track's, by time."""
         start, token, end = watched.marks
         a_start, a_token, a_end = self.tracks[0].marks
-        per_chunk = int(self.per_second * self.seconds_per_chunk)
         out = []
         for i, (thw, heard) in enumerate(zip(watched.grid.tolist(), self.tracks, strict=True)):
             t, h, w = thw
-            per_frame = h * w // watched.merge**2
             step = float(watched.seconds[i]) * self.per_second
-            video = chunk_sizes([n * step for n in range(t) for _ in range(per_frame)], per_chunk)
-            audio = chunk_sizes(list(range(heard.tokens)), per_chunk)
-            out.append(start + a_start)
-            for j in range(max(len(video), len(audio))):
-                out.append(token * video[j] if j < len(video) else "")
-                out.append(a_token * audio[j] if j < len(audio) else "")
-            out.append(a_end + end)
+            times = [n * step for n in range(t) for _ in range(h * w // watched.merge**2)]
+            out += [start, a_start, self._between(times, heard.tokens, token, a_token), a_end, end]
+        return "".join(out)
+
+    def _between(self, times: list[float], audio: int, token: str, a_token: str) -> str:
+        if not self.seconds_per_chunk:
+            return "".join(token if kind == "v" else a_token for kind in merged(times, audio))
+        per_chunk = int(self.per_second * self.seconds_per_chunk)
+        video, heard = chunk_sizes(times, per_chunk), chunk_sizes(list(range(audio)), per_chunk)
+        out = []
+        for j in range(max(len(video), len(heard))):
+            out.append(token * video[j] if j < len(video) else "")
+            out.append(a_token * heard[j] if j < len(heard) else "")
         return "".join(out)
 
 
@@ -99,3 +118,13 @@ def prepare(extractor: Any, videos: list[bytes], config: Any) -> Soundtracks:
     return Soundtracks(
         tracks, float(config.position_id_per_seconds), float(config.seconds_per_chunk)
     )
+
+
+def prepare_qwen3(extractor: Any, videos: list[bytes], config: Any) -> Soundtracks:
+    """The tracks of ``videos`` as Qwen3-Omni's processor prepares them; ``config``: the
+    thinker's (its audio tower's window, its rope's time scale)."""
+    window = config.audio_config.n_window
+    tracks = [
+        audio_in.prepare_qwen3(extractor, track(i, data), window) for i, data in enumerate(videos)
+    ]
+    return Soundtracks(tracks, float(config.position_id_per_seconds), 0.0)
