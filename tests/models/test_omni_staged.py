@@ -286,18 +286,24 @@ def test_a_question_about_a_video_is_answered_as_the_monolithic_model(
     assert pcm == want_pcm
 
 
+@pytest.mark.parametrize("spoken", [False, True])
 def test_a_videos_own_audio_is_heard_as_the_monolithic_model_hears_it(
-    omni_head: HeadProc, omni_dir: Path
+    omni_head: HeadProc, omni_dir: Path, spoken: bool
 ) -> None:
     """``use_audio_in_video``: the track's tokens interleave with the frames' by 2-second
     chunks (4 s here: frames, audio, frames, audio), and the thinker's and talker's rope
-    positions follow that layout, as transformers' generate lays them out."""
+    positions follow that layout, as transformers' generate lays them out; with a spoken
+    question too, its audio comes first (its features, then the track's)."""
     clip = mp4(frames=8, sound=True)  # 4 temporal patches of 12 x 12 tokens, 102 of audio
     question = "What do you hear in this video?"
+    wav = tone_wav(0.7) if spoken else None
     messages = [{"role": "user", "content": question}]
-    want_text, want_pcm = reference(omni_dir, messages, "Chelsie", videos=[clip], sound=True)
+    want_text, want_pcm = reference(omni_dir, messages, "Chelsie", wav, videos=[clip], sound=True)
 
     asked = video_question(clip, question)
+    if wav is not None:
+        said = {"data": base64.b64encode(wav).decode(), "format": "wav"}
+        asked[0]["content"].append({"type": "input_audio", "input_audio": said})
     heard = {"mm_processor_kwargs": {"use_audio_in_video": True}}
     text, pcm, prompt_tokens = spoken_answer(omni_head, asked, "Chelsie", MAX_TOKENS, **heard)
     _, deaf_pcm, deaf_tokens = spoken_answer(omni_head, asked, "Chelsie", MAX_TOKENS)
