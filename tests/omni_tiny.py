@@ -15,7 +15,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -233,10 +236,12 @@ def mp4(
     fps: int = 2,
     seed: int = 0,
     form: tuple[str, str] = ("mp4", "mpeg4"),
+    sound: bool = False,
 ) -> bytes:
     """An MP4 (MPEG-4 part 2; or another container and codec, ``form``) of random
     colours, made with PyAV: 4 frames at 2 a second are one video of 2 temporal patches
-    for the omni models."""
+    for the omni models. ``sound``: with an audio track as long as the video (AAC, 16 kHz
+    mono, a 440 Hz tone)."""
     import av
     import numpy as np
 
@@ -245,11 +250,27 @@ def mp4(
     with av.open(out, "w", format=form[0]) as container:
         stream = container.add_stream(form[1], rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        track = container.add_stream("aac", rate=16_000, layout="mono") if sound else None
         for _ in range(frames):
             pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
             container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        if track is not None:
+            _tone(container, track, frames / fps)
         container.mux(stream.encode())
     return out.getvalue()
+
+
+def _tone(container: Any, track: Any, seconds: float, rate: int = 16_000) -> None:
+    import av
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
+    for i in range(0, len(pcm), 1024):
+        frame = av.AudioFrame.from_ndarray(pcm[None, i : i + 1024], format="s16", layout="mono")
+        frame.sample_rate = rate
+        container.mux(track.encode(frame))
+    container.mux(track.encode())
 
 
 def video_question(clip: bytes, question: str) -> list[dict[str, Any]]:
@@ -258,6 +279,30 @@ def video_question(clip: bytes, question: str) -> list[dict[str, Any]]:
     url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
     content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": question}]
     return [{"role": "user", "content": content}]
+
+
+@contextmanager
+def served(body: bytes, name: str) -> Iterator[str]:
+    """An http URL of ``body`` (any path answers it), served on 127.0.0.1: the host the
+    test heads may fetch images and videos from."""
+
+    class File(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), File)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/{name}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _speakers(seed: int):  # type: ignore[no-untyped-def]
@@ -352,10 +397,11 @@ def spoken_chat(
 
 
 def spoken_answer(
-    head: Any, messages: list[dict[str, Any]], voice: str, max_tokens: int
+    head: Any, messages: list[dict[str, Any]], voice: str, max_tokens: int, **more: Any
 ) -> tuple[str, bytes, int]:
-    """A greedy spoken chat's transcript, its audio (pcm16) and its prompt's token count."""
-    body = spoken_chat(head, messages, voice, max_tokens)
+    """A greedy spoken chat's transcript, its audio (pcm16) and its prompt's token count;
+    ``more``: other fields of the body."""
+    body = {**spoken_chat(head, messages, voice, max_tokens), **more}
     response = head.client.post("/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     answer = response.json()

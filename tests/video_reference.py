@@ -20,6 +20,9 @@ and metadata (``read_video_pyav``), ``Qwen2VLVideoProcessor.sample_frames``,
 the torchvision backend's ``resize`` and fused ``rescale_and_normalize``, and
 ``Qwen2VLVideoProcessor.patchify``; the seconds per grid are the processor's formula
 (temporal patch size / fps).
+
+``audio_in_video_layout`` is the processor's layout of a video whose audio it loads
+(``use_audio_in_video``), from its own methods (they need no torchvision).
 """
 
 from __future__ import annotations
@@ -107,6 +110,50 @@ def reference(model: str, path: str, mean: list[float], std: list[float]) -> dic
         "video_grid_thw": torch.tensor([[t, h, w]]),
         "video_second_per_grid": torch.tensor([temporal / FPS]),
     }
+
+
+# Each model's marks: vision start and end, audio start and end, a video and an audio token.
+MARKS = {
+    "qwen2_5_omni": "<|vision_bos|> <|vision_eos|> <|audio_bos|> <|audio_eos|> <|VIDEO|> <|AUDIO|>",
+    "qwen3_omni_moe": "<|vision_start|> <|vision_end|> <|audio_start|> <|audio_end|> "
+    "<|video_pad|> <|audio_pad|>",
+}
+
+
+def audio_in_video_layout(
+    grid: list[int],
+    seconds: float,
+    audio_tokens: int,
+    model: str = "qwen2_5_omni",
+    per_second: float = 25,
+) -> str:
+    """What the model's processor puts in a video's marks (the chat template's vision
+    start and end) when it loads the video's audio, ``per_second`` rope positions a
+    second (the processor's ``position_id_per_seconds``)."""
+    import torch
+
+    start, end, a_start, a_end, video, audio = MARKS[model].split()
+    module, name, _ = SETTINGS[model]
+    cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+    processor = SimpleNamespace(
+        video_processor=SimpleNamespace(merge_size=2),
+        get_chunked_index=partial(cls.get_chunked_index, None),
+        audio_bos_token=a_start,
+        audio_eos_token=a_end,
+        video_token=video,
+        audio_token=audio,
+    )
+    videos = {"video_grid_thw": torch.tensor([grid]), "video_second_per_grid": [seconds]}
+    inside = cls.replace_video_with_audio_token(
+        processor,
+        videos,
+        0,
+        {"num_audio_tokens": [audio_tokens]},
+        0,
+        position_id_per_seconds=per_second,
+        seconds_per_chunk=2.0,
+    )
+    return start + inside + end
 
 
 if __name__ == "__main__":

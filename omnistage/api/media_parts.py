@@ -1,12 +1,16 @@
-"""A chat's image and video parts: which ones the served pipeline takes, and the files
-they carry (a ``data:`` URL, or an http(s) URL fetched when the operator allows its host
-with ``--allowed-media-domains``). Images are ``image_url`` parts (OpenAI's), videos
-``video_url`` parts (vLLM's: OpenAI's chat has none), alike but for the media type.
+"""A chat's image and video parts, and a response's video parts: which ones the served
+pipeline takes, and the files they carry (a ``data:`` URL, or an http(s) URL fetched
+when the operator allows its host with ``--allowed-media-domains``). Images are
+``image_url`` parts (OpenAI's), videos ``video_url`` parts (vLLM's: OpenAI's chat has
+none), alike but for the media type. OpenAI's Responses API has no video part either:
+its ``input`` takes chat's ``video_url`` part, as vLLM's /v1/responses does (its content
+parts go through its chat parser).
 
-A part no stage of the pipeline reads is a 400 naming it (``messages.N.content.M``): a
-silent drop would answer a question about an image without the image. Only the last
-user message may carry images and videos, as it alone may carry audio: the thinker places
-every media placeholder in that message (engines/omni/thinker.py).
+A part no stage of the pipeline reads is a 400 naming it (``messages.N.content.M``,
+``input.N.content.M``): a silent drop would answer a question about an image without
+the image. Only the last user message may carry images and videos, as it alone may carry
+audio: the thinker places every media placeholder in that message
+(engines/omni/thinker.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from urllib.parse import urlsplit
 
 from omnistage import defaults
 from omnistage.api.schemas.chat import ChatCompletionRequest, ContentPart
+from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.dataplane.graph import StageGraph
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.errors import ApiError
@@ -69,27 +74,64 @@ def media_parts(
                 raise _refused(
                     where, f"content parts of type {part.type!r} are not supported; use {_PARTS}"
                 )
-            kind, modality = _KINDS[part.type]
-            if not graph.stages_reading(modality):
-                raise _refused(where, f"pipeline {pipeline!r} has no stage that takes {kind}s")
-            if i != last_user:
-                raise _refused(where, f"only the last user message may carry {kind}s")
+            _check_place(where, part.type, graph, pipeline, i == last_user)
             found.append((where, part))
     return found
 
 
-async def media_bytes(where: str, part: ContentPart, fetch: MediaFetch) -> bytes:
-    """The image or video file a part carries, checked to be one Pillow (an image) or
-    PyAV (a video) can open."""
-    kind = _KINDS[part.type][0]
-    media = part.image_url if kind == "image" else part.video_url
+def response_videos(
+    body: ResponsesRequest, graph: StageGraph, pipeline: str
+) -> list[tuple[str, str]]:
+    """The ``video_url`` parts of a Responses request's own input (where each is, and its
+    URL), after refusing those the pipeline cannot take, as chat's. The turns a
+    ``previous_response_id`` replays are not in ``body``: their videos are not watched
+    again, as their audio is not heard again (api/response_audio.py)."""
+    last_user = max((i for i, item in enumerate(body.input) if item.role == "user"), default=-1)
+    found = []
+    for i, item in enumerate(body.input):
+        for j, part in enumerate(item.content or []):
+            if part.video_url is None:
+                continue
+            where = f"input.{i}.content.{j}"
+            _check_place(where, part.type, graph, pipeline, i == last_user)
+            found.append((where, part.video_url.url))
+    return found
+
+
+def _check_place(where: str, part_type: str, graph: StageGraph, pipeline: str, last: bool) -> None:
+    """A 400 naming the part unless a stage reads its kind and it is in the last user
+    message."""
+    kind, modality = _KINDS[part_type]
+    if not graph.stages_reading(modality):
+        raise _refused(where, f"pipeline {pipeline!r} has no stage that takes {kind}s")
+    if not last:
+        raise _refused(where, f"only the last user message may carry {kind}s")
+
+
+async def media_bytes(
+    where: str, part: ContentPart, fetch: MediaFetch, sound: bool = False
+) -> bytes:
+    """The image or video file a chat's part carries (see ``media_file``)."""
+    media = part.image_url if part.type == "image_url" else part.video_url
     assert media is not None
-    url = media.url
+    return await media_file(where, part.type, media.url, fetch, sound)
+
+
+async def media_file(
+    where: str, part_type: str, url: str, fetch: MediaFetch, sound: bool = False
+) -> bytes:
+    """The image or video file at ``url`` of a part of ``part_type`` (``image_url``,
+    ``video_url``), checked to be one Pillow (an image) or PyAV (a video) can open; a
+    video with an audio track where ``sound`` (``use_audio_in_video``) asks to hear it."""
+    kind = _KINDS[part_type][0]
     if url.startswith("data:"):
         data = _data_url(where, url, kind)
     else:
         data = await asyncio.to_thread(_fetched, where, url, fetch, kind)
-    await asyncio.to_thread(_check_image if kind == "image" else _check_video, where, data)
+    if kind == "image":
+        await asyncio.to_thread(_check_image, where, data)
+    else:
+        await asyncio.to_thread(_check_video, where, data, sound)
     return data
 
 
@@ -149,12 +191,16 @@ def _check_image(where: str, data: bytes) -> None:
         raise _refused(where, "the image cannot be read (PNG, JPEG, WebP, GIF)") from None
 
 
-def _check_video(where: str, data: bytes) -> None:
+def _check_video(where: str, data: bytes, sound: bool) -> None:
     import av
 
     try:
         with av.open(io.BytesIO(data)) as container:
             if not container.streams.video:
                 raise ValueError("no video stream")
+            heard = bool(container.streams.audio)
     except (av.error.FFmpegError, OSError, ValueError):
         raise _refused(where, "the video cannot be read (MP4, WebM, MOV, ...)") from None
+    if sound and not heard:
+        asks = "mm_processor_kwargs.use_audio_in_video asks to hear"
+        raise _refused(where, f"the video has no audio track, which {asks}")

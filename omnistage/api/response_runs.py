@@ -34,10 +34,11 @@ def pipeline_request(
     response_id: str,
     affinity: str,
     audio: AudioPlan | None = None,
+    videos: list[bytes] | None = None,
 ) -> PipelineRequest:
     """The pipeline request answering ``body`` on text stage ``sid`` (and spoken by
-    ``audio``'s stage); ``affinity``: the conversation, so its turns go where its prefix
-    is cached."""
+    ``audio``'s stage), watching ``videos`` (the files of its last user message's video
+    parts); ``affinity``: the conversation, so its turns go where its prefix is cached."""
     try:
         stage_params = resolve_stage_params(omni, body.stage_params)
         if extra := body.chat_params():
@@ -51,9 +52,10 @@ def pipeline_request(
         voice = StageParams(speech=SpeechParams(audio.voice))
         for speaker in omni.graph.speaking_for([audio.stage]):
             stage_params[speaker] = stage_params.get(speaker, NO_PARAMS).merged(voice)
-    prompt = Prompt(messages=messages(body))
+    prompt = Prompt(messages=messages(body), videos=videos or None)
+    prompt.audio_in_video = body.audio_in_video() and bool(videos)
     if spoken := heard(omni, body):
-        prompt = Prompt(messages=prompt.messages, audio=spoken[0], audio_format=spoken[1])
+        prompt.audio, prompt.audio_format = spoken
     params = body.sampling_params()
     # A stream's status line waits for the audio stage to check the voice (see chat).
     ack = audio is not None and audio.streamed

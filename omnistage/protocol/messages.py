@@ -151,6 +151,8 @@ class Prompt(Tagged):
     mask: bytes | None = None
     # Videos to watch (an omni thinker): encoded files (MP4, WebM, ...) as sent.
     videos: list[bytes] | None = None
+    # Whether the videos' own audio tracks are heard too (``use_audio_in_video``).
+    audio_in_video: bool = False
 
     def modalities(self) -> frozenset[str]:
         has_text = self.text is not None or self.messages is not None

@@ -14,6 +14,7 @@ chunks; the reference decodes the same codes in the same chunks.
 from __future__ import annotations
 
 import base64
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from tests.omni_tiny import (
     tone_wav,
     video_question,
 )
+from tests.video_reference import audio_in_video_layout
 
 # The first test also waits for the head and its three replicas to load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -98,16 +100,18 @@ def _processor(directory: Path) -> Any:
 def reference(
     directory: Path,
     messages: list[dict[str, str]],
-    voice: str,
+    voice: str | None,
     wav: bytes | None = None,
     images: list[bytes] | None = None,
     videos: list[bytes] | None = None,
+    sound: bool = False,
 ) -> tuple[str, bytes]:
     """The monolithic model's answer: its text, and its waveform as int16 PCM, decoded
-    from its codes in the staged pipeline's chunks. A spoken input (``wav``) and images go
-    through the processor, videos through video_in.py (the processor's video path needs
-    torchvision), their placeholders before the last message's text, as the model's chat
-    template puts them; a video's audio is not heard (``use_audio_in_video=False``)."""
+    from its codes in the staged pipeline's chunks (no ``voice``: its text alone). A
+    spoken input (``wav``) and images go through the processor, videos through
+    video_in.py (the processor's video path needs torchvision), their placeholders
+    before the last message's text, as the model's chat template puts them; a video's
+    audio is heard only with ``sound`` (see ``_tracks``)."""
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
@@ -128,6 +132,11 @@ def reference(
         watched.marks = video_in.QWEN3_MARKS
         media += watched.placeholder()  # expanded already: the processor must not count it
         processor.video_token = processor.video_token_id = None
+    tracks = _tracks(model, processor, watched, videos) if sound else None
+    if tracks is not None:
+        assert watched is not None and wav is None  # the processor must not count these
+        media = media.removesuffix(watched.placeholder()) + tracks.pop("layout")
+        processor.audio_token = processor.audio_token_id = None
     messages = [*messages[:-1], {**messages[-1], "content": media + messages[-1]["content"]}]
     text = processor.tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=False
@@ -142,21 +151,56 @@ def reference(
             video_grid_thw=watched.grid,
             video_second_per_grid=watched.seconds,
         )
+    inputs.update(tracks or {})
     decode = model.code2wav.chunked_decode
     model.code2wav.chunked_decode = lambda codes, **_: decode(codes, CHUNK, CONTEXT)
+    thinker = {
+        "use_audio_in_video": sound,
+        "thinker_max_new_tokens": MAX_TOKENS,
+        "thinker_do_sample": False,
+        "thinker_eos_token_id": special_id("<|im_end|>"),
+    }
+    if voice is None:  # words only: the thinker's answer
+        sequences = model.generate(ids, **inputs, **thinker, return_audio=False)
+        answer = processor.tokenizer.decode(sequences[0, ids.shape[1] :], skip_special_tokens=True)
+        return answer, b""
     sequences, wav_out = model.generate(
         ids,
         **inputs,
+        **thinker,
         speaker=voice,
-        use_audio_in_video=False,
-        thinker_max_new_tokens=MAX_TOKENS,
-        thinker_do_sample=False,
-        thinker_eos_token_id=special_id("<|im_end|>"),
         talker_do_sample=False,
         talker_max_new_tokens=MAX_CODES,
     )
     answer = processor.tokenizer.decode(sequences[0, ids.shape[1] :], skip_special_tokens=True)
     return answer, pcm16(wav_out.reshape(-1))
+
+
+def _tracks(model: Any, processor: Any, watched: Any, videos: list[bytes]) -> dict[str, Any]:
+    """The videos' audio tracks as the monolithic model takes them: decoded as a spoken
+    input is, the processor's features (audio_in.prepare_qwen3, checked against it by
+    the spoken question's test), and the videos' placeholders with the tracks' tokens
+    merged in by the processor's own code (``audio_in_video_layout``), at the thinker
+    rope's time scale."""
+    import torch
+    from faster_whisper.audio import decode_audio
+
+    from omnistage.engines.omni import audio_in
+
+    config = model.config.thinker_config
+    window, per_second = config.audio_config.n_window, config.position_id_per_seconds
+    extractor = processor.feature_extractor
+    heard = [audio_in.prepare_qwen3(extractor, decode_audio(io.BytesIO(v)), window) for v in videos]
+    seconds = watched.seconds.tolist()
+    layout = "".join(
+        audio_in_video_layout(grid, seconds[i], heard[i].tokens, "qwen3_omni_moe", per_second)
+        for i, grid in enumerate(watched.grid.tolist())
+    )
+    return {
+        "layout": layout,
+        "input_features": torch.cat([a.features for a in heard]),
+        "feature_attention_mask": torch.cat([a.mask for a in heard]),
+    }
 
 
 def _chat(head: HeadProc, messages: list[dict[str, Any]], voice: str) -> tuple[str, bytes]:
@@ -237,6 +281,37 @@ def test_a_question_about_a_video_is_answered_as_the_monolithic_model(
 
     assert prompt_tokens > 2 * 12 * 12  # the video's tokens are in it
     assert (text, pcm) == want
+
+
+def test_a_videos_own_audio_is_heard_as_the_monolithic_model_hears_it(
+    omni3_head: HeadProc, omni3_dir: Path
+) -> None:
+    """``use_audio_in_video``: the track's tokens merge with the frames' by time, and the
+    thinker's rope reads that layout, as transformers' generate lays it out. In words
+    only: transformers' own talker fails on such a prompt, so a spoken answer is a 400."""
+    clip = mp4(frames=8, sound=True)  # 4 temporal patches of 12 x 12 tokens, and 4 s of tone
+    question = "What do you hear in this video?"
+    messages = [{"role": "user", "content": question}]
+    want_text, _ = reference(omni3_dir, messages, None, videos=[clip], sound=True)
+    deaf_text, _ = reference(omni3_dir, messages, None, videos=[clip])
+
+    body = {
+        "model": omni3_head.client.get("/v1/models").json()["data"][0]["id"],
+        "messages": video_question(clip, question),
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+        "mm_processor_kwargs": {"use_audio_in_video": True},
+    }
+    answer = omni3_head.client.post("/v1/chat/completions", json=body, timeout=120)
+    spoken = {**body, "modalities": ["text", "audio"], "audio": {"format": "pcm16"}}
+    refused = omni3_head.client.post("/v1/chat/completions", json=spoken, timeout=120)
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] > 4 * 144 + 2  # the frames, the track
+    assert answer.json()["choices"][0]["message"]["content"] == want_text
+    assert want_text != deaf_text  # the track was heard
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "mm_processor_kwargs.use_audio_in_video"
 
 
 def test_the_checkpoint_picks_its_stage_graph(omni3_head: HeadProc) -> None:

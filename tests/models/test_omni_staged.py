@@ -12,9 +12,8 @@ random tiny weights have flat logits, so any change of summation order could fli
 from __future__ import annotations
 
 import base64
-import threading
+import io
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,78 @@ from tests.omni_tiny import (
     OMNI_MAX_CODES,
     mp4,
     png,
+    served,
     spoken_answer,
     spoken_chat,
     spoken_deltas,
     tone_wav,
     video_question,
 )
+from tests.video_reference import audio_in_video_layout
 
 # The first test also waits for the head and its four replicas to load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MAX_TOKENS = 6  # the thinker's answer
 NOISE_SEED = 0  # the token2wav stage's default noise_seed
+
+
+def _prepared(
+    directory: Path,
+    messages: list[dict[str, str]],
+    wav: bytes | None,
+    images: list[bytes] | None,
+    videos: list[bytes] | None,
+    sound: bool,
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """The messages with the media's placeholders before the last one's text, and the
+    model's inputs for the media: a spoken input (``wav``), images and videos prepared as
+    Qwen2.5-Omni's processor prepares them (video_in.py is checked against it in
+    tests/unit/test_video_in.py); with ``sound`` the videos' audio tracks too, decoded as
+    a spoken input is and laid out with the frames by the processor's own code
+    (``audio_in_video_layout``)."""
+    import torch
+    from faster_whisper.audio import decode_audio
+
+    from omnistage.engines.omni import audio_in, video_in, vision_in
+    from omnistage.protocol.messages import Prompt
+
+    extractor = audio_in.load_extractor(str(directory))
+    placeholders, heard, audio = [], {}, []
+    if wav is not None:
+        spoken = audio_in.prepare(
+            extractor, audio_in.samples(Prompt(audio=wav, audio_format="wav"))
+        )
+        placeholders.append(spoken.placeholder())
+        audio.append(spoken)
+    if images:
+        seen = vision_in.prepare(vision_in.load_processor(str(directory)), images)
+        placeholders.append(seen.placeholder())
+        # By the thinker's prefix: the talker, which generate hands every unprefixed
+        # argument too, refuses pixel values (transformers 5.25); the grids go to both.
+        heard.update(thinker_pixel_values=seen.pixels, image_grid_thw=seen.grid)
+    if videos:
+        settings = video_in.VideoSettings.of(vision_in.load_processor(str(directory)))
+        watched = video_in.prepare(settings, videos)
+        placeholders.append(watched.placeholder())
+        heard.update(
+            thinker_pixel_values_videos=watched.pixels,
+            video_grid_thw=watched.grid,
+            video_second_per_grid=watched.seconds,
+        )
+    if videos and sound:
+        tracks = [audio_in.prepare(extractor, decode_audio(io.BytesIO(v))) for v in videos]
+        seconds = watched.seconds.tolist()
+        placeholders[-1] = "".join(
+            audio_in_video_layout(grid, seconds[i], tracks[i].tokens)
+            for i, grid in enumerate(watched.grid.tolist())
+        )
+        audio += tracks
+    if audio:
+        heard["input_features"] = torch.cat([a.features for a in audio])
+        heard["feature_attention_mask"] = torch.cat([a.mask for a in audio])
+    text = "".join(placeholders) + messages[-1]["content"]
+    return [*messages[:-1], {**messages[-1], "content": text}], heard
 
 
 def reference(
@@ -47,46 +106,20 @@ def reference(
     wav: bytes | None = None,
     images: list[bytes] | None = None,
     videos: list[bytes] | None = None,
+    sound: bool = False,
 ) -> tuple[str, bytes]:
-    """The monolithic model's answer: its text and its waveform as int16 PCM. A spoken
-    input (``wav``), images and videos are prepared as Qwen2.5-Omni's processor prepares
-    them (video_in.py is checked against it in tests/unit/test_video_in.py), their
-    placeholders before the last message's text; a video's audio is not heard
-    (``use_audio_in_video=False``)."""
+    """The monolithic model's answer: its text and its waveform as int16 PCM, to the
+    messages with a spoken input (``wav``), images and videos (see ``_prepared``); a
+    video's audio track is heard only with ``sound`` (``use_audio_in_video``)."""
     import torch
     from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
 
-    from omnistage.engines.omni import audio_in, video_in, vision_in
     from omnistage.engines.omni.token2wav import pcm16
-    from omnistage.protocol.messages import Prompt
 
     torch.set_num_threads(1)
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(directory).eval()
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    heard: dict[str, Any] = {}
-    if wav is not None:
-        spoken = audio_in.samples(Prompt(audio=wav, audio_format="wav"))
-        prepared = audio_in.prepare(audio_in.load_extractor(str(directory)), spoken)
-        text = prepared.placeholder() + messages[-1]["content"]
-        messages = [*messages[:-1], {**messages[-1], "content": text}]
-        heard = {"input_features": prepared.features, "feature_attention_mask": prepared.mask}
-    if images:
-        seen = vision_in.prepare(vision_in.load_processor(str(directory)), images)
-        text = seen.placeholder() + messages[-1]["content"]
-        messages = [*messages[:-1], {**messages[-1], "content": text}]
-        # By the thinker's prefix: the talker, which generate hands every unprefixed
-        # argument too, refuses pixel values (transformers 5.25); the grids go to both.
-        heard.update(thinker_pixel_values=seen.pixels, image_grid_thw=seen.grid)
-    if videos:
-        settings = video_in.VideoSettings.of(vision_in.load_processor(str(directory)))
-        watched = video_in.prepare(settings, videos)
-        text = watched.placeholder() + messages[-1]["content"]
-        messages = [*messages[:-1], {**messages[-1], "content": text}]
-        heard.update(
-            thinker_pixel_values_videos=watched.pixels,
-            video_grid_thw=watched.grid,
-            video_second_per_grid=watched.seconds,
-        )
+    messages, heard = _prepared(directory, messages, wav, images, videos, sound)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
     torch.manual_seed(NOISE_SEED)  # greedy stages draw nothing: the DiT's noise is the first draw
@@ -94,7 +127,7 @@ def reference(
         torch.tensor([ids]),
         **heard,
         speaker=voice,
-        use_audio_in_video=False,
+        use_audio_in_video=sound,
         thinker_max_new_tokens=MAX_TOKENS,
         thinker_do_sample=False,
         talker_do_sample=False,
@@ -202,29 +235,14 @@ def test_a_spoken_question_is_answered_as_the_monolithic_model(
     assert pcm == want_pcm
 
 
-class _Picture(BaseHTTPRequestHandler):
-    body = png(56, 56, seed=1)
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+PICTURE = png(56, 56, seed=1)
 
 
 @pytest.fixture(scope="module")
 def picture_url() -> Iterator[str]:
-    """An http URL of a PNG, served on 127.0.0.1 (the host the head may fetch from)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Picture)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/picture.png"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """An http URL of ``PICTURE``, served on 127.0.0.1 (the host the head may fetch from)."""
+    with served(PICTURE, "picture.png") as url:
+        yield url
 
 
 def test_a_question_about_images_is_answered_as_the_monolithic_model(
@@ -236,7 +254,7 @@ def test_a_question_about_images_is_answered_as_the_monolithic_model(
         omni_dir,
         [{"role": "user", "content": question}],
         "Chelsie",
-        images=[inline, _Picture.body],
+        images=[inline, PICTURE],
     )
 
     data_url = "data:image/png;base64," + base64.b64encode(inline).decode()
@@ -266,6 +284,44 @@ def test_a_question_about_a_video_is_answered_as_the_monolithic_model(
     assert prompt_tokens > 2 * 12 * 12  # the video's tokens are in it
     assert text == want_text
     assert pcm == want_pcm
+
+
+@pytest.mark.parametrize("spoken", [False, True])
+def test_a_videos_own_audio_is_heard_as_the_monolithic_model_hears_it(
+    omni_head: HeadProc, omni_dir: Path, spoken: bool
+) -> None:
+    """``use_audio_in_video``: the track's tokens interleave with the frames' by 2-second
+    chunks (4 s here: frames, audio, frames, audio), and the thinker's and talker's rope
+    positions follow that layout, as transformers' generate lays them out; with a spoken
+    question too, its audio comes first (its features, then the track's)."""
+    clip = mp4(frames=8, sound=True)  # 4 temporal patches of 12 x 12 tokens, 102 of audio
+    question = "What do you hear in this video?"
+    wav = tone_wav(0.7) if spoken else None
+    messages = [{"role": "user", "content": question}]
+    want_text, want_pcm = reference(omni_dir, messages, "Chelsie", wav, videos=[clip], sound=True)
+
+    asked = video_question(clip, question)
+    if wav is not None:
+        said = {"data": base64.b64encode(wav).decode(), "format": "wav"}
+        asked[0]["content"].append({"type": "input_audio", "input_audio": said})
+    heard = {"mm_processor_kwargs": {"use_audio_in_video": True}}
+    text, pcm, prompt_tokens = spoken_answer(omni_head, asked, "Chelsie", MAX_TOKENS, **heard)
+    _, deaf_pcm, deaf_tokens = spoken_answer(omni_head, asked, "Chelsie", MAX_TOKENS)
+
+    assert prompt_tokens == deaf_tokens + 102 + 2  # the track's tokens and its two marks
+    assert text == want_text
+    assert pcm == want_pcm
+    assert pcm != deaf_pcm  # the track was heard
+
+
+def test_hearing_a_video_without_an_audio_track_is_a_400_naming_it(omni_head: HeadProc) -> None:
+    body = spoken_chat(omni_head, video_question(mp4(), "Hm?"), "Chelsie", MAX_TOKENS)
+    body["mm_processor_kwargs"] = {"use_audio_in_video": True}
+    response = omni_head.client.post("/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages.0.content.0"
+    assert "no audio track" in error["message"]
 
 
 @pytest.mark.parametrize(

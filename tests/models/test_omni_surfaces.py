@@ -1,6 +1,6 @@
-"""The staged Qwen2.5-Omni pipeline over the audio surfaces besides chat: /v1/responses
-(audio out, ``input_audio`` in) and the Realtime API (the thinker hears the user's turn
-itself: no listener stage), on the tiny random-weight checkpoint.
+"""The staged Qwen2.5-Omni pipeline over the surfaces besides chat: /v1/responses
+(audio out, ``input_audio`` and ``video_url`` in) and the Realtime API (the thinker
+hears the user's turn itself: no listener stage), on the tiny random-weight checkpoint.
 
 Random weights make no sense of speech, so these check the mechanics, against chat as
 the reference (tests/models/test_omni_staged.py checks chat against transformers): with
@@ -16,6 +16,7 @@ import base64
 import io
 import json
 import wave
+from collections.abc import Iterator
 from typing import Any, get_args
 
 import numpy as np
@@ -25,7 +26,7 @@ from openai.types.responses import ResponseStreamEvent
 
 from omnistage.audio.resample import resample
 from tests.integration.harness import HeadProc
-from tests.omni_tiny import OMNI_MAX_CODES, spoken_deltas
+from tests.omni_tiny import OMNI_MAX_CODES, mp4, served, spoken_deltas, video_question
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -80,8 +81,9 @@ def _audio_part(pcm24: bytes) -> dict[str, Any]:
     return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
 
 
-def _chat(head: HeadProc, model: str, content: Any, voice: str) -> tuple[str, bytes]:
-    """Chat's streamed answer: its transcript and its 24 kHz pcm16."""
+def _chat(head: HeadProc, model: str, content: Any, voice: str, **more: Any) -> tuple[str, bytes]:
+    """Chat's streamed answer: its transcript and its 24 kHz pcm16; ``more``: other
+    fields of the body."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -89,6 +91,7 @@ def _chat(head: HeadProc, model: str, content: Any, voice: str) -> tuple[str, by
         "audio": {"voice": voice, "format": "pcm16"},
         "max_tokens": MAX_TOKENS,
         "stream": True,
+        **more,
     }
     text, audio = [], []
     for words, sound in spoken_deltas(head, body, timeout=WAIT_S):
@@ -149,6 +152,66 @@ def test_a_streamed_response_streams_chats_audio(omni_head: HeadProc, model: str
     assert kinds.index("response.audio.done") < kinds.index("response.content_part.done")
     assert words == want_text
     assert sound == want_pcm
+
+
+CLIP = mp4(seed=3)
+
+
+@pytest.fixture(scope="module")
+def clip_url() -> Iterator[str]:
+    """An http URL of ``CLIP``, served on 127.0.0.1 (the host the head may fetch from)."""
+    with served(CLIP, "clip.mp4") as url:
+        yield url
+
+
+@pytest.mark.parametrize("heard", [False, True])
+def test_a_response_watches_a_video_part_as_chat_does(
+    omni_head: HeadProc, model: str, clip_url: str, heard: bool
+) -> None:
+    """Chat's ``video_url`` part in a response's input (fetched from an allowed host; a
+    data: URL of a video with an audio track, heard with ``use_audio_in_video``) gives
+    chat's answer to the same video (test_omni_staged.py checks chat's against
+    transformers' generate)."""
+    clip = mp4(frames=8, sound=True) if heard else CLIP
+    more = {"mm_processor_kwargs": {"use_audio_in_video": True}} if heard else {}
+    (asked,) = video_question(clip, "What happens here?")
+    want_text, want_pcm = _chat(omni_head, model, asked["content"], "Chelsie", **more)
+
+    video = asked["content"][0] if heard else {"type": "video_url", "video_url": {"url": clip_url}}
+    question = [video, {"type": "input_text", "text": "What happens here?"}]
+    r = omni_head.client.post(
+        "/v1/responses", json=_responses_body(model, question, "Chelsie", **more), timeout=WAIT_S
+    )
+
+    assert r.status_code == 200, r.text
+    (message,) = r.json()["output"]
+    (part,) = message["content"]
+    assert r.json()["usage"]["input_tokens"] > 2 * 12 * 12  # the video's tokens are in it
+    assert part["text"] == want_text
+    assert base64.b64decode(part["audio"]["data"]) == want_pcm
+
+
+@pytest.mark.parametrize(
+    ("more", "video", "says"),
+    [
+        ({}, "data:video/mp4;base64,AAAA", "video cannot be read"),
+        ({}, "http://localhost:9/x.mp4", "localhost"),
+        ({"background": True}, "data:video/mp4;base64,AAAA", "background"),
+    ],
+)
+def test_a_responses_video_part_the_model_cannot_watch_is_a_400_naming_it(
+    omni_head: HeadProc, model: str, more: dict[str, Any], video: str, says: str
+) -> None:
+    question = [
+        {"type": "input_text", "text": "And this?"},
+        {"type": "video_url", "video_url": {"url": video}},
+    ]
+    body = _responses_body(model, question, "Chelsie", **more)
+    r = omni_head.client.post("/v1/responses", json=body, timeout=WAIT_S)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input.0.content.1"
+    assert says in error["message"]
 
 
 def test_an_unknown_voice_is_a_400_on_responses(omni_head: HeadProc, model: str) -> None:

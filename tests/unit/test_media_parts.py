@@ -1,6 +1,6 @@
-"""A chat's image and video parts: the schema, which parts a pipeline refuses (naming the part),
-data URLs, http(s) URLs fetched only from allowed hosts (a real server on 127.0.0.1),
-and the thinker's image preparation."""
+"""A chat's image and video parts, and a response's video parts: the schema, which parts
+a pipeline refuses (naming the part), data URLs, http(s) URLs fetched only from allowed
+hosts (a real server on 127.0.0.1), and the thinker's image preparation."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from omnistage.api.media_parts import MediaFetch, media_bytes, media_parts
+from omnistage.api.media_parts import MediaFetch, media_bytes, media_parts, response_videos
 from omnistage.api.schemas.chat import ChatCompletionRequest, ContentPart
+from omnistage.api.schemas.responses import ResponsesRequest
 from omnistage.config.load import load_config
 from omnistage.dataplane.graph import StageGraph
 from omnistage.protocol.errors import ApiError
@@ -110,6 +111,46 @@ def test_a_pipeline_without_a_reader_refuses_images_and_videos(
     error = _refusal(_chat(_asked(part)), StageGraph(load_config("echo")))
     assert error.param == "messages.0.content.1"
     assert f"no stage that takes {kind}" in error.message
+
+
+def _response(*items: dict[str, Any]) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"input": list(items)})
+
+
+def _watch(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "input_text", "text": "What is this?"}, *parts]}
+
+
+def test_a_response_takes_chats_video_part_in_its_last_user_message(
+    omni_graph: StageGraph,
+) -> None:
+    body = _response({"role": "user", "content": [_video()]})  # a video alone is content
+    assert response_videos(body, omni_graph, "p") == [("input.0.content.0", VIDEO_URL)]
+    body = _response(_watch(), {"role": "assistant", "content": "A cat."}, _watch(_video()))
+    assert response_videos(body, omni_graph, "p") == [("input.2.content.1", VIDEO_URL)]
+
+
+@pytest.mark.parametrize("part", ["input_video", "input_image", "input_file"])
+def test_a_responses_media_part_of_another_name_is_refused_pointing_at_video_url(
+    part: str,
+) -> None:
+    with pytest.raises(ValidationError, match="video_url") as info:
+        _response(_watch({"type": part, "video_url": VIDEO_URL}))
+    assert part in str(info.value)
+    with pytest.raises(ValidationError, match="a video_url part needs video_url"):
+        _response(_watch({"type": "video_url"}))
+
+
+def test_a_responses_video_where_it_cannot_be_watched_is_a_400_naming_it(
+    omni_graph: StageGraph,
+) -> None:
+    earlier = _response(_watch(_video()), {"role": "assistant", "content": "A cat."}, _watch())
+    with pytest.raises(ApiError, match="may carry videos") as info:
+        response_videos(earlier, omni_graph, "p")
+    assert info.value.param == "input.0.content.1"
+    with pytest.raises(ApiError, match="no stage that takes videos") as info:
+        response_videos(_response(_watch(_video())), StageGraph(load_config("echo")), "p")
+    assert info.value.param == "input.0.content.1"
 
 
 def _bytes_of(url: str, fetch: MediaFetch = NO_FETCH, video: bool = False) -> bytes:

@@ -69,9 +69,11 @@ async def chat_completions(request: Request) -> Response:
     prompt, audio_param = _prompt(omni, body)
     if shown:  # fetched once every check of the body has passed
         fetch: MediaFetch = request.app.state.media_fetch
-        files = [(part.type, await media_bytes(where, part, fetch)) for where, part in shown]
+        sound = body.audio_in_video()
+        files = [(part.type, await media_bytes(where, part, fetch, sound)) for where, part in shown]
         prompt.images = [data for kind, data in files if kind == "image_url"] or None
         prompt.videos = [data for kind, data in files if kind == "video_url"] or None
+        prompt.audio_in_video = sound and prompt.videos is not None
     stage_params = output_stage_params(omni, body, plan.text)
     if plan.audio:
         voice = StageParams(speech=SpeechParams(body.audio.voice if body.audio else "default"))

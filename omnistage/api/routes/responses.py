@@ -1,8 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API over the pipeline's first text stage.
 
-The request becomes a chat prompt (see ``api.response_runs``). Structured output and
-function tools reach the text stage in the chat shape, in its stage params
-(``response_format``, ``tools``, ``tool_choice``). What the stage writes becomes one
+The request becomes a chat prompt (see ``api.response_runs``); the videos of its last
+user message (chat's ``video_url`` parts) go with it (see ``api.media_parts``).
+Structured output and function tools reach the text stage in the chat shape, in its
+stage params (``response_format``, ``tools``, ``tool_choice``). What the stage writes becomes one
 ``message`` output item (spoken, where ``modalities`` asks for audio: see
 ``api.response_audio``); each call it makes (chunks of modality "tool_call": a piece of
 the call's JSON arguments, its ``ToolCallMeta`` naming the call) a ``function_call`` item.
@@ -25,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from omnistage.api.body import parse_body
+from omnistage.api.media_parts import media_file, response_videos
 from omnistage.api.owner import owner_of
 from omnistage.api.response_audio import Spoken, audio_plan
 from omnistage.api.response_items import Output, ResponseShape
@@ -53,6 +55,10 @@ async def responses(request: Request) -> Response:
     body = await parse_body(request, ResponsesRequest)
     omni, text_stages = text_call(request, body, _refuse_unserved)
     sid = text_stages[0]  # the first final text stage answers, as a chat's first choice
+    shown = response_videos(body, omni.graph, omni.config.pipeline)
+    if shown and body.background:  # the job runner fetches nothing
+        message = "background responses do not take videos yet"
+        raise ApiError(400, message, "invalid_request_error", shown[0][0])
     persist = stored(request)
     turn, asked = await Turn.of(persist, body, owner_of(request))
     shape = ResponseShape.of(body, turn.id, omni.served_model, turn.stored)
@@ -65,7 +71,10 @@ async def responses(request: Request) -> Response:
     async def keep(final: dict[str, Any]) -> None:
         await turn.keep(final, body.previous_response_id)
 
-    pipeline = pipeline_request(omni, asked, sid, turn.id, turn.conversation, audio)
+    fetch = request.app.state.media_fetch  # once every check of the body has passed
+    sound = body.audio_in_video()
+    videos = [await media_file(where, "video_url", url, fetch, sound) for where, url in shown]
+    pipeline = pipeline_request(omni, asked, sid, turn.id, turn.conversation, audio, videos)
     try:
         stream = await omni.open(pipeline)
         if body.stream:

@@ -140,6 +140,22 @@ class AudioOptions(Body):
     format: str = "wav"
 
 
+class MmProcessorKwargs(Body):
+    """vLLM's per-request processor options. omnistage reads ``use_audio_in_video``
+    (vLLM-Omni's switch to hear a video's own audio track, which its omni models then
+    take interleaved with the frames) and refuses the others."""
+
+    use_audio_in_video: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_known(cls, value: Any) -> Any:
+        other = sorted(set(value) - {"use_audio_in_video"}) if isinstance(value, dict) else []
+        if other:
+            raise ValueError(f"{other[0]!r} is not supported; this server reads use_audio_in_video")
+        return value
+
+
 class ChatCompletionRequest(SamplingFields):
     model: str | None = None
     messages: list[ChatMessageIn] = Field(min_length=1)
@@ -154,6 +170,10 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # Accepted; at most one call is made per turn in required/named modes anyway.
     parallel_tool_calls: bool | None = None
+    mm_processor_kwargs: MmProcessorKwargs | None = None  # vLLM's
+
+    def audio_in_video(self) -> bool:
+        return bool(self.mm_processor_kwargs and self.mm_processor_kwargs.use_audio_in_video)
 
     @field_validator("messages")
     @classmethod

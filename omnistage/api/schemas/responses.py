@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from omnistage.api.schemas.base import INT64_MAX, Body, JsonObject, StageParamsField
-from omnistage.api.schemas.chat import AudioOptions, InputAudio
+from omnistage.api.schemas.chat import AudioOptions, InputAudio, MediaUrl, MmProcessorKwargs
 from omnistage.protocol.params import GenerationParams, StageParams
 
 
@@ -30,32 +30,36 @@ def _string_or(*fields: str) -> Any:
     return patch
 
 
-_MEDIA_PARTS = ("input_image", "input_file")
+_MEDIA_PARTS = ("input_image", "input_file", "input_video")
 
 
 class ResponseInputPart(Body):
-    """A content part of an input message: text, or spoken audio (``input_audio``, as
-    chat's); ``output_text`` in an assistant turn a client sends back (or a stored one
-    replayed: a spoken answer's audio is not read back)."""
+    """A content part of an input message: text, spoken audio (``input_audio``, as
+    chat's), a video (``video_url``, as chat's: vLLM's part, which its /v1/responses
+    takes too; OpenAI has none); ``output_text`` in an assistant turn a client sends back
+    (or a stored one replayed: a spoken answer's audio is not read back)."""
 
-    type: Literal["input_text", "output_text", "input_audio"]
+    type: Literal["input_text", "output_text", "input_audio", "video_url"]
     text: str | None = None
     input_audio: InputAudio | None = None
+    video_url: MediaUrl | None = None
 
     @field_validator("type", mode="before")
     @classmethod
     def _no_other_media(cls, value: Any) -> Any:
         if value in _MEDIA_PARTS:
             raise ValueError(
-                f"{value} parts are not supported: this server reads input_text and input_audio"
+                f"{value} parts are not supported: this server reads input_text, "
+                "input_audio and video_url ({'type': 'video_url', 'video_url': {'url': ...}})"
             )
         return value
 
     @model_validator(mode="after")
     def _has_its_payload(self) -> ResponseInputPart:
-        needed = "input_audio" if self.type == "input_audio" else "text"
+        needed = self.type if self.type in ("input_audio", "video_url") else "text"
         if getattr(self, needed) is None:
-            raise ValueError(f"an {self.type} part needs {needed}")
+            article = "an" if self.type[0] in "aeiou" else "a"
+            raise ValueError(f"{article} {self.type} part needs {needed}")
         return self
 
 
@@ -97,6 +101,10 @@ class ResponseInputItem(Body):
 
     def audio_parts(self) -> list[InputAudio]:
         return [p.input_audio for p in self.content or [] if p.input_audio is not None]
+
+    def watches(self) -> bool:
+        """Whether it carries a video."""
+        return any(p.video_url is not None for p in self.content or [])
 
 
 class ResponseFunctionTool(Body):
@@ -187,6 +195,10 @@ class ResponsesRequest(Body):
     stage_params: StageParamsField = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOptions | None = None  # the voice and format of audio out, as chat's
+    mm_processor_kwargs: MmProcessorKwargs | None = None  # vLLM's, as on chat
+
+    def audio_in_video(self) -> bool:
+        return bool(self.mm_processor_kwargs and self.mm_processor_kwargs.use_audio_in_video)
 
     @field_validator("input", mode="before")
     @classmethod
@@ -197,9 +209,10 @@ class ResponsesRequest(Body):
     @classmethod
     def _has_content(cls, value: list[ResponseInputItem]) -> list[ResponseInputItem]:
         if not any(
-            item.type != "message" or item.text().strip() or item.audio_parts() for item in value
+            item.type != "message" or item.text().strip() or item.audio_parts() or item.watches()
+            for item in value
         ):
-            raise ValueError("input must have text or audio in at least one message")
+            raise ValueError("input must have text, audio or a video in at least one message")
         return value
 
     @field_validator("metadata")

@@ -15,6 +15,11 @@ embeddings into the talker's width in one batched matmul, and projecting them ro
 they come rounds differently, which can change a code. A code's residual codes are drawn at
 the start of the next step (the code predictor runs in the talker's input preparation), so
 a forward pre-hook reads each whole frame there.
+
+An answer about a video whose own audio the thinker heard (``use_audio_in_video``) is a
+400 here: transformers' talker fails on that prompt (its rope reads an audio config the
+talker's config lacks), so there is no reference to be exact to; the thinker answers it
+in text.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from omnistage.engines.omni.checkpoint import (
 from omnistage.engines.omni.talker import OmniTalkerEngine
 from omnistage.protocol.chunk_meta import TensorMeta
 from omnistage.protocol.enums import FinishReason, Modality
+from omnistage.protocol.errors import BadRequestError
 
 
 class Omni3TalkerEngine(OmniTalkerEngine):
@@ -72,6 +78,11 @@ class Omni3TalkerEngine(OmniTalkerEngine):
                     replies.append(tensor)
                 else:
                     named[meta.name] = tensor
+        if "use_audio_in_video" in named:
+            # transformers' own talker cannot place a heard video's positions (its rope
+            # reads the audio tower's config, which the talker's lacks): no reference.
+            message = "Qwen3-Omni cannot speak an answer about a heard video yet; ask for text"
+            raise BadRequestError(message, "mm_processor_kwargs.use_audio_in_video")
         if "prompt_embeds" in named and "first_token" in named:
             run = ThreadRun(asyncio.get_running_loop())
 

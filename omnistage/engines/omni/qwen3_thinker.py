@@ -3,7 +3,8 @@
 (engines/omni/thinker.py: text streamed token by token, greedy or sampled, one request at
 a time), the last user message's audio and images prepared as ``Qwen3OmniMoeProcessor``
 prepares them (audio_in.py, vision_in.py, video_in.py: their placeholders are not
-Qwen2.5-Omni's), with
+Qwen2.5-Omni's; a video's own audio track, where heard, merged with its frames by time:
+video_audio.py), with
 the tensors ``Qwen3OmniMoeForConditionalGeneration.generate`` hands its talker, streamed
 as made (TENSOR chunks, ``TensorMeta``):
 
@@ -29,10 +30,11 @@ import dataclasses
 from typing import Any
 
 from omnistage.engines.base import EngineChunk
-from omnistage.engines.omni import audio_in, video_in, vision_in
+from omnistage.engines.omni import audio_in, video_audio, video_in, vision_in
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import tensor_chunk
 from omnistage.engines.omni.thinker import Media, OmniThinkerEngine
+from omnistage.engines.omni.video_audio import Soundtracks
 from omnistage.engines.omni.video_in import VideoInput
 from omnistage.engines.omni.vision_in import ImageInput
 from omnistage.protocol.messages import Prompt
@@ -54,6 +56,9 @@ class Omni3ThinkerEngine(OmniThinkerEngine):
 
     def watch(self, videos: list[bytes]) -> VideoInput:
         return dataclasses.replace(super().watch(videos), marks=video_in.QWEN3_MARKS)
+
+    def listen_to(self, videos: list[bytes]) -> Soundtracks:
+        return video_audio.prepare_qwen3(self.extractor, videos, self.thinker.config)
 
     def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
         embeds = hidden[0][0]

@@ -175,6 +175,7 @@ class OmniTalkerEngine(Engine):
         state = feed.named["prompt"].to(device, talker.dtype).unsqueeze(0)
         return {
             **extra,
+            "use_audio_in_video": "use_audio_in_video" in feed.named,
             "input_ids": torch.cat(
                 [torch.full_like(ids, codec[0]), token(codec[1]), token(codec[2])], dim=1
             ),
@@ -230,7 +231,6 @@ class OmniTalkerEngine(Engine):
                     eos_token_id=sorted(self._eos),
                     pad_token_id=talker.codec_pad_token,
                     repetition_penalty=args.repetition_penalty,
-                    use_audio_in_video=False,
                     streamer=_UntilEos(on_code, self._eos),
                     stopping_criteria=stop_criteria(run),
                 )

@@ -1,16 +1,18 @@
 """The ``omni-thinker`` engine: Qwen2.5-Omni's thinker (transformers'
 ``Qwen2_5OmniThinkerForConditionalGeneration``). Chat or text in, with the last user
 message's audio, images and videos (audio_in.py, vision_in.py, video_in.py; a video's
-own audio track is not heard: ``use_audio_in_video=False``); out, streamed as made:
+own audio track is heard only where the prompt asks, ``use_audio_in_video``:
+video_audio.py); out, streamed as made:
 
 - the answer's text, token by token (TEXT chunks, for the client);
 - the tensors the talker reads (TENSOR chunks, ``TensorMeta``), as
   ``Qwen2_5OmniForConditionalGeneration.generate`` builds them from the thinker's hidden
   states: ``prompt_ids`` (int64, the prompt's token ids), ``prompt`` (the prompt's
   positions: last hidden state + input embedding, with the embeddings of audio, image and
-  video positions zeroed), with a spoken input ``audio_feature_lengths``, with images
-  ``image_grid_thw``, with videos ``video_grid_thw`` and ``video_second_per_grid`` (the
-  talker's positions need them), ``first_token`` (int64, the
+  video positions zeroed), with a spoken input or heard tracks ``audio_feature_lengths``,
+  with images ``image_grid_thw``, with videos ``video_grid_thw`` and
+  ``video_second_per_grid``, with heard tracks ``use_audio_in_video`` (the talker's
+  positions need them), ``first_token`` (int64, the
   answer's first token id), then one ``reply`` per answer token fed back in (last hidden
   state + embedding, shape (1, H)).
   The answer's last token is never fed back, so it has no ``reply``, as in transformers.
@@ -33,7 +35,7 @@ from typing import Any
 from omnistage.config.omni_args import OmniThinkerArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
-from omnistage.engines.omni import audio_in, video_in, vision_in
+from omnistage.engines.omni import audio_in, video_audio, video_in, vision_in
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import (
     ThreadRun,
@@ -45,6 +47,7 @@ from omnistage.engines.omni.checkpoint import (
     stop_criteria,
     tensor_chunk,
 )
+from omnistage.engines.omni.video_audio import Soundtracks
 from omnistage.engines.omni.video_in import VideoInput
 from omnistage.engines.omni.vision_in import ImageInput
 from omnistage.protocol.enums import FinishReason, Modality
@@ -55,23 +58,46 @@ from omnistage.protocol.params import GenerationParams, StageParams
 
 @dataclass
 class Media:
-    """A prompt's spoken input, images and videos, as prepared for the thinker (None:
-    none)."""
+    """A prompt's spoken input, images and videos, and the videos' own audio tracks
+    where the prompt asks to hear them, as prepared for the thinker (None: none)."""
 
     heard: AudioInput | None = None
     seen: ImageInput | None = None
     watched: VideoInput | None = None
+    sound: Soundtracks | None = None
 
     def placeholder(self) -> str:
-        """Their placeholders, in this order, before the last user message's text."""
-        return "".join(m.placeholder() for m in (self.heard, self.seen, self.watched) if m)
+        """Their placeholders, in this order, before the last user message's text (each
+        video's tokens interleaved with its track's, where heard)."""
+        out = "".join(m.placeholder() for m in (self.heard, self.seen) if m)
+        if self.watched is not None and self.sound is not None:
+            return out + self.sound.placeholder(self.watched)
+        return out + (self.watched.placeholder() if self.watched is not None else "")
+
+    def _audio(self) -> list[AudioInput]:
+        """Every audio the prompt holds, in prompt order: the spoken input, the tracks."""
+        return ([self.heard] if self.heard else []) + (self.sound.tracks if self.sound else [])
+
+    def _features(self) -> tuple[Any, Any] | None:
+        """Every audio's features and masks, one row each. Qwen3-Omni's are as long as
+        each audio: the shorter are padded (the masks say what is read)."""
+        import torch
+        import torch.nn.functional as F
+
+        audio = self._audio()
+        if not audio:
+            return None
+        frames = max(a.mask.shape[-1] for a in audio)
+        features = [F.pad(a.features, (0, frames - a.features.shape[-1])) for a in audio]
+        masks = [F.pad(a.mask, (0, frames - a.mask.shape[-1])) for a in audio]
+        return torch.cat(features), torch.cat(masks)
 
     def inputs(self, device: Any) -> dict[str, Any]:
         """The thinker's inputs for them, as the processor names them."""
         out = {}
-        if self.heard is not None:
-            out["input_features"] = self.heard.features.to(device)
-            out["feature_attention_mask"] = self.heard.mask.to(device)
+        if (heard := self._features()) is not None:
+            out["input_features"] = heard[0].to(device)
+            out["feature_attention_mask"] = heard[1].to(device)
         if self.seen is not None:
             out["pixel_values"] = self.seen.pixels.to(device)
             out["image_grid_thw"] = self.seen.grid.to(device)
@@ -83,16 +109,19 @@ class Media:
 
     def sizes(self) -> list[EngineChunk]:
         """What the talker's positions (its rope) depend on, as the thinker's do: the
-        spoken input's length in frames, the images' and videos' patch grids, and the
-        seconds a video's temporal patch spans."""
+        spoken input's and the heard tracks' lengths in frames, the images' and videos'
+        patch grids, the seconds a video's temporal patch spans, and whether the tracks
+        are heard (their tokens then sit inside the videos')."""
         out = []
-        if self.heard is not None:
-            out.append(tensor_chunk("audio_feature_lengths", self.heard.mask.sum(-1)))
+        if (heard := self._features()) is not None:
+            out.append(tensor_chunk("audio_feature_lengths", heard[1].sum(-1)))
         if self.seen is not None:
             out.append(tensor_chunk("image_grid_thw", self.seen.grid))
         if self.watched is not None:
             out.append(tensor_chunk("video_grid_thw", self.watched.grid))
             out.append(tensor_chunk("video_second_per_grid", self.watched.seconds))
+        if self.sound is not None:
+            out.append(tensor_chunk("use_audio_in_video", _long([1])))
         return out
 
 
@@ -185,13 +214,19 @@ class OmniThinkerEngine(Engine):
         """The prompt's videos, prepared as the model's processor prepares them."""
         return video_in.prepare(self.video_settings, videos)
 
+    def listen_to(self, videos: list[bytes]) -> Soundtracks:
+        """The videos' own audio tracks, prepared as the model's processor prepares them."""
+        return video_audio.prepare(self.extractor, videos, self.thinker.config)
+
     def media(self, prompt: Prompt | None) -> Media:
         if prompt is None:
             return Media()
+        videos = prompt.videos
         return Media(
             self.hear(prompt) if prompt.audio is not None else None,
             self.see(prompt.images) if prompt.images else None,
-            self.watch(prompt.videos) if prompt.videos else None,
+            self.watch(videos) if videos else None,
+            self.listen_to(videos) if videos and prompt.audio_in_video else None,
         )
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
@@ -264,7 +299,7 @@ class OmniThinkerEngine(Engine):
                 self.thinker.generate(
                     input_ids=input_ids,
                     max_new_tokens=max_new,
-                    use_audio_in_video=False,
+                    use_audio_in_video=given.sound is not None,
                     output_hidden_states=True,
                     return_dict_in_generate=True,
                     streamer=TokenStreamer(lambda token: run.emit(("token", token))),
