@@ -113,3 +113,12 @@ def test_a_video_without_a_track_is_a_400_naming_the_part_where_it_is_to_be_hear
     with pytest.raises(ApiError, match="no audio track") as info:
         asyncio.run(media_bytes(where, part(SILENT), MediaFetch(), True))
     assert info.value.param == where and info.value.status == 400
+
+
+def test_a_track_longer_than_the_context_holds_is_a_400_before_it_is_decoded() -> None:
+    # SOUNDED lasts 4 s: 100 Qwen2.5-Omni tokens (25 a second), 52 Qwen3-Omni ones.
+    assert video_audio.most_seconds(100, 25) == 4.0 and video_audio.most_seconds(0, 25) == 0
+    assert video_audio.track(0, SOUNDED, most_seconds=4.5).size > 0
+    with pytest.raises(BadRequestError, match="video 3's audio track lasts 4 s") as info:
+        video_audio.track(3, SOUNDED, most_seconds=3.0)
+    assert info.value.param == video_audio.PARAM

@@ -58,7 +58,8 @@ class Omni3ThinkerEngine(OmniThinkerEngine):
         return dataclasses.replace(super().watch(videos), marks=video_in.QWEN3_MARKS)
 
     def listen_to(self, videos: list[bytes]) -> Soundtracks:
-        return video_audio.prepare_qwen3(self.extractor, videos, self.thinker.config)
+        config, most = self.thinker.config, self.video_settings.most_tokens
+        return video_audio.prepare_qwen3(self.extractor, videos, config, most)
 
     def _states(self, hidden: Any, prompt: bool, input_ids: Any, given: Media) -> list[EngineChunk]:
         embeds = hidden[0][0]

@@ -216,7 +216,8 @@ class OmniThinkerEngine(Engine):
 
     def listen_to(self, videos: list[bytes]) -> Soundtracks:
         """The videos' own audio tracks, prepared as the model's processor prepares them."""
-        return video_audio.prepare(self.extractor, videos, self.thinker.config)
+        config, most = self.thinker.config, self.video_settings.most_tokens
+        return video_audio.prepare(self.extractor, videos, config, most)
 
     def media(self, prompt: Prompt | None) -> Media:
         if prompt is None:

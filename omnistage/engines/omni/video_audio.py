@@ -35,21 +35,46 @@ from omnistage.protocol.errors import BadRequestError
 PARAM = "mm_processor_kwargs.use_audio_in_video"  # what a 400 about a track names
 
 
-def track(index: int, data: bytes) -> Any:
+MEL_FRAMES_PER_S = 100  # the Whisper feature extractor's (hop 160 at 16 kHz)
+
+
+def track(index: int, data: bytes, most_seconds: float = 0.0) -> Any:
     """Video ``index``'s audio track as float32 samples at 16 kHz, mono; a 400 when it
-    has none."""
+    has none, or when its header says it is longer than ``most_seconds`` (0: no bound):
+    checked before decoding, since an hour of track is ~230 MB of samples to refuse."""
     import av
     from faster_whisper.audio import decode_audio
 
     try:
         with av.open(io.BytesIO(data)) as container:
             heard = bool(container.streams.audio)
+            seconds = _seconds(container) if heard else 0.0
+        if most_seconds and seconds > most_seconds:
+            raise BadRequestError(
+                f"video {index}'s audio track lasts {seconds:.0f} s, more than the "
+                f"model's context holds ({most_seconds:.0f} s of audio); send a shorter video",
+                PARAM,
+            )
         samples = decode_audio(io.BytesIO(data), sampling_rate=audio_in.SAMPLE_RATE)
     except (av.error.FFmpegError, IndexError, ValueError, OSError):
         heard, samples = False, None
     if not heard or samples is None or samples.size == 0:
         raise BadRequestError(f"video {index} has no audio track to hear", PARAM)
     return samples
+
+
+def _seconds(container: Any) -> float:
+    """The first audio stream's length from the header (its own, else the file's; 0 when
+    neither says)."""
+    stream = container.streams.audio[0]
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    return container.duration / 1_000_000 if container.duration else 0.0
+
+
+def most_seconds(most_tokens: int, tokens_per_second: float) -> float:
+    """The longest track a context of ``most_tokens`` holds (0: no bound)."""
+    return most_tokens / tokens_per_second if most_tokens else 0.0
 
 
 def chunk_sizes(positions: list[float], per_chunk: int) -> list[int]:
@@ -111,20 +136,27 @@ class Soundtracks:
         return "".join(out)
 
 
-def prepare(extractor: Any, videos: list[bytes], config: Any) -> Soundtracks:
+def prepare(extractor: Any, videos: list[bytes], config: Any, most_tokens: int = 0) -> Soundtracks:
     """The tracks of ``videos`` as Qwen2.5-Omni's processor prepares them; ``config``:
-    the thinker's (its rope's time scale)."""
-    tracks = [audio_in.prepare(extractor, track(i, data)) for i, data in enumerate(videos)]
+    the thinker's (its rope's time scale); ``most_tokens``: the context (a track's
+    tokens are a quarter of its mel frames)."""
+    longest = most_seconds(most_tokens, MEL_FRAMES_PER_S / 4)
+    tracks = [audio_in.prepare(extractor, track(i, data, longest)) for i, data in enumerate(videos)]
     return Soundtracks(
         tracks, float(config.position_id_per_seconds), float(config.seconds_per_chunk)
     )
 
 
-def prepare_qwen3(extractor: Any, videos: list[bytes], config: Any) -> Soundtracks:
+def prepare_qwen3(
+    extractor: Any, videos: list[bytes], config: Any, most_tokens: int = 0
+) -> Soundtracks:
     """The tracks of ``videos`` as Qwen3-Omni's processor prepares them; ``config``: the
-    thinker's (its audio tower's window, its rope's time scale)."""
+    thinker's (its audio tower's window, its rope's time scale); ``most_tokens``: the
+    context (a track's tokens are 13 per window of ``2 x n_window`` mel frames)."""
     window = config.audio_config.n_window
+    longest = most_seconds(most_tokens, 13 * MEL_FRAMES_PER_S / (2 * window))
     tracks = [
-        audio_in.prepare_qwen3(extractor, track(i, data), window) for i, data in enumerate(videos)
+        audio_in.prepare_qwen3(extractor, track(i, data, longest), window)
+        for i, data in enumerate(videos)
     ]
     return Soundtracks(tracks, float(config.position_id_per_seconds), 0.0)
