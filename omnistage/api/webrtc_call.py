@@ -27,7 +27,7 @@ from aiortc.rtcdatachannel import RTCDataChannel
 from omnistage.api.realtime_resume import LOST, LOST_CODE, SessionSaver
 from omnistage.api.webrtc_media import (
     HEARD_RATE,
-    RATE,
+    SOURCE_RATE,
     AnswerTrack,
     hear,
     hear_promptly,
@@ -150,7 +150,7 @@ class RealtimeCall:
         """The session's events: answer audio to the track, the rest to the channel."""
         if isinstance(event, ev.OutputAudioDelta):
             fmt = self.session.config.output_format
-            pcm = to_pcm16(fmt, base64.b64decode(event.delta), RATE)
+            pcm = to_pcm16(fmt, base64.b64decode(event.delta), SOURCE_RATE)
             self.track.push(event.response_id, event.item_id, pcm)
             return
         if isinstance(event, ev.InputSpeechStarted):
