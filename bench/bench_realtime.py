@@ -119,6 +119,11 @@ class Turn:
     end_of_speech: float | None = None
     response_id: str | None = None
     deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
+    # WebRTC: when the server sent each answer frame heard (from its RTP timestamp).
+    sent: list[float] = field(default_factory=list)
+    # WebSocket: how far into the first delta the answer's first loud sample is (a
+    # WebRTC caller hears the first loud frame: both count from the sound's start).
+    lead_s: float | None = None
     status: str | None = None
     speech_started: float | None = None  # the server's speech_started, seen here
     item_id: str | None = None  # the user item the server made of it
@@ -138,6 +143,16 @@ class Turn:
         if not self.deltas or self.end_of_speech is None:
             return None
         return self.deltas[0][0] - self.end_of_speech
+
+    @property
+    def first_heard_s(self) -> float | None:
+        """The first audio heard, not announced: over WebRTC the first loud frame out of
+        the caller's jitter buffer (``first_audio_s`` counts output_audio_buffer.started,
+        sent as the server puts that frame on the wire); over the WebSocket the same."""
+        heard = [t for t, d in self.deltas if d > 0]
+        if not heard or self.end_of_speech is None:
+            return None
+        return heard[0] + (self.lead_s or 0.0) - self.end_of_speech
 
     @property
     def audio_s(self) -> float:
@@ -165,6 +180,13 @@ class Turn:
     def played_until(self) -> float:
         """When a player that starts at the first delta finishes the answer."""
         return self.deltas[0][0] + self.audio_s + self.stall_s() if self.deltas else 0.0
+
+
+def loud_lead_s(delta: str) -> float | None:
+    """Seconds into a pcm16 delta of its first loud sample (None: none is loud)."""
+    pcm = np.frombuffer(base64.b64decode(delta), "<i2")
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > realtime_webrtc.LOUD)
+    return float(loud[0] / RATE) if len(loud) else None
 
 
 def append_event(pcm: np.ndarray) -> str:
@@ -223,7 +245,11 @@ class Session:
             if kind == "response.output_audio.delta":
                 turn = self.by_response.get(event["response_id"])
                 if turn is not None:
+                    if not turn.deltas and "sent_at" not in event and event["delta"]:
+                        turn.lead_s = loud_lead_s(event["delta"])
                     turn.deltas.append((now, len(event["delta"]) * 3 / 4 / 2 / RATE))
+                    if "sent_at" in event:
+                        turn.sent.append(event["sent_at"])
                     turn.audio.set()
             elif kind == "response.created":
                 # A response answers the newest turn, if it has none yet (a second one
@@ -284,18 +310,30 @@ async def run_session(
     port: int, model: str, frame_ms: int, script: Any, timeout: float, webrtc: bool = False
 ) -> tuple[list[Turn], list[str]]:
     """Connect, configure, run ``script(session)`` with the microphone on; its turns."""
-    async with connection(port, model, timeout, webrtc) as conn:
-        session = Session(conn, frame_ms)
-        tasks = [asyncio.create_task(session.microphone()), asyncio.create_task(session.reader())]
+    return (await run_sessions(port, model, frame_ms, script, timeout, (webrtc,)))[0]
+
+
+async def run_sessions(
+    port: int, model: str, frame_ms: int, script: Any, timeout: float, webrtc: tuple[bool, ...]
+) -> list[tuple[list[Turn], list[str]]]:
+    """One session per transport (``webrtc``: whether each is a call), all open at
+    once, microphones on: ``script(*sessions)``; each one's turns and errors."""
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            Session(await stack.enter_async_context(connection(port, model, timeout, w)), frame_ms)
+            for w in webrtc
+        ]
+        tasks = [asyncio.create_task(job) for s in sessions for job in (s.microphone(), s.reader())]
         try:
-            await script(session)
+            await script(*sessions)
         except TimeoutError:
-            session.errors.append(f"no answer within {timeout:g}s")
+            for session in sessions:
+                session.errors.append(f"no answer within {timeout:g}s")
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    return session.turns, session.errors
+    return [(s.turns, s.errors) for s in sessions]
 
 
 # -- scenarios -----------------------------------------------------------------------------
@@ -308,6 +346,19 @@ def questions_script(
         await asyncio.sleep(delay_s)
         for i in range(turns):
             await session.ask(speech[(start + i) % len(speech)], timeout)
+
+    return script
+
+
+def paired_script(speech: list[np.ndarray], turns: int, timeout: float) -> Any:
+    """Each question asked over both transports, one after the other, the first of each
+    pair alternating (WebSocket, WebRTC, WebRTC, WebSocket, ...): whatever the machine's
+    load does, it does to both."""
+
+    async def script(ws: Session, rtc: Session) -> None:
+        for i in range(turns):
+            for session in (ws, rtc) if i % 2 == 0 else (rtc, ws):
+                await session.ask(speech[i % len(speech)], timeout)
 
     return script
 
@@ -359,6 +410,9 @@ class Level:
     def first_audio(self) -> list[float]:
         return sorted(t.first_audio_s for t in self.turns if t.first_audio_s is not None)
 
+    def first_heard(self) -> list[float]:
+        return sorted(t.first_heard_s for t in self.turns if t.first_heard_s is not None)
+
     def rtfs(self) -> list[float]:
         return sorted(t.rtf() for t in self.turns if t.deltas)
 
@@ -387,6 +441,13 @@ class Level:
             "first_audio_p50_s": statistics.median(fa) if fa else None,
             "first_audio_p90_s": common.pct(fa, 90) if fa else None,
             "first_audio_max_s": fa[-1] if fa else None,
+            "first_heard_p50_s": statistics.median(self.first_heard())
+            if self.first_heard()
+            else None,
+            "first_heard_max_s": max(self.first_heard(), default=None),
+            "created_to_first_audio_p50_s": _median(
+                [t.deltas[0][0] - t.created for t in self.turns if t.deltas and t.created]
+            ),
             "rtf_p10": common.pct(rtf, 10) if rtf else None,
             "rtf_median": statistics.median(rtf) if rtf else None,
             "turns_with_gaps": sum(1 for t in self.turns if t.stall_s() > 0.02),
@@ -406,6 +467,10 @@ class Level:
             and not r["errors"]
             and not r["unanswered"]
         )
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 def server_cpu_s(pid: int) -> float:
@@ -451,9 +516,6 @@ async def level(
         ),
         return_exceptions=True,
     )
-    wall = time.monotonic() - t0
-    cores = (server_cpu_s(pid) - cpu0) / wall
-    client = (time.process_time() - mine0) / wall
     turns_all: list[Turn] = []
     errors: list[str] = []
     for r in results:
@@ -462,35 +524,79 @@ async def level(
         else:
             turns_all += r[0]
             errors += r[1]
-    return Level(n, turns_all, errors, wall, cores, client, os.getloadavg()[0])
+    return _level(n, turns_all, errors, pid, (cpu0, mine0, t0))
+
+
+def _level(
+    n: int, turns: list[Turn], errors: list[str], pid: int, since: tuple[float, float, float]
+) -> Level:
+    """A level's figures, its CPU counted from ``since`` (server CPU s, ours, clock)."""
+    cpu0, mine0, t0 = since
+    wall = time.monotonic() - t0
+    cores = (server_cpu_s(pid) - cpu0) / wall
+    client = (time.process_time() - mine0) / wall
+    return Level(n, turns, errors, wall, cores, client, os.getloadavg()[0])
+
+
+async def paired_level(
+    port: int, pid: int, args: argparse.Namespace, turns: int, speech: list[np.ndarray]
+) -> tuple[Level, Level]:
+    """A WebSocket session and a WebRTC call open at once, asking the same ``turns``
+    questions in turn (``paired_script``): a level of one session for each."""
+    since = server_cpu_s(pid), time.process_time(), time.monotonic()
+    script = paired_script(speech, turns, args.request_timeout)
+    try:
+        (ws, w_err), (rtc, r_err) = await run_sessions(
+            port, args.model, args.frame_ms, script, args.request_timeout, (False, True)
+        )
+    except Exception as exc:  # the call or the socket could not open
+        ws, rtc, w_err, r_err = [], [], [common.describe(exc)], [common.describe(exc)]
+    return _level(1, ws, w_err, pid, since), _level(1, rtc, r_err, pid, since)
 
 
 async def barge_ins(
     port: int, args: argparse.Namespace, speech: dict[str, np.ndarray], webrtc: bool = False
 ) -> list[dict[str, Any]]:
     """One session per trial: the answer's last audio after the user spoke over it."""
-    out = []
-    for _ in range(args.barge_ins):
-        script = barge_in_script(
-            speech["long"], speech["barge_in"], args.barge_in_after, args.request_timeout
-        )
-        turns, errors = await run_session(
-            port, args.model, args.frame_ms, script, args.request_timeout, webrtc
-        )
-        asked, spoke = [*turns, Turn(), Turn()][:2]
-        last = asked.deltas[-1][0] if asked.deltas else None
-        late = None
-        if last is not None and spoke.speech_started is not None:
-            late = last - spoke.speech_started
-        out.append(
-            {
-                "audio_after_speech_started_s": late,
-                "answer_status": asked.status,
-                "answer_audio_s": asked.audio_s,
-                "errors": errors,
-            }
-        )
-    return out
+    return [await barge_in(port, args, speech, webrtc) for _ in range(args.barge_ins)]
+
+
+async def paired_barge_ins(
+    port: int, args: argparse.Namespace, speech: dict[str, np.ndarray]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``barge_ins`` over the WebSocket and over WebRTC, trial by trial, the first of
+    each pair alternating."""
+    out: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for i in range(args.barge_ins):
+        for webrtc in (False, True) if i % 2 == 0 else (True, False):
+            out[webrtc].append(await barge_in(port, args, speech, webrtc))
+    return out[False], out[True]
+
+
+async def barge_in(
+    port: int, args: argparse.Namespace, speech: dict[str, np.ndarray], webrtc: bool
+) -> dict[str, Any]:
+    """One trial: when the answer spoken over was last heard and last sent, from the
+    user's ``speech_started`` (over the WebSocket a delta's arrival is both)."""
+    script = barge_in_script(
+        speech["long"], speech["barge_in"], args.barge_in_after, args.request_timeout
+    )
+    turns, errors = await run_session(
+        port, args.model, args.frame_ms, script, args.request_timeout, webrtc
+    )
+    asked, spoke = [*turns, Turn(), Turn()][:2]
+    heard = asked.deltas[-1][0] if asked.deltas else None
+    sent = asked.sent[-1] if asked.sent else heard
+    started = spoke.speech_started
+    return {
+        "audio_after_speech_started_s": None
+        if heard is None or started is None
+        else heard - started,
+        "sent_after_speech_started_s": None if sent is None or started is None else sent - started,
+        "answer_status": asked.status,
+        "answer_audio_s": asked.audio_s,
+        "errors": errors,
+    }
 
 
 async def backchannels(
@@ -613,27 +719,73 @@ def barge_late(barge: list[dict[str, Any]]) -> list[float]:
 
 
 def print_webrtc(results: dict[str, Any]) -> None:
-    """The same figures over both transports, in this run: within 50 ms is the target."""
+    """The same figures over both transports, in this run, turn by turn in turn: within
+    50 ms is the target."""
     ws, rtc = results["one_session"], results["webrtc"]["one_session"]
-    late_ws, late_rtc = barge_late(results["barge_ins"]), barge_late(results["webrtc"]["barge_ins"])
+    b_ws, b_rtc = results["barge_ins"], results["webrtc"]["barge_ins"]
+    diffs = results["webrtc"]["paired_first_heard_diff_s"]
+
+    def latest(trials: list[dict[str, Any]], key: str, floor: float | None = None) -> float | None:
+        xs = [t[key] for t in trials if t[key] is not None]
+        return None if not xs else max(xs) if floor is None else max(floor, *xs)
+
     rows = [
-        ("first audio p50, 1 session", ws["first_audio_p50_s"], rtc["first_audio_p50_s"]),
-        ("first audio max, 1 session", ws["first_audio_max_s"], rtc["first_audio_max_s"]),
-        # A WebSocket client flushes its own queue on speech_started: it hears nothing of
-        # the answer after it unless a delta came later. Over WebRTC the server flushes,
-        # and what was in flight still plays.
+        # WebSocket: the first delta's arrival; WebRTC: output_audio_buffer.started, which
+        # the server sends as it puts the answer's first frame on the wire.
+        ("first audio sent p50, 1 session", ws["first_audio_p50_s"], rtc["first_audio_p50_s"]),
+        # Where it goes: hearing the end of the turn (the caller's audio in), then from the
+        # response's creation to its first audio out (talker, then transport).
         (
-            "barge-in: answer heard after speech_started, max",
-            max(0.0, *late_ws) if late_ws else None,
-            max(0.0, *late_rtc) if late_rtc else None,
+            "end of speech -> speech_stopped, median",
+            ws["breakdown"]["speech_stopped"],
+            rtc["breakdown"]["speech_stopped"],
+        ),
+        (
+            "response.created -> first audio sent, median",
+            ws["created_to_first_audio_p50_s"],
+            rtc["created_to_first_audio_p50_s"],
+        ),
+        # Heard: WebRTC's first loud frame out of the caller's jitter buffer (one frame
+        # held); the WebSocket's first delta, from its first loud sample.
+        ("first audio heard p50, 1 session", ws["first_heard_p50_s"], rtc["first_heard_p50_s"]),
+        ("first audio heard max, 1 session", ws["first_heard_max_s"], rtc["first_heard_max_s"]),
+        (
+            "first audio heard, per question: median WebRTC - WS",
+            0.0 if diffs else None,
+            statistics.median(diffs) if diffs else None,
+        ),
+        # Answer audio after speech_started (0: none), sent (WebRTC: its last frame's RTP
+        # time on the server's clock; a WebSocket delta that came before speech_started,
+        # ahead of playing, is none) ...
+        (
+            "barge-in: answer audio sent after it, max",
+            latest(b_ws, "sent_after_speech_started_s", 0.0),
+            latest(b_rtc, "sent_after_speech_started_s", 0.0),
+        ),
+        # ... and heard: a WebSocket client drops its own queue at speech_started, so it
+        # hears nothing after it; over WebRTC what was on the way still plays.
+        (
+            "barge-in: answer audio heard after it, max",
+            latest(b_ws, "audio_after_speech_started_s", 0.0),
+            latest(b_rtc, "audio_after_speech_started_s", 0.0),
         ),
     ]
-    print(f"\n{'WebSocket vs WebRTC':<48} {'WebSocket':>9} {'WebRTC':>8} {'diff':>7}")
+    load = rtc["load_avg_1m"]
+    print(f"\nload average (1 min) after the paired session: {load:.1f}")
+    print(f"{'WebSocket vs WebRTC, in turn':<52} {'WebSocket':>9} {'WebRTC':>8} {'diff':>7}")
     for what, a, b in rows:
         diff = None if a is None or b is None else b - a
         ok = None if diff is None else diff <= 0.050
         d = "-" if diff is None else f"{diff * 1000:+.0f} ms"
-        print(f"  {what:<46} {fmt_s(a):>7} s {fmt_s(b):>6} s {d:>7} {verdict(ok)}")
+        print(f"  {what:<50} {fmt_s(a):>7} s {fmt_s(b):>6} s {d:>7} {verdict(ok)}")
+    cancelled = [sum(t["answer_status"] == "cancelled" for t in b) for b in (b_ws, b_rtc)]
+    print(
+        f"  barge-ins cancelled: WebSocket {cancelled[0]}/{len(b_ws)}, "
+        f"WebRTC {cancelled[1]}/{len(b_rtc)}"
+    )
+    print(
+        f"  per question, WebRTC - WebSocket first audio heard (s): {[round(d, 3) for d in diffs]}"
+    )
 
 
 def interruption_rows(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -735,24 +887,35 @@ async def measure(
         barge = await barge_ins(port, args, speech)
         print(f"backchannels, {args.backchannels} trials", flush=True)
         return {"barge_ins": barge, "backchannels": await backchannels(port, args, speech)}
-    print(f"one session, {args.turns} questions", flush=True)
-    one = await level(port, pid, args, 1, args.turns, questions)
+    webrtc = None
+    if args.webrtc:
+        print(f"one session over each transport, {args.turns} questions, in turn", flush=True)
+        one, one_rtc = await paired_level(port, pid, args, args.turns, questions)
+        check()
+        print(f"barge-in, {args.barge_ins} trials over each transport, in turn", flush=True)
+        barge, barge_rtc = await paired_barge_ins(port, args, speech)
+        pairs = zip(one.turns, one_rtc.turns, strict=False)
+        webrtc = {
+            "one_session": one_rtc.row() | {"breakdown": one_rtc.breakdown()},
+            "barge_ins": barge_rtc,
+            # The same question over each transport, one after the other: WebRTC's first
+            # audio heard less the WebSocket's.
+            "paired_first_heard_diff_s": [
+                r.first_heard_s - w.first_heard_s
+                for w, r in pairs
+                if r.first_heard_s is not None and w.first_heard_s is not None
+            ],
+        }
+    else:
+        print(f"one session, {args.turns} questions", flush=True)
+        one = await level(port, pid, args, 1, args.turns, questions)
+        check()
+        print(f"barge-in, {args.barge_ins} trials", flush=True)
+        barge = await barge_ins(port, args, speech)
     check()
-    print(f"barge-in, {args.barge_ins} trials", flush=True)
-    barge = await barge_ins(port, args, speech)
     print(f"backchannels, {args.backchannels} trials", flush=True)
     back = await backchannels(port, args, speech)
     check()
-    webrtc = None
-    if args.webrtc:
-        print(f"WebRTC: one session, {args.turns} questions", flush=True)
-        one_rtc = await level(port, pid, args, 1, args.turns, questions, webrtc=True)
-        print(f"WebRTC: barge-in, {args.barge_ins} trials", flush=True)
-        webrtc = {
-            "one_session": one_rtc.row() | {"breakdown": one_rtc.breakdown()},
-            "barge_ins": await barge_ins(port, args, speech, webrtc=True),
-        }
-        check()
     levels = [one]
     capacity = 1 if one.holds() else 0
     for n in (int(x) for x in args.levels.split(",") if x):
@@ -784,6 +947,7 @@ def main() -> int:
     args = parse_args()
     common.exit_on_sigterm()
     print(f"{common.machine()}; speaking the questions with Piper (joe)", flush=True)
+    print(f"load average at the start: {os.getloadavg()}", flush=True)
     voice = piper_voice()
     speech = {
         "questions": [say(voice, q) for q in QUESTIONS],

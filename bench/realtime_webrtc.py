@@ -11,9 +11,16 @@ both transports alike:
 - ``output_audio_buffer.started`` counts as an empty delta as it arrives: the server sends
   it as it puts the answer's first frame on the wire, where the WebSocket would send the
   first delta (first audio);
-- each loud 20 ms frame heard on the call's track (after aiortc's receiver, whose jitter
-  buffer holds 80 ms) counts as a delta of the response sounding then: the last of the
-  answer spoken over is what the caller still heard of it (barge-in).
+- each loud 20 ms frame heard on the call's track counts as a delta of the response
+  sounding then: the first is when the caller hears the answer begin, the last of an
+  answer spoken over is what it still heard of it (barge-in). The caller's jitter buffer
+  is as small as aiortc allows: it releases a frame when the next one arrives
+  (``prefetch=1``, one 20 ms frame held; aiortc's own holds four, 80 ms), as the server's
+  receiver does (``webrtc_media.hear_promptly``);
+- each such delta also says when the server sent that frame (``sent_at``), from its RTP
+  timestamp: the track's frames are paced by the server's clock, so a frame's send time
+  is its timestamp plus one offset, the least (arrival - timestamp) seen on the call's
+  frames (silence flows between answers), less the frame the jitter buffer holds.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import contextlib
 import fractions
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,7 +41,13 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from omnistage.api.webrtc_media import HOSTS_ENV, ice_configuration, restrict_host_addresses
+from omnistage.api.webrtc_media import (
+    HOSTS_ENV,
+    hear_promptly,
+    ice_configuration,
+    restrict_host_addresses,
+)
+from omnistage.audio.resample import StreamResampler
 
 RATE = 24000  # the session's pcm16, as the WebSocket client sends it
 TRACK_RATE = 48000
@@ -49,7 +63,9 @@ def loopback() -> None:
 
 
 class _Microphone(MediaStreamTrack):
-    """Sends the frames it is given, as they are given (the session paces them)."""
+    """Sends the frames it is given, as they are given (the session paces them), at
+    48 kHz as a browser's microphone does: aiortc's Opus encoder would otherwise resample
+    them itself, and its fixed-size output frames would hold each one 20 ms."""
 
     kind = "audio"
 
@@ -57,14 +73,22 @@ class _Microphone(MediaStreamTrack):
         super().__init__()
         self.frames: asyncio.Queue[np.ndarray] = asyncio.Queue()
         self._pts = 0
+        self._up = StreamResampler(RATE, TRACK_RATE)
+        # The resampler holds back its look-ahead: silence before the first frame keeps
+        # every frame whole (0.4 ms late) instead of each one a frame late.
+        self._first = True
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        pcm = await self.frames.get()
+        said = await self.frames.get()
+        pcm = self._up.push(said)
+        if self._first:
+            pad = np.zeros(len(said) * TRACK_RATE // RATE - len(pcm), np.int16)
+            pcm, self._first = np.concatenate([pad, pcm]), False
         frame = av.AudioFrame(format="s16", layout="mono", samples=len(pcm))
         frame.planes[0].update(pcm.astype("<i2").tobytes())
-        frame.sample_rate, frame.time_base = RATE, fractions.Fraction(1, RATE)
+        frame.sample_rate, frame.time_base = TRACK_RATE, fractions.Fraction(1, TRACK_RATE)
         frame.pts = self._pts
         self._pts += len(pcm)
         return frame
@@ -84,6 +108,7 @@ class Call:
         self.opened = asyncio.Event()
         self.channel.on("open", self.opened.set)
         self.sounding: str | None = None  # the response whose audio the track plays
+        self._offset = float("inf")  # least (arrival - RTP time) so far: the server's clock
         self._tasks: list[asyncio.Task[Any]] = []
         self.pc.on("track", lambda t: self._tasks.append(asyncio.ensure_future(self._hear(t))))
 
@@ -92,7 +117,7 @@ class Call:
         self.inbox.put_nowait(raw)
         if b'"output_audio_buffer.started"' in raw:
             self.sounding = json.loads(raw)["response_id"]
-            self._delta(self.sounding, 0)
+            self._delta(self.sounding, 0, None)
 
     async def send_raw(self, event: str) -> None:
         parsed = json.loads(event)
@@ -110,13 +135,18 @@ class Call:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            rtp_s = int(frame.pts or 0) / TRACK_RATE
+            self._offset = min(self._offset, time.monotonic() - rtp_s)
             if self.sounding and np.abs(frame.to_ndarray().astype(np.int32)).max() > LOUD:
-                self._delta(self.sounding, FRAME_S)
+                self._delta(self.sounding, FRAME_S, rtp_s + self._offset - FRAME_S)
 
-    def _delta(self, response_id: str, seconds: float) -> None:
-        """As the WebSocket's delta of ``seconds`` of audio: (len * 3/4) / 2 / RATE s."""
+    def _delta(self, response_id: str, seconds: float, sent_at: float | None) -> None:
+        """As the WebSocket's delta of ``seconds`` of audio: (len * 3/4) / 2 / RATE s;
+        ``sent_at``: when the server sent it (None: not a frame)."""
         size = int(seconds * RATE * 2 * 4 / 3)
-        delta = {"type": "response.output_audio.delta", "response_id": response_id}
+        delta: dict[str, Any] = {"type": "response.output_audio.delta", "response_id": response_id}
+        if sent_at is not None:
+            delta["sent_at"] = sent_at
         self.inbox.put_nowait(json.dumps({**delta, "delta": "A" * size}).encode())
 
     async def close(self) -> None:
@@ -140,6 +170,8 @@ async def connect(base_url: str, model: str, session: dict[str, Any]) -> AsyncIt
             r = await http.post("/v1/realtime/calls", files=form)
         r.raise_for_status()
         await call.pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+        for transceiver in call.pc.getTransceivers():
+            hear_promptly(transceiver.receiver)
         await asyncio.wait_for(call.opened.wait(), 30)
         yield call
     finally:

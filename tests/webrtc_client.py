@@ -81,26 +81,33 @@ class Caller:
         self.loud_pts: list[int] = []  # their RTP timestamps: the server's clock, 48 kHz
         self.heard_samples = 0
         self.location = ""
+        self.answer_sdp = ""  # the server's SDP answer
         self._tasks: list[asyncio.Task[Any]] = []
         self.channel.on("message", self._event)
         self.pc.on("track", lambda t: self._tasks.append(asyncio.ensure_future(self._hear(t))))
 
     async def call(
-        self, base_url: str, token: str | None = None, session: dict[str, Any] | None = None
+        self,
+        base_url: str,
+        token: str | None = None,
+        session: dict[str, Any] | None = None,
+        query: str = "",
     ) -> httpx.Response:
-        """Offer the call; on a 201, the answer is applied and the call connects."""
+        """Offer the call (``query``: the URL's, e.g. a resume's); on a 201, the answer
+        is applied and the call connects."""
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = self.pc.localDescription.sdp
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
             if session is None:
                 headers["Content-Type"] = "application/sdp"
-                r = await http.post("/v1/realtime/calls", content=offer, headers=headers)
+                r = await http.post(f"/v1/realtime/calls{query}", content=offer, headers=headers)
             else:
                 form = {"sdp": offer, "session": json.dumps(session)}
-                r = await http.post("/v1/realtime/calls", files=_fields(form), headers=headers)
+                path = f"/v1/realtime/calls{query}"
+                r = await http.post(path, files=_fields(form), headers=headers)
         if r.status_code == 201:
-            self.location = r.headers["location"]
+            self.location, self.answer_sdp = r.headers["location"], r.text
             await self.pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
         return r
 

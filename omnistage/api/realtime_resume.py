@@ -1,7 +1,9 @@
 """Session resume (our extension to the Realtime API): a session's config and items are
 saved in the store as they change, so a client whose API process or head died
 reconnects with ``?session_id=sess_...`` and its resume token, on any process of any
-head sharing the store, and goes on with the same session.
+head sharing the store, and goes on with the same session. The WebSocket's handshake and
+a WebRTC call's ``POST /v1/realtime/calls`` take the same parameters, and a session
+saved by either resumes over either.
 
 The token is made at creation and sent once, in ``session.created``'s ``resume``; the
 store keeps only its SHA-256. A resume must bring it (``resume_token`` query parameter
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from starlette.websockets import WebSocket
+from starlette.requests import HTTPConnection
 
 from omnistage.api.owner import owner_of
 from omnistage.realtime.session import RealtimeSession
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 SESSION_PARAM = "session_id"
 TOKEN_PARAM = "resume_token"
 TOKEN_HEADER = "x-omnistage-resume-token"
+LOST = "this session was resumed on another connection; this one is closed"
+LOST_CODE = "session_resumed_elsewhere"
 
 
 class ResumeRefused(Exception):
@@ -49,13 +53,13 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def store_of(ws: WebSocket, ttl_s: float) -> Store | None:
+def store_of(ws: HTTPConnection, ttl_s: float) -> Store | None:
     """The store sessions are saved in; None where there is none or resume is off."""
     persist = getattr(ws.app.state, "persist", None)
     return persist.store if persist is not None and ttl_s > 0 else None
 
 
-async def load(ws: WebSocket, store: Store | None) -> tuple[RealtimeRecord, str] | None:
+async def load(ws: HTTPConnection, store: Store | None) -> tuple[RealtimeRecord, str] | None:
     """The saved session a handshake asks to resume, with its token (None: a new one)."""
     session_id = ws.query_params.get(SESSION_PARAM)
     if session_id is None:
@@ -123,7 +127,7 @@ class SessionSaver:
 
 async def attach(
     store: Store | None,
-    ws: WebSocket,
+    ws: HTTPConnection,
     session: RealtimeSession,
     resumed: tuple[RealtimeRecord, str] | None,
     ttl_s: float,

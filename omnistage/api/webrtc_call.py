@@ -24,9 +24,10 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
 
+from omnistage.api.realtime_resume import LOST, LOST_CODE, SessionSaver
 from omnistage.api.webrtc_media import (
     HEARD_RATE,
-    RATE,
+    SOURCE_RATE,
     AnswerTrack,
     hear,
     hear_promptly,
@@ -51,11 +52,16 @@ class RealtimeCall:
     """A call from its answered offer until either side hangs up; ``closed`` resolves
     then (the route frees the session slot on it)."""
 
-    def __init__(self, ctx: SessionContext, config: SessionConfig) -> None:
+    def __init__(
+        self, ctx: SessionContext, config: SessionConfig, session_id: str | None = None
+    ) -> None:
         self.id = new_id("rtc")
         self.pc = RTCPeerConnection(ice_configuration())
         self.track = AnswerTrack(self._sounding)
-        self.session = RealtimeSession(ctx, config, self._send)
+        self.session = RealtimeSession(ctx, config, self._send, session_id)
+        # Where the session is saved (``api.realtime_resume``): its last state is written
+        # as the call ends.
+        self.saver: SessionSaver | None = None
         self.session.clear_output = self._clear_output
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._outbox: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue()
@@ -65,8 +71,9 @@ class RealtimeCall:
         self._tasks: list[asyncio.Task[Any]] = []
         self._ending: asyncio.Task[None] | None = None
 
-    async def answer(self, offer_sdp: str) -> str:
-        """Answer the caller's SDP offer; the call then runs on its own."""
+    async def answer(self, offer_sdp: str, resume: dict[str, Any] | None = None) -> str:
+        """Answer the caller's SDP offer; the call then runs on its own. ``resume``:
+        ``session.created``'s field where the session is saved."""
         pc = self.pc
         pc.on("datachannel", self._on_channel)
         pc.on("track", self._on_track)
@@ -82,8 +89,13 @@ class RealtimeCall:
             asyncio.ensure_future(self._read()),
             asyncio.ensure_future(self._connect_deadline()),
         ]
-        self.session.opened()
+        self.session.opened(resume)
         return str(pc.localDescription.sdp)
+
+    def lost(self) -> None:
+        """The session was resumed on another connection: this call ends."""
+        self.session.error(BadRequestError(LOST, code=LOST_CODE))
+        self.end()
 
     def end(self) -> None:
         """Close the call from one of its own callbacks or tasks."""
@@ -96,6 +108,8 @@ class RealtimeCall:
         self.closed.set_result(None)
         self.track.stop()
         await self.session.close()
+        if self.saver is not None:
+            await self.saver.close()
         self._outbox.put_nowait(None)
         self._inbox.put_nowait(None)
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
@@ -136,7 +150,7 @@ class RealtimeCall:
         """The session's events: answer audio to the track, the rest to the channel."""
         if isinstance(event, ev.OutputAudioDelta):
             fmt = self.session.config.output_format
-            pcm = to_pcm16(fmt, base64.b64decode(event.delta), RATE)
+            pcm = to_pcm16(fmt, base64.b64decode(event.delta), SOURCE_RATE)
             self.track.push(event.response_id, event.item_id, pcm)
             return
         if isinstance(event, ev.InputSpeechStarted):

@@ -1,8 +1,11 @@
 """The media side of a Realtime call over WebRTC (``api.webrtc_call``), on aiortc.
 
-``AnswerTrack`` is the call's outgoing audio: the answers' PCM, resampled to 48 kHz and
-sent in 20 ms frames paced by the clock (silence between answers, as a microphone's track
-would be), which ``clear`` empties at once on a barge-in. ``hear`` reads the caller's
+``AnswerTrack`` is the call's outgoing audio: the answers' PCM (24 kHz, as the session's
+pcm output format has it), resampled to 48 kHz one 20 ms frame at a time as it is sent,
+paced by the clock (silence between answers, as a microphone's track would be), which
+``clear`` empties at once on a barge-in. Resampling per frame, not per answer sentence as
+it arrives, keeps a sentence's few seconds of filtering off the event loop at the moment
+its first frame is due. ``hear`` reads the caller's
 track: Opus decoded by aiortc, each frame resampled to 24 kHz mono PCM.
 
 The ICE settings, from the environment of the API server: ``restrict_host_addresses``:
@@ -28,10 +31,13 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from omnistage import envs
+from omnistage.audio.resample import StreamResampler
 
 RATE = 48000  # Opus's clock: the track's frames are at this rate
 FRAME_SAMPLES = RATE // 50  # 20 ms
 HEARD_RATE = 24000  # the caller's audio, as the session's pcm input format has it
+SOURCE_RATE = 24000  # the answers' audio as ``AnswerTrack.push`` takes it
+_SOURCE_FRAME = SOURCE_RATE // 50
 HOSTS_ENV = "OMNISTAGE_WEBRTC_HOSTS"
 _TIME_BASE = fractions.Fraction(1, RATE)
 
@@ -62,26 +68,33 @@ class AnswerTrack(MediaStreamTrack):
     def __init__(self, on_change: Callable[[bool, str], None]) -> None:
         super().__init__()
         self._on_change = on_change
-        self._pending = np.zeros(0, np.int16)
+        self._pending = np.zeros(0, np.int16)  # at SOURCE_RATE, not yet resampled
+        self._ready = np.zeros(0, np.int16)  # at RATE, resampled, not yet sent
+        self._up = StreamResampler(SOURCE_RATE, RATE)
         self._response: str | None = None  # whose audio is pending or playing
         self._item: str | None = None  # the answer item it is of
-        self._played = 0  # samples of that item played
+        self._played = 0  # samples (at RATE) of that item played
         self._playing = False
         self._start: float | None = None
         self._pts = 0
 
     def push(self, response_id: str, item_id: str, pcm: np.ndarray) -> None:
-        """Queue ``pcm`` (int16 at 48 kHz) of ``response_id``'s answer to be played."""
+        """Queue ``pcm`` (int16 at ``SOURCE_RATE``) of ``response_id``'s answer to be played."""
         if item_id != self._item:
-            self._item, self._played = item_id, -len(self._pending)
+            self._item, self._played = item_id, -self._queued()
         self._response = response_id
         self._pending = np.concatenate([self._pending, pcm])
+
+    def _queued(self) -> int:
+        """Samples (at RATE) queued and not yet sent."""
+        return len(self._ready) + len(self._pending) * RATE // SOURCE_RATE
 
     def clear(self) -> tuple[str, str, int] | None:
         """Drop what is left to play; if an answer was sounding, its response, its item
         and how many ms of that item were played."""
-        had = self._playing or len(self._pending) > 0
-        self._pending = np.zeros(0, np.int16)
+        had = self._playing or self._queued() > 0
+        self._pending = self._ready = np.zeros(0, np.int16)
+        self._up = StreamResampler(SOURCE_RATE, RATE)
         self._playing = False
         if not had or self._response is None or self._item is None:
             return None
@@ -89,7 +102,7 @@ class AnswerTrack(MediaStreamTrack):
 
     @property
     def pending_s(self) -> float:
-        return len(self._pending) / RATE
+        return self._queued() / RATE
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -111,8 +124,15 @@ class AnswerTrack(MediaStreamTrack):
         return frame
 
     def _take(self) -> np.ndarray:
-        chunk = self._pending[:FRAME_SAMPLES]
-        self._pending = self._pending[FRAME_SAMPLES:]
+        # The resampler holds back a few samples of look-ahead: pull until a frame is
+        # full, and flush it when the answer's audio runs out.
+        while len(self._ready) < FRAME_SAMPLES and len(self._pending):
+            source, self._pending = self._pending[:_SOURCE_FRAME], self._pending[_SOURCE_FRAME:]
+            parts = [self._ready, self._up.push(source)]
+            if not len(self._pending):
+                parts.append(self._up.flush())
+            self._ready = np.concatenate(parts)
+        chunk, self._ready = self._ready[:FRAME_SAMPLES], self._ready[FRAME_SAMPLES:]
         self._played += len(chunk)
         if len(chunk) and not self._playing and self._response is not None:
             self._playing = True

@@ -111,6 +111,12 @@ class Item:
         self.json["status"] = ItemStatus.INCOMPLETE
         return audio_end_ms
 
+    def regrow(self, spoken: list[Spoken]) -> None:
+        """An answer truncated while it was being made goes on from the cut: it holds all
+        of the answer again (``spoken``: every sentence made), as its audio goes out."""
+        self.spoken, self.heard_ms = list(spoken), None
+        self.json["status"] = ItemStatus.IN_PROGRESS
+
 
 def message_item(
     role: str, parts: list[dict[str, Any]], status: ItemStatus = ItemStatus.COMPLETED

@@ -149,6 +149,7 @@ class ResponseRun:
         self._details: dict[str, Any] | None = None
         self._outputs: list[Item] = []
         self.message: Item | None = None  # the answer's message item, once it has words
+        self._made: list[Spoken] = []  # every sentence of its audio, sent or held
         self._words: list[str] = []
         self._encoder: AudioOut | None = None
         self._calls = _Calls(self.id, emit, self._add_output)
@@ -165,25 +166,8 @@ class ResponseRun:
     def audio_sent_ms(self) -> float:
         return self.hold.sent_ms
 
-    def response_json(self) -> dict[str, Any]:
-        s = self.settings
-        out: dict[str, Any] = {
-            "id": self.id,
-            "object": "realtime.response",
-            "status": self.status,
-            "status_details": self._details,
-            "output": [item.json for item in self._outputs],
-            "conversation_id": "auto" if s.in_conversation else None,
-            "output_modalities": list(s.modalities),
-            "max_output_tokens": s.max_output_tokens or "inf",
-            "audio": {"output": {"format": s.output_format.to_json(), "voice": s.voice}},
-            "usage": usage_json(self._usage) if self.done else None,
-            "metadata": s.metadata,
-        }
-        return out
-
     def created(self) -> None:
-        self._emit(ev.ResponseCreated(response=self.response_json()))
+        self._emit(ev.ResponseCreated(response=response_json(self)))
 
     async def run(self, before: Awaitable[None] | None = None) -> None:
         """Run the response to its end: completed, incomplete, failed or cancelled.
@@ -300,17 +284,31 @@ class ResponseRun:
         data = self._encoder.push(pcm)
         item = self._open_message()
         ms = len(pcm) * 1000 / rate
-        item.spoken.append(Spoken(out.text.strip(), ms))
+        spoken = Spoken(out.text.strip(), ms)
+        item.spoken.append(spoken)
+        self._made.append(spoken)
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
             if self.on_first_audio is not None:
                 self.on_first_audio(self.first_audio_at)
+        self.hold.audio(self._delta(data), ms, data)
+
+    def _delta(self, data: bytes) -> ev.OutputAudioDelta:
+        item = self._open_message()
         index = self._outputs.index(item)
         delta = base64.b64encode(data).decode()
-        event = ev.OutputAudioDelta(
+        return ev.OutputAudioDelta(
             response_id=self.id, item_id=item.id, output_index=index, delta=delta
         )
-        self.hold.audio(event, ms)
+
+    def truncated(self, end_ms: int) -> None:
+        """A client truncated this answer, still being made, at ``end_ms``, dropping the
+        audio it had past that: if the answer goes on (a backchannel resumes it), it goes
+        on from the cut (``AudioHold.rewind``); a cancel keeps it where the client cut it."""
+        if not self.done and self.message is not None:
+            fmt = self.settings.output_format
+            self.hold.rewind(int(end_ms * fmt.rate / 1000) * fmt.bytes_per_sample, self._delta)
+            self.message.regrow(self._made)
 
     def _fail(self, kind: str, code: str, message: str) -> None:
         error = {"type": kind, "code": code, "message": message}
@@ -330,7 +328,7 @@ class ResponseRun:
             self._close_message(item_status)
         for index, js in self._calls.close(item_status):
             self._item_done(index, js)
-        self._emit(ev.ResponseDone(response=self.response_json()))
+        self._emit(ev.ResponseDone(response=response_json(self)))
         if self._rate_limits is not None:
             self._emit(ev.RateLimitsUpdated(rate_limits=self._rate_limits()))
 
@@ -365,6 +363,25 @@ class ResponseRun:
         self._emit(ev.OutputItemDone(response_id=self.id, output_index=index, item=item))
         if self.settings.in_conversation:
             self._emit(ev.ItemDone(previous_item_id=None, item=item))
+
+
+def response_json(run: ResponseRun) -> dict[str, Any]:
+    """A response as its events carry it"""
+    s = run.settings
+    out: dict[str, Any] = {
+        "id": run.id,
+        "object": "realtime.response",
+        "status": run.status,
+        "status_details": run._details,
+        "output": [item.json for item in run._outputs],
+        "conversation_id": "auto" if s.in_conversation else None,
+        "output_modalities": list(s.modalities),
+        "max_output_tokens": s.max_output_tokens or "inf",
+        "audio": {"output": {"format": s.output_format.to_json(), "voice": s.voice}},
+        "usage": usage_json(run._usage) if run.done else None,
+        "metadata": s.metadata,
+    }
+    return out
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:

@@ -197,6 +197,9 @@ class RealtimeSession:
             raise bad("audio_end_ms", "must not be negative")
         end_ms = item.truncate(audio_end_ms)
         self.emit(ev.ItemTruncated(item_id=item.id, content_index=0, audio_end_ms=end_ms))
+        run = self.answers.active
+        if run is not None and run.message is item:
+            run.truncated(end_ms)  # if the answer goes on, it goes on from the cut
 
     def add_answer_item(self, item: Item) -> None:
         """An answer's output item joins the conversation."""

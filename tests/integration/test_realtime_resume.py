@@ -1,6 +1,8 @@
 """Session resume (our Realtime extension) with real processes: a session's config and
 conversation are saved as they change, the process holding it is killed with SIGKILL,
-and the client resumes it elsewhere with ``?session_id=`` and its token.
+and the client resumes it elsewhere with ``?session_id=`` and its token. WebRTC calls
+(``tests.webrtc_client``) are saved the same way: a new call resumes one, and so does
+the WebSocket.
 
 An echo head with two API server processes (``--api-server-count 2``) sharing a SQLite
 store; and two heads behind haproxy sharing a PostgreSQL store. The echo stage answers
@@ -10,6 +12,7 @@ and the conversation the thinker read.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -37,6 +40,7 @@ from tests.integration.test_head_fleet import (
     stop_all,
     wait_up,
 )
+from tests.webrtc_client import Caller
 
 ECHO = {"0": {"engine_args": {"echo_messages": True, "num_chunks": 2, "suffix": ""}}}
 
@@ -135,12 +139,14 @@ def _begin(url: HeadProc | str) -> tuple[Client, str, str]:
     return first, first.created["resume"]["token"], said
 
 
-def _wait_saved(store_url: str, client: Client) -> None:
-    """Until the store holds the turn: a save follows its event by one write (a kill
-    before it loses that change, as the docs say)."""
+def _wait_saved(store_url: str, client: Client | str) -> None:
+    """Until the store holds the turn of ``client``'s session (or the session of that
+    id): a save follows its event by one write (a kill before it loses that change, as
+    the docs say)."""
     engine = sa.create_engine(engine_url(store_url))
     table = sa.table("realtime_sessions", sa.column("id"), sa.column("items", sa.JSON))
-    query = sa.select(table.c["items"]).where(table.c.id == client.created["session"]["id"])
+    sid = client if isinstance(client, str) else client.created["session"]["id"]
+    query = sa.select(table.c["items"]).where(table.c.id == sid)
 
     def saved() -> bool:
         with engine.connect() as conn:
@@ -211,6 +217,93 @@ def test_a_resume_closes_the_connection_that_held_the_session(fronted: HeadProc)
 
 def test_an_unknown_session_is_a_404(fronted: HeadProc) -> None:
     assert _refused(fronted, "?session_id=sess_nope&resume_token=x") == 404
+
+
+# ------------------------------------------------------------------ WebRTC calls
+
+
+async def _webrtc(head: HeadProc, query: str = "") -> tuple[Caller, dict[str, Any]]:
+    """A call (``query``: a resume's) and its ``session.created``."""
+    caller = Caller()
+    r = await caller.call(head.url, "key-a", {"type": "realtime"}, query)
+    assert r.status_code == 201, r.text
+    return caller, await caller.next("session.created", 20)
+
+
+async def _call_turn(caller: Caller, text: str) -> str:
+    """A typed turn over the call's data channel, answered in text."""
+    content = [{"type": "input_text", "text": text}]
+    item = {"type": "message", "role": "user", "content": content}
+    caller.send({"type": "conversation.item.create", "item": item})
+    caller.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    response = (await caller.next("response.done", 20))["response"]
+    assert response["status"] == "completed", response
+    return "".join(p["text"] for p in response["output"][0]["content"])
+
+
+async def _began_call(head: HeadProc) -> tuple[Caller, str, str, str]:
+    """A call with instructions and one turn: the caller, session id, token, answer."""
+    caller, created = await _webrtc(head)
+    assert created["resume"]["resumed"] is False
+    caller.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+    await caller.next("session.updated", 20)
+    said = await _call_turn(caller, "my name is Ada")
+    assert said == "system: Be brief.\nuser: my name is Ada"
+    return caller, created["session"]["id"], created["resume"]["token"], said
+
+
+def _call_holder(head: HeadProc, caller: Caller) -> int:
+    """The API server process holding the call: the one bound to the UDP port of the
+    server's ICE candidate in its SDP answer."""
+    ports = {
+        int(line.split()[5]) for line in caller.answer_sdp.splitlines() if "candidate:" in line
+    }
+    for pid in _api_servers(head):
+        conns = psutil.Process(pid).net_connections(kind="udp")
+        if any(c.laddr and c.laddr.port in ports for c in conns):
+            return pid
+    raise AssertionError("no API server holds the call")
+
+
+async def test_a_webrtc_call_resumes_in_a_new_call_after_its_api_server_is_killed(
+    fronted: HeadProc, module_tmp: Path
+) -> None:
+    first, sid, token, said = await _began_call(fronted)
+    _wait_saved(f"sqlite:///{module_tmp / 'resume.db'}", sid)
+    victim = _call_holder(fronted, first)
+    os.kill(victim, signal.SIGKILL)
+    await first.close()
+    # The token is needed, as the WebSocket's resume needs it.
+    probe = Caller()
+    refused = await probe.call(fronted.url, "key-a", None, f"?session_id={sid}&resume_token=x")
+    await probe.close()
+    assert refused.status_code == 404 and "session_not_found" in refused.text
+
+    again, created = await _webrtc(fronted, f"?session_id={sid}&resume_token={token}")
+    try:
+        assert _call_holder(fronted, again) != victim
+        assert created["session"]["id"] == sid
+        assert created["session"]["instructions"] == "Be brief."
+        assert created["resume"] == {"token": token, "resumed": True, "expires_in": 600.0}
+        replayed = [await again.next("conversation.item.done", 20) for _ in range(2)]
+        user, answer = (e["item"] for e in replayed)
+        assert user["content"][0]["text"] == "my name is Ada"
+        assert answer["content"][0]["text"] == said
+        assert await _call_turn(again, "what is my name?") == (
+            f"system: Be brief.\nuser: my name is Ada\nassistant: {said}\nuser: what is my name?"
+        )
+    finally:
+        await again.close()
+
+
+async def test_a_dropped_webrtc_call_resumes_over_the_websocket(
+    fronted: HeadProc, module_tmp: Path
+) -> None:
+    first, sid, token, said = await _began_call(fronted)
+    await first.close()  # the caller's peer connection goes away without a hang-up
+    _wait_saved(f"sqlite:///{module_tmp / 'resume.db'}", sid)
+    again = await asyncio.to_thread(_resume, fronted, sid, token)
+    await asyncio.to_thread(_goes_on, again, sid, token, said)
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy (Debian's package)")

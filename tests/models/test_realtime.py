@@ -42,6 +42,17 @@ CAPITAL = "What is the capital of France?"
 STORY = "Tell me a long story about a dragon."
 STORYTELLER = "You are a storyteller. Tell long stories of many sentences."
 TRANSCRIBE = {"transcription": {"model": "whisper-1"}}
+# A long story told to a session whose server VAD may interrupt it.
+STORY_OVER_VAD = {
+    "instructions": STORYTELLER,
+    "max_output_tokens": 300,
+    "audio": {
+        "input": {
+            **TRANSCRIBE,
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+        }
+    },
+}
 Event = Any  # the SDK's RealtimeServerEvent union
 
 
@@ -299,12 +310,7 @@ async def test_a_typed_turn_with_text_output_has_text_deltas_and_no_audio(voice_
 
 
 async def test_speech_during_an_answer_cancels_it_at_once_and_is_answered(voice_head, speak):
-    vad = {"type": "server_vad", "silence_duration_ms": 500}
-    update = {
-        "instructions": STORYTELLER,
-        "max_output_tokens": 300,
-        "audio": {"input": {**TRANSCRIBE, "turn_detection": vad}},
-    }
+    update = STORY_OVER_VAD
     question = speak(CAPITAL)
     async with session(voice_head, **update) as live:
         await typed(live, STORY)
@@ -349,12 +355,7 @@ async def test_speech_during_an_answer_cancels_it_at_once_and_is_answered(voice_
 async def test_a_backchannel_during_an_answer_pauses_it_and_it_resumes_whole(voice_head, speak):
     """ "Okay" said over a story: the story's audio pauses, then flows on from where it
     paused; the story runs to its end, with all of its words and nothing cut."""
-    vad = {"type": "server_vad", "silence_duration_ms": 500}
-    update = {
-        "instructions": STORYTELLER,
-        "max_output_tokens": 300,
-        "audio": {"input": {**TRANSCRIBE, "turn_detection": vad}},
-    }
+    update = STORY_OVER_VAD
     okay = _trim(speak("Okay."))
     async with session(voice_head, **update) as live:
         await typed(live, STORY)

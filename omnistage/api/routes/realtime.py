@@ -38,7 +38,6 @@ PATH = "/v1/realtime"
 # A client that reads nothing while answers stream is dropped past this many events.
 MAX_QUEUED_EVENTS = 4096
 _encode = msgspec.json.Encoder().encode
-LOST = "this session was resumed on another connection; this one is closed"
 
 
 @dataclass
@@ -222,7 +221,7 @@ async def _serve(
     writer = asyncio.ensure_future(_write(ws, outbox))
 
     def lost() -> None:  # resumed on another connection: this one ends
-        session.error(BadRequestError(LOST, code="session_resumed_elsewhere"))
+        session.error(BadRequestError(resume.LOST, code=resume.LOST_CODE))
         outbox.put_nowait(None)
         session.spawn(_close_after(writer, ws))
 

@@ -7,7 +7,10 @@ answer is ``201`` with the server's SDP answer as ``application/sdp`` and the ca
 ``Location``; ``POST .../calls/{call_id}/hangup`` ends it. Auth is the API key or an
 ephemeral client secret (``api.auth``), whose session config applies first. The session
 is the WebSocket's (``routes.realtime.prepare``: the same limits, model and config
-checks); ``api.webrtc_call`` runs it over the peer connection.
+checks); ``api.webrtc_call`` runs it over the peer connection. The session is saved and
+resumable as the WebSocket's (``api.realtime_resume``): a call made with
+``?session_id=sess_...&resume_token=TOKEN`` (our extension) goes on with that session,
+whether a call or a WebSocket made it.
 """
 
 from __future__ import annotations
@@ -19,12 +22,17 @@ from fastapi import APIRouter, Request
 from starlette.formparsers import MultiPartException
 from starlette.responses import Response
 
+from omnistage.api import realtime_resume as resume
 from omnistage.api.body import read_body
 from omnistage.api.routes.common import json_response
 from omnistage.api.routes.realtime import Refusal, limits_of, load_vad, prepare
 from omnistage.api.webrtc_call import RealtimeCall
 from omnistage.api.webrtc_media import restrict_host_addresses
 from omnistage.protocol.errors import ApiError, BadRequestError
+from omnistage.realtime import saved
+from omnistage.realtime.config import SessionConfig
+from omnistage.store.base import Store
+from omnistage.store.records import RealtimeRecord
 
 PATH = "/v1/realtime/calls"
 SDP = "application/sdp"
@@ -63,21 +71,24 @@ async def create_call(request: Request) -> Response:
     model = (session or {}).get("model") or request.query_params.get("model")
     try:
         ctx, config = prepare(request.app.state.omni, limits, model, minted)
-        if session:
-            config.update(session)
     except Refusal as no:
         raise ApiError(no.status, no.message, "invalid_request_error", no.param, no.code) from None
-    except BadRequestError as exc:
-        raise _bad(str(exc), exc.param, exc.code) from None
     limits.live += 1  # before the first await, as the WebSocket's handshake takes it
     try:
+        store = resume.store_of(request, limits.resume_ttl_s)
+        resumed = await _resumed(request, store, config, session)
         await load_vad(config)
-        call = RealtimeCall(ctx, config)
+        call = RealtimeCall(ctx, config, resumed[0].id if resumed else None)
     except BaseException:
         limits.live -= 1
         raise
     try:
-        answer = await call.answer(offer)
+        if resumed is not None:
+            call.session.restore(resumed[0].items)
+        call.saver, info = await resume.attach(
+            store, request, call.session, resumed, limits.resume_ttl_s, call.lost
+        )
+        answer = await call.answer(offer, info)
     except Exception as exc:  # aiortc refuses an offer it cannot answer with ValueError etc.
         await call.close()
         limits.live -= 1
@@ -85,6 +96,28 @@ async def create_call(request: Request) -> Response:
     _keep(request, call)
     headers = {"Location": f"{PATH}/{call.id}"}
     return Response(answer, status_code=201, media_type=SDP, headers=headers)
+
+
+async def _resumed(
+    request: Request, store: Store | None, config: SessionConfig, session: dict[str, Any] | None
+) -> tuple[RealtimeRecord, str] | None:
+    """The saved session the call resumes (``?session_id=&resume_token=``, as the
+    WebSocket's), its config applied, then the form's ``session`` over it; None: a new
+    session, with the form's config."""
+    try:
+        resumed = await resume.load(request, store)
+    except resume.ResumeRefused as no:
+        raise ApiError(
+            no.status, no.message, "invalid_request_error", resume.SESSION_PARAM, no.code
+        ) from None
+    try:
+        if resumed is not None:
+            saved.restore_config(config, resumed[0].config)
+        if session:
+            config.update(session)
+    except BadRequestError as exc:
+        raise _bad(str(exc), exc.param, exc.code) from None
+    return resumed
 
 
 @router.post(PATH + "/{call_id}/hangup")
