@@ -16,8 +16,8 @@ step waits for the thinker's tensor it reads, so talking overlaps thinking. The 
 built as ``Qwen2_5OmniForConditionalGeneration.generate`` builds them. transformers' own
 ``generate`` runs the talker's prompt step and makes the first code; the later steps call
 the talker's forward directly, as ``generate`` would, each with the thinker's reply for
-that step instead of the whole reply up front (``talker_loop``: the same codes, a fifth
-less CPU a step than ``generate``'s loop).
+that step instead of the whole reply up front (``talker_loop``: the same codes for ~9%
+less CPU an answer than the same decode through ``generate``'s loop).
 """
 
 from __future__ import annotations
