@@ -103,6 +103,10 @@ def decode_rest(
         # generate stopped a step late (it may, on mps): the cache holds more than the
         # codes say. Not a state to continue from.
         raise EngineError(f"the talker's generate ran {capture.forwards} steps for one code")
+    if capture.processors is None:
+        # A transformers whose generate no longer builds them through
+        # ``_get_logits_processor``: the scores could not be generate's.
+        raise EngineError("the talker's generate built no logits processors we could keep")
     prompt = capture.kwargs
     mask = prompt.get("attention_mask")
     step = 0
