@@ -60,6 +60,7 @@ defaults
     timeout client 300s
     timeout server 300s
     timeout tunnel 600s
+    timeout check 1s
 frontend api
     bind {HOST}:{port}
     default_backend heads
