@@ -245,19 +245,21 @@ async def run(url: str, fleet: Fleet, args: argparse.Namespace, wavs: list[str])
     return c, kills, (load0, os.getloadavg())
 
 
-def haproxy_resends(log: Path) -> tuple[int, int]:
-    """(requests, requests haproxy sent again) from its log (``%rc``: retries, with a
-    ``+`` when redispatched to another server)."""
-    total = resent = 0
+def haproxy_resends(log: Path) -> tuple[int, int, int]:
+    """From haproxy's log: requests, requests it sent again (``%rc``: retries, with a
+    ``+`` when redispatched to another server), and heads it took out of rotation on a
+    check that timed out (a live but slow head: a dead one refuses the connection)."""
+    total = resent = slow = 0
     for line in log.read_text(errors="replace").splitlines():
         m = re.match(r"(GET|POST) \S+ (\d+) \+?(\d+) ", line)
         if m:
             total += 1
             resent += int(m.group(3)) > 0
-    return total, resent
+        slow += line.startswith("Server ") and "DOWN, reason: Layer7 timeout" in line
+    return total, resent, slow
 
 
-def report(c: Clients, kills: list[Kill], fleet: Fleet, loads: Any) -> None:
+def report(c: Clients, kills: list[Kill], proxy: tuple[int, int, int], loads: Any) -> None:
     print(
         f"\n{'phase':<9} {'answers':<12} {'n':>4} {'ok':>4} {'lost pre-stream':>15} "
         f"{'SDK retried':>11} {'broke+asked again':>17} {'wait p50':>8} {'max':>6} "
@@ -282,9 +284,11 @@ def report(c: Clients, kills: list[Kill], fleet: Fleet, loads: Any) -> None:
         f"{sum(x.resumed for x in s)}, not resumed {sum(x.not_resumed for x in s)}; "
         f"drop -> resumed max {max(waits, default=float('nan')):.2f} s"
     )
-    if fleet.proxy_log is not None:
-        total, resent = haproxy_resends(fleet.proxy_log)
-        print(f"haproxy: {total} requests, {resent} sent again to a head (retry-on)")
+    total, resent, slow = proxy
+    print(
+        f"haproxy: {total} requests, {resent} sent again to a head (retry-on); "
+        f"a live head out on a /health check that timed out: {slow}"
+    )
     backs = [k.back_s for k in kills if k.back_s is not None]
     print(
         f"kills: {len(kills)} ({', '.join(k.what for k in kills)}); back (healthy) after "
@@ -306,13 +310,15 @@ def main(args: argparse.Namespace) -> int:
             wavs = [bench_chaos.spoken(fleet.heads[0].port, q) for q in bench_chaos.QUESTIONS]
             url = f"http://{HOST}:{proxy_port}"
             c, kills, loads = asyncio.run(run(url, fleet, args, wavs))
+            assert fleet.proxy_log is not None
+            proxy = haproxy_resends(fleet.proxy_log)  # before the stop, which slows checks
         except Exception as exc:
             print(f"FAILED: {common.describe(exc)}")
             return 1
         finally:
             if fleet is not None:
                 fleet.stop()
-        report(c, kills, fleet, loads)
+        report(c, kills, proxy, loads)
         if args.json:
             raw = {
                 "requests": [r.__dict__ for r in c.requests],
