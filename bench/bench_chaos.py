@@ -8,6 +8,9 @@ Per answer: whether it failed (an HTTP error, an error event, a realtime respons
 ``completed``), the wait for its first audio, and the stall of a player that starts at
 its first audio delta (``bench_realtime.Turn.stall_s``). Per kill: the restart-to-UP of
 the killed slot. Run by hand (about ``--minutes`` + 2 minutes); see README.md.
+
+``--kill heads`` / ``--kill api`` (chaos_fleet.py): two heads behind haproxy, a head or
+one of a head's API server processes SIGKILLed once a minute; the clients resume.
 """
 
 import argparse
@@ -76,7 +79,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--chat-clients", type=int, default=2)
     p.add_argument("--sessions", type=int, default=2, help="realtime sessions")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--log", help="keep the server's log (INFO) here")
+    p.add_argument(
+        "--log", help="keep the server's log (INFO) here (--kill heads|api: a folder of logs)"
+    )
     p.add_argument("--json", help="write the raw figures here")
     args = p.parse_args()
     if args.kill_every is None:
