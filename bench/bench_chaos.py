@@ -8,6 +8,9 @@ Per answer: whether it failed (an HTTP error, an error event, a realtime respons
 ``completed``), the wait for its first audio, and the stall of a player that starts at
 its first audio delta (``bench_realtime.Turn.stall_s``). Per kill: the restart-to-UP of
 the killed slot. Run by hand (about ``--minutes`` + 2 minutes); see README.md.
+
+``--kill heads`` / ``--kill api`` (chaos_fleet.py): two heads behind haproxy, a head or
+one of a head's API server processes SIGKILLed once a minute; the clients resume.
 """
 
 import argparse
@@ -21,6 +24,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,14 +66,27 @@ class Record:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=10.0, help="of kills (default 10)")
-    p.add_argument("--kill-every", type=float, default=10.0)
+    p.add_argument(
+        "--kill",
+        choices=("replicas", "heads", "api"),
+        default="replicas",
+        help="what dies: a replica (one head); a head, or one API server process of a head "
+        "(two heads behind haproxy: chaos_fleet.py)",
+    )
+    p.add_argument("--kill-every", type=float, help="seconds (default 10; 60 for heads, api)")
+    p.add_argument("--restart-after", type=float, default=2.0, help="a killed head's (s)")
     p.add_argument("--baseline-s", type=float, default=60.0)
     p.add_argument("--chat-clients", type=int, default=2)
     p.add_argument("--sessions", type=int, default=2, help="realtime sessions")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--log", help="keep the server's log (INFO) here")
+    p.add_argument(
+        "--log", help="keep the server's log (INFO) here (--kill heads|api: a folder of logs)"
+    )
     p.add_argument("--json", help="write the raw figures here")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.kill_every is None:
+        args.kill_every = 10.0 if args.kill == "replicas" else 60.0
+    return args
 
 
 def stages(port: int) -> dict[int, list[dict[str, Any]]]:
@@ -242,24 +259,30 @@ async def run(port: int, args: argparse.Namespace, wavs: list[str]) -> Record:
     return rec
 
 
+def by_phase_kind(answers: list[Any]) -> Iterator[tuple[str, str, list[Any]]]:
+    """The answers (anything with ``phase`` and ``kind``) per phase and kind, in the
+    report's order, empty groups left out."""
+    for phase in ("baseline", "chaos"):
+        for kind in ("chat typed", "chat spoken", "realtime"):
+            rows = [a for a in answers if a.phase == phase and a.kind == kind]
+            if rows:
+                yield phase, kind, rows
+
+
 def report(rec: Record) -> None:
     print(
         f"\n{'phase':<9} {'answers':<12} {'n':>4} {'failed':>6} {'first audio p50':>15} "
         f"{'max':>6} {'stall>1s':>8} {'stall max':>9}"
     )
-    for phase in ("baseline", "chaos"):
-        for kind in ("chat typed", "chat spoken", "realtime"):
-            rows = [a for a in rec.answers if a.phase == phase and a.kind == kind]
-            if not rows:
-                continue
-            firsts = [a.first_audio_s for a in rows if a.first_audio_s is not None]
-            print(
-                f"{phase:<9} {kind:<12} {len(rows):>4} {sum(not a.ok for a in rows):>6} "
-                f"{statistics.median(firsts) if firsts else float('nan'):>15.2f} "
-                f"{max(firsts, default=float('nan')):>6.2f} "
-                f"{sum(a.stall_s > GAP_S for a in rows):>8} "
-                f"{max(a.stall_s for a in rows):>9.2f}"
-            )
+    for phase, kind, rows in by_phase_kind(rec.answers):
+        firsts = [a.first_audio_s for a in rows if a.first_audio_s is not None]
+        print(
+            f"{phase:<9} {kind:<12} {len(rows):>4} {sum(not a.ok for a in rows):>6} "
+            f"{statistics.median(firsts) if firsts else float('nan'):>15.2f} "
+            f"{max(firsts, default=float('nan')):>6.2f} "
+            f"{sum(a.stall_s > GAP_S for a in rows):>8} "
+            f"{max(a.stall_s for a in rows):>9.2f}"
+        )
     print(
         f"\nkills: {len(rec.kills)} ({sum(k['last_live'] for k in rec.kills)} of a stage's "
         f"last live replica); broken realtime sessions: {rec.broken_sessions}"
@@ -280,6 +303,10 @@ def main() -> int:
     args = parse_args()
     common.exit_on_sigterm()
     print(common.machine(), flush=True)
+    if args.kill != "replicas":
+        import chaos_fleet  # it imports this module
+
+        return chaos_fleet.main(args)
     port = free_port()
     every = json.dumps({str(sid): {"replicas": 2} for sid in STAGES})
     cmd = [sys.executable, "-m", "omnistage", "serve", "voice", "--host", HOST]

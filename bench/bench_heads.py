@@ -568,10 +568,7 @@ def report_load(runs: list[LoadRun], args: argparse.Namespace) -> dict[str, Any]
 
 
 def haproxy_cfg(port: int, heads: list[int]) -> str:
-    servers = "\n".join(
-        f"    server {'abcd'[i]} {HOST}:{p} check inter 200ms fall 1 rise 2"
-        for i, p in enumerate(heads)
-    )
+    servers = common.haproxy_servers(heads)
     return f"""global
     maxconn 512
 defaults

@@ -23,6 +23,15 @@ from typing import IO, Any
 HOST = "127.0.0.1"
 
 
+def haproxy_servers(ports: list[int]) -> str:
+    """haproxy ``server`` lines for heads on these ports, named a, b, ...: health-checked
+    every 200 ms, out at the first failed check, back after two good ones."""
+    return "\n".join(
+        f"    server {'abcdefgh'[i]} {HOST}:{p} check inter 200ms fall 1 rise 2"
+        for i, p in enumerate(ports)
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

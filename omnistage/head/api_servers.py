@@ -2,8 +2,9 @@
 
 Each runs the HTTP API (parsing, validation, streaming, the response) and hands the
 request to the head's orchestrator through ``FrontendServer``; the head itself then
-serves no HTTP. One that exits while the head is up is started again (backoff as for
-replicas).
+serves no HTTP. One that exits while the head is up is started again, with the
+replicas' rule (``launch/restart.py``): at once after a run of ``SETTLE_S``, else with
+backoff.
 """
 
 from __future__ import annotations
@@ -79,7 +80,12 @@ class ApiServers:
             pass_fds=[self._socket.fileno()],
             preexec_fn=die_with_parent,
         )
+        # An API server has no UP of its own to report: it serves once its process runs.
+        # So its run counts from the launch, and one that lived SETTLE_S before it died
+        # (a kill, an out-of-memory kill) is started again at once; one that dies sooner
+        # (a bad option, a broken install) backs off as a crash loop.
         self.restarts.started(("api", index))
+        self.restarts.up(("api", index))
         with self._lock:
             self._procs[index] = proc
         threading.Thread(

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import httpx
 import msgspec
+import psutil
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from omnistage.launch.restart import SETTLE_S
 from tests.integration.harness import HeadProc, wait_for
 from tests.integration.test_metrics import scrape, value
 
@@ -150,6 +152,24 @@ def test_a_dead_api_server_is_started_again(fronted: HeadProc) -> None:
             )
         ok += r.status_code == 200
     assert ok == 4
+
+
+def test_an_api_server_that_served_is_started_again_at_once(fronted: HeadProc) -> None:
+    """The replicas' restart rule: killed after it served SETTLE_S, an API server is
+    started again with no delay; its successor killed at once backs off (a crash loop)."""
+    before = set(_api_servers(fronted))
+    victim = min(before, key=lambda pid: psutil.Process(pid).create_time())
+    time.sleep(max(0.0, psutil.Process(victim).create_time() + SETTLE_S + 0.5 - time.time()))
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: f"(pid {victim}) exited" in fronted.log(), 10, what="the exit logged")
+    assert f"(pid {victim}) exited with code -9; starting it again in 0s" in fronted.log()
+
+    wait_for(lambda: len(set(_api_servers(fronted)) - before) == 1, 10, what="its successor")
+    (successor,) = set(_api_servers(fronted)) - before
+    os.kill(successor, signal.SIGKILL)
+    wait_for(lambda: f"(pid {successor}) exited" in fronted.log(), 10, what="the exit logged")
+    assert f"(pid {successor}) exited with code -9; starting it again in 1s" in fronted.log()
+    wait_for(lambda: len(_api_servers(fronted)) == 2, 20, what="two API servers again")
 
 
 def test_a_stage_without_replicas_is_a_503_with_retry_after(tmp_path: Path) -> None:
