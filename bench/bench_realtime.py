@@ -451,6 +451,7 @@ class Level:
             "rtf_p10": common.pct(rtf, 10) if rtf else None,
             "rtf_median": statistics.median(rtf) if rtf else None,
             "turns_with_gaps": sum(1 for t in self.turns if t.stall_s() > 0.02),
+            "stall_max_s": max((t.stall_s() for t in self.turns), default=0.0),
             "server_cpu_cores": self.cpu_cores,
             "client_cpu_cores": self.client_cores,
             "load_avg_1m": self.load_avg,
@@ -666,7 +667,8 @@ def fmt_rtf(x: float | None) -> str:
 def print_levels(rows: list[dict[str, Any]]) -> None:
     print(
         f"\n{'sessions':>8} {'turns':>5} {'first audio p50':>15} {'p90':>5} {'max':>5} "
-        f"{'RTF p10':>7} {'median':>6} {'gaps':>4} {'server cores':>12} {'client':>6} "
+        f"{'RTF p10':>7} {'median':>6} {'gaps':>4} {'stall max':>9} {'server cores':>12} "
+        f"{'client':>6} "
         f"{'load':>5} {'errors':>6}"
     )
     for r in rows:
@@ -674,7 +676,7 @@ def print_levels(rows: list[dict[str, Any]]) -> None:
             f"{r['sessions']:>8} {r['turns']:>5} {fmt_s(r['first_audio_p50_s']):>13} s "
             f"{fmt_s(r['first_audio_p90_s']):>5} {fmt_s(r['first_audio_max_s']):>5} "
             f"{fmt_rtf(r['rtf_p10']):>7} {fmt_rtf(r['rtf_median']):>6} "
-            f"{r['turns_with_gaps']:>4} {r['server_cpu_cores']:>12.2f} "
+            f"{r['turns_with_gaps']:>4} {r['stall_max_s']:>7.3f} s {r['server_cpu_cores']:>12.2f} "
             f"{r['client_cpu_cores']:>6.2f} {r['load_avg_1m']:>5.1f} "
             f"{r['errors'] + r['unanswered']:>6}"
         )
