@@ -19,9 +19,10 @@ run:
    know nothing of each other sharing the machine; ``2 joined own`` against ``2 separate
    own``, each head with its own two replicas (serving only it), joined or not: the same
    processes and connections, so their ratio is what the fleet itself adds.
-2. **A head killed under load**: the two heads behind haproxy (round robin, ``option
-   httpchk GET /health``, ``check inter 200ms fall 1 rise 2``, ``retries 3``, ``option
-   redispatch``; it adds the answering server and its response time, ``%s`` and ``%Tr``,
+2. **A head killed under load**: the two heads behind haproxy with docs/distributed.md's
+   settings (round robin, ``option httpchk GET /health``, ``check inter 200ms fall 1 rise
+   2``, ``timeout check 1s``, ``retries 3``, ``retry-on conn-failure empty-response``,
+   ``option http-buffer-request``, ``option redispatch``; it adds the answering server and its response time, ``%s`` and ``%Tr``,
    as response headers). Four threads of the openai SDK (its default 2 retries) post chat
    completions back to back; after ``--kill-warmup`` s the first head (the one the
    replicas were given) gets SIGKILL. Reported: requests that failed at the clients
@@ -576,7 +577,10 @@ defaults
     timeout connect 1s
     timeout client 30s
     timeout server 30s
+    timeout check 1s
     retries 3
+    retry-on conn-failure empty-response
+    option http-buffer-request
     option redispatch
 frontend api
     bind {HOST}:{port}

@@ -435,6 +435,7 @@ defaults
     timeout connect 1s
     timeout client 30s
     timeout server 30s
+    timeout check 1s
     retries 3
     retry-on conn-failure empty-response
     option http-buffer-request
