@@ -22,13 +22,13 @@ run:
 2. **A head killed under load**: the two heads behind haproxy with docs/distributed.md's
    settings (round robin, ``option httpchk GET /health``, ``check inter 200ms fall 1 rise
    2``, ``timeout check 1s``, ``retries 3``, ``retry-on conn-failure empty-response``,
-   ``option http-buffer-request``, ``option redispatch``; it adds the answering server and its response time, ``%s`` and ``%Tr``,
-   as response headers). Four threads of the openai SDK (its default 2 retries) post chat
-   completions back to back; after ``--kill-warmup`` s the first head (the one the
-   replicas were given) gets SIGKILL. Reported: requests that failed at the clients
-   (target 0), attempts the SDK retried, and the surviving head's p50/p99 over the
-   ``--window`` s before the kill and after it, both as client latency of the requests it
-   answered and as haproxy's ``Tr`` (target: p99 after within 2x of before).
+   ``option http-buffer-request``, ``option redispatch``; it adds the answering server and
+   its response time, ``%s`` and ``%Tr``, as response headers). Four threads of the openai
+   SDK (its default 2 retries) post chat completions back to back; after ``--kill-warmup`` s
+   the first head (the one the replicas were given) gets SIGKILL. Reported: requests that
+   failed at the clients (target 0), attempts the SDK retried, and the surviving head's
+   p50/p99 over the ``--window`` s before the kill and after it, both as client latency of
+   the requests it answered and as haproxy's ``Tr`` (target: p99 after within 2x of before).
 3. **Restart**: the killed head started again on the same master and HTTP ports, without
    ``--omni-join`` (the other head's announcements find it), once the other head lists
    it DOWN (``--down S``: S seconds after the kill instead), ``--restart-rounds`` times
