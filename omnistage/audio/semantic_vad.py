@@ -5,21 +5,24 @@ machine, the counterpart of ``server_vad.TurnDetector``. Silero's window probabi
 where speech starts and where a silence begins (with the same threshold and hysteresis as
 server VAD); what a silence means is the model's call:
 
-- once a silence has lasted ``CHECK_MS``, the detector asks ``judge(turn_start_ms, now_ms)``
-  for the probability that the turn's audio so far is a finished turn;
+- once a silence has lasted ``FIRST_CHECK_MS``, the detector asks ``judge(turn_start_ms,
+  now_ms)`` for the probability that the turn's audio so far is a finished turn;
 - at or above the eagerness's ``threshold`` the turn ends at once, where the silence began;
-- below it but at least ``LIKELY``, the speaker has probably finished: the turn ends if the
-  silence lasts ``unsure_wait_ms`` (longer than a pause for breath or thought);
+- below it, the model is asked once more when the silence has lasted ``CHECK_MS``, and that
+  verdict decides: at or above the threshold the turn ends; below it but at least
+  ``LIKELY``, the speaker has probably finished: the turn ends if the silence lasts
+  ``unsure_wait_ms`` (longer than a pause for breath or thought);
 - below ``LIKELY`` the pause is mid-turn: the turn ends only if the silence lasts
   ``max_wait_ms`` (the speaker is gone, or the model was wrong), so a session never hangs
   on an unfinished-sounding turn.
 
-The model is asked once per silence: Smart Turn hears a longer trailing silence as more
-"finished", so asking again and again would end every pause that lasts long enough, which is
-server VAD again. The thresholds are high because Smart Turn v3's CPU build (int8) is sure of
-itself: on the project's Piper voice, finished questions score 0.98 and more, while a
-sentence cut at a word boundary by a 700 ms pause still scores >= 0.5 in 60% of takes and
->= 0.97 in 12% (docs/benchmarks.md); a plain 0.5 (pipecat's) would cut most such pauses.
+The model is asked at most twice per silence: Smart Turn hears a longer trailing silence as
+more "finished", so asking again and again would end every pause that lasts long enough,
+which is server VAD again. The thresholds are high because Smart Turn v3's CPU build (int8)
+is sure of itself: on the project's Piper voice, finished questions score 0.98 and more,
+while a sentence cut at a word boundary by a 700 ms pause still scores >= 0.5 in 60% of
+takes and >= 0.97 in 12% (docs/benchmarks.md); a plain 0.5 (pipecat's) would cut most such
+pauses.
 
 The clock is the audio's (window times), so every timing is exact and testable with a fake
 ``judge``; ``vad.VadStream`` keeps the audio and runs the real model.
@@ -51,10 +54,15 @@ from omnistage.protocol.errors import BadRequestError
 
 Eagerness = Literal["low", "medium", "high", "auto"]
 
-# Silence before the model is asked. Smart Turn is trained on turns cut about this long after
-# the speech (pipecat pairs it with a 0.2 s VAD stop); much less and a finished question
-# sounds unfinished to it.
+# Silence before the model's deciding verdict. Smart Turn is trained on turns cut about this
+# long after the speech (pipecat pairs it with a 0.2 s VAD stop).
 CHECK_MS = 200
+# Silence before it is first asked, when only a sure verdict counts. Measured offline on
+# four Piper takes of bench_turns.py's 8 questions and 12 paused sentences (Piper's voice
+# varies take to take, and Smart Turn's verdict with it): asking first at 100 ms ended the
+# finished questions 185 ms after their last voiced frame (p50) against 278 ms asked at
+# 200 ms alone, and cut off the same 3 of 48 paused sentences; asked at 64 ms, 8 of 48.
+FIRST_CHECK_MS = 100
 # Speech onset, prefix padding and hysteresis, as server VAD's defaults.
 SPEECH = ServerVadParams()
 
@@ -106,9 +114,10 @@ class SemanticVadParams:
         return self.eager.max_wait_ms
 
     def wait_ms(self, verdict: float) -> int:
-        """The silence that ends the turn, after the model's ``verdict`` on it."""
+        """The silence that ends the turn, after the model's deciding ``verdict`` on it
+        (0: the silence so far)."""
         if verdict >= self.eager.threshold:
-            return CHECK_MS
+            return 0
         return self.eager.unsure_wait_ms if verdict >= LIKELY else self.eager.max_wait_ms
 
     @property
@@ -128,6 +137,7 @@ class Question:
     token: int
     start_ms: int
     end_ms: int
+    final: bool = True  # its verdict decides; else only a sure one counts
 
 
 class SemanticTurnDetector:
@@ -149,7 +159,9 @@ class SemanticTurnDetector:
         self._turn_start = 0
         self._next_ms = 0
         self._tokens = 0  # questions asked so far: each one's token
-        self._question: Question | None = None  # this silence's, once asked
+        self._question: Question | None = None  # this silence's latest, once asked
+        self._judged = False  # whether the latest question has its verdict
+        self._next_check: int | None = FIRST_CHECK_MS  # silence at which to ask next
         self._untaken: Question | None = None  # asked, not yet taken to the model
         # The model's last verdict (for stats and tests): (probability, at ms).
         self.last_verdict: tuple[float, int] | None = None
@@ -168,6 +180,7 @@ class SemanticTurnDetector:
         """A silence begins (or none holds): its question and verdict, if any, are void."""
         self._silence_from, self._wait_ms = silence_from, None
         self._question = self._untaken = None
+        self._judged, self._next_check = False, FIRST_CHECK_MS
 
     def take_question(self) -> Question | None:
         """The question asked since the last call, for the model (without a ``judge``)."""
@@ -176,7 +189,7 @@ class SemanticTurnDetector:
 
     def wants(self, token: int) -> bool:
         """Whether the verdict on question ``token`` still matters (its silence holds)."""
-        return self._question is not None and self._question.token == token
+        return self._question is not None and self._question.token == token and not self._judged
 
     def push(self, probability: float, start_ms: int, end_ms: int) -> VadEvent | None:
         """Account one window of audio ``[start_ms, end_ms)``; the event it completes, if any."""
@@ -194,30 +207,36 @@ class SemanticTurnDetector:
             self._end_silence(start_ms)
         if self._silence_from is None:
             return None
-        if end_ms - self._silence_from >= CHECK_MS and self._question is None:
-            self._ask(end_ms)
+        due = self._next_check
+        if due is not None and end_ms - self._silence_from >= due:
+            self._ask(end_ms, final=due >= CHECK_MS)
         return self._ended()
 
-    def _ask(self, end_ms: int) -> None:
+    def _ask(self, end_ms: int, final: bool) -> None:
         self._tokens += 1
-        question = self._question = Question(self._tokens, self._turn_start, end_ms)
+        question = Question(self._tokens, self._turn_start, end_ms, final)
+        self._question, self._judged, self._next_check = question, False, None
         if self._judge is None:
             self._untaken = question
         else:
-            self._judged(question, self._judge(question.start_ms, question.end_ms))
+            self._judge_now(question, self._judge(question.start_ms, question.end_ms))
 
     def verdict(self, token: int, probability: float) -> VadEvent | None:
         """The model's verdict on question ``token``; the event it completes, if any (none
         when the question's silence is over: the verdict is stale)."""
-        if not self.wants(token) or self._wait_ms is not None:
+        if not self.wants(token):
             return None
         assert self._question is not None
-        self._judged(self._question, probability)
+        self._judge_now(self._question, probability)
         return self._ended()
 
-    def _judged(self, question: Question, probability: float) -> None:
+    def _judge_now(self, question: Question, probability: float) -> None:
         self.last_verdict = (probability, question.end_ms)
-        self._wait_ms = self.params.wait_ms(probability)
+        self._judged = True
+        if question.final or probability >= self.params.threshold:
+            self._wait_ms = self.params.wait_ms(probability)
+        else:  # not sure yet: asked again where the model is trained to decide
+            self._next_check = CHECK_MS
 
     def _ended(self) -> SpeechStopped | None:
         """The turn's end, if its silence so far ends it."""

@@ -54,8 +54,10 @@ class AudioInput:
         new_turn: Callable[[str, float], UserTurn],
         vad: Callable[[VadParams], VadStream],
         spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None,
+        guess: Callable[[], bool] = lambda: False,
     ) -> None:
         self._listener = listener
+        self._guess = guess  # whether to transcribe a phrase as its pause begins
         self._spawn = spawn  # runs the session's background tasks (late VAD verdicts)
         self._new_turn = new_turn
         self._make_vad = vad
@@ -142,9 +144,13 @@ class AudioInput:
             min(PAUSE_MS, vad.silence_duration_ms) if isinstance(vad, ServerVadParams) else PAUSE_MS
         )
         if turn.in_phrase:
-            if silence_from is not None and self.buffer.end_ms - silence_from >= pause_ms:
+            if silence_from is None:
+                turn.unguess()  # the user went on
+            elif self.buffer.end_ms - silence_from >= pause_ms:
                 turn.end_phrase()
                 self._listener.paused(turn)
+            elif self._guess():
+                turn.guess()
         elif silence_from is None:  # the user went on: the pause is part of the turn
             self._listener.resumed(turn)
             turn.feed(self.buffer.slice(turn.fed_ms), self.buffer.end_ms - turn.fed_ms)

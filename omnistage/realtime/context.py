@@ -53,6 +53,8 @@ class SessionContext:
     hears: bool = False
     # The stages besides the talker that take the answer's voice.
     speakers: tuple[int, ...] = ()
+    # Whether the process has cores to spare for guessed transcriptions (user_turn).
+    guess: Callable[[], bool] = lambda: False
 
 
 class SessionHost(Protocol):

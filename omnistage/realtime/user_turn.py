@@ -6,6 +6,13 @@ silence), and its transcription starts at once while the session waits to see wh
 the turn has ended. If the user goes on, the next phrase starts with the audio after
 the pause. So when the turn does end, its words are already transcribed, or nearly:
 each phrase is transcribed once, and only the last one after the user's last pause.
+
+Where the session has cores to spare (``guess``), the phrase is transcribed sooner still:
+as the user goes quiet, before the pause is long enough to end it, in a request of its
+own (a *guess*). If the pause lasts, the phrase takes the guess's words (its own request
+is dropped), which come up to ``PAUSE_MS`` sooner; if the user goes on, the guess is
+dropped and the phrase goes on as before. The guess hears the same words (only the
+pause's silence is missing), and a dip between words costs one transcription.
 """
 
 from __future__ import annotations
@@ -15,8 +22,15 @@ from collections.abc import Callable
 
 from omnistage.realtime.listening import TurnListener
 
-# A pause this long ends a phrase (and lets the session start answering early).
-PAUSE_MS = 120
+# A pause this long ends a phrase (and lets the session start answering early). The early
+# answer's first audio is this pause plus ~0.2 s of listener, thinker and talker, so every
+# millisecond here is one of the answer's; shorter than ~60 ms, the gaps inside fluent
+# speech end phrases too (on the bench's Piper sentences: 7 mid-sentence pauses of 60 ms in
+# 22 sentences, 21 of 30 ms), and each costs a transcription and a dropped early answer.
+PAUSE_MS = 60
+# Guesses are made while a process serves at most this many sessions: each dip between
+# words costs a transcription, which many sessions at once cannot spare.
+GUESS_MAX_SESSIONS = 4
 
 
 class UserTurn:
@@ -33,6 +47,8 @@ class UserTurn:
         self._listener = listener
         self._on_text = on_text
         self._phrase: TurnListener | None = None
+        self._phrase_pcm: list[bytes] = []  # the open phrase's audio, for a guess
+        self._guess: tuple[TurnListener, asyncio.Task[str]] | None = None
         self._speaking = False  # audio fed since the last pause
         self._phrases: list[asyncio.Task[str]] = []
         self._heard: list[str] = []  # the transcripts of finished phrases, in order
@@ -55,8 +71,10 @@ class UserTurn:
         if not self._speaking:
             self._speaking = True
             self._phrase = self._listener()
+            self._phrase_pcm = []
         if self._phrase is not None:
             self._phrase.feed(pcm)
+            self._phrase_pcm.append(pcm)
         if self._audio is not None:
             self._audio.append(pcm)
         self.fed_ms += ms
@@ -65,22 +83,46 @@ class UserTurn:
         """The turn's audio so far (24 kHz pcm16), where it is kept."""
         return None if self._audio is None else b"".join(self._audio)
 
+    def guess(self) -> None:
+        """The user has just gone quiet: transcribe the phrase so far now, in case the
+        pause ends it (once per silence; see the module's docstring)."""
+        if self._guess is not None or self._phrase is None or not self._speaking:
+            return
+        listener = self._listener()
+        if listener is None:
+            return
+        listener.feed(b"".join(self._phrase_pcm))
+        self._guess = (listener, asyncio.ensure_future(listener.finish()))
+
+    def unguess(self) -> None:
+        """The user went on: the guess is void."""
+        guess, self._guess = self._guess, None
+        if guess is not None:
+            guess[0].close()
+            guess[1].cancel()
+
     def end_phrase(self) -> None:
-        """The user paused: transcribe the phrase so far."""
+        """The user paused: transcribe the phrase so far (or take its guess's words)."""
         self._speaking = False
         phrase, self._phrase = self._phrase, None
+        guess, self._guess = self._guess, None
         if phrase is None:
             return
+        if guess is not None:
+            phrase.close()
         index = len(self._phrases)
         self._heard.append("")
-        task = asyncio.ensure_future(self._hear(phrase, index))
+        words = guess[1] if guess is not None else None
+        task = asyncio.ensure_future(self._hear(phrase, index, words))
         self._phrases.append(task)
 
-    async def _hear(self, phrase: TurnListener, index: int) -> str:
+    async def _hear(
+        self, phrase: TurnListener, index: int, guessed: asyncio.Task[str] | None
+    ) -> str:
         # Earlier phrases first, so the text arrives in the order it was said.
         if index:
             await asyncio.gather(self._phrases[index - 1], return_exceptions=True)
-        text = await phrase.finish()
+        text = await (guessed if guessed is not None else phrase.finish())
         self._heard[index] = text
         if text and self._on_text is not None:
             self._on_text(text if index == 0 or not any(self._heard[:index]) else " " + text)
@@ -102,6 +144,7 @@ class UserTurn:
     def close(self) -> None:
         """The turn was dropped: free what the listener holds for it."""
         self._speaking = False
+        self.unguess()
         if self._phrase is not None:
             self._phrase.close()
             self._phrase = None

@@ -216,3 +216,43 @@ async def test_close_frees_the_open_phrase_and_cancels_the_transcriptions() -> N
     with pytest.raises(asyncio.CancelledError):
         await turn.heard_so_far()
     assert pieces == []
+
+
+async def test_a_guess_transcribes_the_phrase_as_its_pause_begins_and_the_pause_takes_it() -> None:
+    turn, phrases, pieces = make_turn("(its own request)", "hello there")
+    turn.feed(b"ab", 10)
+    turn.feed(b"cd", 10)
+    turn.guess()  # the user went quiet
+    turn.guess()  # once per silence
+    own, guess = phrases.made
+    assert bytes(guess.audio) == b"abcd"
+    await until(lambda: guess.finishing)  # transcribing before the pause has ended anything
+    turn.feed(b"..", 10)  # the pause's silence goes to the phrase as before
+    turn.end_phrase()
+    assert own.closed and not own.finishing  # its own request is dropped: the guess has it
+    guess.release.set()
+    heard = asyncio.ensure_future(turn.heard_so_far())
+    await until(heard.done)
+    assert heard.result() == "hello there" and pieces == ["hello there"]
+
+
+async def test_a_guess_is_dropped_when_the_user_goes_on() -> None:
+    turn, phrases, _ = make_turn("hello there friend", "(the guess)")
+    turn.feed(b"ab", 10)
+    turn.guess()
+    own, guess = phrases.made
+    await until(lambda: guess.finishing)
+    turn.unguess()  # a dip between words
+    assert guess.closed and not own.closed
+    turn.feed(b"cd", 10)
+    turn.end_phrase()
+    own.release.set()
+    heard = asyncio.ensure_future(turn.heard_so_far())
+    await until(heard.done)
+    assert heard.result() == "hello there friend" and bytes(own.audio) == b"abcd"
+    # A turn dropped with a guess open frees it too.
+    turn2, phrases2, _ = make_turn("one", "two")
+    turn2.feed(b"..", 10)
+    turn2.guess()
+    turn2.close()
+    assert all(p.closed for p in phrases2.made)

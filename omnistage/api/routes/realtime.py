@@ -28,6 +28,7 @@ from omnistage.realtime.config import SessionConfig
 from omnistage.realtime.context import SessionContext
 from omnistage.realtime.events import MAX_EVENT_BYTES, ServerEvent
 from omnistage.realtime.session import RealtimeSession
+from omnistage.realtime.user_turn import GUESS_MAX_SESSIONS
 from omnistage.service import PipelineService
 from omnistage.store.base import Store
 from omnistage.store.records import RealtimeRecord
@@ -81,6 +82,7 @@ def prepare(
         message = f"pipeline {omni.config.pipeline!r} has no text stage to answer with"
         raise Refusal(404, message, None, "no_realtime_pipeline")
     ctx.rate_limits = lambda: _rate_limits(limits)
+    ctx.guess = lambda: limits.live <= GUESS_MAX_SESSIONS
     if limits.live >= limits.max_sessions:
         message = f"too many realtime sessions: this server holds {limits.max_sessions}"
         raise Refusal(429, message, None, "session_limit_reached")
