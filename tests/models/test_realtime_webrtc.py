@@ -121,7 +121,7 @@ async def test_a_backchannel_over_an_answer_resumes_it_from_where_the_track_cut_
     session = {**SESSION, "instructions": STORYTELLER, "max_output_tokens": 100}
     caller = await _call(voice_head, session)
     for transceiver in caller.pc.getTransceivers():
-        hear_promptly(transceiver.receiver)  # one 20 ms frame held: edges within a frame
+        hear_promptly(transceiver.receiver, hold=1)  # one frame held, as a player: edges within it
     try:
         _ask_typed(caller, STORY)
         story = (await caller.next("response.created", WAIT_S))["response"]["id"]
