@@ -122,6 +122,7 @@ class Turn:
     deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
     # WebRTC: when the server sent each answer frame heard (from its RTP timestamp).
     sent: list[float] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # ... and when its packet came here
     # WebSocket: how far into the first delta the answer's first loud sample is (a
     # WebRTC caller hears the first loud frame: both count from the sound's start).
     lead_s: float | None = None
@@ -257,6 +258,7 @@ class Session:
                     turn.deltas.append((at, len(event["delta"]) * 3 / 4 / 2 / RATE))
                     if "sent_at" in event:
                         turn.sent.append(event["sent_at"])
+                        turn.arrived.append(event["arrived_at"])
                     turn.audio.set()
             elif kind == "response.created":
                 # A response answers the newest turn, if it has none yet (a second one
@@ -605,12 +607,16 @@ async def barge_in(
     asked, spoke = [*turns, Turn(), Turn()][:2]
     heard = asked.deltas[-1][0] if asked.deltas else None
     sent = asked.sent[-1] if asked.sent else heard
+    arrived = asked.arrived[-1] if asked.arrived else heard
     started = spoke.speech_started
     return {
         "audio_after_speech_started_s": None
         if heard is None or started is None
         else heard - started,
         "sent_after_speech_started_s": None if sent is None or started is None else sent - started,
+        "arrived_after_speech_started_s": None
+        if arrived is None or started is None
+        else arrived - started,
         "answer_status": asked.status,
         "answer_audio_s": asked.audio_s,
         "errors": errors,
@@ -765,6 +771,12 @@ def print_webrtc(results: dict[str, Any]) -> None:
             latest(b_ws, "sent_after_speech_started_s", 0.0),
             latest(b_rtc, "sent_after_speech_started_s", 0.0),
         ),
+        # ... arrived here (WebRTC: its packet; the WebSocket: the delta) ...
+        (
+            "barge-in: answer audio arrived after it, max",
+            latest(b_ws, "arrived_after_speech_started_s", 0.0),
+            latest(b_rtc, "arrived_after_speech_started_s", 0.0),
+        ),
         # ... and heard: a WebSocket client drops its own queue at speech_started, so it
         # hears nothing after it; over WebRTC what was on the way still plays.
         (
@@ -801,6 +813,13 @@ def print_webrtc(results: dict[str, Any]) -> None:
         f"max {ms(late[1])} (not counted)"
     )
     print(f"  first audio heard, each question (s): {pairs['heard_diff_s']}")
+    keys = ("sent", "arrived", "audio")
+    each = [tuple(_ms_or_dash(t[f"{k}_after_speech_started_s"]) for k in keys) for t in b_rtc]
+    print(f"  WebRTC barge-ins, answer audio after speech_started (sent, arrived, heard): {each}")
+
+
+def _ms_or_dash(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
 
 def ms(seconds: float | None) -> str:

@@ -160,7 +160,8 @@ class Call:
             now, pts = time.monotonic(), int(frame.pts or 0)
             rtp_s = pts / TRACK_RATE
             self._offset = min(self._offset, now - rtp_s)
-            released = self._arrived.pop(pts + FRAME_SAMPLES, now)
+            arrived = self._arrived.get(pts, now)
+            released = self._arrived.get(pts + FRAME_SAMPLES, now)
             for old in [p for p in self._arrived if p < pts]:
                 del self._arrived[old]
             pcm = frame.to_ndarray().reshape(-1)
@@ -168,24 +169,24 @@ class Call:
             if self.sounding and len(loud):
                 into = loud[0] // len(frame.layout.channels) / TRACK_RATE
                 sent = rtp_s + self._offset - FRAME_S
-                self._delta(self.sounding, FRAME_S, sent, (released + into, now + into))
+                self._delta(self.sounding, FRAME_S, sent, (arrived, released + into, now + into))
 
     def _delta(
         self,
         response_id: str,
         seconds: float,
         sent_at: float | None,
-        heard: tuple[float, float] | None = None,
+        heard: tuple[float, float, float] | None = None,
     ) -> None:
         """As the WebSocket's delta of ``seconds`` of audio: (len * 3/4) / 2 / RATE s;
-        ``sent_at``: when the server sent it (None: not a frame); ``heard``: when a player
-        hears it, and when this process decoded it."""
+        ``sent_at``: when the server sent it (None: not a frame); ``heard``: when its
+        packet arrived, when a player hears it, and when this process decoded it."""
         size = int(seconds * RATE * 2 * 4 / 3)
         delta: dict[str, Any] = {"type": "response.output_audio.delta", "response_id": response_id}
         if sent_at is not None:
             delta["sent_at"] = sent_at
         if heard is not None:
-            delta["heard_at"], delta["decoded_at"] = heard
+            delta["arrived_at"], delta["heard_at"], delta["decoded_at"] = heard
         self.inbox.put_nowait(json.dumps({**delta, "delta": "A" * size}).encode())
 
     async def close(self) -> None:
