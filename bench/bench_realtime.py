@@ -31,6 +31,7 @@ import common
 import numpy as np
 import psutil
 import realtime_webrtc
+import webrtc_pairs
 from common import HOST, ServerProcess, free_port
 from openai import AsyncOpenAI
 
@@ -121,9 +122,13 @@ class Turn:
     deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
     # WebRTC: when the server sent each answer frame heard (from its RTP timestamp).
     sent: list[float] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # ... and when its packet came here
     # WebSocket: how far into the first delta the answer's first loud sample is (a
     # WebRTC caller hears the first loud frame: both count from the sound's start).
     lead_s: float | None = None
+    # WebRTC: when this process's decoder thread handed over the first loud frame (the
+    # deltas count when a player hears it: ``realtime_webrtc``).
+    decoded_at: float | None = None
     status: str | None = None
     speech_started: float | None = None  # the server's speech_started, seen here
     item_id: str | None = None  # the user item the server made of it
@@ -247,9 +252,13 @@ class Session:
                 if turn is not None:
                     if not turn.deltas and "sent_at" not in event and event["delta"]:
                         turn.lead_s = loud_lead_s(event["delta"])
-                    turn.deltas.append((now, len(event["delta"]) * 3 / 4 / 2 / RATE))
+                    if "decoded_at" in event and turn.decoded_at is None:
+                        turn.decoded_at = event["decoded_at"]
+                    at = event.get("heard_at", now)
+                    turn.deltas.append((at, len(event["delta"]) * 3 / 4 / 2 / RATE))
                     if "sent_at" in event:
                         turn.sent.append(event["sent_at"])
+                        turn.arrived.append(event["arrived_at"])
                     turn.audio.set()
             elif kind == "response.created":
                 # A response answers the newest turn, if it has none yet (a second one
@@ -294,15 +303,18 @@ class Session:
 
 
 @contextlib.asynccontextmanager
-async def connection(port: int, model: str, timeout: float, webrtc: bool) -> AsyncIterator[Any]:
-    """A configured session: the SDK's WebSocket connection, or a WebRTC call."""
+async def connection(
+    port: int, model: str, timeout: float, webrtc: bool, session: dict[str, Any] = SESSION
+) -> AsyncIterator[Any]:
+    """A session configured as ``session``: the SDK's WebSocket connection, or a WebRTC
+    call."""
     if webrtc:
-        async with realtime_webrtc.connect(f"http://{HOST}:{port}", model, SESSION) as call:
+        async with realtime_webrtc.connect(f"http://{HOST}:{port}", model, session) as call:
             yield call
         return
     client = AsyncOpenAI(base_url=f"http://{HOST}:{port}/v1", api_key="none", timeout=timeout)
     async with client.realtime.connect(model=model) as conn:
-        await conn.session.update(session=SESSION)  # type: ignore[arg-type]
+        await conn.session.update(session=session)  # type: ignore[arg-type]
         yield conn
 
 
@@ -314,15 +326,19 @@ async def run_session(
 
 
 async def run_sessions(
-    port: int, model: str, frame_ms: int, script: Any, timeout: float, webrtc: tuple[bool, ...]
+    port: int,
+    model: str,
+    frame_ms: int,
+    script: Any,
+    timeout: float,
+    webrtc: tuple[bool, ...],
+    config: dict[str, Any] = SESSION,
 ) -> list[tuple[list[Turn], list[str]]]:
     """One session per transport (``webrtc``: whether each is a call), all open at
     once, microphones on: ``script(*sessions)``; each one's turns and errors."""
     async with contextlib.AsyncExitStack() as stack:
-        sessions = [
-            Session(await stack.enter_async_context(connection(port, model, timeout, w)), frame_ms)
-            for w in webrtc
-        ]
+        conns = [connection(port, model, timeout, w, config) for w in webrtc]
+        sessions = [Session(await stack.enter_async_context(c), frame_ms) for c in conns]
         tasks = [asyncio.create_task(job) for s in sessions for job in (s.microphone(), s.reader())]
         try:
             await script(*sessions)
@@ -543,12 +559,15 @@ async def paired_level(
     port: int, pid: int, args: argparse.Namespace, turns: int, speech: list[np.ndarray]
 ) -> tuple[Level, Level]:
     """A WebSocket session and a WebRTC call open at once, asking the same ``turns``
-    questions in turn (``paired_script``): a level of one session for each."""
+    questions in turn (``paired_script``): a level of one session for each. Both answer
+    greedily: the same question gets the same answer over each, so the talker's first
+    sentence, which varies by some 300 ms from one answer to another, weighs alike."""
     since = server_cpu_s(pid), time.process_time(), time.monotonic()
     script = paired_script(speech, turns, args.request_timeout)
+    greedy = {**SESSION, "temperature": 0.0}
     try:
         (ws, w_err), (rtc, r_err) = await run_sessions(
-            port, args.model, args.frame_ms, script, args.request_timeout, (False, True)
+            port, args.model, args.frame_ms, script, args.request_timeout, (False, True), greedy
         )
     except Exception as exc:  # the call or the socket could not open
         ws, rtc, w_err, r_err = [], [], [common.describe(exc)], [common.describe(exc)]
@@ -588,12 +607,16 @@ async def barge_in(
     asked, spoke = [*turns, Turn(), Turn()][:2]
     heard = asked.deltas[-1][0] if asked.deltas else None
     sent = asked.sent[-1] if asked.sent else heard
+    arrived = asked.arrived[-1] if asked.arrived else heard
     started = spoke.speech_started
     return {
         "audio_after_speech_started_s": None
         if heard is None or started is None
         else heard - started,
         "sent_after_speech_started_s": None if sent is None or started is None else sent - started,
+        "arrived_after_speech_started_s": None
+        if arrived is None or started is None
+        else arrived - started,
         "answer_status": asked.status,
         "answer_audio_s": asked.audio_s,
         "errors": errors,
@@ -725,7 +748,8 @@ def print_webrtc(results: dict[str, Any]) -> None:
     50 ms is the target."""
     ws, rtc = results["one_session"], results["webrtc"]["one_session"]
     b_ws, b_rtc = results["barge_ins"], results["webrtc"]["barge_ins"]
-    diffs = results["webrtc"]["paired_first_heard_diff_s"]
+    pairs = results["webrtc"]["pairs"]
+    diff = pairs["median_diff_s"]
 
     def latest(trials: list[dict[str, Any]], key: str, floor: float | None = None) -> float | None:
         xs = [t[key] for t in trials if t[key] is not None]
@@ -735,27 +759,10 @@ def print_webrtc(results: dict[str, Any]) -> None:
         # WebSocket: the first delta's arrival; WebRTC: output_audio_buffer.started, which
         # the server sends as it puts the answer's first frame on the wire.
         ("first audio sent p50, 1 session", ws["first_audio_p50_s"], rtc["first_audio_p50_s"]),
-        # Where it goes: hearing the end of the turn (the caller's audio in), then from the
-        # response's creation to its first audio out (talker, then transport).
-        (
-            "end of speech -> speech_stopped, median",
-            ws["breakdown"]["speech_stopped"],
-            rtc["breakdown"]["speech_stopped"],
-        ),
-        (
-            "response.created -> first audio sent, median",
-            ws["created_to_first_audio_p50_s"],
-            rtc["created_to_first_audio_p50_s"],
-        ),
-        # Heard: WebRTC's first loud frame out of the caller's jitter buffer (one frame
-        # held); the WebSocket's first delta, from its first loud sample.
+        # Heard: WebRTC's first loud frame out of a player's one-frame jitter buffer; the
+        # WebSocket's first delta, from its first loud sample.
         ("first audio heard p50, 1 session", ws["first_heard_p50_s"], rtc["first_heard_p50_s"]),
         ("first audio heard max, 1 session", ws["first_heard_max_s"], rtc["first_heard_max_s"]),
-        (
-            "first audio heard, per question: median WebRTC - WS",
-            0.0 if diffs else None,
-            statistics.median(diffs) if diffs else None,
-        ),
         # Answer audio after speech_started (0: none), sent (WebRTC: its last frame's RTP
         # time on the server's clock; a WebSocket delta that came before speech_started,
         # ahead of playing, is none) ...
@@ -763,6 +770,12 @@ def print_webrtc(results: dict[str, Any]) -> None:
             "barge-in: answer audio sent after it, max",
             latest(b_ws, "sent_after_speech_started_s", 0.0),
             latest(b_rtc, "sent_after_speech_started_s", 0.0),
+        ),
+        # ... arrived here (WebRTC: its packet; the WebSocket: the delta) ...
+        (
+            "barge-in: answer audio arrived after it, max",
+            latest(b_ws, "arrived_after_speech_started_s", 0.0),
+            latest(b_rtc, "arrived_after_speech_started_s", 0.0),
         ),
         # ... and heard: a WebSocket client drops its own queue at speech_started, so it
         # hears nothing after it; over WebRTC what was on the way still plays.
@@ -776,18 +789,45 @@ def print_webrtc(results: dict[str, Any]) -> None:
     print(f"\nload average (1 min) after the paired session: {load:.1f}")
     print(f"{'WebSocket vs WebRTC, in turn':<52} {'WebSocket':>9} {'WebRTC':>8} {'diff':>7}")
     for what, a, b in rows:
-        diff = None if a is None or b is None else b - a
-        ok = None if diff is None else diff <= 0.050
-        d = "-" if diff is None else f"{diff * 1000:+.0f} ms"
-        print(f"  {what:<50} {fmt_s(a):>7} s {fmt_s(b):>6} s {d:>7} {verdict(ok)}")
+        d = None if a is None or b is None else b - a
+        print(f"  {what:<50} {fmt_s(a):>7} s {fmt_s(b):>6} s {ms(d):>7} {verdict_50(d)}")
     cancelled = [sum(t["answer_status"] == "cancelled" for t in b) for b in (b_ws, b_rtc)]
     print(
         f"  barge-ins cancelled: WebSocket {cancelled[0]}/{len(b_ws)}, "
         f"WebRTC {cancelled[1]}/{len(b_rtc)}"
     )
     print(
-        f"  per question, WebRTC - WebSocket first audio heard (s): {[round(d, 3) for d in diffs]}"
+        f"per question, WebRTC - WebSocket ({pairs['pairs']} questions, "
+        f"{pairs['same_answer']} answered alike; median by who went first, averaged):"
     )
+    for key, what in (
+        ("heard", "first audio heard"),
+        ("in", "  end of speech -> speech_stopped"),
+        ("server", "  speech_stopped -> first audio sent"),
+        ("out", "  first audio sent -> heard"),
+    ):
+        print(f"  {what:<50} {ms(diff[key]):>26} {verdict_50(diff[key]) if key == 'heard' else ''}")
+    late = pairs["decoder_late_p50_s"], pairs["decoder_late_max_s"]
+    print(
+        f"  this process's decoder thread, after a player hears it: p50 {ms(late[0])}, "
+        f"max {ms(late[1])} (not counted)"
+    )
+    print(f"  first audio heard, each question (s): {pairs['heard_diff_s']}")
+    keys = ("sent", "arrived", "audio")
+    each = [tuple(_ms_or_dash(t[f"{k}_after_speech_started_s"]) for k in keys) for t in b_rtc]
+    print(f"  WebRTC barge-ins, answer audio after speech_started (sent, arrived, heard): {each}")
+
+
+def _ms_or_dash(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:+.0f} ms"
+
+
+def verdict_50(diff: float | None) -> str:
+    return verdict(None if diff is None else diff <= 0.050)
 
 
 def interruption_rows(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -896,17 +936,11 @@ async def measure(
         check()
         print(f"barge-in, {args.barge_ins} trials over each transport, in turn", flush=True)
         barge, barge_rtc = await paired_barge_ins(port, args, speech)
-        pairs = zip(one.turns, one_rtc.turns, strict=False)
         webrtc = {
             "one_session": one_rtc.row() | {"breakdown": one_rtc.breakdown()},
             "barge_ins": barge_rtc,
-            # The same question over each transport, one after the other: WebRTC's first
-            # audio heard less the WebSocket's.
-            "paired_first_heard_diff_s": [
-                r.first_heard_s - w.first_heard_s
-                for w, r in pairs
-                if r.first_heard_s is not None and w.first_heard_s is not None
-            ],
+            # The same question over each transport, one after the other.
+            "pairs": webrtc_pairs.paired_figures(one.turns, one_rtc.turns),
         }
     else:
         print(f"one session, {args.turns} questions", flush=True)

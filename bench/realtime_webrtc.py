@@ -14,13 +14,18 @@ both transports alike:
 - each loud 20 ms frame heard on the call's track counts as a delta of the response
   sounding then: the first is when the caller hears the answer begin, the last of an
   answer spoken over is what it still heard of it (barge-in). The caller's jitter buffer
-  is as small as aiortc allows: it releases a frame when the next one arrives
-  (``prefetch=1``, one 20 ms frame held; aiortc's own holds four, 80 ms), as the server's
-  receiver does (``webrtc_media.hear_promptly``);
+  is as small as aiortc allows a player: it releases a frame when the next one arrives
+  (``prefetch=1``, one 20 ms frame held; aiortc's own holds four, 80 ms; the server,
+  which only listens, holds none: ``webrtc_media.hear_promptly``);
 - each such delta also says when the server sent that frame (``sent_at``), from its RTP
   timestamp: the track's frames are paced by the server's clock, so a frame's send time
   is its timestamp plus one offset, the least (arrival - timestamp) seen on the call's
-  frames (silence flows between answers), less the frame the jitter buffer holds.
+  frames (silence flows between answers), less the frame the jitter buffer holds;
+- and when a player hears it (``heard_at``): as the packet after it arrives (which
+  releases it from the one-frame buffer), plus where in the frame the sound starts (as
+  the WebSocket's first delta counts from its first loud sample). aiortc decodes on a
+  thread of this process, which on a loaded machine hands frames over late, bunched;
+  when it did is ``decoded_at``, printed apart: a browser decodes on a real-time thread.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from typing import Any
 import av
 import httpx
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtpPacket
 
 from omnistage.api.webrtc_media import (
     HOSTS_ENV,
@@ -51,6 +57,7 @@ from omnistage.audio.resample import StreamResampler
 
 RATE = 24000  # the session's pcm16, as the WebSocket client sends it
 TRACK_RATE = 48000
+FRAME_SAMPLES = TRACK_RATE // 50
 LOUD = 300  # |sample| past this in a decoded frame: the answer sounding, not Opus silence
 FRAME_S = 0.02
 
@@ -109,6 +116,8 @@ class Call:
         self.channel.on("open", self.opened.set)
         self.sounding: str | None = None  # the response whose audio the track plays
         self._offset = float("inf")  # least (arrival - RTP time) so far: the server's clock
+        self._origin: int | None = None  # the first RTP timestamp: decoded frames count from it
+        self._arrived: dict[int, float] = {}  # a packet's arrival, by its frame's pts
         self._tasks: list[asyncio.Task[Any]] = []
         self.pc.on("track", lambda t: self._tasks.append(asyncio.ensure_future(self._hear(t))))
 
@@ -129,24 +138,55 @@ class Call:
     async def recv_bytes(self) -> bytes:
         return await self.inbox.get()
 
+    def time_packets(self, receiver: RTCRtpReceiver) -> None:
+        """Note when each of ``receiver``'s RTP packets arrives, on this event loop, before
+        the decoder thread has it."""
+        handle = receiver._handle_rtp_packet
+
+        async def timed(packet: RtpPacket, arrival_time_ms: int) -> None:
+            if self._origin is None:
+                self._origin = packet.timestamp
+            self._arrived[(packet.timestamp - self._origin) % 2**32] = time.monotonic()
+            await handle(packet, arrival_time_ms)
+
+        receiver._handle_rtp_packet = timed  # type: ignore[method-assign]
+
     async def _hear(self, track: MediaStreamTrack) -> None:
         while True:
             try:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            rtp_s = int(frame.pts or 0) / TRACK_RATE
-            self._offset = min(self._offset, time.monotonic() - rtp_s)
-            if self.sounding and np.abs(frame.to_ndarray().astype(np.int32)).max() > LOUD:
-                self._delta(self.sounding, FRAME_S, rtp_s + self._offset - FRAME_S)
+            now, pts = time.monotonic(), int(frame.pts or 0)
+            rtp_s = pts / TRACK_RATE
+            self._offset = min(self._offset, now - rtp_s)
+            arrived = self._arrived.get(pts, now)
+            released = self._arrived.get(pts + FRAME_SAMPLES, now)
+            for old in [p for p in self._arrived if p < pts]:
+                del self._arrived[old]
+            pcm = frame.to_ndarray().reshape(-1)
+            loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > LOUD)
+            if self.sounding and len(loud):
+                into = loud[0] // len(frame.layout.channels) / TRACK_RATE
+                sent = rtp_s + self._offset - FRAME_S
+                self._delta(self.sounding, FRAME_S, sent, (arrived, released + into, now + into))
 
-    def _delta(self, response_id: str, seconds: float, sent_at: float | None) -> None:
+    def _delta(
+        self,
+        response_id: str,
+        seconds: float,
+        sent_at: float | None,
+        heard: tuple[float, float, float] | None = None,
+    ) -> None:
         """As the WebSocket's delta of ``seconds`` of audio: (len * 3/4) / 2 / RATE s;
-        ``sent_at``: when the server sent it (None: not a frame)."""
+        ``sent_at``: when the server sent it (None: not a frame); ``heard``: when its
+        packet arrived, when a player hears it, and when this process decoded it."""
         size = int(seconds * RATE * 2 * 4 / 3)
         delta: dict[str, Any] = {"type": "response.output_audio.delta", "response_id": response_id}
         if sent_at is not None:
             delta["sent_at"] = sent_at
+        if heard is not None:
+            delta["arrived_at"], delta["heard_at"], delta["decoded_at"] = heard
         self.inbox.put_nowait(json.dumps({**delta, "delta": "A" * size}).encode())
 
     async def close(self) -> None:
@@ -171,7 +211,8 @@ async def connect(base_url: str, model: str, session: dict[str, Any]) -> AsyncIt
         r.raise_for_status()
         await call.pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
         for transceiver in call.pc.getTransceivers():
-            hear_promptly(transceiver.receiver)
+            hear_promptly(transceiver.receiver, hold=1)
+            call.time_packets(transceiver.receiver)
         await asyncio.wait_for(call.opened.wait(), 30)
         yield call
     finally:

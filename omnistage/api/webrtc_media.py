@@ -5,8 +5,10 @@ pcm output format has it), resampled to 48 kHz one 20 ms frame at a time as it i
 paced by the clock (silence between answers, as a microphone's track would be), which
 ``clear`` empties at once on a barge-in. Resampling per frame, not per answer sentence as
 it arrives, keeps a sentence's few seconds of filtering off the event loop at the moment
-its first frame is due. ``hear`` reads the caller's
-track: Opus decoded by aiortc, each frame resampled to 24 kHz mono PCM.
+its first frame is due. An answer that starts after silence does not wait for the next
+20 ms tick: its first frame goes as it is pushed, and the clock counts on from there.
+``hear`` reads the caller's track: Opus decoded by aiortc, each frame resampled to 24 kHz
+mono PCM.
 
 The ICE settings, from the environment of the API server: ``restrict_host_addresses``:
 aioice offers a host candidate on every interface but loopback; ``OMNISTAGE_WEBRTC_HOSTS``
@@ -27,8 +29,10 @@ import aioice.ice
 import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCRtpReceiver
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtpPacket
+from aiortc.utils import uint16_add
 
 from omnistage import envs
 from omnistage.audio.resample import StreamResampler
@@ -77,13 +81,17 @@ class AnswerTrack(MediaStreamTrack):
         self._playing = False
         self._start: float | None = None
         self._pts = 0
+        self._tick: asyncio.Future[None] | None = None  # ``recv`` waits on it for its time
 
     def push(self, response_id: str, item_id: str, pcm: np.ndarray) -> None:
         """Queue ``pcm`` (int16 at ``SOURCE_RATE``) of ``response_id``'s answer to be played."""
         if item_id != self._item:
             self._item, self._played = item_id, -self._queued()
         self._response = response_id
+        silent = not self._playing and self._queued() == 0
         self._pending = np.concatenate([self._pending, pcm])
+        if silent and self._tick is not None:
+            _wake(self._tick)  # the silence frame due next waits no longer
 
     def _queued(self) -> int:
         """Samples (at RATE) queued and not yet sent."""
@@ -111,8 +119,10 @@ class AnswerTrack(MediaStreamTrack):
         if self._start is None:
             self._start = now
         wait = self._start + self._pts / RATE - now
-        if wait > 0:
-            await asyncio.sleep(wait)
+        if wait > 0 and not self._playing and self._queued():
+            self._start -= wait  # an answer starts: its first frame goes now
+        elif wait > 0:
+            await self._until(wait)
         elif wait < -0.1:  # fell behind (a stalled loop): skip ahead, do not burst
             self._pts = int((now - self._start) * RATE)
         frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
@@ -122,6 +132,22 @@ class AnswerTrack(MediaStreamTrack):
         frame.pts = self._pts
         self._pts += FRAME_SAMPLES
         return frame
+
+    async def _until(self, wait: float) -> None:
+        """Sleep ``wait`` s, or less if an answer is pushed meanwhile: then its frame goes
+        now, and the clock is set back so that the frames after it keep 20 ms apart (the
+        RTP timestamps stay contiguous: the silence before was filler)."""
+        loop = asyncio.get_running_loop()
+        self._tick = tick = loop.create_future()
+        timer = loop.call_later(wait, _wake, tick)
+        try:
+            await tick
+        finally:
+            timer.cancel()
+            self._tick = None
+        early = self._start + self._pts / RATE - time.monotonic()  # type: ignore[operator]
+        if early > 0:
+            self._start -= early  # type: ignore[operator]
 
     def _take(self) -> np.ndarray:
         # The resampler holds back a few samples of look-ahead: pull until a frame is
@@ -145,14 +171,39 @@ class AnswerTrack(MediaStreamTrack):
         return chunk
 
 
-def hear_promptly(receiver: RTCRtpReceiver) -> None:
-    """Hold one frame of the caller's audio, not aiortc's four: the server does not play
-    it, it listens (VAD, the listener), and 60 ms less in that buffer is 60 ms earlier at
-    the end of every turn. aiortc has no setting for it; without the attribute (another
-    aiortc), its own buffer stays."""
+def _wake(tick: asyncio.Future[None]) -> None:
+    if not tick.done():
+        tick.set_result(None)
+
+
+class PromptJitterBuffer(JitterBuffer):
+    """Each audio packet is a frame (Opus's are), passed on as it arrives; one that
+    comes after a later one (or twice) is dropped. aiortc's buffer releases a frame only
+    when the next one arrives, 20 ms later at the least."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=16)
+        self._last: int | None = None
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        last = self._last
+        if last is not None and not 0 < uint16_add(packet.sequence_number, -last) < 0x8000:
+            return False, None
+        self._last = packet.sequence_number
+        return False, JitterFrame(packet._data, packet.timestamp)  # type: ignore[attr-defined]
+
+
+def hear_promptly(receiver: RTCRtpReceiver, hold: int = 0) -> None:
+    """Pass the caller's audio on as it arrives (``hold`` 0: ``PromptJitterBuffer``), or
+    after ``hold`` frames, not aiortc's four: the server does not play it, it listens (VAD,
+    the listener), and each 20 ms less in that buffer is 20 ms earlier at the end of every
+    turn. A caller that plays what it hears holds a frame at least (``hold`` 1: aiortc's
+    least). aiortc has no setting for it; without the attribute (another aiortc), its own
+    buffer stays."""
     attr = "_RTCRtpReceiver__jitter_buffer"
     if hasattr(receiver, attr):
-        setattr(receiver, attr, JitterBuffer(capacity=16, prefetch=1))
+        buffer = PromptJitterBuffer() if hold == 0 else JitterBuffer(16, prefetch=hold)
+        setattr(receiver, attr, buffer)
 
 
 async def hear(track: MediaStreamTrack) -> AsyncIterator[np.ndarray]:

@@ -1,7 +1,8 @@
 """The Realtime API over WebRTC on the real voice pipeline: an aiortc caller
 (``tests.webrtc_client``) speaks a question over its Opus track and hears the answer on
 the call's track, with the session's events on the ``oai-events`` data channel; speech
-during an answer clears the call's track at once. Shares the session's ``voice_head``.
+during an answer clears the call's track at once, and a backchannel ("okay") over an
+answer resumes it from where the track cut it. Shares the session's ``voice_head``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from omnistage.api.webrtc_media import hear_promptly
 from tests.integration.harness import HeadProc
+from tests.models.test_realtime import _trim
 from tests.speech import heard_as
 from tests.webrtc_client import Caller
 
@@ -80,14 +83,7 @@ async def test_speech_during_an_answer_clears_the_calls_track_at_once(
     session = {**SESSION, "instructions": STORYTELLER, "max_output_tokens": 300}
     caller = await _call(voice_head, session)
     try:
-        text_in = [{"type": "input_text", "text": STORY}]
-        caller.send(
-            {
-                "type": "conversation.item.create",
-                "item": {"type": "message", "role": "user", "content": text_in},
-            }
-        )
-        caller.send({"type": "response.create"})
+        _ask_typed(caller, STORY)
         first = (await caller.next("response.created", WAIT_S))["response"]["id"]
         await caller.next("output_audio_buffer.started", WAIT_S)
         await asyncio.sleep(0.5)
@@ -110,3 +106,123 @@ async def test_speech_during_an_answer_clears_the_calls_track_at_once(
     print(f"the first answer's last audio sent {sent[-1]:+.3f} s from speech_started")
     late = [round(s, 3) for s in sent if s > 0.1]
     assert not late, f"the first answer's audio was sent {late} s after speech_started"
+
+
+async def test_a_backchannel_over_an_answer_resumes_it_from_where_the_track_cut_it(
+    voice_head: HeadProc,
+) -> None:
+    """The WebRTC form of test_realtime_truncate's: the call's track is the client that
+    cuts. "Okay" said over a story clears the track at once and truncates the answer to
+    what the track sent; the backchannel resumes it, from the cut: the caller hears all
+    of the answer's audio once (nothing it heard repeated, nothing it missed skipped)."""
+    okay = np.frombuffer(_trim(_speech(voice_head, "Okay.").tobytes()), np.int16)
+    # Still being made when it is cut (the talker runs several times faster than real
+    # time), short enough to hear out.
+    session = {**SESSION, "instructions": STORYTELLER, "max_output_tokens": 150}
+    caller = await _call(voice_head, session)
+    for transceiver in caller.pc.getTransceivers():
+        hear_promptly(transceiver.receiver, hold=1)  # one frame held, as a player: edges within it
+    try:
+        _ask_typed(caller, STORY)
+        story = (await caller.next("response.created", WAIT_S))["response"]["id"]
+        await caller.next("output_audio_buffer.started", WAIT_S)
+        await asyncio.sleep(0.25)  # into the first sentence: the rest of it is queued
+        caller.mic.say(np.concatenate([np.zeros(RATE // 5, np.int16), okay]))
+        await caller.next("input_audio_buffer.speech_started", WAIT_S)
+        cleared = await caller.seen("output_audio_buffer.cleared", WAIT_S)
+        truncated = await caller.seen("conversation.item.truncated", WAIT_S)
+        done = await caller.next("response.done", WAIT_S)
+        await caller.next("output_audio_buffer.stopped", WAIT_S)
+        await asyncio.sleep(0.3)  # the last frames through the caller's jitter buffer
+        item_id = done["response"]["output"][0]["id"]
+        caller.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        item = (await caller.next("conversation.item.retrieved", WAIT_S))["item"]
+        heard = _answer_heard_ms(caller, story)
+        past, within = [
+            await _truncate(caller, item_id, end_ms)
+            for end_ms in (sum(heard) + SLACK_MS, sum(heard) - SLACK_MS)
+        ]
+    finally:
+        await caller.close()
+    assert cleared["response_id"] == story and truncated["item_id"] == item_id
+    kinds = [e["type"] for _, e in caller.log]
+    assert kinds.index("conversation.item.truncated") < kinds.index("response.done"), (
+        "the answer was all made before the cut: this test needs it still being made"
+    )
+    # The backchannel did not cancel the answer: it ran to its end (or out of tokens),
+    # and was the only answer.
+    status = done["response"]["status"]
+    details = done["response"].get("status_details") or {}
+    assert done["response"]["id"] == story, done
+    assert status == "completed" or details.get("reason") == "max_output_tokens", done
+    assert [e["response"]["id"] for _, e in caller.log if e["type"] == "response.created"] == [
+        story
+    ]
+    # The track cut the answer at what it had sent, which the caller heard up to the cut;
+    # then it went on from there: the item holds as much audio as the caller heard in
+    # all (what it missed would be short of it, what came twice past it), and all of
+    # the answer's words.
+    assert len(heard) >= 2, f"heard the answer in {heard} ms: it did not resume"
+    assert abs(heard[0] - truncated["audio_end_ms"]) < SLACK_MS, (heard, truncated)
+    assert past["type"] == "error" and "past the item's audio" in past["error"]["message"], (
+        heard,
+        past,
+    )
+    assert within["type"] == "conversation.item.truncated", (heard, within)
+    planned = "".join(
+        e["delta"]
+        for _, e in caller.log
+        if e["type"] == "response.output_audio_transcript.delta" and e["response_id"] == story
+    )
+    assert item["content"][0]["transcript"] == planned
+    assert done["response"]["output"][0]["content"][0]["transcript"] == planned
+
+
+SLACK_MS = 150  # the caller's frame edges: a frame or two each side of each run
+
+
+def _ask_typed(caller: Caller, text: str) -> None:
+    content = [{"type": "input_text", "text": text}]
+    caller.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": content},
+        }
+    )
+    caller.send({"type": "response.create"})
+
+
+def _answer_heard_ms(caller: Caller, response_id: str) -> list[float]:
+    """How much of the answer the caller heard, in ms, run by run: a run begins at its
+    ``output_audio_buffer.started`` and plays without a gap to its last loud frame before
+    the next run's (its ``stopped`` or ``cleared`` between). The frames' RTP timestamps
+    (the server's clock) measure it; quiet frames inside a run (pauses between words)
+    count, the silence between runs does not."""
+    starts = [
+        t
+        for t, e in caller.log
+        if e["type"] == "output_audio_buffer.started" and e["response_id"] == response_id
+    ]
+    runs = []
+    for begin, end in zip(starts, [*starts[1:], float("inf")], strict=True):
+        pts = [p for t, p in zip(caller.loud, caller.loud_pts, strict=True) if begin <= t < end]
+        if pts:
+            runs.append((pts[-1] - pts[0]) / 48 + 20)
+    return runs
+
+
+async def _truncate(caller: Caller, item_id: str, end_ms: float) -> dict[str, Any]:
+    """``conversation.item.truncated``, or the ``error`` that refused it."""
+    caller.send(
+        {
+            "type": "conversation.item.truncate",
+            "item_id": item_id,
+            "content_index": 0,
+            "audio_end_ms": int(end_ms),
+        }
+    )
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            event = await caller.events.get()
+            if event["type"] in ("conversation.item.truncated", "error"):
+                return event
