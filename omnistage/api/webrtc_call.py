@@ -63,6 +63,7 @@ class RealtimeCall:
         # as the call ends.
         self.saver: SessionSaver | None = None
         self.session.clear_output = self._clear_output
+        self.session.playback = self
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._outbox: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue()
         self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
@@ -155,7 +156,9 @@ class RealtimeCall:
             return
         if isinstance(event, ev.InputSpeechStarted):
             td = self.session.config.turn_detection
-            if td is not None and td.interrupt_response:
+            # A paused track holds an answer all made until the speech is judged (the
+            # session resumes or cuts it); anything else playing is cut at once.
+            if td is not None and td.interrupt_response and not self.track.paused:
                 self._clear_output()
         elif isinstance(event, ev.ResponseDone) and event.response.get("status") == "cancelled":
             self._clear_output()
@@ -174,6 +177,21 @@ class RealtimeCall:
         self.session.emit(ev.OutputBufferCleared(response_id=response))
         with contextlib.suppress(BadRequestError):  # the item is gone, or has no audio
             self.session.truncate(item, played_ms)
+
+    # ------------------------------------------------------------- the session's playback
+
+    @property
+    def sounding(self) -> bool:
+        return self.track.sounding
+
+    def pause(self) -> None:
+        self.track.pause()
+
+    def resume(self) -> None:
+        self.track.resume()
+
+    def cut(self) -> None:
+        self._clear_output()
 
     def _sounding(self, playing: bool, response_id: str) -> None:
         kind = ev.OutputBufferStarted if playing else ev.OutputBufferStopped

@@ -79,6 +79,7 @@ class AnswerTrack(MediaStreamTrack):
         self._item: str | None = None  # the answer item it is of
         self._played = 0  # samples (at RATE) of that item played
         self._playing = False
+        self._paused = False  # held: silence goes out, what is queued stays
         self._start: float | None = None
         self._pts = 0
         self._tick: asyncio.Future[None] | None = None  # ``recv`` waits on it for its time
@@ -97,13 +98,31 @@ class AnswerTrack(MediaStreamTrack):
         """Samples (at RATE) queued and not yet sent."""
         return len(self._ready) + len(self._pending) * RATE // SOURCE_RATE
 
+    @property
+    def sounding(self) -> bool:
+        """An answer's audio is playing, or queued to play."""
+        return self._playing or self._queued() > 0
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """Hold the answer where it is: silence goes out until ``resume`` (or ``clear``)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        if self._queued() and self._tick is not None:
+            _wake(self._tick)
+
     def clear(self) -> tuple[str, str, int] | None:
         """Drop what is left to play; if an answer was sounding, its response, its item
         and how many ms of that item were played."""
-        had = self._playing or self._queued() > 0
+        had = self.sounding
         self._pending = self._ready = np.zeros(0, np.int16)
         self._up = StreamResampler(SOURCE_RATE, RATE)
-        self._playing = False
+        self._playing = self._paused = False
         if not had or self._response is None or self._item is None:
             return None
         return self._response, self._item, max(0, self._played) * 1000 // RATE
@@ -150,6 +169,8 @@ class AnswerTrack(MediaStreamTrack):
             self._start -= early  # type: ignore[operator]
 
     def _take(self) -> np.ndarray:
+        if self._paused:
+            return np.zeros(FRAME_SAMPLES, np.int16)
         # The resampler holds back a few samples of look-ahead: pull until a frame is
         # full, and flush it when the answer's audio runs out.
         while len(self._ready) < FRAME_SAMPLES and len(self._pending):

@@ -57,6 +57,21 @@ class SessionContext:
     guess: Callable[[], bool] = lambda: False
 
 
+class Playback(Protocol):
+    """Where the server plays the answers itself (a WebRTC call's track): an answer all
+    made may still be playing there, and speech over it pauses it, not the answer."""
+
+    @property
+    def sounding(self) -> bool:
+        """An answer's audio is playing, or queued to play."""
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+
+    def cut(self) -> None:
+        """Drop what is left to play; the answer's item keeps what was played."""
+
+
 class SessionHost(Protocol):
     """The session as its parts see it."""
 
@@ -68,6 +83,9 @@ class SessionHost(Protocol):
     def config(self) -> SessionConfig: ...
     @property
     def conversation(self) -> Conversation: ...
+    @property
+    def playback(self) -> Playback | None:
+        """Where the server plays the answers itself (None: the client plays them)."""
 
     def emit(self, event: ServerEvent) -> None:
         """Send ``event`` to the client (it gets the session's next event id)."""

@@ -11,6 +11,10 @@ resumes the answer if its words are slow to come (``BackchannelPolicy.words_wait
 of silence after its pause, or its end), provisionally: its words, when they come, may
 still cancel it.
 
+Where the server plays the answers itself (a WebRTC call: ``SessionHost.playback``), an
+answer all made may still be playing; speech over it pauses the playback, and the same
+decision resumes it or cuts it (``PlayedAnswer``).
+
 With ``turn_detection.resume_after_backchannel`` false, speech cancels the answer at
 once, as plain barge-in.
 """
@@ -24,7 +28,7 @@ from typing import Any
 
 from omnistage.realtime.answers import Answers
 from omnistage.realtime.backchannel import BackchannelPolicy, Decision
-from omnistage.realtime.context import SessionHost
+from omnistage.realtime.context import Playback, SessionHost
 from omnistage.realtime.response_run import ResponseRun, StopReason
 from omnistage.realtime.user_turn import UserTurn
 
@@ -33,10 +37,36 @@ from omnistage.realtime.user_turn import UserTurn
 MAX_HOLD_S = 5.0
 
 
+class _PlaybackHold:
+    def __init__(self, playback: Playback) -> None:
+        self._playback = playback
+
+    def hold(self) -> None:
+        self._playback.pause()
+
+    def release(self) -> None:
+        self._playback.resume()
+
+
+class PlayedAnswer:
+    """An answer all made, still playing on the server's side: held by pausing its
+    playback, cancelled by cutting it there (its item keeps what was played)."""
+
+    def __init__(self, playback: Playback) -> None:
+        self._playback = playback
+        self.hold = _PlaybackHold(playback)
+        self.done = False
+
+    def cancel(self, reason: StopReason) -> None:
+        if not self.done:
+            self.done = True
+            self._playback.cut()
+
+
 @dataclass
 class _Held:
     turn: UserTurn
-    run: ResponseRun
+    run: ResponseRun | PlayedAnswer
     asked: int = 0  # bumped at each question and each resumption: stale answers lose
     resumed: bool = False  # the answer flows again: a backchannel so far
     provisional: bool = False  # resumed before its words were heard: they still decide
@@ -59,21 +89,34 @@ class Interruptions:
         self._held: _Held | None = None
 
     @property
-    def held(self) -> ResponseRun | None:
+    def held(self) -> ResponseRun | PlayedAnswer | None:
         """The answer held for a decision (None: none)."""
         held = self._held
         return None if held is None or held.resumed else held.run
 
+    def judging(self, turn: UserTurn) -> bool:
+        """Whether ``turn`` is speech over an answer, still to be judged or judged a
+        backchannel so far (it is not to be answered early)."""
+        return self._held is not None and self._held.turn is turn
+
     def speech_started(self, turn: UserTurn) -> None:
-        """``turn`` starts while the conversation's answer may be under way."""
+        """``turn`` starts while the conversation's answer may be under way, or still
+        playing where the server plays it."""
         answers, td = self._answers, self._host.config.turn_detection
-        if td is None or not td.interrupt_response or not answers.answering:
+        if td is None or not td.interrupt_response:
             return
-        run = answers.active
-        assert run is not None
-        if not td.resume_after_backchannel:
-            self._cancel(run)
-            return
+        run: ResponseRun | PlayedAnswer
+        if answers.answering:
+            assert answers.active is not None
+            run = answers.active
+            if not td.resume_after_backchannel:
+                self._cancel(run)
+                return
+        else:
+            playback = self._host.playback
+            if playback is None or not playback.sounding or not td.resume_after_backchannel:
+                return  # nothing plays, or the call cuts it as plain barge-in
+            run = PlayedAnswer(playback)
         run.hold.hold()
         old = self._held
         undecided = old is not None and (not old.resumed or old.provisional)
@@ -175,7 +218,7 @@ class Interruptions:
         if held.committed and held.spoken_end is not None:
             self._answer(held.spoken_end)
 
-    def _cancel(self, run: ResponseRun) -> None:
+    def _cancel(self, run: ResponseRun | PlayedAnswer) -> None:
         run.cancel(StopReason.TURN_DETECTED)  # first: no audio after the speech started
         self._host.ctx.stats.barge_in()
 

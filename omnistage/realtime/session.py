@@ -24,7 +24,7 @@ from omnistage.realtime import saved
 from omnistage.realtime.answers import Answers
 from omnistage.realtime.audio_input import AudioInput, item_audio
 from omnistage.realtime.config import SessionConfig
-from omnistage.realtime.context import SessionContext
+from omnistage.realtime.context import Playback, SessionContext
 from omnistage.realtime.conversation import (
     Conversation,
     Item,
@@ -60,6 +60,8 @@ class RealtimeSession:
         self._created = time.time()
         # Set by a WebRTC call, whose answer audio plays on the server's side of the call.
         self.clear_output: Callable[[], None] | None = None
+        # Set by a WebRTC call too: where the answers play on the server's side.
+        self.playback: Playback | None = None
         # Set where sessions are saved: told of each change to the config or items.
         self.on_change: Callable[[], None] | None = None
 

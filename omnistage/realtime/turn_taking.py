@@ -99,7 +99,7 @@ class TurnTaking:
     def paused(self, turn: UserTurn) -> None:
         host, answers = self._host, self._answers
         self.interruptions.paused(turn)
-        if not self._auto_answer or answers.answering:
+        if not self._auto_answer or answers.answering or self.interruptions.judging(turn):
             return
         self.drop_early()
         item = self._user_item(turn)

@@ -2,12 +2,14 @@
 (``tests.webrtc_client``) speaks a question over its Opus track and hears the answer on
 the call's track, with the session's events on the ``oai-events`` data channel; speech
 during an answer clears the call's track at once, and a backchannel ("okay") over an
-answer resumes it from where the track cut it. Shares the session's ``voice_head``.
+answer resumes it from where the track cut it, or, over an answer all made and still
+playing, pauses the track and resumes it. Shares the session's ``voice_head``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import numpy as np
@@ -138,9 +140,11 @@ async def test_a_backchannel_over_an_answer_resumes_it_from_where_the_track_cut_
         caller.send({"type": "conversation.item.retrieve", "item_id": item_id})
         item = (await caller.next("conversation.item.retrieved", WAIT_S))["item"]
         heard = _answer_heard_ms(caller, story)
+        # Past by more than a frame's edge: the caller hears up to the answer's last loud
+        # frame, and the answer may end in a sentence's trailing silence.
         past, within = [
             await _truncate(caller, item_id, end_ms)
-            for end_ms in (sum(heard) + SLACK_MS, sum(heard) - SLACK_MS)
+            for end_ms in (sum(heard) + PAUSE_SLACK_MS, sum(heard) - SLACK_MS)
         ]
     finally:
         await caller.close()
@@ -178,7 +182,73 @@ async def test_a_backchannel_over_an_answer_resumes_it_from_where_the_track_cut_
     assert done["response"]["output"][0]["content"][0]["transcript"] == planned
 
 
+async def test_a_backchannel_over_an_answer_all_made_pauses_the_calls_track_and_resumes_it(
+    voice_head: HeadProc,
+) -> None:
+    """An answer is made faster than it plays: once it is all made (``response.done``)
+    the call's track still plays it. "Okay" said then pauses the track (nothing cleared,
+    nothing truncated) and the backchannel resumes it: the caller hears all of the
+    answer's audio once, and the "okay" is not answered."""
+    okay = np.frombuffer(_trim(_speech(voice_head, "Okay.").tobytes()), np.int16)
+    session = {**SESSION, "instructions": STORYTELLER, "max_output_tokens": 80}
+    caller = await _call(voice_head, session)
+    for transceiver in caller.pc.getTransceivers():
+        hear_promptly(transceiver.receiver, hold=1)
+    try:
+        _ask_typed(caller, STORY)
+        story = (await caller.next("response.created", WAIT_S))["response"]["id"]
+        done = await caller.seen("response.done", WAIT_S)
+        kinds = [e["type"] for _, e in caller.log]
+        assert "output_audio_buffer.stopped" not in kinds, (
+            "the answer played out before it was all made"
+        )
+        caller.mic.say(okay)
+        await caller.next("input_audio_buffer.speech_started", WAIT_S)
+        await caller.seen("input_audio_buffer.committed", WAIT_S)
+        stopped = await caller.seen("output_audio_buffer.stopped", WAIT_S)
+        await asyncio.sleep(1.0)  # time for an answer to the "okay" to start, were it answered
+        log = list(caller.log)
+        item_id = done["response"]["output"][0]["id"]
+        # The pause is in the track's clock (silence went out meanwhile): heard less it.
+        pause = _silence_ms_at(caller, caller.arrived("input_audio_buffer.speech_started"))
+        heard = sum(_answer_heard_ms(caller, story)) - pause
+        past, within = [
+            await _truncate(caller, item_id, end_ms)
+            for end_ms in (heard + PAUSE_SLACK_MS, heard - SLACK_MS)
+        ]
+    finally:
+        await caller.close()
+    assert stopped["response_id"] == story
+    assert pause >= len(okay) * 1000 / RATE, f"paused {pause} ms, under the okay's length"
+    kinds = [e["type"] for _, e in log]
+    assert "output_audio_buffer.cleared" not in kinds and "conversation.item.truncated" not in kinds
+    assert [e["response"]["id"] for _, e in log if e["type"] == "response.created"] == [story]
+    assert done["response"]["status"] == "completed" or (
+        (done["response"].get("status_details") or {}).get("reason") == "max_output_tokens"
+    ), done
+    # All of the item's audio was heard, once: a truncate short of what was heard is
+    # within the item's audio, one past it is not (past by a pause between sentences as
+    # well: the silence measured as the track's pause may take one in).
+    assert past["type"] == "error" and "past the item's audio" in past["error"]["message"], (
+        heard,
+        past,
+    )
+    assert within["type"] == "conversation.item.truncated", (heard, within)
+
+
 SLACK_MS = 150  # the caller's frame edges: a frame or two each side of each run
+PAUSE_SLACK_MS = 600  # ... and a pause between the answer's sentences
+
+
+def _silence_ms_at(caller: Caller, at: float) -> float:
+    """The silence the caller heard around ``at`` (its clock), in the track's time: from
+    the last loud frame that came before it to the next loud one, by their RTP
+    timestamps."""
+    frames = list(zip(caller.loud, caller.loud_pts, strict=True))
+    for (t0, p0), (t1, p1) in itertools.pairwise(frames):
+        if t0 <= at + 0.1 < t1:
+            return (p1 - p0) / 48 - 20
+    return 0.0
 
 
 def _ask_typed(caller: Caller, text: str) -> None:

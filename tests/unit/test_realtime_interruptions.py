@@ -297,3 +297,66 @@ async def test_only_a_silence_longer_than_a_pause_between_words_resumes_unheard(
     release.set()  # the words: a request after all
     await until(lambda: answer.closed, what="the answer to be cancelled")
     await h.answered(2)
+
+
+class Playback:
+    """Where the server plays the answers (a WebRTC call's track), as the session sees it."""
+
+    def __init__(self) -> None:
+        self.sounding = True
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+    def cut(self) -> None:
+        self.calls.append("cut")
+        self.sounding = False
+
+
+async def played(h: Harness) -> Playback:
+    """A turn answered, the answer all made (``response.done``) but still playing on the
+    server's side."""
+    answer = await talking(h)
+    answer.put(speech("Two."), *words("")[1:])
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    playback = Playback()
+    h.session.playback = playback
+    return playback
+
+
+async def test_a_backchannel_over_an_answer_still_playing_pauses_and_resumes_its_playback() -> None:
+    h = Harness("tell me a story", "uh-huh")
+    playback = await played(h)
+    await h.append(100, SpeechStarted(420))
+    assert playback.calls == ["pause"]  # before speech_started went out
+    h.vad.detector.silence_from = 500
+    await h.append(200)
+    await until(lambda: playback.calls == ["pause", "resume"], what="resumed")
+    await h.append(300, SpeechStopped(500))
+    await ticks(20)
+    assert len(h.answers) == 1 and h.stats.barge_ins == 0  # the "uh-huh" is not answered
+    assert [i.json["role"] for i in h.session.conversation] == ["user", "assistant", "user"]
+
+
+async def test_a_request_over_an_answer_still_playing_cuts_its_playback_and_is_answered() -> None:
+    h = Harness("tell me a story", "wait, what about tomorrow")
+    playback = await played(h)
+    await h.append(100, SpeechStarted(420))
+    await h.append(300, SpeechStopped(500))
+    await until(lambda: "cut" in playback.calls, what="the playback cut")
+    assert playback.calls == ["pause", "cut"] and h.stats.barge_ins == 1
+    second = await h.answered(2)
+    messages = h.requests[1].prompt.messages
+    assert messages is not None and messages[-1].content == "wait, what about tomorrow"
+    second.end()
+    # Where nothing plays any more, speech is a turn like any other: no pause.
+    h2 = Harness("tell me a story", "uh-huh")
+    quiet = await played(h2)
+    quiet.sounding = False
+    await h2.append(100, SpeechStarted(420))
+    assert quiet.calls == []
