@@ -22,6 +22,7 @@ import random
 import signal
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import chaos_stalls
 import common
 import httpx
 from bench_realtime import Turn
@@ -53,6 +55,10 @@ class Answer:
     first_audio_s: float | None = None
     stall_s: float = 0.0
     error: str = ""
+    rid: str = ""  # the head's request id (its log's failover lines name it)
+    started: float = 0.0  # asked (monotonic)
+    ended: float = 0.0
+    deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
 
 
 @dataclass
@@ -61,6 +67,7 @@ class Record:
     kills: list[dict[str, Any]] = field(default_factory=list)
     broken_sessions: int = 0
     phase: str = "baseline"
+    loads: list[tuple[float, ...]] = field(default_factory=list)  # at the first kill, the end
 
 
 def parse_args() -> argparse.Namespace:
@@ -116,8 +123,17 @@ def chat_body(question: str, wav: str | None) -> dict[str, Any]:
     }
 
 
+def answer_of(turn: Turn, kind: str, phase: str, error: str, rid: str) -> Answer:
+    """One answer's record, ended now (``error`` empty: it did not fail)."""
+    first, stall = turn.first_audio_s, turn.stall_s()
+    asked = turn.end_of_speech or 0.0
+    return Answer(
+        kind, phase, not error, first, stall, error, rid, asked, time.monotonic(), turn.deltas
+    )
+
+
 async def one_chat(client: httpx.AsyncClient, body: dict[str, Any], kind: str, rec: Record):
-    turn, phase, error = Turn(), rec.phase, ""
+    turn, phase, error, rid = Turn(), rec.phase, "", ""
     turn.end_of_speech = time.monotonic()
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -128,6 +144,7 @@ async def one_chat(client: httpx.AsyncClient, body: dict[str, Any], kind: str, r
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[6:])
+                    rid = rid or event.get("id", "")
                     if "error" in event:
                         error = str(event["error"])[:200]
                         break
@@ -138,7 +155,7 @@ async def one_chat(client: httpx.AsyncClient, body: dict[str, Any], kind: str, r
                             turn.deltas.append((time.monotonic(), n / 2 / RATE))
     except (httpx.HTTPError, OSError) as exc:
         error = f"{type(exc).__name__}: {exc}"
-    rec.answers.append(Answer(kind, phase, not error, turn.first_audio_s, turn.stall_s(), error))
+    rec.answers.append(answer_of(turn, kind, phase, error, rid))
 
 
 async def chat_client(port: int, wavs: list[str], stop: asyncio.Event, rec: Record) -> None:
@@ -173,9 +190,8 @@ async def realtime_answer(conn: Any, n: int, rec: Record) -> None:
         elif event.type == "response.done":
             ok = event.response.status == "completed"
             why = "" if ok else f"status {event.response.status}"
-            rec.answers.append(
-                Answer("realtime", phase, ok, turn.first_audio_s, turn.stall_s(), why)
-            )
+            rid = f"realtime-{event.response.id}"
+            rec.answers.append(answer_of(turn, "realtime", phase, why, rid))
             # Keep the conversation short: this answer's items go.
             for out in [item["id"], *(o.id for o in event.response.output or [])]:
                 await conn.conversation.item.delete(item_id=out)
@@ -248,11 +264,13 @@ async def run(port: int, args: argparse.Namespace, wavs: list[str]) -> Record:
     tasks = [asyncio.create_task(c) for c in clients]
     await asyncio.sleep(args.baseline_s)
     rec.phase = "chaos"
+    rec.loads.append(os.getloadavg())
     print(f"baseline done: {len(rec.answers)} answers; killing now", flush=True)
     kills = asyncio.create_task(killer(port, args, stop, rec))
     watch = asyncio.create_task(watch_restarts(port, stop, rec))
     await asyncio.sleep(args.minutes * 60)
     stop.set()
+    rec.loads.append(os.getloadavg())
     kills.cancel()
     await asyncio.gather(*tasks)  # every answer under way finishes
     await watch
@@ -269,7 +287,7 @@ def by_phase_kind(answers: list[Any]) -> Iterator[tuple[str, str, list[Any]]]:
                 yield phase, kind, rows
 
 
-def report(rec: Record) -> None:
+def report(rec: Record, log: Path, wall_minus_mono: float) -> None:
     print(
         f"\n{'phase':<9} {'answers':<12} {'n':>4} {'failed':>6} {'first audio p50':>15} "
         f"{'max':>6} {'stall>1s':>8} {'stall max':>9}"
@@ -297,6 +315,15 @@ def report(rec: Record) -> None:
         )
     for a in [a for a in rec.answers if not a.ok][:10]:
         print(f"  failed ({a.phase}, {a.kind}): {a.error}")
+    print(
+        f"load average (1, 5, 15 min) at the first kill {rec.loads[0]}, at the end {rec.loads[-1]}"
+    )
+    stalled = [a for a in rec.answers if a.stall_s > GAP_S]
+    if stalled:
+        print(f"\nstalls over {GAP_S:g} s, why (times from the answer's start):")
+        failovers = chaos_stalls.read_failovers(log, wall_minus_mono)
+        for a in stalled:
+            print("\n".join(chaos_stalls.explain(a, rec.kills, failovers.get(a.rid, []))))
 
 
 def main() -> int:
@@ -310,10 +337,11 @@ def main() -> int:
     port = free_port()
     every = json.dumps({str(sid): {"replicas": 2} for sid in STAGES})
     cmd = [sys.executable, "-m", "omnistage", "serve", "voice", "--host", HOST]
-    cmd += ["--port", str(port), "--log-level", "INFO" if args.log else "WARNING"]
-    cmd += ["--stage-overrides", every]
-    log = Path(args.log) if args.log else None
+    # INFO: its failover lines say which replica an answer lost (chaos_stalls).
+    cmd += ["--port", str(port), "--log-level", "INFO", "--stage-overrides", every]
+    log = Path(args.log or tempfile.mkstemp(prefix="chaos-", suffix=".log")[1])
     server = ServerProcess("voice-chaos", cmd, port, log_path=log, pdeathsig=True)
+    wall_minus_mono = time.time() - time.monotonic()
     try:
         server.wait_ready(300)
         wavs = [spoken(port, q) for q in QUESTIONS]
@@ -323,7 +351,9 @@ def main() -> int:
         return 1
     finally:
         server.stop()
-    report(rec)
+    report(rec, log, wall_minus_mono)
+    if not args.log:
+        log.unlink()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"answers": [a.__dict__ for a in rec.answers], "kills": rec.kills}, f)

@@ -1,0 +1,116 @@
+"""Why an answer of ``bench_chaos`` stalled: for each answer whose player ran dry over
+``GAP_S``, which kills fell within its life, which of them hit a replica serving it (the
+head's own log says so: its failover lines name the request, the stage and the replica),
+whether that kill left the stage with no live replica, and where the dry spell sat:
+
+- ``waiting for a restart``: a replica serving it was killed and its stage had no other
+  live replica: the answer waited for one of them to come UP again;
+- ``waiting for a retry``: a replica serving it was killed and the retry went to a live
+  replica; the spell is the time from the kill to the retry's audio;
+- ``before the talker's next sentence``: no replica of its was killed; the talker's next
+  sentence came late (the CPU taken by a restart loading beside it, or others).
+
+Times print relative to the answer's start (``+s``), so a line reads on its own.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+DRY_MIN_S = 0.2  # shorter dry spells are jitter, not a cause to explain
+
+FAILOVER = re.compile(
+    r"^(\S+ \S+) INFO \S+: request (\S+): stage (\d+) \((\w+)\) (?:replica (\d+) )?(.*)$"
+)
+
+
+@dataclass
+class Failover:
+    at: float  # monotonic, as the bench's clocks
+    stage: int
+    name: str
+    replica: int | None
+    why: str
+
+
+def dry_spells(deltas: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """When a player that starts at the first delta runs dry: (from, to) in the deltas'
+    clock, as ``bench_realtime.Turn.stall_s`` counts them (their lengths sum to it)."""
+    spells: list[tuple[float, float]] = []
+    if not deltas:
+        return spells
+    until = deltas[0][0]
+    for t, d in deltas:
+        if t > until:
+            spells.append((until, t))
+            until = t
+        until += d
+    return spells
+
+
+def read_failovers(log: Path, wall_minus_mono: float) -> dict[str, list[Failover]]:
+    """The head's failover lines per request id, their times on the monotonic clock."""
+    out: dict[str, list[Failover]] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = FAILOVER.match(line)
+        if m is None:
+            continue
+        stamp, rid, sid, name, replica, why = m.groups()
+        wall = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+        at = time.mktime(wall.timetuple()) + wall.microsecond / 1e6 - wall_minus_mono
+        rep = int(replica) if replica is not None else None
+        out.setdefault(rid, []).append(Failover(at, int(sid), name, rep, why[:80]))
+    return out
+
+
+def explain(answer: Any, kills: list[dict[str, Any]], failovers: list[Failover]) -> list[str]:
+    """Two or three short lines on one stalled answer (see the module's doc)."""
+    t0 = answer.started
+    spells = [s for s in dry_spells(answer.deltas) if s[1] - s[0] >= DRY_MIN_S]
+    within = [k for k in kills if t0 - 1.0 <= k["at"] <= answer.ended]
+    lines = [
+        f"  {answer.kind} {answer.rid or '?'} ({answer.phase}): stall {answer.stall_s:.2f} s, "
+        f"asked +0, first audio +{answer.first_audio_s or 0:.2f}, "
+        f"done +{answer.ended - t0:.2f}; dry "
+        + ", ".join(f"+{a - t0:.2f}..+{b - t0:.2f}" for a, b in spells)
+    ]
+    mine = {(f.stage, f.replica) for f in failovers}
+    for k in within:
+        ours = tuple(k["key"]) in mine
+        up = k["up_after_s"]
+        back = f"UP again +{k['at'] + up - t0:.2f}" if up is not None else "never UP"
+        lines.append(
+            f"    kill {k['stage']} r{k['key'][1]} at +{k['at'] - t0:.2f}"
+            f"{' (its replica)' if ours else ''}"
+            f"{'; the stage had no other live replica' if k['last_live'] else ''}; {back}"
+        )
+    for f in failovers:
+        lines.append(f"    head: +{f.at - t0:.2f} stage {f.name} r{f.replica}: {f.why}")
+    if spells:
+        lines.append(f"    -> {where(max(spells, key=lambda s: s[1] - s[0]), within, mine)}")
+    return lines
+
+
+def where(spell: tuple[float, float], kills: list[dict[str, Any]], mine: set[Any]) -> str:
+    """Where the longest dry spell sat (see the module's doc)."""
+    start, end = spell
+    hits = [k for k in kills if tuple(k["key"]) in mine and k["at"] <= end]
+    if not hits:
+        near = [k for k in kills if abs(k["at"] - start) < 10]
+        load = f" ({len(near)} kill(s) within 10 s: a restart loading)" if near else ""
+        return f"before the talker's next sentence: no replica of its killed{load}"
+    k = hits[-1]
+    if k["last_live"]:
+        return (
+            f"waiting for a restart: {k['stage']} had no live replica; audio again "
+            f"{end - k['at']:.2f} s after the kill"
+        )
+    return (
+        f"waiting for a retry on the live {k['stage']}: audio again {end - k['at']:.2f} s "
+        "after the kill"
+    )
