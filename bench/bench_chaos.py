@@ -90,6 +90,12 @@ def parse_args() -> argparse.Namespace:
         "--log", help="keep the server's log (INFO) here (--kill heads|api: a folder of logs)"
     )
     p.add_argument("--json", help="write the raw figures here")
+    p.add_argument(
+        "--stage-overrides",
+        default="{}",
+        help='more of the server\'s --stage-overrides, e.g. \'{"1": {"engine_args": '
+        '{"later_nice": 0}}}\' (every stage is at 2 replicas whatever this says)',
+    )
     args = p.parse_args()
     if args.kill_every is None:
         args.kill_every = 10.0 if args.kill == "replicas" else 60.0
@@ -335,7 +341,8 @@ def main() -> int:
 
         return chaos_fleet.main(args)
     port = free_port()
-    every = json.dumps({str(sid): {"replicas": 2} for sid in STAGES})
+    more = json.loads(args.stage_overrides)
+    every = json.dumps({str(sid): {**more.get(str(sid), {}), "replicas": 2} for sid in STAGES})
     cmd = [sys.executable, "-m", "omnistage", "serve", "voice", "--host", HOST]
     # INFO: its failover lines say which replica an answer lost (chaos_stalls).
     cmd += ["--port", str(port), "--log-level", "INFO", "--stage-overrides", every]

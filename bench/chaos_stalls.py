@@ -92,14 +92,19 @@ def explain(answer: Any, kills: list[dict[str, Any]], failovers: list[Failover])
     for f in failovers:
         lines.append(f"    head: +{f.at - t0:.2f} stage {f.name} r{f.replica}: {f.why}")
     if spells:
-        lines.append(f"    -> {where(max(spells, key=lambda s: s[1] - s[0]), within, mine)}")
+        spell = max(spells, key=lambda s: s[1] - s[0])
+        since = max((t for t, _ in answer.deltas if t < spell[0]), default=t0)
+        lines.append(f"    -> {where(spell, since, within, mine)}")
     return lines
 
 
-def where(spell: tuple[float, float], kills: list[dict[str, Any]], mine: set[Any]) -> str:
-    """Where the longest dry spell sat (see the module's doc)."""
+def where(
+    spell: tuple[float, float], since: float, kills: list[dict[str, Any]], mine: set[Any]
+) -> str:
+    """Where the longest dry spell sat (see the module's doc). ``since``: when the audio
+    before it came; a kill before that, the answer had recovered from."""
     start, end = spell
-    hits = [k for k in kills if tuple(k["key"]) in mine and k["at"] <= end]
+    hits = [k for k in kills if tuple(k["key"]) in mine and since - 0.5 <= k["at"] <= end]
     if not hits:
         near = [k for k in kills if abs(k["at"] - start) < 10]
         load = f" ({len(near)} kill(s) within 10 s: a restart loading)" if near else ""

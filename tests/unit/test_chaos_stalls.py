@@ -34,14 +34,17 @@ def test_dry_spells_are_when_a_player_started_at_the_first_delta_runs_dry():
 def test_a_stall_is_put_on_the_restart_the_retry_or_the_talkers_next_sentence():
     spell = (11.0, 12.5)
     talker1 = kill("talker", 1, 10.8, last_live=False)
-    assert chaos_stalls.where(spell, [talker1], {(1, 1)}).startswith(
+    assert chaos_stalls.where(spell, 10.0, [talker1], {(1, 1)}).startswith(
         "waiting for a retry on the live talker: audio again 1.70 s after the kill"
     )
     last = kill("talker", 1, 10.8, last_live=True)
-    assert chaos_stalls.where(spell, [last], {(1, 1)}).startswith("waiting for a restart")
+    assert chaos_stalls.where(spell, 10.0, [last], {(1, 1)}).startswith("waiting for a restart")
     # A kill of a replica that did not serve it: the CPU its restart took.
-    why = chaos_stalls.where(spell, [kill("listener", 0, 10.5, False)], set())
+    why = chaos_stalls.where(spell, 10.0, [kill("listener", 0, 10.5, False)], set())
     assert why.startswith("before the talker's next sentence") and "1 kill(s)" in why
+    # Its own replica's kill, but audio came after it (the retry's) before the spell.
+    why = chaos_stalls.where(spell, 10.0, [kill("talker", 1, 8.0, False)], {(1, 1)})
+    assert why.startswith("before the talker's next sentence")
 
 
 def test_the_heads_failover_lines_name_the_replica_an_answer_lost(tmp_path: Path):
