@@ -66,6 +66,7 @@ class Record:
     answers: list[Answer] = field(default_factory=list)
     kills: list[dict[str, Any]] = field(default_factory=list)
     broken_sessions: int = 0
+    cut_by_length: int = 0  # realtime answers the model ran to its length limit
     phase: str = "baseline"
     loads: list[tuple[float, ...]] = field(default_factory=list)  # at the first kill, the end
 
@@ -194,8 +195,13 @@ async def realtime_answer(conn: Any, n: int, rec: Record) -> None:
         elif event.type == "error":
             raise RuntimeError(f"error event: {event.error}")
         elif event.type == "response.done":
-            ok = event.response.status == "completed"
-            why = "" if ok else f"status {event.response.status}"
+            # An answer the model ran on to its own length limit (SmolLM2 now and then
+            # rambles for 45 s) is incomplete but not failed: counted apart.
+            details = event.response.status_details
+            reason = getattr(details, "reason", None) if details else None
+            ok = event.response.status == "completed" or reason == "max_output_tokens"
+            rec.cut_by_length += reason == "max_output_tokens"
+            why = "" if ok else f"status {event.response.status} ({reason})"
             rid = f"realtime-{event.response.id}"
             rec.answers.append(answer_of(turn, "realtime", phase, why, rid))
             # Keep the conversation short: this answer's items go.
@@ -309,7 +315,8 @@ def report(rec: Record, log: Path, wall_minus_mono: float) -> None:
         )
     print(
         f"\nkills: {len(rec.kills)} ({sum(k['last_live'] for k in rec.kills)} of a stage's "
-        f"last live replica); broken realtime sessions: {rec.broken_sessions}"
+        f"last live replica); broken realtime sessions: {rec.broken_sessions}; realtime "
+        f"answers cut at the model's length limit (not failed): {rec.cut_by_length}"
     )
     for name in sorted({k["stage"] for k in rec.kills}):
         ups = [k["up_after_s"] for k in rec.kills if k["stage"] == name]
