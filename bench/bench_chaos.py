@@ -331,12 +331,23 @@ def report(rec: Record, log: Path, wall_minus_mono: float) -> None:
     print(
         f"load average (1, 5, 15 min) at the first kill {rec.loads[0]}, at the end {rec.loads[-1]}"
     )
+    seen = chaos_stalls.seen_after(log, wall_minus_mono, rec.kills)
+    if seen:
+        print(
+            f"a kill seen by the head (ERROR) after median {statistics.median(seen):.2f} s, "
+            f"p90 {common.pct(sorted(seen), 90):.2f} s, max {max(seen):.2f} s"
+        )
     stalled = [a for a in rec.answers if a.stall_s > GAP_S]
     if stalled:
         print(f"\nstalls over {GAP_S:g} s, why (times from the answer's start):")
         failovers = chaos_stalls.read_failovers(log, wall_minus_mono)
+        causes: dict[str, int] = {}
         for a in stalled:
-            print("\n".join(chaos_stalls.explain(a, rec.kills, failovers.get(a.rid, []))))
+            lines = chaos_stalls.explain(a, rec.kills, failovers.get(a.rid, []))
+            print("\n".join(lines))
+            cause = lines[-1].split("-> ", 1)[-1].split(":")[0] if "-> " in lines[-1] else "?"
+            causes[cause] = causes.get(cause, 0) + 1
+        print("causes: " + "; ".join(f"{n} {c}" for c, n in sorted(causes.items())))
 
 
 def main() -> int:
@@ -370,7 +381,8 @@ def main() -> int:
         log.unlink()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"answers": [a.__dict__ for a in rec.answers], "kills": rec.kills}, f)
+            raw = {"answers": [a.__dict__ for a in rec.answers], "kills": rec.kills}
+            json.dump(raw | {"wall_minus_mono": wall_minus_mono, "loads": rec.loads}, f)
     return 0
 
 

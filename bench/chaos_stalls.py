@@ -27,6 +27,8 @@ DRY_MIN_S = 0.2  # shorter dry spells are jitter, not a cause to explain
 FAILOVER = re.compile(
     r"^(\S+ \S+) INFO \S+: request (\S+): stage (\d+) \((\w+)\) (?:replica (\d+) )?(.*)$"
 )
+# The coordinator's line for a replica it marked ERROR (a kill, seen by the head).
+ERROR = re.compile(r"^(\S+ \S+) WARNING \S+: stage (\d+) replica (\d+) \(epoch \d+\): \w+ -> ERROR")
 
 
 @dataclass
@@ -53,6 +55,11 @@ def dry_spells(deltas: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return spells
 
 
+def _mono(stamp: str, wall_minus_mono: float) -> float:
+    wall = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+    return time.mktime(wall.timetuple()) + wall.microsecond / 1e6 - wall_minus_mono
+
+
 def read_failovers(log: Path, wall_minus_mono: float) -> dict[str, list[Failover]]:
     """The head's failover lines per request id, their times on the monotonic clock."""
     out: dict[str, list[Failover]] = {}
@@ -61,10 +68,27 @@ def read_failovers(log: Path, wall_minus_mono: float) -> dict[str, list[Failover
         if m is None:
             continue
         stamp, rid, sid, name, replica, why = m.groups()
-        wall = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
-        at = time.mktime(wall.timetuple()) + wall.microsecond / 1e6 - wall_minus_mono
         rep = int(replica) if replica is not None else None
+        at = _mono(stamp, wall_minus_mono)
         out.setdefault(rid, []).append(Failover(at, int(sid), name, rep, why[:80]))
+    return out
+
+
+def seen_after(log: Path, wall_minus_mono: float, kills: list[dict[str, Any]]) -> list[float]:
+    """Per kill, how long the head took to mark its replica ERROR (a SIGKILLed process
+    is gone for the head once its last thread has exited; niced threads on busy cores
+    exit late)."""
+    errors: dict[tuple[int, int], list[float]] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = ERROR.match(line)
+        if m is not None:
+            key = (int(m.group(2)), int(m.group(3)))
+            errors.setdefault(key, []).append(_mono(m.group(1), wall_minus_mono))
+    out = []
+    for k in kills:
+        after = [t - k["at"] for t in errors.get(tuple(k["key"]), []) if t >= k["at"] - 0.05]
+        if after:
+            out.append(max(0.0, min(after)))
     return out
 
 

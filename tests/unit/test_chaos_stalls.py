@@ -64,3 +64,17 @@ def test_the_heads_failover_lines_name_the_replica_an_answer_lost(tmp_path: Path
     text = "\n".join(chaos_stalls.explain(answer, [kill("talker", 0, f.at - 0.1, True)], [f]))
     assert "(its replica); the stage had no other live replica" in text
     assert "-> waiting for a restart: talker had no live replica" in text
+
+
+def test_a_kill_is_seen_by_the_head_when_its_replica_goes_error(tmp_path: Path):
+    log = tmp_path / "head.log"
+    log.write_text(
+        "2026-12-06 09:59:25,000 WARNING omnistage.control.coordinator: stage 1 replica 0 "
+        "(epoch 7): UP -> ERROR (local process exited (exit code -9))\n"
+        "2026-12-06 09:59:40,000 WARNING omnistage.control.coordinator: stage 1 replica 0 "
+        "(epoch 8): UP -> ERROR (its connection closed (unreachable on input))\n"
+    )
+    offset = 1000.0  # wall clock minus monotonic, as the bench takes it
+    at = chaos_stalls._mono("2026-12-06 09:59:25,000", offset)
+    kills = [kill("talker", 0, at - 1.5, False), kill("talker", 0, at + 13.0, False)]
+    assert chaos_stalls.seen_after(log, offset, kills) == [1.5, 2.0]
