@@ -22,6 +22,7 @@ import random
 import signal
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import chaos_stalls
 import common
 import httpx
 from bench_realtime import Turn
@@ -53,6 +55,10 @@ class Answer:
     first_audio_s: float | None = None
     stall_s: float = 0.0
     error: str = ""
+    rid: str = ""  # the head's request id (its log's failover lines name it)
+    started: float = 0.0  # asked (monotonic)
+    ended: float = 0.0
+    deltas: list[tuple[float, float]] = field(default_factory=list)  # (time, audio s)
 
 
 @dataclass
@@ -60,7 +66,9 @@ class Record:
     answers: list[Answer] = field(default_factory=list)
     kills: list[dict[str, Any]] = field(default_factory=list)
     broken_sessions: int = 0
+    cut_by_length: int = 0  # realtime answers the model ran to its length limit
     phase: str = "baseline"
+    loads: list[tuple[float, ...]] = field(default_factory=list)  # at the first kill, the end
 
 
 def parse_args() -> argparse.Namespace:
@@ -83,6 +91,12 @@ def parse_args() -> argparse.Namespace:
         "--log", help="keep the server's log (INFO) here (--kill heads|api: a folder of logs)"
     )
     p.add_argument("--json", help="write the raw figures here")
+    p.add_argument(
+        "--stage-overrides",
+        default="{}",
+        help='more of the server\'s --stage-overrides, e.g. \'{"1": {"engine_args": '
+        '{"later_nice": 0}}}\' (every stage is at 2 replicas whatever this says)',
+    )
     args = p.parse_args()
     if args.kill_every is None:
         args.kill_every = 10.0 if args.kill == "replicas" else 60.0
@@ -116,8 +130,17 @@ def chat_body(question: str, wav: str | None) -> dict[str, Any]:
     }
 
 
+def answer_of(turn: Turn, kind: str, phase: str, error: str, rid: str) -> Answer:
+    """One answer's record, ended now (``error`` empty: it did not fail)."""
+    first, stall = turn.first_audio_s, turn.stall_s()
+    asked = turn.end_of_speech or 0.0
+    return Answer(
+        kind, phase, not error, first, stall, error, rid, asked, time.monotonic(), turn.deltas
+    )
+
+
 async def one_chat(client: httpx.AsyncClient, body: dict[str, Any], kind: str, rec: Record):
-    turn, phase, error = Turn(), rec.phase, ""
+    turn, phase, error, rid = Turn(), rec.phase, "", ""
     turn.end_of_speech = time.monotonic()
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -128,6 +151,7 @@ async def one_chat(client: httpx.AsyncClient, body: dict[str, Any], kind: str, r
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[6:])
+                    rid = rid or event.get("id", "")
                     if "error" in event:
                         error = str(event["error"])[:200]
                         break
@@ -138,7 +162,7 @@ async def one_chat(client: httpx.AsyncClient, body: dict[str, Any], kind: str, r
                             turn.deltas.append((time.monotonic(), n / 2 / RATE))
     except (httpx.HTTPError, OSError) as exc:
         error = f"{type(exc).__name__}: {exc}"
-    rec.answers.append(Answer(kind, phase, not error, turn.first_audio_s, turn.stall_s(), error))
+    rec.answers.append(answer_of(turn, kind, phase, error, rid))
 
 
 async def chat_client(port: int, wavs: list[str], stop: asyncio.Event, rec: Record) -> None:
@@ -171,11 +195,15 @@ async def realtime_answer(conn: Any, n: int, rec: Record) -> None:
         elif event.type == "error":
             raise RuntimeError(f"error event: {event.error}")
         elif event.type == "response.done":
-            ok = event.response.status == "completed"
-            why = "" if ok else f"status {event.response.status}"
-            rec.answers.append(
-                Answer("realtime", phase, ok, turn.first_audio_s, turn.stall_s(), why)
-            )
+            # An answer the model ran on to its own length limit (SmolLM2 now and then
+            # rambles for 45 s) is incomplete but not failed: counted apart.
+            details = event.response.status_details
+            reason = getattr(details, "reason", None) if details else None
+            ok = event.response.status == "completed" or reason == "max_output_tokens"
+            rec.cut_by_length += reason == "max_output_tokens"
+            why = "" if ok else f"status {event.response.status} ({reason})"
+            rid = f"realtime-{event.response.id}"
+            rec.answers.append(answer_of(turn, "realtime", phase, why, rid))
             # Keep the conversation short: this answer's items go.
             for out in [item["id"], *(o.id for o in event.response.output or [])]:
                 await conn.conversation.item.delete(item_id=out)
@@ -248,11 +276,13 @@ async def run(port: int, args: argparse.Namespace, wavs: list[str]) -> Record:
     tasks = [asyncio.create_task(c) for c in clients]
     await asyncio.sleep(args.baseline_s)
     rec.phase = "chaos"
+    rec.loads.append(os.getloadavg())
     print(f"baseline done: {len(rec.answers)} answers; killing now", flush=True)
     kills = asyncio.create_task(killer(port, args, stop, rec))
     watch = asyncio.create_task(watch_restarts(port, stop, rec))
     await asyncio.sleep(args.minutes * 60)
     stop.set()
+    rec.loads.append(os.getloadavg())
     kills.cancel()
     await asyncio.gather(*tasks)  # every answer under way finishes
     await watch
@@ -269,7 +299,7 @@ def by_phase_kind(answers: list[Any]) -> Iterator[tuple[str, str, list[Any]]]:
                 yield phase, kind, rows
 
 
-def report(rec: Record) -> None:
+def report(rec: Record, log: Path, wall_minus_mono: float) -> None:
     print(
         f"\n{'phase':<9} {'answers':<12} {'n':>4} {'failed':>6} {'first audio p50':>15} "
         f"{'max':>6} {'stall>1s':>8} {'stall max':>9}"
@@ -285,7 +315,8 @@ def report(rec: Record) -> None:
         )
     print(
         f"\nkills: {len(rec.kills)} ({sum(k['last_live'] for k in rec.kills)} of a stage's "
-        f"last live replica); broken realtime sessions: {rec.broken_sessions}"
+        f"last live replica); broken realtime sessions: {rec.broken_sessions}; realtime "
+        f"answers cut at the model's length limit (not failed): {rec.cut_by_length}"
     )
     for name in sorted({k["stage"] for k in rec.kills}):
         ups = [k["up_after_s"] for k in rec.kills if k["stage"] == name]
@@ -297,6 +328,26 @@ def report(rec: Record) -> None:
         )
     for a in [a for a in rec.answers if not a.ok][:10]:
         print(f"  failed ({a.phase}, {a.kind}): {a.error}")
+    print(
+        f"load average (1, 5, 15 min) at the first kill {rec.loads[0]}, at the end {rec.loads[-1]}"
+    )
+    seen = chaos_stalls.seen_after(log, wall_minus_mono, rec.kills)
+    if seen:
+        print(
+            f"a kill seen by the head (ERROR) after median {statistics.median(seen):.2f} s, "
+            f"p90 {common.pct(sorted(seen), 90):.2f} s, max {max(seen):.2f} s"
+        )
+    stalled = [a for a in rec.answers if a.stall_s > GAP_S]
+    if stalled:
+        print(f"\nstalls over {GAP_S:g} s, why (times from the answer's start):")
+        failovers = chaos_stalls.read_failovers(log, wall_minus_mono)
+        causes: dict[str, int] = {}
+        for a in stalled:
+            lines = chaos_stalls.explain(a, rec.kills, failovers.get(a.rid, []))
+            print("\n".join(lines))
+            cause = lines[-1].split("-> ", 1)[-1].split(":")[0] if "-> " in lines[-1] else "?"
+            causes[cause] = causes.get(cause, 0) + 1
+        print("causes: " + "; ".join(f"{n} {c}" for c, n in sorted(causes.items())))
 
 
 def main() -> int:
@@ -308,12 +359,14 @@ def main() -> int:
 
         return chaos_fleet.main(args)
     port = free_port()
-    every = json.dumps({str(sid): {"replicas": 2} for sid in STAGES})
+    more = json.loads(args.stage_overrides)
+    every = json.dumps({str(sid): {**more.get(str(sid), {}), "replicas": 2} for sid in STAGES})
     cmd = [sys.executable, "-m", "omnistage", "serve", "voice", "--host", HOST]
-    cmd += ["--port", str(port), "--log-level", "INFO" if args.log else "WARNING"]
-    cmd += ["--stage-overrides", every]
-    log = Path(args.log) if args.log else None
+    # INFO: its failover lines say which replica an answer lost (chaos_stalls).
+    cmd += ["--port", str(port), "--log-level", "INFO", "--stage-overrides", every]
+    log = Path(args.log or tempfile.mkstemp(prefix="chaos-", suffix=".log")[1])
     server = ServerProcess("voice-chaos", cmd, port, log_path=log, pdeathsig=True)
+    wall_minus_mono = time.time() - time.monotonic()
     try:
         server.wait_ready(300)
         wavs = [spoken(port, q) for q in QUESTIONS]
@@ -323,10 +376,13 @@ def main() -> int:
         return 1
     finally:
         server.stop()
-    report(rec)
+    report(rec, log, wall_minus_mono)
+    if not args.log:
+        log.unlink()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"answers": [a.__dict__ for a in rec.answers], "kills": rec.kills}, f)
+            raw = {"answers": [a.__dict__ for a in rec.answers], "kills": rec.kills}
+            json.dump(raw | {"wall_minus_mono": wall_minus_mono, "loads": rec.loads}, f)
     return 0
 
 

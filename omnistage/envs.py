@@ -94,6 +94,18 @@ def load_nice() -> int:
         return 10
 
 
+def load_nice_s() -> float:
+    """OMNISTAGE_LOAD_NICE_S: how long such a restart loads niced at most (seconds,
+    default 3: the live replica's takeover of the failed one's requests); then it loads at
+    full priority, so its stage is not left on one replica for the length of a niced
+    load. See ``replica.load_priority``."""
+    raw = os.environ.get("OMNISTAGE_LOAD_NICE_S", "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else 3.0
+    except ValueError:
+        return 3.0
+
+
 def replica_options() -> str | None:
     """OMNISTAGE_REPLICA_OPTIONS: a replica process's options, encoded by its launcher
     (see omnistage.replica.options)."""

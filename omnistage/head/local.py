@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import msgspec
 
 from omnistage import envs
+from omnistage.head.niced_loads import NicedLoads
 from omnistage.head.options import HeadOptions
 from omnistage.head.state import ControlState
 from omnistage.launch import make_launcher
@@ -105,6 +106,7 @@ class LocalReplicas:
         # from the loop and from launcher threads. The lock guards the restart policy too.
         self._owned: dict[tuple[int, int], _Owned] = {}
         self._owned_lock = threading.Lock()
+        self.niced = NicedLoads()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Launch every replica this head runs itself."""
@@ -190,7 +192,7 @@ class LocalReplicas:
         """Drop a replica the head no longer runs, and give its slot back."""
         with self._owned_lock:
             self._owned.pop(key, None)
-        self._dropped(key)
+        self._due(key, None)
         with self._slots_lock:
             self._slots.unreserve(*key)
 
@@ -201,16 +203,13 @@ class LocalReplicas:
             if key in self._owned:
                 self.restarts.up(key)
                 self._owned[key].up = True
+        self.niced.done(key)
 
-    def _due(self, key: tuple[int, int], delay: float) -> None:
-        """Tell the stage's pool (on the loop) that ``key`` restarts ``delay`` s from now."""
+    def _due(self, key: tuple[int, int], delay: float | None) -> None:
+        """Tell the stage's pool (on the loop): ``key`` restarts in ``delay`` s (None: not)."""
         if self._loop is not None:
-            at = time.monotonic() + delay
+            at = None if delay is None else time.monotonic() + delay
             self._loop.call_soon_threadsafe(self._hooks.on_restart_due, *key, at)
-
-    def _dropped(self, key: tuple[int, int]) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._hooks.on_restart_due, *key, None)
 
     # -- launching and exits -----------------------------------------------------------
 
@@ -227,6 +226,7 @@ class LocalReplicas:
         proc = self.launcher.launch(options)
         with self._owned_lock:
             owned.proc, owned.running = proc, True
+        self.niced.launched(key, proc, options.load_nice, self._loop)
 
     def _relaunch(self, options: ReplicaOptions) -> None:
         with self._owned_lock:
@@ -236,8 +236,8 @@ class LocalReplicas:
         if not self._stopping:
             self._hooks.on_restart(options.stage_id, options.replica_id)
         # With another replica of the stage serving here, the restart loads niced, not to
-        # take the cores that replica answers on (see replica.load_priority); with none,
-        # the stage waits on it, and it loads at full priority.
+        # take the cores that replica answers on, for a while (head.niced_loads); with
+        # none, the stage waits on it, and it loads at full priority.
         nice = envs.load_nice() if self._serving_here(options.stage_id) else 0
         options = msgspec.structs.replace(options, load_nice=nice)
         try:
@@ -247,7 +247,7 @@ class LocalReplicas:
             log.error("stage %d replica %d: restart failed: %s", *key, exc)
             with self._owned_lock:
                 self._owned.pop(key, None)  # gone for good; its slot stays the head's
-            self._dropped(key)
+            self._due(key, None)
 
     def _serving_here(self, stage_id: int) -> bool:
         """Whether another of this head's replicas of ``stage_id`` is UP."""
@@ -294,10 +294,11 @@ class LocalReplicas:
         )
         if self._stopping:
             return
+        self.niced.exited(key, stage_serving=self._serving_here(o.stage_id))
         if delay is None:
             with self._owned_lock:
                 self._owned.pop(key, None)  # gone for good; its slot stays the head's
-            self._dropped(key)
+            self._due(key, None)
             return
         if self._loop is not None:
             log.info(

@@ -217,6 +217,39 @@ async def test_streamed_input_is_spoken_sentence_by_sentence(engine: TtsEngine):
 
 @pytest.mark.slow
 @module_loop
+async def test_on_busy_cores_the_opening_phrase_waits_for_the_next_piece(engine: TtsEngine):
+    async def answer(slow: float) -> tuple[list[str], bool]:
+        """The chunks' texts, and whether audio came before the sentence was written."""
+        first_audio, early = asyncio.Event(), False
+
+        async def upstream() -> AsyncIterator[StageInput]:
+            nonlocal early
+            yield stage_input(1, "The capital of France is ")
+            try:  # the thinker writes on a while: does the opening go out meanwhile?
+                await asyncio.wait_for(first_audio.wait(), timeout=3)
+                early = True
+            except TimeoutError:
+                pass
+            yield stage_input(1, "Paris.")
+
+        engine.pace.ratio = slow
+        texts = []
+        async for chunk in engine.generate(EngineRequest("req-o", None, P.speech(), upstream())):
+            if chunk.data:
+                first_audio.set()
+            texts.append(chunk.text)
+        return texts, early
+
+    try:
+        assert await answer(slow=0.0) == (["The capital of France", "is Paris."], True)
+        # Synthesis at half real time: the opening goes out with the next piece.
+        assert await answer(slow=0.5) == (["The capital of France", "is Paris."], False)
+    finally:
+        engine.pace.ratio = 0.0
+
+
+@pytest.mark.slow
+@module_loop
 async def test_a_retry_speaks_only_the_sentences_not_spoken_before(
     engine: TtsEngine, monkeypatch: pytest.MonkeyPatch
 ):

@@ -66,3 +66,52 @@ def test_a_zero_step_nices_nothing():
 
     assert lower_for_load(0) is NOT_LOWERED
     NOT_LOWERED.restore()  # a no-op
+
+
+HURRIED = r"""
+import os, sys, threading
+from omnistage.replica import load_priority as lp
+
+def nice(tid=None):
+    return os.getpriority(os.PRIO_PROCESS, tid or threading.get_native_id())
+
+lowered = lp.lower_for_load(5)
+ready = threading.Event()
+def later():  # started while loading, niced further on purpose
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice() + 3)
+    ready.set()
+    threading.Event().wait()
+threading.Thread(target=later, daemon=True).start()
+ready.wait()
+print(lowered.step, flush=True)
+sys.stdin.readline()  # the parent hurries us meanwhile
+lowered.restore()  # ready: nothing left to undo
+print(sorted(nice(int(t)) for t in os.listdir("/proc/self/task")), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice is per thread on Linux")
+def test_the_head_hurries_a_niced_load_to_full_priority_keeping_offsets_on_purpose():
+    from omnistage.replica.load_priority import hurry
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    child = subprocess.Popen(
+        [sys.executable, "-c", HURRIED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        if child.stdout.readline().strip() == "0":
+            pytest.skip("no permission to lower a nice again here: the load is not niced")
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert sorted(os.getpriority(os.PRIO_PROCESS, t) for t in tids) == [base + 5, base + 8]
+        assert hurry(child.pid, 5)
+        assert sorted(os.getpriority(os.PRIO_PROCESS, t) for t in tids) == [base, base + 3]
+        child.stdin.write("\n")
+        child.stdin.flush()
+        # Its own restore at ready lowers nothing further (never below its base).
+        assert child.stdout.readline().strip() == str([base, base + 3])
+    finally:
+        child.kill()
+        child.wait()

@@ -69,6 +69,8 @@ class Rig:
         self.launcher = Launcher()
         self.local.launcher = self.launcher  # type: ignore[assignment]
         self.local.restarts = RestartPolicy(policy, self.clock)
+        self.hurried: list[tuple[int, int]] = []  # (pid, step): the fakes have no threads
+        self.local.niced.hurry_load = lambda pid, step: self.hurried.append((pid, step)) is None
         self.local.start(self.loop)
         for rid in ids:
             coordinator.register((0, rid), 1 + rid, "127.0.0.1", True, 60)
@@ -146,3 +148,33 @@ async def test_a_restart_its_stage_waits_on_loads_at_full_priority_else_niced(
     await asyncio.sleep(0.05)
     restarted = rig.launcher.launched[-1].options
     assert (restarted.replica_id, restarted.load_nice) == (0, 0)
+
+
+async def test_a_niced_restart_loads_at_full_priority_once_its_stage_has_no_live_replica(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMNISTAGE_LOAD_NICE", "7")
+    monkeypatch.setenv("OMNISTAGE_LOAD_NICE_S", "60")
+    rig = await Rig.serving(replicas=2)
+    rig.clock.now += SETTLE_S + 5
+    await rig.exit(replica_id=1)
+    await asyncio.sleep(0.05)
+    loading = rig.launcher.launched[-1]
+    assert loading.options.load_nice == 7 and rig.hurried == []
+    await rig.exit(replica_id=0)  # the last live one: the stage waits on replica 1 now
+    assert rig.hurried == [(loading.pid, 7)]
+
+
+async def test_a_niced_restart_loads_niced_for_load_nice_s_at_most_unless_up_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMNISTAGE_LOAD_NICE_S", "0.1")
+    rig = await Rig.serving(replicas=3)
+    rig.clock.now += SETTLE_S + 5
+    await rig.exit(replica_id=1)
+    await rig.exit(replica_id=2)  # both restarts load niced beside replica 0
+    await asyncio.sleep(0.02)
+    rig.coordinator.register((0, 2), 10, "127.0.0.1", True, 60)
+    rig.coordinator.ready((0, 2), 10, 4, 1000)  # replica 2 is UP before its time is up
+    await asyncio.sleep(0.2)
+    assert rig.hurried == [(1001, 10)]  # replica 1, still loading: OMNISTAGE_LOAD_NICE's 10

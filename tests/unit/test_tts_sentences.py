@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from omnistage.engines.speech.sentences import SpokenBefore, StreamedPieces, prompt_pieces
+from omnistage.engines.speech.sentences import (
+    SpokenBefore,
+    StreamedPieces,
+    SynthesisPace,
+    prompt_pieces,
+)
 
 
 def test_a_prompt_is_spoken_by_sentence_or_whole() -> None:
@@ -41,3 +46,25 @@ def test_a_retry_skips_the_pieces_spoken_before_and_cuts_a_straddling_one() -> N
     assert odd.new_text("Hello there, how are you?") == " are you?"
     assert odd.new_text("Next.") == "Next."
     assert not SpokenBefore("").skip("Hello.")
+
+
+def test_the_opening_phrase_spoken_alone_is_named() -> None:
+    pieces = StreamedPieces(sentence_streaming=True, first_phrase=True)
+    assert pieces.add("The capital of France is ") == ["The capital of France"]
+    assert pieces.opening == "The capital of France"
+    whole = StreamedPieces(sentence_streaming=True, first_phrase=True)
+    assert whole.add("Paris. And") == ["Paris."] and whole.opening is None
+
+
+def test_the_opening_goes_alone_only_while_synthesis_is_fast() -> None:
+    pace = SynthesisPace(limit=0.1, weight=0.5)
+    assert pace.opening_alone()  # nothing measured: an idle machine
+    pace.record(0.05, 2.0)  # 40x real time
+    assert pace.opening_alone()
+    pace.record(1.0, 2.0)  # busy cores: 2x real time
+    assert not pace.opening_alone()
+    for _ in range(6):
+        pace.record(0.05, 2.0)
+    assert pace.opening_alone()  # fast again: the moving average follows
+    pace.record(1.0, 0.0)  # no audio: nothing to learn
+    assert pace.opening_alone()

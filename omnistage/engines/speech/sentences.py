@@ -29,6 +29,7 @@ class StreamedPieces:
         self._opening = split_first_phrase if first_phrase else split_first_clause
         self._buffer = ""
         self._spoken_any = False
+        self.opening: str | None = None  # the opening clause or phrase, spoken alone
 
     def add(self, text: str) -> list[str]:
         self._buffer += text
@@ -39,6 +40,7 @@ class StreamedPieces:
             # Nothing said yet: an opening clause (or phrase) is worth speaking alone.
             clause, self._buffer = self._opening(self._buffer)
             sentences = [clause] if clause else []
+            self.opening = clause
         self._spoken_any = self._spoken_any or bool(sentences)
         return sentences
 
@@ -70,3 +72,26 @@ class SpokenBefore:
         cut = min(len(self._left), len(piece))
         self._left = self._left[cut:]
         return piece[cut:]
+
+
+class SynthesisPace:
+    """How fast this replica synthesizes now (seconds of synthesis, wall clock, per
+    second of audio: a moving average), and whether an answer's opening phrase may go out
+    alone. Alone, the opening (~1 s of audio) leaves the next piece ~1 s to be written
+    and synthesized; on busy cores (synthesis at 1/4 of its idle speed and worse) it
+    came late, and the player ran dry: in a chaos run at load 8-11, 54 of 57 stalls over
+    1 s sat right after the opening. Slower than ``limit``, the opening is held and goes
+    out with the next piece, as if it had not been cut (the pieces stay the same, so a
+    retry skips the same ones)."""
+
+    def __init__(self, limit: float = 0.1, weight: float = 0.2) -> None:
+        self.limit = limit
+        self._weight = weight
+        self.ratio = 0.0  # idle: Piper synthesizes ~40x faster than real time
+
+    def record(self, wall_s: float, audio_s: float) -> None:
+        if audio_s > 0:
+            self.ratio += self._weight * (wall_s / audio_s - self.ratio)
+
+    def opening_alone(self) -> bool:
+        return self.ratio <= self.limit

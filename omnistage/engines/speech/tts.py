@@ -36,7 +36,12 @@ from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.priority_slots import PrioritySlots
-from omnistage.engines.speech.sentences import SpokenBefore, StreamedPieces, prompt_pieces
+from omnistage.engines.speech.sentences import (
+    SpokenBefore,
+    StreamedPieces,
+    SynthesisPace,
+    prompt_pieces,
+)
 from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
 from omnistage.protocol.chunk_meta import AudioMeta
@@ -85,6 +90,7 @@ class TtsEngine(Engine):
         )
         self._noise = (self.args.noise_scale, self.args.noise_w_scale)
         self._waiting = 0
+        self.pace = SynthesisPace()
         # Seconds the default voice took to load, and its warm-up synthesis.
         self.load_time_s: float | None = None
         self.warmup_time_s: float | None = None
@@ -177,15 +183,26 @@ class TtsEngine(Engine):
             return
 
         streamed = StreamedPieces(self.args.sentence_streaming, self.args.first_phrase)
+        # Busy cores: the opening goes out with the next piece (SynthesisPace); no retry's.
+        hold = not request.resume_text and not self.pace.opening_alone()
+        held: EngineChunk | None = None
         async for item in request.inputs:
             if not item.text or item.modality != Modality.TEXT:
                 continue  # a function call's arguments are not for speaking
             words_in += len(item.text.split())
             for piece in streamed.add(item.text):
                 chunk = await speak(piece)
-                if chunk.data:
-                    yield chunk
-        yield await speak(streamed.rest(), finished=True)
+                if hold and held is None and piece == streamed.opening:
+                    held = chunk
+                    continue
+                for out in (held, chunk):
+                    if out is not None and out.data:
+                        yield out
+                held = None
+        last = await speak(streamed.rest(), finished=True)
+        if held is not None and held.data:
+            yield held
+        yield last
 
     def _catalog(self) -> VoiceCatalog:
         if self.catalog is None:
@@ -247,11 +264,26 @@ class TtsEngine(Engine):
             self._slots.release()
             raise
         work.add_done_callback(self._synthesis_done)
+        started = time.perf_counter()
         try:
-            return await asyncio.shield(work)
+            pcm = await asyncio.shield(work)
         except asyncio.CancelledError:
             stop.set()
             raise
+        self._paced(time.perf_counter() - started, len(pcm) / 2 / voice.config.sample_rate)
+        return pcm
+
+    def _paced(self, wall_s: float, audio_s: float) -> None:
+        alone = self.pace.opening_alone()
+        self.pace.record(wall_s, audio_s)
+        if alone != self.pace.opening_alone():
+            log.info(
+                "synthesis at %.2f s per second of audio (limit %.2f): an answer's opening "
+                "phrase %s",
+                self.pace.ratio,
+                self.pace.limit,
+                "goes out alone again" if not alone else "waits for its next piece",
+            )
 
     def _synthesis_done(self, work: asyncio.Future[bytes]) -> None:
         self._slots.release()
