@@ -41,3 +41,14 @@ def test_a_retry_skips_the_pieces_spoken_before_and_cuts_a_straddling_one() -> N
     assert odd.new_text("Hello there, how are you?") == " are you?"
     assert odd.new_text("Next.") == "Next."
     assert not SpokenBefore("").skip("Hello.")
+
+
+def test_an_unfinished_sentence_is_cut_at_a_phrase_boundary_when_asked() -> None:
+    pieces = StreamedPieces(sentence_streaming=True, first_phrase=True)
+    assert pieces.add("The fruit that is yellow ") == ["The fruit that"]  # the opening
+    assert pieces.add("is a lemon, a kind of citrus fruit which ") == []
+    assert pieces.pending == len("is yellow is a lemon, a kind of citrus fruit which")
+    assert pieces.phrase() == ["is yellow is a lemon,"]
+    assert pieces.phrase() == ["a kind of citrus fruit"]
+    assert pieces.phrase() == []  # "which": no words after a boundary yet
+    assert pieces.add("grows on trees. More") == ["which grows on trees."]
