@@ -239,6 +239,28 @@ async def test_a_retry_speaks_only_the_sentences_not_spoken_before(
 
 @pytest.mark.slow
 @module_loop
+async def test_an_answer_about_to_run_dry_speaks_its_sentence_to_a_phrase_boundary(
+    engine: TtsEngine,
+):
+    """The thinker writes slower than the opening phrase plays: rather than wait for the
+    sentence's end in silence, the talker speaks its words up to a phrase boundary."""
+    words = "The capital of France is Paris, a city that is known for its art and food."
+
+    async def slow_thinker() -> AsyncIterator[StageInput]:
+        for word in words.split(" "):
+            yield stage_input(1, word + " ")
+            await asyncio.sleep(0.2)  # 18 words: ~3.6 s; the opening plays ~1.3 s
+
+    chunks = await collect(engine, EngineRequest("req-dry", None, P.speech(), slow_thinker()))
+    texts = [c.text for c in chunks if c.text]
+    assert texts[0] == "The capital of France"
+    assert " ".join(texts) == words
+    assert len(texts) >= 3  # the rest of the sentence was cut at least once
+    assert all(c.data for c in chunks[:-1])
+
+
+@pytest.mark.slow
+@module_loop
 async def test_unknown_voice_or_bad_speed_is_a_bad_request(engine: TtsEngine):
     with pytest.raises(BadRequestError, match=JOE) as caught:
         await collect(engine, speak(SHORT, voice="nobody"))
