@@ -6,7 +6,7 @@ Kept free of engine imports so validating a config never loads torch.
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -159,6 +159,12 @@ class TtsArgs(_Args):
     # an answer's later sentences, so that a first sentence, which a listener waits for,
     # gets the cores first. 0: all syntheses alike.
     later_nice: int = Field(default=10, ge=0, le=19)
+    # Which synthesis goes first among many answers' (engines/speech/talker_order.py):
+    # "deadline": a chunk whose listener is about to run dry, then first chunks, then the
+    # rest by when each is due, niced if it has seconds to spare, and an answer about to
+    # run dry speaks its unfinished sentence to a phrase boundary; "chunk_index": first
+    # chunks before later ones, from the third chunk on niced (the order before).
+    scheduling: Literal["deadline", "chunk_index"] = "deadline"
     # The voice's randomness (VITS draws noise on every synthesis): None keeps the
     # voice's own; 0 and 0 say the same text the same way every time (tests that
     # transcribe what they said need that).

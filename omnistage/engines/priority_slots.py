@@ -4,14 +4,19 @@ An ``asyncio.Semaphore`` serves waiters first come, first served. A talker servi
 answers at once should not: a listener waits for an answer's *first* sentence, while a
 later sentence only has to arrive before the one before it has finished playing. So
 each waiter says how urgent it is (lower first) and a freed slot goes to the most
-urgent, the earliest of equals.
+urgent, the earliest of equals. Urgency may change while a waiter waits (a later
+sentence grows urgent as the audio before it plays out): a waiter may pass a function,
+read when a slot frees. Waiters are few (a replica's answers), so a release scans them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
+from collections.abc import Callable
+from typing import Any
+
+Priority = Any  # anything comparable; or a function that reads it when a slot frees
 
 
 class PrioritySlots:
@@ -19,7 +24,7 @@ class PrioritySlots:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self._free = slots
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[Priority, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
     def locked(self) -> bool:
@@ -30,12 +35,12 @@ class PrioritySlots:
     def waiting(self) -> int:
         return sum(1 for *_, f in self._waiters if not f.done())
 
-    async def acquire(self, priority: int = 0) -> None:
+    async def acquire(self, priority: Priority | Callable[[], Priority] = 0) -> None:
         if self._free > 0 and not self.waiting:
             self._free -= 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (priority, next(self._order), future))
+        self._waiters.append((priority, next(self._order), future))
         try:
             await future
         except asyncio.CancelledError:
@@ -44,9 +49,15 @@ class PrioritySlots:
             raise
 
     def release(self) -> None:
-        while self._waiters:
-            *_, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_result(None)
-                return
-        self._free += 1
+        self._waiters = [w for w in self._waiters if not w[2].done()]
+        if not self._waiters:
+            self._free += 1
+            return
+        chosen = min(self._waiters, key=_urgency)
+        self._waiters.remove(chosen)
+        chosen[2].set_result(None)
+
+
+def _urgency(waiter: tuple[Priority, int, asyncio.Future[None]]) -> tuple[Priority, int]:
+    priority, order, _ = waiter
+    return (priority() if callable(priority) else priority, order)

@@ -272,6 +272,28 @@ async def test_a_retry_speaks_only_the_sentences_not_spoken_before(
 
 @pytest.mark.slow
 @module_loop
+async def test_an_answer_about_to_run_dry_speaks_its_sentence_to_a_phrase_boundary(
+    engine: TtsEngine,
+):
+    """The thinker writes slower than the opening phrase plays: rather than wait for the
+    sentence's end in silence, the talker speaks its words up to a phrase boundary."""
+    words = "The capital of France is Paris, a city that is known for its art and food."
+
+    async def slow_thinker() -> AsyncIterator[StageInput]:
+        for word in words.split(" "):
+            yield stage_input(1, word + " ")
+            await asyncio.sleep(0.2)  # 18 words: ~3.6 s; the opening plays ~1.3 s
+
+    chunks = await collect(engine, EngineRequest("req-dry", None, P.speech(), slow_thinker()))
+    texts = [c.text for c in chunks if c.text]
+    assert texts[0] == "The capital of France"
+    assert " ".join(texts) == words
+    assert len(texts) >= 3  # the rest of the sentence was cut at least once
+    assert all(c.data for c in chunks[:-1])
+
+
+@pytest.mark.slow
+@module_loop
 async def test_unknown_voice_or_bad_speed_is_a_bad_request(engine: TtsEngine):
     with pytest.raises(BadRequestError, match=JOE) as caught:
         await collect(engine, speak(SHORT, voice="nobody"))
@@ -389,31 +411,44 @@ async def test_event_loop_stays_responsive_during_synthesis(engine: TtsEngine):
 
 @pytest.mark.slow
 @module_loop
-async def test_an_answers_later_chunks_are_synthesized_at_a_lower_priority(engine: TtsEngine):
-    """The first URGENT_CHUNKS chunks run at the process's nice, later ones niced."""
+async def test_chunks_with_seconds_of_audio_ahead_are_synthesized_at_a_lower_priority(
+    engine: TtsEngine,
+):
+    """Deadline order: the first chunk (its listener waits in silence) at the process's
+    nice, the last (~8 s of audio ahead of it) niced; the chunk_index order: the first
+    two at the process's nice, the rest niced."""
     import os
     import threading
 
-    from omnistage.engines.speech.tts import URGENT_CHUNKS
+    from omnistage.engines.speech.talker_order import ChunkOrder
 
     voice = await engine._voice(engine._catalog().default)
     real = voice.synthesize
-    seen: list[tuple[str, int]] = []
-
-    def recording(text: str, *args: Any, **kwargs: Any) -> Any:
-        seen.append((text, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-        return real(text, *args, **kwargs)
-
     text = LONG + " A fourth sentence, the last one, ends it."
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    voice.synthesize = recording  # type: ignore[method-assign]
-    try:
-        chunks = await collect(engine, speak(text))
-    finally:
-        del voice.synthesize
-    assert len(chunks) == 4 and all(c.data for c in chunks)
-    assert [t for t, _ in seen] == [c.text for c in chunks]
-    nices = [n for _, n in seen]
     later = min(19, base + engine.args.later_nice)
-    assert engine.args.later_nice == 10 and URGENT_CHUNKS == 2
-    assert nices == [base, base, later, later]
+
+    async def nices() -> list[int]:
+        seen: list[tuple[str, int]] = []
+
+        def recording(text: str, *args: Any, **kwargs: Any) -> Any:
+            seen.append((text, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+            return real(text, *args, **kwargs)
+
+        voice.synthesize = recording  # type: ignore[method-assign]
+        try:
+            chunks = await collect(engine, speak(text))
+        finally:
+            del voice.synthesize
+        assert len(chunks) == 4 and all(c.data for c in chunks)
+        assert [t for t, _ in seen] == [c.text for c in chunks]
+        return [n for _, n in seen]
+
+    assert engine.args.later_nice == 10 and engine.args.scheduling == "deadline"
+    deadline = await nices()
+    assert deadline[0] == base and deadline[-1] == later
+    engine._order, order = ChunkOrder(), engine._order
+    try:
+        assert await nices() == [base, base, later, later]
+    finally:
+        engine._order = order

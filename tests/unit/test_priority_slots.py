@@ -72,3 +72,22 @@ async def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on() -> None:
 def test_at_least_one_slot() -> None:
     with pytest.raises(ValueError):
         PrioritySlots(0)
+
+
+async def test_a_priority_function_is_read_when_a_slot_frees() -> None:
+    slots = PrioritySlots(1)
+    await slots.acquire()
+    urgency = {"a": 1, "b": 2}
+    got: list[str] = []
+
+    async def take(name: str) -> None:
+        await slots.acquire(lambda: urgency[name])
+        got.append(name)
+
+    tasks = [asyncio.ensure_future(take(name)) for name in ("a", "b")]
+    await ticks(3)
+    urgency["b"] = 0  # b grew urgent while it waited
+    for _ in tasks:
+        slots.release()
+        await ticks(2)
+    assert got == ["b", "a"]

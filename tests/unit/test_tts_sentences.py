@@ -68,3 +68,14 @@ def test_the_opening_goes_alone_only_while_synthesis_is_fast() -> None:
     assert pace.opening_alone()  # fast again: the moving average follows
     pace.record(1.0, 0.0)  # no audio: nothing to learn
     assert pace.opening_alone()
+
+
+def test_an_unfinished_sentence_is_cut_at_a_phrase_boundary_when_asked() -> None:
+    pieces = StreamedPieces(sentence_streaming=True, first_phrase=True)
+    assert pieces.add("The fruit that is yellow ") == ["The fruit that"]  # the opening
+    assert pieces.add("is a lemon, a kind of citrus fruit which ") == []
+    assert pieces.pending == len("is yellow is a lemon, a kind of citrus fruit which")
+    assert pieces.phrase() == ["is yellow is a lemon,"]
+    assert pieces.phrase() == ["a kind of citrus fruit"]
+    assert pieces.phrase() == []  # "which": no words after a boundary yet
+    assert pieces.add("grows on trees. More") == ["which grows on trees."]

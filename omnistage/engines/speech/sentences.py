@@ -3,7 +3,9 @@ pieces it synthesizes one by one (pure: no audio).
 
 With sentence streaming on, each complete sentence goes as soon as it is written, and
 before the first one an opening clause (or phrase) that is complete: the listener hears
-the start while the rest is still being written. Off, the text is spoken whole.
+the start while the rest is still being written. Later, a sentence may be cut at a
+phrase boundary too (``phrase``) when the talker says the listener is about to run dry.
+Off, the text is spoken whole.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ class StreamedPieces:
             self.opening = clause
         self._spoken_any = self._spoken_any or bool(sentences)
         return sentences
+
+    @property
+    def pending(self) -> int:
+        """Characters written but not spoken yet (an unfinished sentence)."""
+        return len(self._buffer.strip())
+
+    def phrase(self) -> list[str]:
+        """The unfinished sentence's words up to a phrase boundary, to speak now (an
+        answer about to run dry): none if there is no boundary yet."""
+        phrase, self._buffer = split_first_phrase(self._buffer)
+        return [phrase] if phrase else []
 
     def rest(self) -> str:
         return self._buffer.strip()

@@ -7,17 +7,12 @@ int16, mono) with an ``AudioMeta`` giving its ``sample_rate`` and ``voice``; pac
 into a container (WAV, ...) is the API layer's business.
 
 Synthesis runs in worker threads, at most ``max_concurrent`` at once, so the replica's
-event loop stays free for heartbeats and other requests; a free slot goes to an
-answer's first sentence before other answers' later ones. (Earliest deadline first,
-a later sentence due when the audio before it has played out, was tried: eight
-sessions at once got later first audio and no fewer gaps.) A slot only decides who
-starts, though: once running, a first sentence shared the cores evenly with the later
-ones already under way (and with the thinker feeding them). So an answer's later
-chunks (from the third: see ``URGENT_CHUNKS``) run on threads of their own at a lower
-scheduling priority (``later_nice``): the kernel gives a first sentence the cores it
-needs, and the later ones the rest, which is plenty (a later sentence only has to be
-ready when the audio before it has played). Piper and onnxruntime load only when the
-engine starts.
+event loop stays free for heartbeats and other requests. Which waiting synthesis a free
+slot goes to, which run at a lower scheduling priority (``later_nice``), and when an
+answer about to run dry speaks its unfinished sentence to a phrase boundary, is the
+``scheduling`` policy's call (``talker_order``): by default the chunks of answers whose
+listener is about to run out of audio first, then answers' first chunks, then the
+rest, by when each is due. Piper and onnxruntime load only when the engine starts.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -41,6 +36,13 @@ from omnistage.engines.speech.sentences import (
     StreamedPieces,
     SynthesisPace,
     prompt_pieces,
+)
+from omnistage.engines.speech.talker_order import (
+    ChunkOrder,
+    DeadlineOrder,
+    Piece,
+    Playback,
+    TalkerOrder,
 )
 from omnistage.engines.speech.voices import VoiceCatalog, VoiceInfo
 from omnistage.engines.torch_threads import cores
@@ -58,12 +60,6 @@ log = logging.getLogger(__name__)
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
 WARMUP_TEXT = "Hello."
-# An answer's chunks synthesized at the process's own priority; the later ones are
-# niced (``later_nice``). Two, not one: the first chunk is often a short opening phrase
-# (~1 s of audio), so the sentence after it is due almost at once. Eight answers at
-# once on 2 cores: one urgent chunk gave first audio 0.86 / 1.30 s (p50 / p90) and 23 s
-# of gaps over 40 answers, two gave 0.90 / 1.39 s and 12 s (docs/benchmarks.md).
-URGENT_CHUNKS = 2
 
 
 class TtsEngine(Engine):
@@ -77,8 +73,11 @@ class TtsEngine(Engine):
         self.catalog: VoiceCatalog | None = None
         self._loads: dict[str, asyncio.Future[PiperVoice]] = {}
         self._slots = PrioritySlots(self.args.max_concurrent)
-        # An answer's first URGENT_CHUNKS chunks run on the first pool, the rest on the
-        # second, whose threads are niced.
+        self._order: TalkerOrder = (
+            DeadlineOrder(time.monotonic) if self.args.scheduling == "deadline" else ChunkOrder()
+        )
+        # Syntheses the order says yield the cores run on the second pool, whose
+        # threads are niced.
         self._pools = (
             ThreadPoolExecutor(self.args.max_concurrent, thread_name_prefix="tts-first"),
             ThreadPoolExecutor(
@@ -153,6 +152,7 @@ class TtsEngine(Engine):
         words_in = 0
 
         said = 0  # chunks synthesized: an answer's first go before others' later ones
+        playback = Playback()  # when the listener runs out of what was sent
         before = SpokenBefore(request.resume_text)
 
         async def speak(piece: str, finished: bool = False) -> EngineChunk:
@@ -161,7 +161,9 @@ class TtsEngine(Engine):
             if piece and before.skip(piece):
                 piece = ""  # spoken by a replica that failed
             elif piece:
-                pcm = await self._synthesize(piper_voice, piece, length_scale, said)
+                job = Piece(playback, said, len(piece))
+                pcm = await self._synthesize(piper_voice, piece, length_scale, job)
+                playback.sent(len(pcm) / 2 / voice.sample_rate, time.monotonic())
                 said += 1
             self.progress += 1
             chunk = EngineChunk(modality, text=before.new_text(piece), data=pcm, meta=meta)
@@ -182,15 +184,29 @@ class TtsEngine(Engine):
             yield await speak(pieces[-1] if pieces else "", finished=True)
             return
 
+        async for chunk in self._streamed(request, speak, playback):
+            yield chunk
+
+    async def _streamed(
+        self,
+        request: EngineRequest,
+        speak: Callable[..., Awaitable[EngineChunk]],
+        playback: Playback,
+    ) -> AsyncIterator[EngineChunk]:
+        """Streamed text spoken piece by piece as it comes (``speak``: one piece)."""
         streamed = StreamedPieces(self.args.sentence_streaming, self.args.first_phrase)
         # Busy cores: the opening goes out with the next piece (SynthesisPace); no retry's.
         hold = not request.resume_text and not self.pace.opening_alone()
         held: EngineChunk | None = None
+        words_in = 0
         async for item in request.inputs:
             if not item.text or item.modality != Modality.TEXT:
                 continue  # a function call's arguments are not for speaking
             words_in += len(item.text.split())
-            for piece in streamed.add(item.text):
+            pieces = streamed.add(item.text)
+            if not pieces and self._order.hurry(playback, streamed.pending):
+                pieces = streamed.phrase()
+            for piece in pieces:
                 chunk = await speak(piece)
                 if hold and held is None and piece == streamed.opening:
                     held = chunk
@@ -200,6 +216,7 @@ class TtsEngine(Engine):
                         yield out
                 held = None
         last = await speak(streamed.rest(), finished=True)
+        last.usage = Usage(words_in)
         if held is not None and held.data:
             yield held
         yield last
@@ -235,24 +252,26 @@ class TtsEngine(Engine):
         return await asyncio.shield(load)
 
     async def _synthesize(
-        self, voice: PiperVoice, text: str, length_scale: float, said: int = 0
+        self, voice: PiperVoice, text: str, length_scale: float, job: Piece | None = None
     ) -> bytes:
-        """PCM for ``text``, the answer's chunk number ``said`` (from 0), synthesized in
-        a worker thread once a slot is free: a free slot goes to an answer's first chunk
-        before others' later ones, and chunks from ``URGENT_CHUNKS`` on run niced.
+        """PCM for ``text`` (``job``: which answer's chunk it is; None: warm-up),
+        synthesized in a worker thread once the order gives it a free slot, niced if
+        the order says it can yield the cores.
 
         On cancellation the worker stops at its next sentence boundary; the slot stays
         taken until it has, so at most ``max_concurrent`` syntheses ever run.
         """
+        job = job or Piece(Playback(), 0, len(text))
         self._waiting += 1
         try:
-            await self._slots.acquire(min(said, 1))
+            await self._slots.acquire(lambda: self._order.key(job))
         finally:
             self._waiting -= 1
         stop = threading.Event()
+        started, niced = time.monotonic(), self._order.niced(job)
         try:
             work = asyncio.get_running_loop().run_in_executor(
-                self._pools[0 if said < URGENT_CHUNKS else 1],
+                self._pools[1 if niced else 0],
                 _synthesize_blocking,
                 voice,
                 text,
@@ -264,13 +283,15 @@ class TtsEngine(Engine):
             self._slots.release()
             raise
         work.add_done_callback(self._synthesis_done)
-        started = time.perf_counter()
         try:
             pcm = await asyncio.shield(work)
         except asyncio.CancelledError:
             stop.set()
             raise
-        self._paced(time.perf_counter() - started, len(pcm) / 2 / voice.config.sample_rate)
+        took = time.monotonic() - started
+        if not niced:  # the urgent ones, whose time the order estimates, run unniced
+            self._order.observe(len(text), took)
+        self._paced(took, len(pcm) / 2 / voice.config.sample_rate)
         return pcm
 
     def _paced(self, wall_s: float, audio_s: float) -> None:
