@@ -2,8 +2,9 @@
 
 No server: Silero and Smart Turn (the real models) run in process on bench_turns.py's
 utterances, each take synthesized afresh (Piper's voice varies take to take, and Smart
-Turn's verdict with it). For each first-check silence (``FIRST_CHECK_MS``; the deciding
-check stays at ``CHECK_MS``, 200 ms), on the same takes:
+Turn's verdict with it). For each first-check silence (``Eager.first_check_ms`` of the
+default eagerness, "auto"; the deciding check stays at ``CHECK_MS``, 200 ms), on the same
+takes:
 - finished questions: when the turn ends, from the question's last voiced frame (p50, and
   how many within 300 ms);
 - paused sentences (600-800 ms of silence spliced in at a word boundary): how many the
@@ -13,6 +14,7 @@ check stays at ``CHECK_MS``, 200 ms), on the same takes:
 """
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
@@ -55,8 +57,9 @@ def main() -> int:
         paused = [spliced(voice, a, b, 0.6 + 0.2 * i / steps) for i, (a, b) in enumerate(PAUSED)]
         paused_n += len(paused)
         for first in firsts:
-            # The detector reads the module's constant at each window: set it per variant.
-            semantic_vad.FIRST_CHECK_MS = first
+            # The default eagerness, asking first at this silence.
+            eager = semantic_vad.EAGERNESS["medium"]
+            semantic_vad.EAGERNESS["medium"] = dataclasses.replace(eager, first_check_ms=first)
             for pcm in questions:
                 stopped = turn_ends_ms(pcm, judge)
                 ends[first].append(stopped[0] - len(pcm) * 1000 / RATE)

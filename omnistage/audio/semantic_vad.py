@@ -5,13 +5,14 @@ machine, the counterpart of ``server_vad.TurnDetector``. Silero's window probabi
 where speech starts and where a silence begins (with the same threshold and hysteresis as
 server VAD); what a silence means is the model's call:
 
-- once a silence has lasted ``FIRST_CHECK_MS``, the detector asks ``judge(turn_start_ms,
-  now_ms)`` for the probability that the turn's audio so far is a finished turn;
+- once a silence has lasted ``CHECK_MS`` (``FIRST_CHECK_MS`` for "high" eagerness), the
+  detector asks ``judge(turn_start_ms, now_ms)`` for the probability that the turn's audio
+  so far is a finished turn;
 - at or above the eagerness's ``threshold`` the turn ends at once, where the silence began;
-- below it, the model is asked once more when the silence has lasted ``CHECK_MS``, and that
-  verdict decides: at or above the threshold the turn ends; below it but at least
-  ``LIKELY``, the speaker has probably finished: the turn ends if the silence lasts
-  ``unsure_wait_ms`` (longer than a pause for breath or thought);
+- below it, if asked early, the model is asked once more when the silence has lasted
+  ``CHECK_MS``, and that verdict decides: at or above the threshold the turn ends; below
+  it but at least ``LIKELY``, the speaker has probably finished: the turn ends if the
+  silence lasts ``unsure_wait_ms`` (longer than a pause for breath or thought);
 - below ``LIKELY`` the pause is mid-turn: the turn ends only if the silence lasts
   ``max_wait_ms`` (the speaker is gone, or the model was wrong), so a session never hangs
   on an unfinished-sounding turn.
@@ -57,11 +58,12 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 # Silence before the model's deciding verdict. Smart Turn is trained on turns cut about this
 # long after the speech (pipecat pairs it with a 0.2 s VAD stop).
 CHECK_MS = 200
-# Silence before it is first asked, when only a sure verdict counts. Measured offline on
-# four Piper takes of bench_turns.py's 8 questions and 12 paused sentences (Piper's voice
-# varies take to take, and Smart Turn's verdict with it): asking first at 100 ms ended the
-# finished questions 185 ms after their last voiced frame (p50) against 278 ms asked at
-# 200 ms alone, and cut off the same 3 of 48 paused sentences; asked at 64 ms, 8 of 48.
+# Silence at which "high" eagerness first asks, when only a sure verdict counts. Offline,
+# on four Piper takes of bench_turns.py's 8 questions and 12 paused sentences
+# (bench_turn_checks.py), asking first at 100 ms ended the finished questions 185 ms after
+# their last voiced frame (p50) against 278 ms, with the same 3 of 48 paused sentences cut
+# off; live (bench_turns.py, 2026-12-06) it cut off 10 of 48 against 2 of 24 asked at
+# 200 ms alone. So only "high", which trades cut-offs for speed, asks early.
 FIRST_CHECK_MS = 100
 # Speech onset, prefix padding and hysteresis, as server VAD's defaults.
 SPEECH = ServerVadParams()
@@ -75,6 +77,7 @@ class Eager:
     threshold: float  # the model's probability that ends the turn at once
     unsure_wait_ms: int  # the silence that ends a turn the model calls likely finished
     max_wait_ms: int  # the silence that ends any turn
+    first_check_ms: int = CHECK_MS  # the silence at which the model is first asked
 
 
 # "low" lets the user take their time; "high" answers as soon as it can. OpenAI documents
@@ -82,7 +85,7 @@ class Eager:
 EAGERNESS: dict[str, Eager] = {
     "low": Eager(0.985, 2000, 8000),
     "medium": Eager(0.97, 1000, 4000),
-    "high": Eager(0.9, 500, 2000),
+    "high": Eager(0.9, 500, 2000, FIRST_CHECK_MS),
 }
 
 
@@ -107,6 +110,12 @@ class SemanticVadParams:
     def threshold(self) -> float:
         """The end-of-turn probability at which a pause ends the turn at once."""
         return self.eager.threshold
+
+    @property
+    def first_check_ms(self) -> int:
+        """The silence at which the model is first asked (a sure verdict ends the turn
+        there; below ``CHECK_MS`` an unsure one waits for the deciding question)."""
+        return self.eager.first_check_ms
 
     @property
     def max_wait_ms(self) -> int:
@@ -161,7 +170,7 @@ class SemanticTurnDetector:
         self._tokens = 0  # questions asked so far: each one's token
         self._question: Question | None = None  # this silence's latest, once asked
         self._judged = False  # whether the latest question has its verdict
-        self._next_check: int | None = FIRST_CHECK_MS  # silence at which to ask next
+        self._next_check: int | None = params.first_check_ms  # silence at which to ask next
         self._untaken: Question | None = None  # asked, not yet taken to the model
         # The model's last verdict (for stats and tests): (probability, at ms).
         self.last_verdict: tuple[float, int] | None = None
@@ -180,7 +189,7 @@ class SemanticTurnDetector:
         """A silence begins (or none holds): its question and verdict, if any, are void."""
         self._silence_from, self._wait_ms = silence_from, None
         self._question = self._untaken = None
-        self._judged, self._next_check = False, FIRST_CHECK_MS
+        self._judged, self._next_check = False, self.params.first_check_ms
 
     def take_question(self) -> Question | None:
         """The question asked since the last call, for the model (without a ``judge``)."""

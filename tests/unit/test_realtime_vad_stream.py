@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from omnistage.audio.semantic_vad import FIRST_CHECK_MS, SemanticVadParams
+from omnistage.audio.semantic_vad import CHECK_MS, SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped
 from omnistage.audio.vad import WINDOW, VadStream
 from omnistage.audio.verdicts import VerdictPool
@@ -106,10 +106,10 @@ def test_semantic_vad_hears_the_turns_own_audio_and_ends_it_on_the_models_word()
     stream = VadStream(SemanticVadParams(), 24_000, vad=LoudScorer(), judge=model)
     data = pcm(24_000, (1, 0), (1, 0.5), (1, 0))
     assert feed_in(stream, data, [961]) == TURN
-    # The model heard the turn from its prefix padding to FIRST_CHECK_MS into the silence (at
+    # The model heard the turn from its prefix padding to CHECK_MS into the silence (at
     # 16 kHz): from 692 ms, 308 ms of quiet, the tone's second, then the quiet it judges.
     (audio,) = heard
-    assert len(audio) == pytest.approx((2016 + FIRST_CHECK_MS - 692) * 16, abs=WINDOW)
+    assert len(audio) == pytest.approx((2016 + CHECK_MS - 692) * 16, abs=WINDOW)
     loud = np.nonzero(np.abs(audio) > 0.1)[0]
     assert loud[0] == pytest.approx(308 * 16, abs=32) and loud[-1] == pytest.approx(
         1308 * 16, abs=32
@@ -144,7 +144,7 @@ async def test_with_a_pool_the_verdict_runs_off_the_loop_and_ends_the_turn_when_
     release.set()
     assert await task == TURN[1:]  # where the silence began, as without a pool
     assert stream.verdicts() == [] and not stream.speaking
-    assert heard == [pytest.approx((2016 + FIRST_CHECK_MS - 692) * 16, abs=WINDOW)]
+    assert heard == [pytest.approx((2016 + CHECK_MS - 692) * 16, abs=WINDOW)]
 
 
 async def test_a_question_whose_silence_is_over_is_never_run() -> None:

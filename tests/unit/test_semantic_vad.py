@@ -56,45 +56,25 @@ def test_a_finished_turn_ends_where_its_silence_began_once_the_model_agrees() ->
     assert events[0] == (320, SpeechStarted(20))  # 300 ms of prefix padding
     start, stopped = events[1]
     assert stopped == SpeechStopped(960)
-    # Asked once, as soon as the silence had lasted FIRST_CHECK_MS, about the turn's audio
-    # so far: a sure verdict ends the turn there.
-    assert model.asked == [(20, start + W)] and start + W - 960 >= FIRST_CHECK_MS
-    assert start + W - 960 < FIRST_CHECK_MS + W
+    # Asked once, as soon as the silence had lasted CHECK_MS, about the turn's audio so far.
+    assert model.asked == [(20, start + W)] and start + W - 960 >= CHECK_MS
+    assert start + W - 960 < CHECK_MS + W
     assert not d.speaking
 
 
 def test_a_pause_the_model_calls_unfinished_does_not_end_the_turn() -> None:
-    model = Model(0.1, 0.1, 0.99)
+    model = Model(0.1, 0.99)
     d = SemanticTurnDetector(SemanticVadParams(), model)
     # "I'd like to ... [700 ms] ... book a table."
     events = run(d, speech(640) + quiet(704) + speech(640) + quiet(320))
     assert [type(e) for _, e in events] == [SpeechStarted, SpeechStopped]
     assert events[1][1] == SpeechStopped(640 + 704 + 640)
-    # Twice in the pause (early, then where the model decides), never again in it; once
-    # at the end, where the first verdict was sure.
-    first, second = (end - 640 for _, end in model.asked[:2])
-    assert FIRST_CHECK_MS <= first < FIRST_CHECK_MS + W and CHECK_MS <= second < CHECK_MS + W
-    assert len(model.asked) == 3
-
-
-def test_an_unsure_early_verdict_waits_for_the_deciding_one() -> None:
-    # Sure only at CHECK_MS: the turn ends there, where its silence began.
-    model = Model(0.9, 0.99)
-    d = SemanticTurnDetector(SemanticVadParams(), model)
-    start, stopped = run(d, speech(320) + quiet(640))[1]
-    assert stopped == SpeechStopped(320) and len(model.asked) == 2
-    assert CHECK_MS <= start + W - 320 < CHECK_MS + W
-    # Unsure at both: the deciding verdict's wait (1 s for "likely finished", medium).
-    model = Model(0.9, 0.7)
-    d = SemanticTurnDetector(SemanticVadParams("medium"), model)
-    start, stopped = run(d, speech(320) + quiet(1400))[1]
-    assert stopped == SpeechStopped(320) and len(model.asked) == 2
-    assert start + W - 320 == pytest.approx(1000, abs=W)
+    assert len(model.asked) == 2  # once per pause, never again in the same silence
 
 
 def test_a_turn_the_model_calls_likely_finished_ends_after_a_longer_silence() -> None:
     for eagerness, wait in (("low", 2000), ("medium", 1000), ("high", 500)):
-        model = Model(0.7, 0.7)
+        model = Model(0.7, 0.7)  # "high" asks twice
         d = SemanticTurnDetector(SemanticVadParams(eagerness), model)  # type: ignore[arg-type]
         # A 700 ms pause survives "low" and "medium"; "high" is eager enough to end there.
         paused = run(d, speech(320) + quiet(704) + speech(320))
@@ -113,15 +93,14 @@ def test_an_unfinished_sounding_turn_ends_after_the_eagernesss_longest_wait() ->
         start, stopped = events[1]
         assert stopped == SpeechStopped(320)
         assert start + W - 320 == pytest.approx(wait, abs=W), eagerness
-        assert len(model.asked) == 2
+        assert len(model.asked) == (2 if eagerness == "high" else 1)
 
 
 def test_eagerness_moves_the_threshold() -> None:
     verdict = 0.98  # finished to "high" and "medium", not sure enough for "low"
     ended = {}
     for eagerness in ("low", "medium", "high"):
-        model = Model(verdict, verdict)
-        d = SemanticTurnDetector(SemanticVadParams(eagerness), model)  # type: ignore[arg-type]
+        d = SemanticTurnDetector(SemanticVadParams(eagerness), Model(verdict))  # type: ignore[arg-type]
         ended[eagerness] = len(run(d, speech(320) + quiet(320))) == 2
     assert ended == {"low": False, "medium": True, "high": True}
     assert (
@@ -162,8 +141,8 @@ def test_a_late_verdict_ends_the_turn_where_its_silence_began() -> None:
     assert [type(e) for _, e in events] == [SpeechStarted]  # asked, not yet answered
     question = d.take_question()
     assert question is not None and d.take_question() is None
-    assert (question.start_ms, question.end_ms) == (0, 320 + 4 * W)  # FIRST_CHECK_MS in
-    # The silence went on after the question before the verdict came: the turn ends at once,
+    assert (question.start_ms, question.end_ms) == (0, 320 + 7 * W)  # CHECK_MS in
+    # The silence went on 320 ms - CHECK_MS before the verdict came: the turn ends at once,
     # where the silence began, as it would have ended at the question.
     assert d.wants(question.token)
     assert d.verdict(question.token, 0.99) == SpeechStopped(320)
@@ -174,16 +153,11 @@ def test_a_late_verdict_ends_the_turn_where_its_silence_began() -> None:
 def test_a_late_unsure_verdict_counts_its_wait_from_the_silences_start() -> None:
     d = SemanticTurnDetector(SemanticVadParams("medium"))  # likely finished: 1000 ms
     run(d, speech(320) + quiet(704))
-    early = d.take_question()
-    assert early is not None and not early.final
-    assert d.verdict(early.token, 0.7) is None  # unsure, and not the deciding question
-    assert d.verdict(early.token, 0.99) is None  # one verdict per question
-    # The deciding question, due since CHECK_MS, is asked with the next window.
-    run(d, quiet(32), at=320 + 704)
     question = d.take_question()
-    assert question is not None and question.final and question.end_ms == 320 + 704 + W
-    assert d.verdict(question.token, 0.7) is None  # 736 ms of silence so far
-    events = run(d, quiet(288), at=320 + 736)
+    assert question is not None
+    assert d.verdict(question.token, 0.7) is None  # 704 ms of silence so far
+    assert d.verdict(question.token, 0.99) is None  # one verdict per question
+    events = run(d, quiet(320), at=320 + 704)
     # The first window to end 1000 ms into the silence ends the turn.
     assert events == [(320 + 1000 + W - 40, SpeechStopped(320))]
 
@@ -214,3 +188,27 @@ def test_a_verdict_that_never_comes_ends_the_turn_on_the_longest_wait() -> None:
     events = run(d, speech(320) + quiet(2000 + 64))
     assert events[-1] == (2304, SpeechStopped(320))  # the first window to end 2000 ms in
     assert d.take_question() is None  # its question went with the turn
+
+
+def test_high_eagerness_asks_early_and_an_unsure_early_verdict_waits_for_the_deciding_one() -> None:
+    # Sure at FIRST_CHECK_MS: the turn ends there, where its silence began.
+    model = Model(0.95)
+    d = SemanticTurnDetector(SemanticVadParams("high"), model)
+    start, stopped = run(d, speech(320) + quiet(640))[1]
+    assert stopped == SpeechStopped(320) and len(model.asked) == 1
+    assert FIRST_CHECK_MS <= start + W - 320 < FIRST_CHECK_MS + W
+    # Sure only at CHECK_MS: asked twice, the turn ends at the second.
+    model = Model(0.8, 0.95)
+    d = SemanticTurnDetector(SemanticVadParams("high"), model)
+    start, stopped = run(d, speech(320) + quiet(640))[1]
+    assert stopped == SpeechStopped(320) and len(model.asked) == 2
+    assert CHECK_MS <= start + W - 320 < CHECK_MS + W
+    # Unsure at both: the deciding verdict's wait ("likely finished": 500 ms for high).
+    model = Model(0.8, 0.7)
+    d = SemanticTurnDetector(SemanticVadParams("high"), model)
+    start, stopped = run(d, speech(320) + quiet(1000))[1]
+    assert stopped == SpeechStopped(320) and len(model.asked) == 2
+    assert start + W - 320 == pytest.approx(500, abs=W)
+    # The other eagernesses ask once, at CHECK_MS.
+    assert SemanticVadParams("auto").first_check_ms == CHECK_MS
+    assert SemanticVadParams("low").first_check_ms == CHECK_MS
