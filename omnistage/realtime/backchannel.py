@@ -88,10 +88,10 @@ class BackchannelPolicy:
     # Speech up to this long (the turn's audio at its pause: the prefix padding, about
     # 0.7 s of voice, the pause) may resume before its words are heard ...
     quick_ms: float = 1100
-    # ... once its silence has gone on this much longer than the pause (``PAUSE_MS``, 60 ms):
-    # 370 ms of silence in all, longer than the pause between two words of a request
+    # ... once its silence has gone on this much longer than the pause (``PAUSE_MS``, 120
+    # ms): 370 ms of silence in all, longer than the pause between two words of a request
     # ("Wait, ... stop").
-    words_wait_ms: float = 310
+    words_wait_ms: float = 250
 
     def may_resume_unheard(self, speech_ms: float) -> bool:
         """Whether speech of ``speech_ms`` resumes the answer if its words are slow."""

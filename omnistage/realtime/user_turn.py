@@ -22,12 +22,11 @@ from collections.abc import Callable
 
 from omnistage.realtime.listening import TurnListener
 
-# A pause this long ends a phrase (and lets the session start answering early). The early
-# answer's first audio is this pause plus ~0.2 s of listener, thinker and talker, so every
-# millisecond here is one of the answer's; shorter than ~60 ms, the gaps inside fluent
-# speech end phrases too (on the bench's Piper sentences: 7 mid-sentence pauses of 60 ms in
-# 22 sentences, 21 of 30 ms), and each costs a transcription and a dropped early answer.
-PAUSE_MS = 60
+# A pause this long ends a phrase (and lets the session start answering early). Shorter
+# pauses split words: at 60 ms a plosive's closure in telephone audio cut "capital" in
+# two ("What is the cap? France."). The guess below takes most of the wait off the answer
+# instead: the phrase is already being transcribed when its pause reaches this.
+PAUSE_MS = 120
 # Guesses are made while a process serves at most this many sessions: each dip between
 # words costs a transcription, which many sessions at once cannot spare.
 GUESS_MAX_SESSIONS = 4
