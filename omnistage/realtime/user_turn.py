@@ -24,8 +24,10 @@ from omnistage.realtime.listening import TurnListener
 
 # A pause this long ends a phrase (and lets the session start answering early). Shorter
 # pauses split words: at 60 ms a plosive's closure in telephone audio cut "capital" in
-# two ("What is the cap? France."). The guess below takes most of the wait off the answer
-# instead: the phrase is already being transcribed when its pause reaches this.
+# two ("What is the cap? France."). With the guess below the phrase is already being
+# transcribed when its pause reaches this, though on the bench the answer's first audio
+# did not come measurably sooner (0.41 s p50 either way: the turn's end, not the words,
+# held it back; docs/benchmarks.md).
 PAUSE_MS = 120
 # Guesses are made while a process serves at most this many sessions: each dip between
 # words costs a transcription, which many sessions at once cannot spare.
