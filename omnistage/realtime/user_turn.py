@@ -26,8 +26,8 @@ from omnistage.realtime.listening import TurnListener
 # pauses split words: at 60 ms a plosive's closure in telephone audio cut "capital" in
 # two ("What is the cap? France."). With the guess below the phrase is already being
 # transcribed when its pause reaches this, though on the bench the answer's first audio
-# did not come measurably sooner (0.41 s p50 either way: the turn's end, not the words,
-# held it back; docs/benchmarks.md).
+# did not come measurably sooner (0.41 s p50 either way: the early answer still starts
+# at this pause, and its thinker and talker take the rest; docs/benchmarks.md).
 PAUSE_MS = 120
 # Guesses are made while a process serves at most this many sessions: each dip between
 # words costs a transcription, which many sessions at once cannot spare.
