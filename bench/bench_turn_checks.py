@@ -3,7 +3,7 @@
 No server: Silero and Smart Turn (the real models) run in process on bench_turns.py's
 utterances, each take synthesized afresh (Piper's voice varies take to take, and Smart
 Turn's verdict with it). For each first-check silence (``Eager.first_check_ms`` of the
-default eagerness, "auto"; the deciding check stays at ``CHECK_MS``, 200 ms), on the same
+default eagerness, "auto"; the deciding check stays at ``CHECK_MS``, 192 ms), on the same
 takes:
 - finished questions: when the turn ends, from the question's last voiced frame (p50, and
   how many within 300 ms);

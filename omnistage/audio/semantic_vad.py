@@ -6,9 +6,12 @@ where speech starts and where a silence begins (with the same threshold and hyst
 server VAD); what a silence means is the model's call:
 
 - once a silence has lasted ``CHECK_MS`` (``FIRST_CHECK_MS`` for "high" eagerness), the
-  detector asks ``judge(turn_start_ms, now_ms)`` for the probability that the turn's audio
-  so far is a finished turn;
-- at or above the eagerness's ``threshold`` the turn ends at once, where the silence began;
+  detector asks ``judge(turn_start_ms, end_ms)`` for the probability that the turn's audio
+  up to ``end_ms`` is a finished turn; it asks ``LEAD_MS`` ahead, so that the verdict is in
+  when the silence gets there (the audio it is asked about then ends ``LEAD_MS`` in the
+  future: ``vad.VadStream`` repeats the silence heard so far to fill it);
+- at or above the eagerness's ``threshold`` the turn ends, where the silence began, once
+  the silence lasts as long as the model was asked about;
 - below it, if asked early, the model is asked once more when the silence has lasted
   ``CHECK_MS``, and that verdict decides: at or above the threshold the turn ends; below
   it but at least ``LIKELY``, the speaker has probably finished: the turn ends if the
@@ -56,15 +59,24 @@ from omnistage.protocol.errors import BadRequestError
 Eagerness = Literal["low", "medium", "high", "auto"]
 
 # Silence before the model's deciding verdict. Smart Turn is trained on turns cut about this
-# long after the speech (pipecat pairs it with a 0.2 s VAD stop).
-CHECK_MS = 200
-# Silence at which "high" eagerness first asks, when only a sure verdict counts. Offline,
-# on four Piper takes of bench_turns.py's 8 questions and 12 paused sentences
+# long after the speech: pipecat pairs it with a 0.2 s VAD stop, which its VAD counts in
+# whole 32 ms Silero windows (round(0.2 / 0.032) = 6 windows: 192 ms). Ours did too, upward
+# (7 windows, 224 ms), until 2026-12-06.
+CHECK_MS = 192
+# Silence at which "high" eagerness first asks, when only a sure verdict counts (4 windows).
+# Offline, on four Piper takes of bench_turns.py's 8 questions and 12 paused sentences
 # (bench_turn_checks.py), asking first at 100 ms ended the finished questions 185 ms after
 # their last voiced frame (p50) against 278 ms, with the same 3 of 48 paused sentences cut
 # off; live (bench_turns.py, 2026-12-06) it cut off 10 of 48 against 2 of 24 asked at
 # 200 ms alone. So only "high", which trades cut-offs for speed, asks early.
-FIRST_CHECK_MS = 100
+FIRST_CHECK_MS = 128
+# A question is asked this much before its silence is due (two Silero windows): the model
+# hears the silence so far with its last LEAD_MS repeated to the length it is asked about,
+# and its verdict (30-60 ms of CPU) is in by the time the real silence has that length.
+# The turn still ends only once the real silence lasts as long (speech in the meantime
+# makes the verdict stale), so the lead costs no cut-offs; it takes the model's own time
+# out of every turn's end.
+LEAD_MS = 64
 # Speech onset, prefix padding and hysteresis, as server VAD's defaults.
 SPEECH = ServerVadParams()
 
@@ -217,8 +229,8 @@ class SemanticTurnDetector:
         if self._silence_from is None:
             return None
         due = self._next_check
-        if due is not None and end_ms - self._silence_from >= due:
-            self._ask(end_ms, final=due >= CHECK_MS)
+        if due is not None and end_ms - self._silence_from >= due - LEAD_MS:
+            self._ask(max(end_ms, self._silence_from + due), final=due >= CHECK_MS)
         return self._ended()
 
     def _ask(self, end_ms: int, final: bool) -> None:
@@ -242,8 +254,11 @@ class SemanticTurnDetector:
     def _judge_now(self, question: Question, probability: float) -> None:
         self.last_verdict = (probability, question.end_ms)
         self._judged = True
+        assert self._silence_from is not None
         if question.final or probability >= self.params.threshold:
-            self._wait_ms = self.params.wait_ms(probability)
+            # Never sooner than the silence the model heard (asked ahead: LEAD_MS).
+            heard_ms = question.end_ms - self._silence_from
+            self._wait_ms = max(heard_ms, self.params.wait_ms(probability))
         else:  # not sure yet: asked again where the model is trained to decide
             self._next_check = CHECK_MS
 

@@ -206,7 +206,14 @@ class VadStream:
         lo = (start_ms - self._window_base_ms) * per_ms - self._kept_from
         hi = (end_ms - self._window_base_ms) * per_ms - self._kept_from
         # A view of an array never written again: feeding builds a new one.
-        return self._kept[max(0, lo) : max(0, hi)]
+        audio = self._kept[max(0, lo) : max(0, hi)]
+        ahead = max(0, hi) - max(0, lo) - len(audio)
+        if ahead <= 0:
+            return audio
+        # Asked ahead of the audio (``semantic_vad.LEAD_MS``, inside a silence): the
+        # silence's latest samples stand for the ones not heard yet.
+        tail = audio[-ahead:] if len(audio) >= ahead else np.zeros(ahead, dtype=np.float32)
+        return np.concatenate([audio, tail])
 
     def verdicts(self) -> list[Coroutine[Any, Any, list[VadEvent]]]:
         """The questions for the end-of-turn model asked by the audio fed since the last

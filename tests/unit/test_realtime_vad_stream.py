@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from omnistage.audio.semantic_vad import CHECK_MS, SemanticVadParams
+from omnistage.audio.semantic_vad import CHECK_MS, LEAD_MS, SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, SpeechStopped
 from omnistage.audio.vad import WINDOW, VadStream
 from omnistage.audio.verdicts import VerdictPool
@@ -169,3 +169,27 @@ async def test_a_question_whose_silence_is_over_is_never_run() -> None:
     assert await task == []
     assert runs == [] and stream.speaking
     executor.shutdown()
+
+
+def test_a_question_asked_ahead_hears_the_silence_so_far_repeated_to_its_length() -> None:
+    heard: list[np.ndarray] = []
+
+    def model(audio: np.ndarray) -> float:
+        heard.append(audio)
+        return 1.0
+
+    # At 16 kHz, as the model hears it (no resampler holding samples back).
+    stream = VadStream(SemanticVadParams(), 16_000, vad=LoudScorer(), judge=model)
+    # A tone, then a low hum (silence to the scorer, from the window at 2016 ms), fed until
+    # the window that is LEAD_MS short of CHECK_MS into it is complete (2144 ms): the model
+    # is asked then, about audio up to 2016 + CHECK_MS, of which 2160 ms is here.
+    hum = 0.01
+    stream.feed(pcm(16_000, (1, 0), (1, 0.5), (0.16, hum)))
+    assert 2016 + CHECK_MS - LEAD_MS == 2144
+    (audio,) = heard
+    ahead = (2016 + CHECK_MS - 2160) * 16
+    # Its length is the question's, and what was not heard yet is the silence's own
+    # latest samples again, not zeros.
+    assert len(audio) == (2016 + CHECK_MS - 692) * 16
+    assert np.allclose(audio[-ahead:], audio[-2 * ahead : -ahead])
+    assert np.abs(audio[-ahead:]).max() > hum / 2

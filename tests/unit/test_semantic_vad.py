@@ -8,6 +8,7 @@ import pytest
 from omnistage.audio.semantic_vad import (
     CHECK_MS,
     FIRST_CHECK_MS,
+    LEAD_MS,
     SemanticTurnDetector,
     SemanticVadParams,
     SpeechStarted,
@@ -56,9 +57,10 @@ def test_a_finished_turn_ends_where_its_silence_began_once_the_model_agrees() ->
     assert events[0] == (320, SpeechStarted(20))  # 300 ms of prefix padding
     start, stopped = events[1]
     assert stopped == SpeechStopped(960)
-    # Asked once, as soon as the silence had lasted CHECK_MS, about the turn's audio so far.
-    assert model.asked == [(20, start + W)] and start + W - 960 >= CHECK_MS
-    assert start + W - 960 < CHECK_MS + W
+    # Asked once, LEAD_MS before the silence had lasted CHECK_MS, about the turn's audio up
+    # to CHECK_MS into it; the turn ended once the silence lasted that long.
+    assert model.asked == [(20, 960 + CHECK_MS)]
+    assert start + W - 960 == CHECK_MS
     assert not d.speaking
 
 
@@ -141,7 +143,7 @@ def test_a_late_verdict_ends_the_turn_where_its_silence_began() -> None:
     assert [type(e) for _, e in events] == [SpeechStarted]  # asked, not yet answered
     question = d.take_question()
     assert question is not None and d.take_question() is None
-    assert (question.start_ms, question.end_ms) == (0, 320 + 7 * W)  # CHECK_MS in
+    assert (question.start_ms, question.end_ms) == (0, 320 + CHECK_MS)
     # The silence went on 320 ms - CHECK_MS before the verdict came: the turn ends at once,
     # where the silence began, as it would have ended at the question.
     assert d.wants(question.token)
@@ -195,14 +197,14 @@ def test_high_eagerness_asks_early_and_an_unsure_early_verdict_waits_for_the_dec
     model = Model(0.95)
     d = SemanticTurnDetector(SemanticVadParams("high"), model)
     start, stopped = run(d, speech(320) + quiet(640))[1]
-    assert stopped == SpeechStopped(320) and len(model.asked) == 1
-    assert FIRST_CHECK_MS <= start + W - 320 < FIRST_CHECK_MS + W
+    assert stopped == SpeechStopped(320) and model.asked == [(0, 320 + FIRST_CHECK_MS)]
+    assert start + W - 320 == FIRST_CHECK_MS
     # Sure only at CHECK_MS: asked twice, the turn ends at the second.
     model = Model(0.8, 0.95)
     d = SemanticTurnDetector(SemanticVadParams("high"), model)
     start, stopped = run(d, speech(320) + quiet(640))[1]
     assert stopped == SpeechStopped(320) and len(model.asked) == 2
-    assert CHECK_MS <= start + W - 320 < CHECK_MS + W
+    assert start + W - 320 == CHECK_MS
     # Unsure at both: the deciding verdict's wait ("likely finished": 500 ms for high).
     model = Model(0.8, 0.7)
     d = SemanticTurnDetector(SemanticVadParams("high"), model)
@@ -212,3 +214,32 @@ def test_high_eagerness_asks_early_and_an_unsure_early_verdict_waits_for_the_dec
     # The other eagernesses ask once, at CHECK_MS.
     assert SemanticVadParams("auto").first_check_ms == CHECK_MS
     assert SemanticVadParams("low").first_check_ms == CHECK_MS
+
+
+# ------------------------------------------------------------- asked ahead (LEAD_MS)
+
+
+def test_the_model_is_asked_ahead_and_the_turn_ends_only_when_the_silence_gets_there() -> None:
+    d = SemanticTurnDetector(SemanticVadParams())
+    assert CHECK_MS - LEAD_MS == 4 * W
+    run(d, speech(320) + quiet(CHECK_MS - LEAD_MS))
+    question = d.take_question()
+    # Asked with 128 ms of silence heard, about the silence at CHECK_MS.
+    assert question is not None and question.end_ms == 320 + CHECK_MS
+    # A sure verdict in before the silence gets there waits for it...
+    assert d.verdict(question.token, 0.99) is None and d.speaking
+    assert run(d, quiet(W), at=320 + CHECK_MS - LEAD_MS) == []
+    # ... and the window that brings the silence to CHECK_MS ends the turn where it began.
+    assert run(d, quiet(W), at=320 + CHECK_MS - W) == [(320 + CHECK_MS - W, SpeechStopped(320))]
+
+
+def test_speech_after_an_early_sure_verdict_keeps_the_turn() -> None:
+    d = SemanticTurnDetector(SemanticVadParams())
+    run(d, speech(320) + quiet(CHECK_MS - LEAD_MS))
+    question = d.take_question()
+    assert question is not None
+    assert d.verdict(question.token, 0.99) is None
+    # The user goes on before the silence lasts CHECK_MS: no cut-off, and the next pause
+    # is asked about afresh.
+    assert run(d, speech(96) + quiet(W), at=320 + CHECK_MS - LEAD_MS) == []
+    assert d.speaking and not d.wants(question.token)
