@@ -8,7 +8,9 @@ tells it what it hears through ``Listener`` callbacks:
   it ended);
 - ``paused(turn)``: the user has been silent for ``turn.PAUSE_MS`` (the turn may be
   over; the phrase so far is being transcribed);
-- ``resumed(turn)``: the user spoke again before the turn ended.
+- ``resumed(turn)``: the user spoke again before the turn ended;
+- ``unguessed(turn)``: the user spoke again before a guessed phrase's pause ended it
+  (``user_turn``: the guess is void).
 
 A ``semantic_vad`` turn may end after the audio that ended it was appended: the end-of-turn
 model's verdict is awaited off the event loop (``vad.VadStream.verdicts``), in a task of
@@ -45,6 +47,7 @@ class Listener(Protocol):
     def speech_stopped(self, turn: UserTurn, end_ms: int, silence_ms: float) -> None: ...
     def paused(self, turn: UserTurn) -> None: ...
     def resumed(self, turn: UserTurn) -> None: ...
+    def unguessed(self, turn: UserTurn) -> None: ...
 
 
 class AudioInput:
@@ -145,7 +148,8 @@ class AudioInput:
         )
         if turn.in_phrase:
             if silence_from is None:
-                turn.unguess()  # the user went on
+                if turn.unguess():  # the user went on
+                    self._listener.unguessed(turn)
             elif self.buffer.end_ms - silence_from >= pause_ms:
                 turn.end_phrase()
                 self._listener.paused(turn)

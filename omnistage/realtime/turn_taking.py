@@ -5,6 +5,8 @@
 - A pause starts an answer early: the phrase so far is being transcribed and the thinker
   and talker start on it, with everything they say held back (``gate``); if the VAD
   then ends the turn there, it all goes out at once; if the user goes on, it is dropped.
+  Where the phrase was guessed (``user_turn``), the answer starts as soon as the guess's
+  words are in, and the pause that ends the phrase keeps it.
 - A committed turn becomes a user item, is transcribed, and is answered.
 """
 
@@ -65,7 +67,9 @@ class TurnTaking:
     def new_turn(self, item_id: str, start_ms: float) -> UserTurn:
         keep = self._host.ctx.hears
         heard = self._heard(item_id)
-        return UserTurn(item_id, start_ms, self._phrase_listener, heard, keep_audio=keep)
+        return UserTurn(
+            item_id, start_ms, self._phrase_listener, heard, keep_audio=keep, on_guess=self.guessed
+        )
 
     def _phrase_listener(self) -> TurnListener | None:
         ctx, config = self._host.ctx, self._host.config
@@ -97,8 +101,22 @@ class TurnTaking:
         host.emit(ev.InputSpeechStarted(audio_start_ms=start_ms, item_id=turn.item_id))
 
     def paused(self, turn: UserTurn) -> None:
-        host, answers = self._host, self._answers
         self.interruptions.paused(turn)
+        early = self._early
+        if early is not None and early.turn is turn and early.phrases == turn.phrases:
+            return  # started on this phrase's guess, whose words the phrase took
+        self._start_early(turn, turn.phrases, turn.heard_so_far)
+
+    def guessed(self, turn: UserTurn) -> None:
+        """``turn``'s open phrase has its guess's words, and its silence holds."""
+        self._start_early(turn, turn.phrases + 1, turn.guessed_so_far)
+
+    def _start_early(
+        self, turn: UserTurn, phrases: int, words: Callable[[], Awaitable[str]]
+    ) -> None:
+        """Start answering ``turn`` as ``phrases`` phrases would have it (``words``: their
+        transcript), held back until the turn is committed with as many."""
+        host, answers = self._host, self._answers
         if not self._auto_answer or answers.answering or self.interruptions.judging(turn):
             return
         self.drop_early()
@@ -107,17 +125,24 @@ class TurnTaking:
 
         async def hear() -> None:
             item.audio = turn.audio()  # what a thinker that hears is given: the turn so far
-            item.json["content"][0]["transcript"] = await turn.heard_so_far()
+            item.json["content"][0]["transcript"] = await words()
 
         items = [*host.conversation, item]
         run = answers.new_run(reply_settings(host.config, {}), items, None, gate)
         run.created()
-        self._early = _Early(turn, turn.phrases, run, gate, item)
+        self._early = _Early(turn, phrases, run, gate, item)
         answers.run(run, hear())
 
     def resumed(self, turn: UserTurn) -> None:
         self.drop_early()
         self.interruptions.resumed(turn)
+
+    def unguessed(self, turn: UserTurn) -> None:
+        """The user went on before the pause ended the guessed phrase: an answer started
+        on the guess is void."""
+        early = self._early
+        if early is not None and early.turn is turn and early.phrases > turn.phrases:
+            self.drop_early()
 
     def drop_early(self) -> None:
         early, self._early = self._early, None
@@ -131,7 +156,9 @@ class TurnTaking:
         # The user stopped talking when the silence began, silence_ms of audio ago.
         spoken_end = time.monotonic() - silence_ms / 1000
         early, self._early = self._early, None
-        adopt = early is not None and early.turn is turn and early.phrases == turn.phrases
+        # An answer started on a guess counts the phrase the guess stands for.
+        phrases = turn.phrases + turn.guessing
+        adopt = early is not None and early.turn is turn and early.phrases == phrases
         item = early.item if adopt and early is not None else self._user_item(turn)
         self._commit(turn, item)
         if adopt and early is not None:

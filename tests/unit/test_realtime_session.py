@@ -77,7 +77,11 @@ class Harness:
     """A session, what it sent, its pipeline requests and its VAD."""
 
     def __init__(
-        self, *transcripts: str, hears: bool = False, policy: BackchannelPolicy | None = None
+        self,
+        *transcripts: str,
+        hears: bool = False,
+        policy: BackchannelPolicy | None = None,
+        guess: bool = False,
     ) -> None:
         self.transcripts = list(transcripts)
         self.listened: list[PipelineRequest] = []
@@ -112,6 +116,7 @@ class Harness:
             vad=vad,  # type: ignore[arg-type]
             rate_limits=lambda: [{"name": "requests", "limit": 4, "remaining": 3}],
             hears=hears,
+            guess=lambda: guess,
         )
         self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self._sent)
         # Words are awaited however long they take, unless a test says otherwise: whether
@@ -410,6 +415,49 @@ async def test_a_new_turn_drops_an_early_answer() -> None:
     await until(lambda: early.closed, what="the answer to be cancelled")
     assert h.stats.barge_ins == 1
     assert h.of("response.done")[0]["response"]["status"] == "cancelled"
+
+
+async def test_a_guessed_phrase_is_answered_before_its_pause_ends_it_and_kept_after() -> None:
+    # Transcripts in the order the listener requests are made: the phrase's own request
+    # (opened with its first audio, dropped once the guess has the words), the guess's.
+    h = Harness("(its own request)", "can you help", guess=True)
+    await h.append(100, SpeechStarted(0))
+    h.vad.detector.silence_from = 100
+    await h.append(40)  # quiet for 40 ms: shorter than the pause that ends a phrase
+    answer = await h.answered()  # started on the guess's words
+    assert len(h.listened) == 2 and h.kinds()[-1] == "input_audio_buffer.speech_started"
+    answer.put(*words("Sure."), speech("Sure."))
+    await consumed(answer)
+    await h.append(200)  # the pause ends the phrase with the guess's words: kept
+    assert not answer.closed and len(h.requests) == 1
+    await h.append(100, SpeechStopped(100))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    assert h.of("response.done")[0]["response"]["status"] == "completed"
+    assert len(h.requests) == 1 and len(h.of("response.created")) == 1
+    assert h.of("response.output_audio.delta")
+    messages = h.requests[0].prompt.messages
+    assert messages is not None and messages[-1].content == "can you help"
+
+
+async def test_an_answer_on_a_guess_is_dropped_when_the_user_goes_on() -> None:
+    h = Harness("can you help me with", "can you help", guess=True)
+    await h.append(100, SpeechStarted(0))
+    h.vad.detector.silence_from = 100
+    await h.append(40)
+    early = await h.answered()
+    h.vad.detector.silence_from = None  # a dip between words, not a pause
+    await h.append(100)
+    assert early.closed
+    await h.append(300, SpeechStopped(500))
+    answer = await h.answered(2)
+    answer.put(*words("Sure."))
+    answer.end()
+    await until(lambda: h.of("response.done"), what="response.done")
+    assert len(h.of("response.created")) == 1
+    # The phrase went on: its own request's words, not the guess's.
+    messages = h.requests[1].prompt.messages
+    assert messages is not None and messages[-1].content == "can you help me with"
 
 
 async def test_a_clients_response_create_replaces_a_held_answer() -> None:

@@ -256,3 +256,28 @@ async def test_a_guess_is_dropped_when_the_user_goes_on() -> None:
     turn2.guess()
     turn2.close()
     assert all(p.closed for p in phrases2.made)
+
+
+async def test_a_guess_whose_words_come_while_its_silence_holds_is_told() -> None:
+    told: list[UserTurn] = []
+    phrases = Phrases("one two", "(own)", "three", "four")
+    turn = UserTurn("item_1", 500.0, phrases, None, on_guess=told.append)  # type: ignore[arg-type]
+    turn.feed(b"ab", 10)
+    turn.end_phrase()
+    phrases.made[0].release.set()
+    turn.feed(b"cd", 10)
+    turn.guess()
+    guess = phrases.made[2]
+    guess.release.set()
+    await until(lambda: told)
+    assert told == [turn] and turn.guessing
+    # The ended phrase's words, then the guess's, before the pause ends its phrase.
+    assert await turn.guessed_so_far() == "one two three"
+    # A guess voided before its words come is never told.
+    turn.unguess()
+    turn.feed(b"ef", 10)
+    turn.guess()
+    turn.unguess()
+    phrases.made[3].release.set()
+    await asyncio.sleep(0)
+    assert told == [turn] and not turn.guessing
