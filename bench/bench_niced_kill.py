@@ -14,8 +14,8 @@ mid-answer, and the benchmark times from the kill
 
 - ``ERROR``: the first ``/v1/omni/stages`` poll (every 10 ms) showing the victim ERROR;
 - ``gone``: its pid gone from /proc (the head reaps it as it exits: sockets closed);
-- ``gap``: the longest pause between two chunks of the answers (undisturbed: CHUNK_S),
-  the answer that failed over waits for the ERROR.
+- ``gap``: the longest pause between two chunks of the answers (the answer that failed
+  over waits for the ERROR); ``calm``: the same for two answers with no kill, first.
 
     python bench/bench_niced_kill.py [--kills 4] [--busy 4] [--nice 19] [--json out.json]
 
@@ -135,7 +135,9 @@ def pid_gone(pid: int) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
 
-async def one_kill(head: Head, victim: dict[str, Any]) -> dict[str, float]:
+async def one_kill(head: Head, victim: dict[str, Any] | None) -> dict[str, float]:
+    """Two answers, ``victim`` (or the other talker, if only that one serves an answer)
+    SIGKILLed in their midst; None: no kill, the answers' own pace."""
     async with httpx.AsyncClient(base_url=f"http://{HOST}:{head.port}", timeout=30.0) as client:
         started = [asyncio.Event(), asyncio.Event()]
         answers = [
@@ -144,6 +146,8 @@ async def one_kill(head: Head, victim: dict[str, Any]) -> dict[str, float]:
         ]
         await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), TIMEOUT_S)
         await asyncio.sleep(0.3)
+        if victim is None:
+            return {"gap": max(await asyncio.gather(*answers))}
         # The one serving an answer (both, if each serves one: the given one).
         busy = await asyncio.to_thread(head.replicas)
         if busy[victim["replica_id"]]["in_flight"] == 0:
@@ -170,6 +174,8 @@ def run(args: argparse.Namespace, folder: str, nice: int, watch: bool) -> list[d
     head = Head(folder, args, nice, watch)
     out = []
     try:
+        head.wait_up()
+        calm = asyncio.run(one_kill(head, None))["gap"]
         for k in range(args.kills):
             up = head.wait_up()
             time.sleep(1.0)  # the restarted one settles in
@@ -178,7 +184,7 @@ def run(args: argparse.Namespace, folder: str, nice: int, watch: bool) -> list[d
                     raise RuntimeError(f"replica pid {r['pid']} is not a child of the head")
             victim = up[k % 2]
             r = asyncio.run(one_kill(head, victim))
-            r["load1"] = os.getloadavg()[0]
+            r["calm"], r["load1"] = calm, os.getloadavg()[0]
             out.append(r)
             print(
                 f"  nice {nice:2d} watch {'on ' if watch else 'off'} kill {k}: {fmt(r)}", flush=True
@@ -216,14 +222,15 @@ def main() -> int:
         f"\n{common.machine()}; {args.busy} nice-0 spinners; each replica {args.threads} "
         f"busy threads, {args.ballast_mb} MB; {args.kills} kills each; seconds from the kill"
     )
-    print(f"{'configuration':22} | ERROR med  max | gone med  max | gap med  max | load1")
+    print(f"{'configuration':22} | ERROR med  max | gone med  max | gap med  max | calm  | load1")
     for name, rs in results.items():
         cols = []
         for key in ("error", "gone", "gap"):
             xs = sorted(r.get(key, float("nan")) for r in rs)
             cols.append(f"{common.pct(xs, 50):8.2f} {xs[-1]:4.2f}")
         load = sum(r["load1"] for r in rs) / len(rs)
-        print(f"{name:22} | {cols[0]} | {cols[1]} | {cols[2]} | {load:5.1f}")
+        calm = max(r["calm"] for r in rs)
+        print(f"{name:22} | {cols[0]} | {cols[1]} | {cols[2]} | {calm:5.2f} | {load:5.1f}")
     if args.json:
         common.write_json(args.json, args, {"results": results})
     return 0

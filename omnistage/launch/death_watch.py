@@ -4,29 +4,31 @@ Why: a SIGKILLed process exits thread by thread, and everything the head watches
 sockets closing, ``waitpid``) comes only when its *last* thread has exited. That thread
 also tears down the whole address space (the last one out drops the mm: a model's
 hundreds of MB to unmap) and only then closes the files. A replica whose threads are
-niced (the TTS engine's later-chunk pool at nice 19, a restart loading at
-OMNISTAGE_LOAD_NICE) runs that teardown at its niced share of a busy core: weight 15
-against 1024 at nice 19, so ~70x slower. Measured on 2 cores kept busy by 4 nice-0
-processes (kernel 6.18, EEVDF; bench/bench_niced_kill.py): a 1 GB process with busy
-nice-19 threads closed its socket 2.3-12 s after the kill, 1.3-1.4 s at nice 10, 0.16-0.23 s
-at nice 0; its answers' failover waited for that.
+niced (the TTS engine's later-chunk pool, ``later_nice`` 10; a restart loading at
+OMNISTAGE_LOAD_NICE, its threads up to 19) runs that teardown at its niced share of a
+busy core: weight 15 against 1024 at nice 19, ~70x slower. On 2 cores busy with nice-0
+work of the same session (kernel 6.18, EEVDF; bench/bench_niced_kill.py) a replica with
+1 GB and busy nice-19 threads was gone 5-22 s after its kill, against 0.5-1 s at nice 0,
+and the head saw it only by its heartbeat timeout; its answers' failover waited for that.
 
 The kill itself is visible at once: a fatal signal puts SIGKILL in every thread's
 pending set the moment it is sent (the kernel turns a group exit into a SIGKILL to each
 thread), and a thread that has run it is a zombie (the leader) or gone. Neither can be
 undone, so a leader showing either is dying for sure: a sound ERROR, with nothing of the
 replica able to run user code again (a stray message already on its way carries a
-fenced epoch). The watch polls ``/proc/<pid>/status`` of its own children only, every
-``OMNISTAGE_DEATH_WATCH_S`` (one small read each), and waits on a pidfd meanwhile, so a
-plain exit is still seen the moment it happens.
+fenced epoch). (A leader that ended by ``pthread_exit`` with other threads live is a
+zombie too; a replica's Python main thread never does that.) The watch polls
+``/proc/<pid>/status`` of its own children only, every ``OMNISTAGE_DEATH_WATCH_S`` (one
+small read each, ~25 us), and waits on a pidfd meanwhile, so a plain exit is still seen
+the moment it happens.
 
 Seen dying, the process is also *hastened*: every thread still there gets the watcher's
 own nice back (the kill made the reason for nicing moot), so its teardown, its sockets'
-close and its memory come in ~0.2 s instead of seconds. That is what makes a replica
-killed under a headless supervisor (``omnistage serve --headless`` with several
-replicas, a ``LocalLauncher`` too) seen quickly by a head on another host, which only
-sees its connections close. Lowering a nice needs CAP_SYS_NICE or RLIMIT_NICE; without
-either the process exits at its own pace and only this host's head sees it early.
+close and its memory come in ~0.5 s on busy cores instead of seconds. That is what makes
+a replica killed under a headless supervisor (``omnistage serve --headless`` with
+several replicas, a ``LocalLauncher`` too) seen quickly by a head on another host, which
+only sees its connections close. Lowering a nice needs CAP_SYS_NICE or RLIMIT_NICE;
+without either the process exits at its own pace and only this host's head sees it early.
 """
 
 from __future__ import annotations
