@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import signal
 import sys
@@ -45,11 +44,6 @@ stages:
     final_output: true
     output_modality: text
 """
-
-
-def _spin() -> None:
-    while True:
-        pass
 
 
 class Head:
@@ -145,17 +139,12 @@ def main() -> int:
     p.add_argument("--busy", type=int, default=os.cpu_count() or 2, help="spinning processes")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = p.parse_args()
-    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
-    for s in spinners:
-        s.start()
     try:
-        results = [run_mode(True, args.rounds), run_mode(False, args.rounds)]
+        with common.spinning(args.busy):
+            results = [run_mode(True, args.rounds), run_mode(False, args.rounds)]
     except RuntimeError as exc:
         print(f"FAILED: {exc}")
         return 1
-    finally:
-        for s in spinners:
-            s.kill()
     print(f"{common.machine()}; {args.busy} spinning processes beside the replicas")
     print("restart-to-UP, s   | one replica killed     | two killed at once (each)")
     rows = {}

@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import json
 import math
+import multiprocessing
 import os
 import platform
 import shutil
@@ -247,3 +248,21 @@ def write_json(
     }
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def spinning(count: int) -> Iterator[None]:
+    """``count`` processes spinning at nice 0 meanwhile: a busy machine."""
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(count)]
+    for s in spinners:
+        s.start()
+    try:
+        yield
+    finally:
+        for s in spinners:
+            s.kill()

@@ -106,6 +106,17 @@ def load_nice_s() -> float:
         return 3.0
 
 
+def death_watch_s() -> float:
+    """OMNISTAGE_DEATH_WATCH_S: how often a launcher looks whether a local replica it
+    watches has been killed, before its last thread has exited (seconds, default 0.05;
+    0: off, a death is seen when the process is gone). See ``launch.death_watch``."""
+    raw = os.environ.get("OMNISTAGE_DEATH_WATCH_S", "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else 0.05
+    except ValueError:
+        return 0.05
+
+
 def replica_options() -> str | None:
     """OMNISTAGE_REPLICA_OPTIONS: a replica process's options, encoded by its launcher
     (see omnistage.replica.options)."""

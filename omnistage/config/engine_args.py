@@ -66,6 +66,13 @@ class EchoArgs(_Args):
     # A downstream stage checks the tensors it reads (order, checksum, transit time)
     # and says what it found at the end of its output.
     check_tensors: bool = False
+    # For benchmarks of how soon a killed replica is seen (bench/bench_niced_kill.py):
+    # ``busy_threads`` threads that spin at nice ``busy_nice`` for the replica's life (a
+    # TTS engine's niced later-chunk pool at work), and ``ballast_mb`` of touched memory
+    # (a model's weights, which the killed process unmaps as it exits).
+    busy_threads: int = Field(default=0, ge=0, le=16)
+    busy_nice: int = Field(default=0, ge=0, le=19)
+    ballast_mb: int = Field(default=0, ge=0, le=16384)
 
     @field_validator("tensor_bytes")
     @classmethod

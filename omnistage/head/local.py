@@ -27,7 +27,7 @@ from omnistage.head.options import HeadOptions
 from omnistage.head.state import ControlState
 from omnistage.launch import make_launcher
 from omnistage.launch.base import Launcher, ReplicaProcess
-from omnistage.launch.restart import SETTLE_S, RestartPolicy
+from omnistage.launch.restart import NO_RESTART, SETTLE_S, RestartPlan, RestartPolicy
 from omnistage.logs import Throttled
 from omnistage.protocol.messages import Reason, ReplicaState
 from omnistage.replica.options import ReplicaOptions
@@ -52,6 +52,7 @@ class _Owned:
     running: bool = False
     retiring: bool = False
     up: bool = False  # reached UP since it was last launched
+    failed: RestartPlan | None = None  # seen killed, its process still exiting
 
 
 def _no_restart_note(stage_id: int, replica_id: int) -> None:
@@ -77,6 +78,29 @@ class LocalHooks:
     on_restart_due: Callable[[int, int, float | None], None] = _no_due_note
 
 
+def _start_failed(o: ReplicaOptions, stage_name: str, code: int) -> None:
+    log.error(
+        "stage %d (%s) replica %d exited with code %d while starting; see its log lines "
+        "above. Shutting down.",
+        o.stage_id,
+        stage_name,
+        o.replica_id,
+        code,
+    )
+
+
+def _restarting(o: ReplicaOptions, failed: RestartPlan, mode: str) -> None:
+    log.info(
+        "restarting stage %d replica %d %s (--omni-restart-policy %s)",
+        o.stage_id,
+        o.replica_id,
+        "at once (it had served)"
+        if failed.settled
+        else f"in {failed.delay:g}s (it failed {_EARLY})",
+        mode,
+    )
+
+
 class LocalReplicas:
     def __init__(
         self,
@@ -98,7 +122,7 @@ class LocalReplicas:
         self._local_key = local_key
         self.restarts = RestartPolicy(opts.restart_policy, time.monotonic)
         self.launcher: Launcher = make_launcher(
-            opts.worker_backend, self._on_exit, opts.config, opts.ray_address
+            opts.worker_backend, self._on_exit, opts.config, opts.ray_address, self._on_dying
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -124,16 +148,16 @@ class LocalReplicas:
     def owned(self, stage_id: int) -> list[int]:
         """Replica ids of the stage this head runs and is not retiring: running,
         starting, or waiting for a restart."""
-        with self._owned_lock:
-            return sorted(
-                rid for (sid, rid), o in self._owned.items() if sid == stage_id and not o.retiring
-            )
+        return self._ids(stage_id, retiring=False)
 
     def retiring(self, stage_id: int) -> list[int]:
         """Replica ids of the stage being drained away, until their process exits."""
+        return self._ids(stage_id, retiring=True)
+
+    def _ids(self, stage_id: int, retiring: bool) -> list[int]:
         with self._owned_lock:
             return sorted(
-                rid for (sid, rid), o in self._owned.items() if sid == stage_id and o.retiring
+                r for (s, r), o in self._owned.items() if s == stage_id and o.retiring == retiring
             )
 
     def add(self, stage_id: int) -> int | None:
@@ -221,7 +245,7 @@ class LocalReplicas:
             owned = self._owned.setdefault(key, _Owned(options))
             if owned.retiring:
                 return
-            owned.options, owned.up = options, False
+            owned.options, owned.up, owned.failed = options, False, None
             self.restarts.started(key)
         proc = self.launcher.launch(options)
         with self._owned_lock:
@@ -254,62 +278,67 @@ class LocalReplicas:
         with self._owned_lock:
             return any(o.up and o.running for (s, _), o in self._owned.items() if s == stage_id)
 
+    def _on_dying(self, proc: ReplicaProcess) -> None:
+        """Launcher thread: a local replica was killed; its process is still exiting
+        (``launch.death_watch``). It fails now (ERROR: its requests fail over at once);
+        its restart waits for the exit, the process still holding memory and devices."""
+        key = (proc.options.stage_id, proc.options.replica_id)
+        with self._owned_lock:
+            owned = self._owned.get(key)
+            if owned is None or owned.proc is not proc or owned.retiring:
+                return
+        if not self._stopping and self._hooks.is_serving():  # start-up failures: at exit
+            owned.failed = self._fail(key, "killed, still exiting")  # read by this thread only
+
     def _on_exit(self, proc: ReplicaProcess, code: int) -> None:
         """Launcher thread: a local replica process ended."""
         o = proc.options
         key = (o.stage_id, o.replica_id)
         with self._owned_lock:
             owned = self._owned.get(key)
+            failed = None
             if owned is not None and owned.proc is proc:
                 owned.running = False
+                failed, owned.failed = owned.failed, None
             retiring = owned is not None and owned.retiring
         if retiring:
             self._retired(key, code)
             return
-        if code != 0 and not self._hooks.is_serving() and not self._stopping:
+        if failed is None and code != 0 and not self._hooks.is_serving() and not self._stopping:
             # A replica that cannot even start has a configuration or install problem
-            # that neither waiting out --init-timeout nor a restart fixes: fail now,
-            # pointing at the replica's own error above.
-            log.error(
-                "stage %d (%s) replica %d exited with code %d while starting; see its "
-                "log lines above. Shutting down.",
-                o.stage_id,
-                self._opts.config.stage(o.stage_id).name,
-                o.replica_id,
-                code,
-            )
+            # that neither waiting out --init-timeout nor a restart fixes: fail now.
+            _start_failed(o, self._opts.config.stage(o.stage_id).name, code)
             self._hooks.fail_head()
             return
-        delay, settled = None, False
-        if not self._stopping:
-            with self._owned_lock:
-                settled = self.restarts.settled(key)
-                delay = self.restarts.delay_after_exit(key, code)
-            if delay is not None:
-                # Before the ERROR below, through the same loop queue: a request never
-                # sees the stage with nothing live and nothing coming in between.
-                self._due(key, delay)
-        self._coordinator.mark(
-            key, None, ReplicaState.ERROR, Reason.PROCESS_EXITED, f"exit code {code}"
-        )
+        if failed is None:
+            failed = self._fail(key, f"exit code {code}", code)
         if self._stopping:
             return
-        self.niced.exited(key, stage_serving=self._serving_here(o.stage_id))
-        if delay is None:
+        if failed.delay is None:
             with self._owned_lock:
                 self._owned.pop(key, None)  # gone for good; its slot stays the head's
             self._due(key, None)
             return
         if self._loop is not None:
-            log.info(
-                "restarting stage %d replica %d %s (--omni-restart-policy %s)",
-                o.stage_id,
-                o.replica_id,
-                "at once (it had served)" if settled else f"in {delay:g}s (it failed {_EARLY})",
-                self.restarts.mode,
-            )
-            loop = self._loop
+            _restarting(o, failed, self.restarts.mode)
+            loop, delay = self._loop, self.restarts.left(failed)
             loop.call_soon_threadsafe(lambda: loop.call_later(delay, self._relaunch, o))
+
+    def _fail(self, key: tuple[int, int], detail: str, code: int = -9) -> RestartPlan:
+        """``key`` failed (its process exited with ``code``, or was killed): when it
+        restarts, announced, and ERROR, once per process."""
+        plan = NO_RESTART
+        if not self._stopping:
+            with self._owned_lock:
+                plan = self.restarts.after_exit(key, code)
+            if plan.delay is not None:
+                # Before the ERROR below, through the same loop queue: a request never
+                # sees the stage with nothing live and nothing coming in between.
+                self._due(key, plan.delay)
+        self._coordinator.mark(key, None, ReplicaState.ERROR, Reason.PROCESS_EXITED, detail)
+        if not self._stopping:
+            self.niced.exited(key, stage_serving=self._serving_here(key[0]))
+        return plan
 
     def _retired(self, key: tuple[int, int], code: int) -> None:
         """A replica the head retired has exited: it is gone for good (DOWN), whatever
@@ -319,11 +348,3 @@ class LocalReplicas:
         # Its own DOWN heartbeat usually came first; this covers one that did not.
         self._coordinator.mark(key, None, ReplicaState.DOWN, Reason.SHUT_DOWN, SCALED_DOWN)
         self._forget(key)
-
-    def nodes(self) -> dict[tuple[int, int], str]:
-        """Where each of the head's replicas runs, when the backend places them (Ray)."""
-        return {
-            (p.options.stage_id, p.options.replica_id): p.node
-            for p in self.launcher.processes
-            if p.node is not None
-        }

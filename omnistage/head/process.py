@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import signal
@@ -40,6 +41,7 @@ from omnistage.heap import freeze_startup_objects
 from omnistage.jobs.runner import JobRunner
 from omnistage.jobs.setup import StoreUnavailable, open_persistence
 from omnistage.jobs.state import Persistence
+from omnistage.launch.base import placed_nodes
 from omnistage.net import listen_tcp
 from omnistage.protocol.messages import ReplicaState, Shutdown
 
@@ -120,7 +122,7 @@ class Head:
             master_url=self.sockets.master_url,
             history=history,
             scaling=self.scaler.status,
-            nodes=self.local.nodes,
+            nodes=functools.partial(placed_nodes, self.local.launcher),
             heads=self.fleet.snapshot,
         )
         self.frontends, self.api_servers = self._api_servers()

@@ -35,6 +35,9 @@ class ReplicaProcess(Protocol):
 
 # Called (from a launcher thread) when a replica ends, with its exit code.
 OnExit = Callable[[ReplicaProcess, int], None]
+# Called (from a launcher thread) when a replica is seen killed before its process is
+# gone (``launch.death_watch``); ``OnExit`` follows once it is.
+OnDying = Callable[[ReplicaProcess], None]
 
 
 log = logging.getLogger(__name__)
@@ -45,8 +48,9 @@ class TrackingLauncher(Generic[P]):
     """What both launchers share: the replicas they run, each watched by a thread of
     its own that calls ``on_exit`` when it ends."""
 
-    def __init__(self, on_exit: OnExit | None) -> None:
+    def __init__(self, on_exit: OnExit | None, on_dying: OnDying | None = None) -> None:
         self._on_exit = on_exit
+        self._on_dying = on_dying
         self._procs: list[P] = []
         self._lock = threading.Lock()
         self._stopping = False
@@ -61,6 +65,12 @@ class TrackingLauncher(Generic[P]):
             self._procs.append(handle)
         threading.Thread(target=watch, args=(handle,), name=name, daemon=True).start()
         return handle
+
+    def _dying(self, handle: P) -> None:
+        """``handle`` was killed; its process is still exiting."""
+        if self._on_dying is not None and not self._stopping:
+            log.warning("replica process pid %d was killed; it is exiting", handle.pid)
+            self._on_dying(handle)
 
     def _ended(self, handle: P, code: int, what: str) -> None:
         """``handle`` (``what`` names it; "": already said how) ended with ``code``."""
@@ -84,3 +94,12 @@ class Launcher(Protocol):
     def stop_all(self, grace_s: float) -> None:
         """Ask every replica to stop (drain); force those still running after ``grace_s``."""
         ...
+
+
+def placed_nodes(launcher: Launcher) -> dict[tuple[int, int], str]:
+    """Where each of ``launcher``'s replicas runs, when the backend places them (Ray)."""
+    return {
+        (p.options.stage_id, p.options.replica_id): p.node
+        for p in launcher.processes
+        if p.node is not None
+    }

@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 from omnistage.config.devices import DEVICE_ENV_VAR
-from omnistage.launch.base import OnExit, TrackingLauncher
+from omnistage.launch import death_watch
+from omnistage.launch.base import OnDying, OnExit, TrackingLauncher
 from omnistage.replica.options import ReplicaOptions, encode_options
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ class LocalReplicaProcess:
 
 
 class LocalLauncher(TrackingLauncher[LocalReplicaProcess]):
-    def __init__(self, on_exit: OnExit | None = None) -> None:
-        super().__init__(on_exit)
+    def __init__(self, on_exit: OnExit | None = None, on_dying: OnDying | None = None) -> None:
+        super().__init__(on_exit, on_dying)
 
     def launch(self, options: ReplicaOptions) -> LocalReplicaProcess:
         proc = subprocess.Popen(REPLICA_ARGV, preexec_fn=die_with_parent, env=replica_env(options))
@@ -60,7 +61,9 @@ class LocalLauncher(TrackingLauncher[LocalReplicaProcess]):
         return handle
 
     def _watch(self, handle: LocalReplicaProcess) -> None:
-        # wait() returns the moment the child exits: no polling delay for local replicas.
+        # A kill is seen when it lands, not when the last of the child's threads is gone
+        # (seconds later where they are niced); wait() then returns the moment it exits.
+        death_watch.watch(handle.pid, lambda: self._dying(handle))
         self._ended(handle, handle.proc.wait(), f"replica process pid {handle.pid}")
 
     def stop_all(self, grace_s: float = 10.0) -> None:

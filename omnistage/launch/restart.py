@@ -28,6 +28,19 @@ POLICIES = ("never", "on-failure", "always")
 SETTLE_S = 10.0
 
 
+@dataclass(frozen=True)
+class RestartPlan:
+    """What a replica's failure decided: its restart in ``delay`` s (None: not), counted
+    from ``at`` (the policy's clock), and whether the run it ended had settled."""
+
+    delay: float | None
+    settled: bool = False
+    at: float = 0.0
+
+
+NO_RESTART = RestartPlan(None)
+
+
 @dataclass
 class _History:
     failures: int = 0  # failures in a row that backed off (reset by a settled run)
@@ -80,3 +93,12 @@ class RestartPolicy:
         delay = min(self._max, self._base * 2**h.failures)
         h.failures += 1
         return delay
+
+    def after_exit(self, key: tuple[int, int], code: int) -> RestartPlan:
+        """``delay_after_exit``, with whether the run had settled, as of now."""
+        settled = self.settled(key)
+        return RestartPlan(self.delay_after_exit(key, code), settled, self._clock())
+
+    def left(self, plan: RestartPlan) -> float:
+        """Seconds from now until ``plan``'s restart is due."""
+        return max(0.0, (plan.delay or 0.0) - (self._clock() - plan.at))

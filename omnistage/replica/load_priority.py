@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 MAX_NICE = 19
 
 
-def _can_lower_to(nice: int) -> bool:
+def can_lower_to(nice: int) -> bool:
     if os.geteuid() == 0:
         return True
     # RLIMIT_NICE's soft limit r allows a nice as low as 20 - r.
@@ -92,7 +92,7 @@ def hurry(pid: int, step: int) -> bool:
         return False
     try:
         base = os.getpriority(os.PRIO_PROCESS, 0)  # the replica's, inherited at launch
-        if not _can_lower_to(base):
+        if not can_lower_to(base):
             return False
     except OSError:
         return False
@@ -108,7 +108,7 @@ def lower_for_load(step: int) -> Lowered:
         tid = threading.get_native_id()
         base = os.getpriority(os.PRIO_PROCESS, tid)
         step = min(step, MAX_NICE - base)
-        if step <= 0 or not _can_lower_to(base):
+        if step <= 0 or not can_lower_to(base):
             return NOT_LOWERED
         os.setpriority(os.PRIO_PROCESS, tid, base + step)
         return Lowered(base, step, tid)

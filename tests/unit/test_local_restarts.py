@@ -95,11 +95,20 @@ class Rig:
         return rig
 
     async def exit(self, code: int = -9, replica_id: int | None = None) -> None:
-        proc = self.launcher.launched[-1]
-        if replica_id is not None:
-            proc = next(p for p in self.launcher.launched if p.options.replica_id == replica_id)
-        await asyncio.to_thread(self.local._on_exit, proc, code)  # a launcher thread
+        await asyncio.to_thread(
+            self.local._on_exit, self._proc(replica_id), code
+        )  # a launcher thread
         await ticks()
+
+    async def dying(self, replica_id: int | None = None) -> None:
+        """The launcher saw it killed, its process still exiting (launch.death_watch)."""
+        await asyncio.to_thread(self.local._on_dying, self._proc(replica_id))
+        await ticks()
+
+    def _proc(self, replica_id: int | None) -> Process:
+        if replica_id is None:
+            return self.launcher.launched[-1]
+        return next(p for p in self.launcher.launched if p.options.replica_id == replica_id)
 
 
 async def test_a_replica_that_served_is_announced_restarting_at_once_before_its_error() -> None:
@@ -109,6 +118,23 @@ async def test_a_replica_that_served_is_announced_restarting_at_once_before_its_
     assert rig.said == [("due", 0, 0), ("state", 0, ReplicaState.ERROR)]
     await asyncio.sleep(0.05)
     assert len(rig.launcher.launched) == 2  # relaunched at once
+
+
+async def test_a_replica_seen_killed_fails_at_once_and_restarts_only_once_its_process_is_gone() -> (
+    None
+):
+    rig = await Rig.serving()
+    rig.clock.now += SETTLE_S + 5
+    await rig.dying()
+    assert rig.said == [("due", 0, 0), ("state", 0, ReplicaState.ERROR)]
+    entry = next(e for e in rig.coordinator.snapshot() if e.replica_id == 0)
+    assert entry.why == "local process exited (killed, still exiting)"
+    await asyncio.sleep(0.05)
+    assert len(rig.launcher.launched) == 1  # the dying process still holds its memory
+    await rig.exit()
+    assert rig.said == [("due", 0, 0), ("state", 0, ReplicaState.ERROR)]  # said once
+    await asyncio.sleep(0.05)
+    assert len(rig.launcher.launched) == 2  # relaunched at once after the exit
 
 
 async def test_a_replica_failing_soon_after_up_is_announced_with_its_backoff() -> None:
