@@ -3,14 +3,14 @@
 No server: Silero and Smart Turn (the real models) run in process on bench_turns.py's
 utterances, each take synthesized afresh (Piper's voice varies take to take, and Smart
 Turn's verdict with it). For each first-check silence (``Eager.first_check_ms`` of the
-default eagerness, "auto"; the deciding check stays at ``CHECK_MS``, 192 ms), on the same
-takes:
+default eagerness, "auto"; the deciding check stays at ``CHECK_MS``, 192 ms) and each
+threshold of that eagerness (``Eager.threshold``), on the same takes:
 - finished questions: when the turn ends, from the question's last voiced frame (p50, and
   how many within 300 ms);
 - paused sentences (600-800 ms of silence spliced in at a word boundary): how many the
   detector cuts off (ends before the sentence resumes).
 
-    python bench/bench_turn_checks.py --takes 4 --first 200,100,64
+    python bench/bench_turn_checks.py --takes 4 --first 192,128 --thresholds 0.97,0.98
 """
 
 import argparse
@@ -44,35 +44,42 @@ def turn_ends_ms(pcm: np.ndarray, judge: SmartTurn) -> list[float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--takes", type=int, default=4, help="Piper takes of every utterance")
-    p.add_argument("--first", default="200,100,64", help="first-check silences, ms")
+    p.add_argument("--first", default="192,128", help="first-check silences, ms")
+    p.add_argument("--thresholds", default="0.97", help="thresholds of the default eagerness")
     args = p.parse_args()
     firsts = [int(v) for v in args.first.split(",")]
+    thresholds = [float(v) for v in args.thresholds.split(",")]
+    combos = [(f, t) for f in firsts for t in thresholds]
     voice, judge = piper_voice(), SmartTurn()
-    ends: dict[int, list[float]] = {f: [] for f in firsts}
-    cut = dict.fromkeys(firsts, 0)
+    ends: dict[tuple[int, float], list[float]] = {c: [] for c in combos}
+    cut = dict.fromkeys(combos, 0)
+    medium = semantic_vad.EAGERNESS["medium"]
     paused_n = 0
     for _ in range(args.takes):
         questions = [say(voice, q) for q in QUESTIONS + MORE_QUESTIONS]
         steps = len(PAUSED) - 1
         paused = [spliced(voice, a, b, 0.6 + 0.2 * i / steps) for i, (a, b) in enumerate(PAUSED)]
         paused_n += len(paused)
-        for first in firsts:
-            # The default eagerness, asking first at this silence.
-            eager = semantic_vad.EAGERNESS["medium"]
-            semantic_vad.EAGERNESS["medium"] = dataclasses.replace(eager, first_check_ms=first)
+        for first, threshold in combos:
+            # The default eagerness, asking first at this silence, ending at this verdict.
+            semantic_vad.EAGERNESS["medium"] = dataclasses.replace(
+                medium, first_check_ms=first, threshold=threshold
+            )
             for pcm in questions:
                 stopped = turn_ends_ms(pcm, judge)
-                ends[first].append(stopped[0] - len(pcm) * 1000 / RATE)
+                ends[first, threshold].append(stopped[0] - len(pcm) * 1000 / RATE)
             for pcm, resume in paused:
-                cut[first] += any(t < resume * 1000 / RATE for t in turn_ends_ms(pcm, judge))
+                late = turn_ends_ms(pcm, judge)
+                cut[first, threshold] += any(t < resume * 1000 / RATE for t in late)
     print(f"{args.takes} takes; deciding check at {semantic_vad.CHECK_MS} ms")
-    print(f"{'first check':>12} {'end p50':>8} {'<= 300 ms':>10} {'paused cut off':>15}")
-    for first in firsts:
-        e = ends[first]
+    head = f"{'first check':>12} {'threshold':>10} {'end p50':>8} {'<= 300 ms':>10}"
+    print(f"{head} {'paused cut off':>15}")
+    for first, threshold in combos:
+        e = ends[first, threshold]
         within = sum(x <= 300 for x in e)
         print(
-            f"{first:>9} ms {statistics.median(e):>6.0f} ms {within:>5}/{len(e):<4}"
-            f" {cut[first]:>8}/{paused_n}"
+            f"{first:>9} ms {threshold:>10.3f} {statistics.median(e):>6.0f} ms"
+            f" {within:>5}/{len(e):<4} {cut[first, threshold]:>8}/{paused_n}"
         )
     return 0
 
