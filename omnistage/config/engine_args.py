@@ -159,6 +159,11 @@ class TtsArgs(_Args):
     # syntheses (at least one each). Several answers at once are synthesized side by
     # side, each on its own thread, rather than each on every core in turn.
     threads: int | None = Field(default=None, ge=1, le=256)
+    # onnxruntime threads for an answer's first piece when nothing else is being
+    # synthesized (its listener waits for it; the other threads are idle), on a second
+    # session of the voice (engines/speech/piper_sessions.py). None: all the cores; at
+    # most ``threads``: no second session.
+    opening_threads: int | None = Field(default=None, ge=1, le=256)
     # Streamed text: speak an answer's opening phrase ("The capital of France") before
     # its first sentence is complete, not only an opening clause ending in a comma.
     first_phrase: bool = True

@@ -16,6 +16,7 @@ import pytest_asyncio
 from omnistage.audio.wav import pcm_duration_s, wav_bytes
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
+from omnistage.engines.speech.piper_sessions import VoiceSessions
 from omnistage.engines.speech.tts import TtsArgs, TtsEngine
 from omnistage.engines.speech.voices import VoiceCatalog, discover_voices
 from omnistage.protocol.chunk_meta import AudioMeta
@@ -409,6 +410,38 @@ async def test_event_loop_stays_responsive_during_synthesis(engine: TtsEngine):
     assert max(gaps) < 0.25
 
 
+class Spy:
+    """Records which of a voice's sessions synthesizes each text, at which nice, and
+    synthesizes it there (``VoiceSessions``: shared, and wide where loaded)."""
+
+    def __init__(self, voice: VoiceSessions) -> None:
+        self.voice = voice
+        self.seen: list[tuple[str, str, int]] = []
+
+    def __enter__(self) -> Spy:
+        import os
+        import threading
+
+        for name in ("shared", "wide"):
+            session = getattr(self.voice, name)
+            if session is None:
+                continue
+            real = session.synthesize
+
+            def recording(text: str, *args: Any, _real: Any = real, _name: str = name, **kw: Any):
+                nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+                self.seen.append((_name, text, nice))
+                return _real(text, *args, **kw)
+
+            session.synthesize = recording
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for session in (self.voice.shared, self.voice.wide):
+            if session is not None and "synthesize" in vars(session):
+                del session.synthesize
+
+
 @pytest.mark.slow
 @module_loop
 async def test_chunks_with_seconds_of_audio_ahead_are_synthesized_at_a_lower_priority(
@@ -423,26 +456,16 @@ async def test_chunks_with_seconds_of_audio_ahead_are_synthesized_at_a_lower_pri
     from omnistage.engines.speech.talker_order import ChunkOrder
 
     voice = await engine._voice(engine._catalog().default)
-    real = voice.synthesize
     text = LONG + " A fourth sentence, the last one, ends it."
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     later = min(19, base + engine.args.later_nice)
 
     async def nices() -> list[int]:
-        seen: list[tuple[str, int]] = []
-
-        def recording(text: str, *args: Any, **kwargs: Any) -> Any:
-            seen.append((text, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-            return real(text, *args, **kwargs)
-
-        voice.synthesize = recording  # type: ignore[method-assign]
-        try:
+        with Spy(voice) as spy:
             chunks = await collect(engine, speak(text))
-        finally:
-            del voice.synthesize
         assert len(chunks) == 4 and all(c.data for c in chunks)
-        assert [t for t, _ in seen] == [c.text for c in chunks]
-        return [n for _, n in seen]
+        assert [t for _, t, _ in spy.seen] == [c.text for c in chunks]
+        return [n for *_, n in spy.seen]
 
     assert engine.args.later_nice == 10 and engine.args.scheduling == "deadline"
     deadline = await nices()
@@ -452,3 +475,33 @@ async def test_chunks_with_seconds_of_audio_ahead_are_synthesized_at_a_lower_pri
         assert await nices() == [base, base, later, later]
     finally:
         engine._order = order
+
+
+@pytest.mark.slow
+@module_loop
+async def test_a_lone_answers_opening_runs_on_the_wide_session_and_the_rest_shared(
+    engine: TtsEngine,
+):
+    """The first piece of an answer, when nothing else is being synthesized, goes to the
+    voice's session with every core's thread; later pieces, and a first piece while
+    another answer's synthesis runs, to the shared one. ``opening_threads`` at or below
+    ``threads`` loads no wide session."""
+    from omnistage.engines.torch_threads import cores
+
+    voice = await engine._voice(engine._catalog().default)
+    if cores() < 2:
+        pytest.skip("one core: no wider session to run on")
+    assert voice.wide is not None
+    with Spy(voice) as spy:
+        await collect(engine, speak(LONG))
+    assert [name for name, *_ in spy.seen] == ["wide", "shared", "shared"]
+    with Spy(voice) as spy:
+        await asyncio.gather(collect(engine, speak(LONG)), collect(engine, speak(SHORT)))
+    firsts = [name for name, text, _ in spy.seen if text in (SHORT, LONG.split(". ")[0] + ".")]
+    assert sorted(firsts) == ["shared", "wide"]  # the one that started second ran shared
+    narrow = TtsEngine(stage(max_concurrent=2, opening_threads=1))
+    await narrow.start()
+    try:
+        assert (await narrow._voice(narrow._catalog().default)).wide is None
+    finally:
+        await narrow.shutdown()

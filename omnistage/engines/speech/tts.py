@@ -25,12 +25,16 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from omnistage.config.engine_args import TtsArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest, prompt_text
 from omnistage.engines.priority_slots import PrioritySlots
+from omnistage.engines.speech.piper_sessions import (
+    VoiceSessions,
+    load_sessions,
+    synthesize_blocking,
+)
 from omnistage.engines.speech.sentences import (
     SpokenBefore,
     StreamedPieces,
@@ -52,9 +56,6 @@ from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Usage
 from omnistage.protocol.params import StageParams
 
-if TYPE_CHECKING:
-    from piper import PiperVoice
-
 log = logging.getLogger(__name__)
 
 MIN_SPEED = 0.25
@@ -71,7 +72,7 @@ class TtsEngine(Engine):
         super().__init__(stage)
         self.args = TtsArgs.model_validate(stage.engine_args)
         self.catalog: VoiceCatalog | None = None
-        self._loads: dict[str, asyncio.Future[PiperVoice]] = {}
+        self._loads: dict[str, asyncio.Future[VoiceSessions]] = {}
         self._slots = PrioritySlots(self.args.max_concurrent)
         self._order: TalkerOrder = (
             DeadlineOrder(time.monotonic) if self.args.scheduling == "deadline" else ChunkOrder()
@@ -89,6 +90,7 @@ class TtsEngine(Engine):
         )
         self._noise = (self.args.noise_scale, self.args.noise_w_scale)
         self._waiting = 0
+        self._running = 0  # syntheses under way
         self.pace = SynthesisPace()
         # Seconds the default voice took to load, and its warm-up synthesis.
         self.load_time_s: float | None = None
@@ -116,11 +118,16 @@ class TtsEngine(Engine):
         )
         started = time.perf_counter()
         self.starting = f"loading the voice {voice.id}"
-        piper_voice = await self._voice(voice)
+        sessions = await self._voice(voice)
         self.load_time_s = time.perf_counter() - started
         started = time.perf_counter()
         self.starting = "warming up"
-        pcm = await self._synthesize(piper_voice, WARMUP_TEXT, self._length_scale(1.0))
+        pcm = await self._synthesize(sessions, WARMUP_TEXT, length_scale(1.0, self.args.speed))
+        if sessions.wide is not None:  # that ran on the wide session (a first piece, alone);
+            # an ONNX session's first run is slow: the shared one's is not an answer's either
+            await asyncio.to_thread(
+                synthesize_blocking, sessions.shared, WARMUP_TEXT, 1.0, threading.Event()
+            )
         self.warmup_time_s = time.perf_counter() - started
         if not pcm:
             raise EngineError(f"voice {voice.id} produced no audio when warming up")
@@ -140,13 +147,13 @@ class TtsEngine(Engine):
 
     def check(self, params: StageParams) -> None:
         self._catalog().resolve(params.speaking.voice)
-        self._length_scale(params.speaking.speed)
+        length_scale(params.speaking.speed, self.args.speed)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         params = request.params.speaking
         voice = self._catalog().resolve(params.voice)
-        length_scale = self._length_scale(params.speed)
-        piper_voice = await self._voice(voice)
+        scale = length_scale(params.speed, self.args.speed)
+        sessions = await self._voice(voice)
         meta = AudioMeta(voice.sample_rate, voice=voice.id)
         modality = self.stage.output_modality
         words_in = 0
@@ -162,7 +169,7 @@ class TtsEngine(Engine):
                 piece = ""  # spoken by a replica that failed
             elif piece:
                 job = Piece(playback, said, len(piece))
-                pcm = await self._synthesize(piper_voice, piece, length_scale, job)
+                pcm = await self._synthesize(sessions, piece, scale, job)
                 playback.sent(len(pcm) / 2 / voice.sample_rate, time.monotonic())
                 said += 1
             self.progress += 1
@@ -226,37 +233,24 @@ class TtsEngine(Engine):
             raise EngineError("the TTS engine has not been started")
         return self.catalog
 
-    def _length_scale(self, speed: float | None) -> float:
-        """Piper's length scale for a requested speed (None: the configured default)."""
-        if speed is None:
-            speed = self.args.speed
-        if isinstance(speed, bool) or not isinstance(speed, int | float):
-            raise BadRequestError(
-                f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}, got {speed!r}",
-                param="speed",
-            )
-        if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
-            raise BadRequestError(
-                f"speed must be from {MIN_SPEED} to {MAX_SPEED}, got {speed}", param="speed"
-            )
-        return 1.0 / float(speed)
-
-    async def _voice(self, voice: VoiceInfo) -> PiperVoice:
+    async def _voice(self, voice: VoiceInfo) -> VoiceSessions:
         """The loaded voice, loading it on first use (once, however many ask)."""
         load = self._loads.get(voice.id)
         if load is None or (load.done() and (load.cancelled() or load.exception())):
             threads = self.args.threads or max(1, cores() // self.args.max_concurrent)
-            load = asyncio.ensure_future(asyncio.to_thread(_load_voice, voice, threads))
+            wide = self.args.opening_threads or cores()
+            load = asyncio.ensure_future(asyncio.to_thread(load_sessions, voice, threads, wide))
             self._loads[voice.id] = load
         # Shielded: a cancelled request must not cancel a load others may wait for.
         return await asyncio.shield(load)
 
     async def _synthesize(
-        self, voice: PiperVoice, text: str, length_scale: float, job: Piece | None = None
+        self, voice: VoiceSessions, text: str, length_scale: float, job: Piece | None = None
     ) -> bytes:
         """PCM for ``text`` (``job``: which answer's chunk it is; None: warm-up),
         synthesized in a worker thread once the order gives it a free slot, niced if
-        the order says it can yield the cores.
+        the order says it can yield the cores, on the voice's wide session if it is an
+        answer's first piece and nothing else is being synthesized (``piper_sessions``).
 
         On cancellation the worker stops at its next sentence boundary; the slot stays
         taken until it has, so at most ``max_concurrent`` syntheses ever run.
@@ -269,17 +263,20 @@ class TtsEngine(Engine):
             self._waiting -= 1
         stop = threading.Event()
         started, niced = time.monotonic(), self._order.niced(job)
+        wide = job.index == 0 and not niced and not self._running and voice.wide is not None
+        self._running += 1
         try:
             work = asyncio.get_running_loop().run_in_executor(
                 self._pools[1 if niced else 0],
-                _synthesize_blocking,
-                voice,
+                synthesize_blocking,
+                voice.pick(alone=wide),
                 text,
                 length_scale,
                 stop,
                 self._noise,
             )
         except BaseException:
+            self._running -= 1
             self._slots.release()
             raise
         work.add_done_callback(self._synthesis_done)
@@ -289,9 +286,11 @@ class TtsEngine(Engine):
             stop.set()
             raise
         took = time.monotonic() - started
-        if not niced:  # the urgent ones, whose time the order estimates, run unniced
+        if not niced and not wide:  # the order estimates the urgent ones, run unniced,
+            # on a shared session's threads (a wide one runs only when the talker is idle)
             self._order.observe(len(text), took)
-        self._paced(took, len(pcm) / 2 / voice.config.sample_rate)
+        if not wide:
+            self._paced(took, len(pcm) / 2 / voice.shared.config.sample_rate)
         return pcm
 
     def _paced(self, wall_s: float, audio_s: float) -> None:
@@ -307,9 +306,26 @@ class TtsEngine(Engine):
             )
 
     def _synthesis_done(self, work: asyncio.Future[bytes]) -> None:
+        self._running -= 1
         self._slots.release()
         if not work.cancelled() and work.exception() is not None:
             log.debug("synthesis failed", exc_info=work.exception())
+
+
+def length_scale(speed: float | None, default: float) -> float:
+    """Piper's length scale for a requested speed (None: the configured ``default``)."""
+    if speed is None:
+        speed = default
+    if isinstance(speed, bool) or not isinstance(speed, int | float):
+        raise BadRequestError(
+            f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}, got {speed!r}",
+            param="speed",
+        )
+    if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+        raise BadRequestError(
+            f"speed must be from {MIN_SPEED} to {MAX_SPEED}, got {speed}", param="speed"
+        )
+    return 1.0 / float(speed)
 
 
 def _nice_this_thread(nice: int) -> None:
@@ -324,59 +340,3 @@ def _nice_this_thread(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
     except (AttributeError, OSError) as exc:  # not Linux, or refused: run at the default
         log.debug("could not nice a synthesis thread: %s", exc)
-
-
-def _load_voice(voice: VoiceInfo, threads: int) -> PiperVoice:
-    try:
-        return _piper_voice(voice, threads)
-    except Exception as exc:
-        raise EngineError(f"could not load voice {voice.id} ({voice.model_path}): {exc}") from exc
-
-
-def _piper_voice(voice: VoiceInfo, threads: int) -> PiperVoice:
-    """Piper's voice, with an ONNX session whose threads sleep when idle.
-
-    ``PiperVoice.load`` gives onnxruntime's defaults, whose worker threads spin after
-    every sentence; the talker shares the cores with the thinker that feeds it, and a
-    spinning talker slows the next sentence's words."""
-    import json
-
-    import onnxruntime
-    from piper import PiperVoice
-    from piper.config import PiperConfig
-
-    opts = onnxruntime.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    with open(voice.config_path, encoding="utf-8") as f:
-        config = PiperConfig.from_dict(json.load(f))
-    session = onnxruntime.InferenceSession(
-        str(voice.model_path), sess_options=opts, providers=["CPUExecutionProvider"]
-    )
-    return PiperVoice(config=config, session=session)
-
-
-def _synthesize_blocking(
-    voice: PiperVoice,
-    text: str,
-    length_scale: float,
-    stop: threading.Event,
-    noise: tuple[float | None, float | None] = (None, None),
-) -> bytes:
-    from piper import SynthesisConfig
-
-    # Relative to the voice's own pace (its config's length_scale, usually 1).
-    config = SynthesisConfig(
-        length_scale=length_scale * voice.config.length_scale,
-        noise_scale=noise[0],
-        noise_w_scale=noise[1],
-    )
-    pcm = bytearray()
-    # Piper yields one AudioChunk per sentence espeak finds in the text.
-    for audio in voice.synthesize(text, syn_config=config):
-        if stop.is_set():
-            break
-        pcm += audio.audio_int16_bytes
-    return bytes(pcm)
