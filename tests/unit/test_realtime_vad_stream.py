@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -96,13 +97,19 @@ def test_unsupported_rates_are_refused() -> None:
         VadStream(sample_rate=44_100, vad=LoudScorer())
 
 
-def test_semantic_vad_hears_the_turns_own_audio_and_ends_it_on_the_models_word() -> None:
-    heard: list[np.ndarray] = []
+def sure_model(heard: list[np.ndarray]) -> Callable[[np.ndarray], float]:
+    """An end-of-turn model always sure the turn is done, keeping what it heard."""
 
     def model(audio: np.ndarray) -> float:
         heard.append(audio)
         return 1.0
 
+    return model
+
+
+def test_semantic_vad_hears_the_turns_own_audio_and_ends_it_on_the_models_word() -> None:
+    heard: list[np.ndarray] = []
+    model = sure_model(heard)
     stream = VadStream(SemanticVadParams(), 24_000, vad=LoudScorer(), judge=model)
     data = pcm(24_000, (1, 0), (1, 0.5), (1, 0))
     assert feed_in(stream, data, [961]) == TURN
@@ -173,11 +180,7 @@ async def test_a_question_whose_silence_is_over_is_never_run() -> None:
 
 def test_a_question_asked_ahead_hears_the_silence_so_far_repeated_to_its_length() -> None:
     heard: list[np.ndarray] = []
-
-    def model(audio: np.ndarray) -> float:
-        heard.append(audio)
-        return 1.0
-
+    model = sure_model(heard)
     # At 16 kHz, as the model hears it (no resampler holding samples back).
     stream = VadStream(SemanticVadParams(), 16_000, vad=LoudScorer(), judge=model)
     # A tone, then a low hum (silence to the scorer, from the window at 2016 ms), fed until
