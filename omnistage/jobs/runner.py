@@ -199,15 +199,22 @@ class JobRunner:
     async def _keep_lease(self, job: Job, progress: _Progress, work: asyncio.Task[Any]) -> None:
         """Renew the lease every third of it (at most RENEW_MAX_S apart), and pass progress
         on as it moves; stop the work when the lease is gone (cancelled, deleted or taken
-        over)."""
+        over).
+
+        Progress is sent the moment it first moves, then at most every
+        ``progress_every_s``: a short job on a fast machine still shows a poller that it
+        is under way before it is done (a fixed tick first sent only after the tick)."""
         s = self.settings
         renewed = self._clock()
         sent = 0  # the claim just set the lease: nothing to send until progress moves
         while True:
-            await asyncio.sleep(s.progress_every_s)
+            renew_in = min(s.lease_s / 3, RENEW_MAX_S) - (self._clock() - renewed)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.moved.wait(), max(0.0, renew_in))
             now = self._clock()
             if progress.value == sent and now - renewed < min(s.lease_s / 3, RENEW_MAX_S):
                 continue
+            progress.moved.clear()
             sent = progress.value
             ok = await self.store.renew_lease(job.id, s.holder, now, s.lease_s, sent)
             renewed = now
@@ -215,6 +222,7 @@ class JobRunner:
                 log.info("job %s: cancelled, deleted or taken over; stopping it", job.id)
                 work.cancel()
                 return
+            await asyncio.sleep(s.progress_every_s)  # the store sees progress this often
 
     async def _finish(
         self,
@@ -271,9 +279,13 @@ class JobRunner:
 class _Progress:
     def __init__(self) -> None:
         self.value = 0
+        self.moved = asyncio.Event()
 
     def set(self, percent: int) -> None:
-        self.value = max(self.value, min(99, int(percent)))  # 100 is for completed
+        value = max(self.value, min(99, int(percent)))  # 100 is for completed
+        if value != self.value:
+            self.value = value
+            self.moved.set()
 
 
 def _error_of(exc: Exception) -> dict[str, Any]:

@@ -120,6 +120,26 @@ async def test_progress_reaches_the_store_while_the_job_runs(store: Store) -> No
     task.cancel()
 
 
+async def test_the_first_progress_is_sent_at_once_not_after_the_progress_tick(
+    store: Store,
+) -> None:
+    """A job shorter than the tick still shows a poller it is under way: the first move
+    of progress goes to the store at once; later moves wait for the tick."""
+    await store.create_job(_job(0))
+    handler = Handler()
+    settings = RunnerSettings("head-a", lease_s=300, poll_s=0.02, progress_every_s=60)
+    runner = JobRunner(store, {JobKind.VIDEO: handler}, lambda sid: StageRoom(2, 0), settings)
+    task = asyncio.create_task(runner.run())
+    job = None
+    for _ in range(300):
+        job = await store.get_job("job0", None)
+        if job is not None and job.progress == 40:
+            break
+        await asyncio.sleep(0.01)
+    assert job is not None and (job.status, job.progress) == (JobStatus.IN_PROGRESS, 40)
+    task.cancel()
+
+
 async def test_a_failing_job_is_failed_with_its_reason(store: Store) -> None:
     await store.create_job(_job(0, fail=True))
     handler = Handler()
