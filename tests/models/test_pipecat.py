@@ -6,8 +6,8 @@ feeds the head's own Piper voice (``/v1/audio/speech``) in 20 ms frames at real 
 silence between phrases, into a pipeline of Pipecat's context aggregators around
 ``OpenAIRealtimeLLMService`` (server VAD, Whisper transcription), with a sink that
 records what comes out. The turns: the app's greeting (``LLMRunFrame``, as Pipecat's
-examples start), a spoken weather question answered through a tool call, then a story
-request whose answer is interrupted by a spoken request. Each test reads the one
+examples start), a story request whose answer is interrupted by a spoken request (then
+answered), then a spoken weather question answered through a tool call. Each test reads the one
 record, ordered as things happened in the one event loop. The service is Pipecat's own;
 its subclass here only notes the server events it handles.
 """
@@ -56,8 +56,13 @@ FRAME = RATE // 50  # 20 ms, as a transport's microphone frames
 WAIT_S = 120.0  # generous: the machine is shared, the models run on its CPUs
 WEATHER = "What is the weather in Paris?"
 STORY = "Tell me a long story about a dragon."
-STOP = "Wait, stop, I have another question."
+# One breath, no comma: longer than a backchannel (``BackchannelPolicy.max_speech_ms``)
+# before its first pause, so it cancels the answer on its length alone. ("Wait, stop,
+# ..." pauses after "Wait", short enough to resume the answer until its words are heard:
+# a short answer could end in that window.)
+STOP = "Stop the story now and listen to my other question."
 STORYTELLER = "You are a storyteller. Tell long stories of many sentences."
+ASSISTANT = "You are a helpful assistant."
 Record = list[tuple[Any, ...]]
 
 
@@ -280,16 +285,10 @@ class Conversation:
         mark = len(record)
         await self.worker.queue_frame(LLMRunFrame())
         await self.done(await self.response_after("greeting", mark))
-        # Turn 1: a spoken question, answered through the tool.
-        await self.settle(tool_choice="required")
-        self.mic.say("weather", said["weather"])
-        output = await self.until(
-            "function_call_output item",
-            lambda: index(record, "item", where=lambda kind, _: kind == "function_call_output"),
-        )
-        await self.done(await self.response_after("answer after the tool", output))
-        # Turn 2: a story, and a request spoken over it once its audio comes.
-        await self.settle(tool_choice="none", instructions=STORYTELLER, max_output_tokens=300)
+        # Turn 1: a story, and a request spoken over it once its audio comes. First, so
+        # the 135M thinker tells it from a plain context (after a tool's result it tends
+        # to echo JSON, short enough to be done before the request is heard).
+        await self.settle(instructions=STORYTELLER, max_output_tokens=300)
         mark = len(record)
         self.mic.say("story", said["story"])
         story = await self.response_after(
@@ -298,8 +297,17 @@ class Conversation:
         await self.until("story audio", lambda: index(record, "audio", story))
         self.mic.say("stop", said["stop"])
         await self.done(story)
-        barge = index(record, "said", story)
+        barge = await self.until("stop said", lambda: index(record, "said", story))
         await self.until("interruption", lambda: index(record, "interruption", barge))
+        await self.done(await self.response_after("answer to the request", barge))
+        # Turn 2: a spoken question, answered through the tool.
+        await self.settle(instructions=ASSISTANT, tool_choice="required")
+        self.mic.say("weather", said["weather"])
+        output = await self.until(
+            "function_call_output item",
+            lambda: index(record, "item", where=lambda kind, _: kind == "function_call_output"),
+        )
+        await self.done(await self.response_after("answer after the tool", output))
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +319,10 @@ def conversation(voice_head: HeadProc) -> tuple[Record, list[Any]]:
     record = conversation.record
     print("the record:", [e for e in record if e[0] != "audio"])
     return record, conversation.calls
+
+
+# An answer that ran to its end: the 135M thinker, sampled, may ramble to the token limit.
+ANSWERED = [("completed", None), ("incomplete", "max_output_tokens")]
 
 
 def answer_to_the_tool(record: Record) -> tuple[int, int]:
@@ -328,7 +340,7 @@ def test_a_spoken_question_is_heard_and_answered_in_audio(conversation):
     heard = index(record, "heard", said)
     assert heard is not None and heard_as(record[heard][1], WEATHER), record
     created, done = answer_to_the_tool(record)
-    assert record[done][2] == "completed", record[done]
+    assert record[done][2:] in ANSWERED, record[done]
     # What reached the sink for it (up to the next thing said: frames trail events).
     until_next = index(record, "said", created)
     out = record[created:until_next]
@@ -350,7 +362,7 @@ def test_a_tool_call_goes_round_trip_and_is_answered(conversation):
     assert output is not None, record
     # Then Pipecat asked for an answer, which came.
     created, done = answer_to_the_tool(record)
-    assert output < created < done and record[done][2] == "completed", record[done]
+    assert output < created < done and record[done][2:] in ANSWERED, record[done]
 
 
 def test_speech_over_an_answer_interrupts_it_and_the_server_cancels_it(conversation):
