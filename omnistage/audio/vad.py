@@ -233,6 +233,15 @@ class VadStream:
         event = None if verdict is None else detector.verdict(question.token, verdict)
         return [] if event is None else [event]
 
+    def words(self, silence_from: int, probability: float) -> list[VadEvent]:
+        """The words' verdict on the turn at the silence from ``silence_from``
+        (``SemanticTurnDetector.words``); the events it completes."""
+        detector = self.detector
+        if not isinstance(detector, SemanticTurnDetector):
+            return []
+        event = detector.words(silence_from, probability)
+        return [] if event is None else [event]
+
     def feed(self, pcm: bytes) -> list[VadEvent]:
         """Account a chunk of PCM16 little-endian mono audio; the events it completes."""
         data = self._odd_byte + pcm

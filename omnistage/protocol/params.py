@@ -84,6 +84,11 @@ class GenerationParams(_Params, frozen=True):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    # vLLM's extension: the last message is left open (rendered without its end and with
+    # no assistant turn after it), so the model goes on writing it. A realtime session
+    # asks this of the thinker to hear whether a user's words so far end their turn
+    # (``realtime.words_turn``).
+    continue_final_message: bool | None = None
 
 
 class SpeechParams(_Params, frozen=True):

@@ -12,6 +12,11 @@ tells it what it hears through ``Listener`` callbacks:
 - ``unguessed(turn)``: the user spoke again before a guessed phrase's pause ended it
   (``user_turn``: the guess is void).
 
+With ``semantic_vad`` and a ``words`` judge, each silence's words (the guess's, or the
+paused phrase's) are judged too, once per silence, as soon as they are on their way:
+the detector weighs that verdict with the end-of-turn model's
+(``SemanticTurnDetector.words``).
+
 A ``semantic_vad`` turn may end after the audio that ended it was appended: the end-of-turn
 model's verdict is awaited off the event loop (``vad.VadStream.verdicts``), in a task of
 the session's, and its events are handled as they come.
@@ -19,14 +24,16 @@ the session's, and its events are handled as they come.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
 
 from omnistage.audio.formats import AudioFormat, InputStream
+from omnistage.audio.semantic_vad import SemanticVadParams
 from omnistage.audio.server_vad import ServerVadParams, SpeechStarted, VadEvent
 from omnistage.audio.vad import VadParams, VadStream
 from omnistage.realtime.config import TurnDetection
@@ -58,9 +65,12 @@ class AudioInput:
         vad: Callable[[VadParams], VadStream],
         spawn: Callable[[Coroutine[Any, Any, None]], Any] | None = None,
         guess: Callable[[], bool] = lambda: False,
+        words: Callable[[str], Awaitable[float | None]] | None = None,
     ) -> None:
         self._listener = listener
         self._guess = guess  # whether to transcribe a phrase as its pause begins
+        self._words = words  # judges whether a turn's words so far end it
+        self._words_for: int | None = None  # the silence whose words were judged
         self._spawn = spawn  # runs the session's background tasks (late VAD verdicts)
         self._new_turn = new_turn
         self._make_vad = vad
@@ -158,6 +168,38 @@ class AudioInput:
         elif silence_from is None:  # the user went on: the pause is part of the turn
             self._listener.resumed(turn)
             turn.feed(self.buffer.slice(turn.fed_ms), self.buffer.end_ms - turn.fed_ms)
+        if silence_from is not None and (turn.guessing or not turn.in_phrase):
+            self._judge_words(turn, silence_from)
+
+    def _judge_words(self, turn: UserTurn, silence_from: int) -> None:
+        """The words up to this silence are on their way: have them judged (semantic_vad,
+        once per silence)."""
+        semantic = isinstance(self._detection.vad if self._detection else None, SemanticVadParams)
+        if self._words is None or not semantic or self._words_for == silence_from:
+            return
+        assert self._spawn is not None and self._vad is not None
+        self._words_for = silence_from
+        self._spawn(self._words_verdict(self._vad, self._words, turn, silence_from))
+
+    async def _words_verdict(
+        self,
+        vad: VadStream,
+        judge: Callable[[str], Awaitable[float | None]],
+        turn: UserTurn,
+        silence_from: int,
+    ) -> None:
+        try:
+            words = await turn.guessed_so_far()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the session is closing
+            return  # the guess was void: the user went on
+        except Exception:  # not heard: the turn waits as it would without words
+            return
+        probability = await judge(words)
+        if probability is not None and vad is self._vad:  # not replaced meanwhile
+            self._heard(vad.words(silence_from, probability))
 
     def take_turn(self) -> UserTurn:
         """For a manual commit: the turn so far (or the buffer as one), its audio taken

@@ -10,7 +10,7 @@ sits above them and nothing below it reaches back up.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +55,9 @@ class SessionContext:
     speakers: tuple[int, ...] = ()
     # Whether the process has cores to spare for guessed transcriptions (user_turn).
     guess: Callable[[], bool] = lambda: False
+    # The probability that a turn's words so far end it (``words_turn.WordsJudge``; None
+    # from it: no verdict). None: semantic_vad hears how, not what, the user said.
+    words: Callable[[str], Awaitable[float | None]] | None = None
 
 
 class Playback(Protocol):

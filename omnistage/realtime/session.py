@@ -55,7 +55,9 @@ class RealtimeSession:
         self.answers = Answers(self)
         self.turns = TurnTaking(self, self.answers)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.audio = AudioInput(self.turns, self.turns.new_turn, ctx.vad, self.spawn, ctx.guess)
+        self.audio = AudioInput(
+            self.turns, self.turns.new_turn, ctx.vad, self.spawn, ctx.guess, ctx.words
+        )
         self.audio.configure(config.input_format, config.turn_detection)
         self._created = time.time()
         # Set by a WebRTC call, whose answer audio plays on the server's side of the call.

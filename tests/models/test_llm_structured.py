@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 
+from omnistage.audio.semantic_vad import WORDS_END
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
 from omnistage.protocol.chunk_meta import ToolCallMeta
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, Prompt
+from omnistage.realtime.words_turn import end_probability
 from tests import params as P
 
 pytestmark = pytest.mark.slow
@@ -88,6 +90,9 @@ SHORT_QUESTION = "Reply with one word: yes or no?"
 async def _no_inputs() -> AsyncIterator[StageInput]:
     return
     yield  # pragma: no cover
+
+
+OPEN = {"continue_final_message": True}
 
 
 def _request(
@@ -173,6 +178,16 @@ def _first_pass() -> dict[str, EngineRequest]:
             "Name three colors.", max_tokens=16, logprobs=True, top_logprobs=3, **GREEDY
         ),
         "plain": _request(SHORT_QUESTION, max_tokens=40, **GREEDY),
+        # A user's words left open (realtime.words_turn asks this): finished, cut, and
+        # the finished words as a closed turn.
+        **{
+            name: _request(words, max_tokens=1, logprobs=True, top_logprobs=20, **extra, **GREEDY)
+            for name, words, extra in (
+                ("open_finished", "what is the capital of france", OPEN),
+                ("open_cut", "what is the best way", OPEN),
+                ("closed_finished", "what is the capital of france", {}),
+            )
+        },
         "min_tokens": _request(SHORT_QUESTION, max_tokens=40, min_tokens=20, **GREEDY),
         "ignore_eos": _request(SHORT_QUESTION, max_tokens=30, ignore_eos=True, **GREEDY),
     }
@@ -329,6 +344,20 @@ def test_greedy_logprobs_cover_the_text_and_the_top_choice(
         assert e.top_logprobs[0].logprob == e.logprob
     # No logprobs unless asked.
     assert all(c.logprobs is None for c in outputs["plain"])
+
+
+def test_an_open_user_message_is_continued_and_says_whether_the_words_end_it(
+    outputs: dict[str, list[EngineChunk]],
+) -> None:
+    def ends(name: str) -> float:
+        (entry,) = [lp for c in outputs[name] for lp in (c.logprobs or [])]
+        return end_probability(entry)
+
+    # Left open, the words go on: a sentence's end is likely after a finished question
+    # and all but impossible after a cut one. Closed, the answer begins (no end mark).
+    assert ends("open_finished") >= WORDS_END
+    assert ends("open_cut") < 0.01
+    assert ends("closed_finished") < 0.01
 
 
 # -- min_tokens, ignore_eos -------------------------------------------------------------

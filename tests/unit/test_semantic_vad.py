@@ -9,6 +9,7 @@ from omnistage.audio.semantic_vad import (
     CHECK_MS,
     FIRST_CHECK_MS,
     LEAD_MS,
+    WORDS_END,
     SemanticTurnDetector,
     SemanticVadParams,
     SpeechStarted,
@@ -243,3 +244,49 @@ def test_speech_after_an_early_sure_verdict_keeps_the_turn() -> None:
     # is asked about afresh.
     assert run(d, speech(96) + quiet(W), at=320 + CHECK_MS - LEAD_MS) == []
     assert d.speaking and not d.wants(question.token)
+
+
+def _likely_verdict(d: SemanticTurnDetector) -> int:
+    """A turn paused 320 ms in, its deciding question taken: the question's token."""
+    run(d, speech(320) + quiet(320))
+    question = d.take_question()
+    assert question is not None
+    return question.token
+
+
+def test_words_that_end_a_sentence_end_a_likely_finished_turn_at_once() -> None:
+    # The verdict first, then the words.
+    d = SemanticTurnDetector(SemanticVadParams())
+    token = _likely_verdict(d)
+    assert d.verdict(token, 0.7) is None  # likely finished: it would wait 1000 ms
+    assert d.words(320, WORDS_END) == SpeechStopped(320)  # where its silence began
+    assert not d.speaking
+    # The words first, then the verdict.
+    d = SemanticTurnDetector(SemanticVadParams())
+    token = _likely_verdict(d)
+    assert d.words(320, 0.6) is None  # no verdict from the model yet
+    assert d.verdict(token, 0.7) == SpeechStopped(320)
+
+
+def test_words_that_do_not_end_a_sentence_or_an_unfinished_verdict_keep_the_wait() -> None:
+    for verdict, words, wait in ((0.7, WORDS_END / 2, 1000), (0.3, 0.9, 4000)):
+        d = SemanticTurnDetector(SemanticVadParams())
+        token = _likely_verdict(d)
+        assert d.verdict(token, verdict) is None
+        assert d.words(320, words) is None
+        start, stopped = run(d, quiet(wait), at=640)[0]
+        assert stopped == SpeechStopped(320)
+        assert start + W - 320 == pytest.approx(wait, abs=W), (verdict, words)
+
+
+def test_words_of_a_silence_that_is_over_are_dropped_and_low_eagerness_ignores_words() -> None:
+    d = SemanticTurnDetector(SemanticVadParams())
+    token = _likely_verdict(d)
+    assert d.words(999, 0.9) is None  # another silence's
+    assert d.verdict(token, 0.7) is None  # so the wait stands
+    run(d, speech(96), at=640)  # the user went on
+    assert d.words(320, 0.9) is None and d.speaking
+    low = SemanticTurnDetector(SemanticVadParams("low"))
+    token = _likely_verdict(low)
+    assert low.verdict(token, 0.9) is None
+    assert low.words(320, 0.9) is None and low.speaking  # "low" waits its 2000 ms

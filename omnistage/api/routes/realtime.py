@@ -29,6 +29,7 @@ from omnistage.realtime.context import SessionContext
 from omnistage.realtime.events import MAX_EVENT_BYTES, ServerEvent
 from omnistage.realtime.session import RealtimeSession
 from omnistage.realtime.user_turn import GUESS_MAX_SESSIONS
+from omnistage.realtime.words_turn import WordsJudge
 from omnistage.service import PipelineService
 from omnistage.store.base import Store
 from omnistage.store.records import RealtimeRecord
@@ -187,6 +188,8 @@ def _context(omni: PipelineService) -> SessionContext | None:
         listener=listeners[0] if listeners and not hears else None,
         hears=hears,
         speakers=tuple(sorted(speakers)),
+        # A thinker that hears the audio itself has no words to judge before it answers.
+        words=None if hears else WordsJudge(omni, text[0]),
     )
 
 

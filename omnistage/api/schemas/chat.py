@@ -171,6 +171,9 @@ class ChatCompletionRequest(SamplingFields):
     # Accepted; at most one call is made per turn in required/named modes anyway.
     parallel_tool_calls: bool | None = None
     mm_processor_kwargs: MmProcessorKwargs | None = None  # vLLM's
+    # vLLM's: the last message is left open and the model goes on writing it (no
+    # assistant turn is started after it).
+    continue_final_message: bool = False
 
     def audio_in_video(self) -> bool:
         return bool(self.mm_processor_kwargs and self.mm_processor_kwargs.use_audio_in_video)
@@ -211,6 +214,8 @@ class ChatCompletionRequest(SamplingFields):
         if self.logprobs:
             out["logprobs"] = True
             out["top_logprobs"] = self.top_logprobs or 0
+        if self.continue_final_message:
+            out["continue_final_message"] = True
         if self.response_format is not None and self.response_format.type != "text":
             out["response_format"] = self.response_format.as_param()
         if self.tools:

@@ -130,8 +130,9 @@ class InputProcessor:
         prompt = client
         if self.args.system_prompt:
             prompt = with_system(prompt, self.args.system_prompt)
-        sampling, plan, guide = self.setup(request.params.generation)
-        ids, turns = self._prompt_ids(prompt, plan)
+        params = request.params.generation
+        sampling, plan, guide = self.setup(params)
+        ids, turns = self._prompt_ids(prompt, plan, bool(params.continue_final_message))
         resume = self._resume(request.resume_text, request.resume_tokens)
         if guide is not None:
             guide.replay(resume.ids)
@@ -178,8 +179,12 @@ class InputProcessor:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return Resume(text, ids, max(tokens, len(ids)) if ids else 0)
 
-    def _prompt_ids(self, prompt: Prompt, plan: ToolPlan) -> tuple[list[int], int]:
-        """The prompt's token ids, and the turns its chat template rendered (-1: none)."""
+    def _prompt_ids(
+        self, prompt: Prompt, plan: ToolPlan, open_end: bool = False
+    ) -> tuple[list[int], int]:
+        """The prompt's token ids, and the turns its chat template rendered (-1: none).
+        ``open_end``: the last message is left open (``continue_final_message``); its
+        turn is not a prefix a later request shares."""
         tok = self.tokenizer
         if prompt.messages is not None:
             messages = chat_messages(prompt.messages, plan, self._template_knows_tools)
@@ -187,15 +192,23 @@ class InputProcessor:
                 extra: dict[str, Any] = {}
                 if plan.offered and self._template_knows_tools:
                     extra["tools"] = [t.spec() for t in plan.tools]
+                if open_end:
+                    return self.render(messages, open_end=True, **extra), -1
                 turns = rendered_turns(messages, self._default_turns or 0)
                 return self.render(messages, **extra), turns
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-            return list(tok.encode(text)), -1
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return list(tok.encode(text.rstrip("\n") if open_end else text + "assistant:")), -1
         return list(tok.encode(prompt.text or "")), -1
 
-    def render(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+    def render(
+        self, messages: list[dict[str, Any]], open_end: bool = False, **extra: Any
+    ) -> list[int]:
         out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, **extra
+            messages,
+            add_generation_prompt=not open_end,
+            continue_final_message=open_end,
+            tokenize=True,
+            **extra,
         )
         return token_ids(out)
 

@@ -136,7 +136,7 @@ class VllmEngine(Engine):
         if self.args.system_prompt:
             prompt = with_system(prompt, self.args.system_prompt)
         params = self._sampling(request.params.generation)
-        ids = self._prompt_ids(prompt)
+        ids = self._prompt_ids(prompt, bool(request.params.generation.continue_final_message))
         prompt_tokens = len(ids)
         prior = self._encode(request.resume_text)
         # Tokens counted against max_tokens as the failed replica counted them.
@@ -257,16 +257,22 @@ class VllmEngine(Engine):
             return []
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def _prompt_ids(self, prompt: Prompt, open_end: bool = False) -> list[int]:
+        """``open_end``: the last message left open (``continue_final_message``)."""
         tok = self.tokenizer
         if prompt.messages is None:
             return [int(i) for i in tok.encode(prompt.text or "")]
         messages = chat_messages(prompt.messages, plan_tools(GenerationParams()), False)
         if getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            out = tok.apply_chat_template(
+                messages,
+                add_generation_prompt=not open_end,
+                continue_final_message=open_end,
+                tokenize=True,
+            )
             return token_ids(out)
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return [int(i) for i in tok.encode(text)]
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return [int(i) for i in tok.encode(text.rstrip("\n") if open_end else text + "assistant:")]
 
     async def shutdown(self) -> None:
         if self._watch is not None:
