@@ -10,6 +10,7 @@ from omnistage.audio.semantic_vad import (
     FIRST_CHECK_MS,
     LEAD_MS,
     WORDS_END,
+    WORDS_END_EAGER,
     SemanticTurnDetector,
     SemanticVadParams,
     SpeechStarted,
@@ -290,3 +291,15 @@ def test_words_of_a_silence_that_is_over_are_dropped_and_low_eagerness_ignores_w
     token = _likely_verdict(low)
     assert low.verdict(token, 0.9) is None
     assert low.words(320, 0.9) is None and low.speaking  # "low" waits its 2000 ms
+
+
+def test_high_eagerness_takes_less_sure_words() -> None:
+    for eagerness, ended in (("medium", False), ("high", True)):
+        d = SemanticTurnDetector(SemanticVadParams(eagerness))  # type: ignore[arg-type]
+        run(d, speech(320) + quiet(160))
+        at = 480
+        while (question := d.take_question()) is not None:  # "high" asks twice
+            assert d.verdict(question.token, 0.6) is None
+            run(d, quiet(64), at=at)
+            at += 64
+        assert (d.words(320, WORDS_END_EAGER) is not None) == ended, eagerness

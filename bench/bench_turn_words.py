@@ -1,0 +1,148 @@
+"""The words' end-of-turn verdict beside Smart Turn's, offline, on Piper takes.
+
+No server: for bench_turns.py's finished questions and paused sentences (600-800 ms of
+silence spliced in at a word boundary), each take synthesized afresh, this records
+- Smart Turn's deciding verdict on the pause (semantic_vad's detector on the audio, as
+  live: the question asked at ``CHECK_MS`` of silence, ``LEAD_MS`` ahead);
+- the words' verdict (``realtime.words_turn``): Whisper tiny.en's transcript of the
+  audio up to the pause, and the default thinker's probability (SmolLM2-135M through
+  transformers in fp32, with the voice pipeline's system prompt) that the next token
+  of the open user message ends the sentence.
+
+Then, for each rule, how many finished questions end at the deciding check (not after
+the unsure wait) and how many paused sentences are cut off at their pause:
+``audio``: Smart Turn alone (>= the threshold); ``words >= t``: also a likely verdict
+(>= ``LIKELY``) with words scoring at least ``t``.
+
+    python bench/bench_turn_words.py --takes 4 --words 0.1,0.2,0.3,0.4
+"""
+
+import argparse
+import sys
+
+import numpy as np
+import torch
+from bench_realtime import QUESTIONS, RATE, piper_voice, say
+from bench_turns import MORE_QUESTIONS, PAUSED, spliced
+from faster_whisper import WhisperModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import omnistage.audio.semantic_vad as semantic_vad
+from omnistage.audio.resample import resample
+from omnistage.audio.smart_turn import SmartTurn
+from omnistage.audio.vad import VadStream
+from omnistage.config.load import load_config
+from omnistage.engines.llm.weights import local_model_dir
+from omnistage.engines.speech.asr import EMBEDDED_MODEL, resolve_model
+from omnistage.engines.speech.whisper_short import transcribe_short
+from omnistage.realtime.words_turn import END_MARKS, normalized
+
+
+class Words:
+    """The words' verdict as the thinker gives it, in process."""
+
+    def __init__(self) -> None:
+        directory = local_model_dir("smollm2")
+        self.tok = AutoTokenizer.from_pretrained(directory)
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        stage = load_config("voice").stages[0]
+        self.system = stage.engine_args["system_prompt"]
+        vocab = self.tok.get_vocab()
+        self.ends = [
+            i
+            for t, i in vocab.items()
+            if self.tok.convert_tokens_to_string([t]).strip() in END_MARKS
+        ]
+
+    def __call__(self, words: str) -> float:
+        messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": normalized(words)},
+        ]
+        ids = self.tok.apply_chat_template(
+            messages, add_generation_prompt=False, continue_final_message=True, return_tensors="pt"
+        )
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        with torch.no_grad():
+            logits = self.model(ids).logits[0, -1]
+        return torch.softmax(logits, -1)[self.ends].sum().item()
+
+
+class Hear:
+    """Whisper tiny.en as the listener runs it on a short phrase."""
+
+    def __init__(self) -> None:
+        self.model = WhisperModel(str(resolve_model(EMBEDDED_MODEL)), "cpu", compute_type="int8")
+
+    def __call__(self, pcm: np.ndarray) -> str:
+        samples = resample(pcm, RATE, 16_000).astype(np.float32) / 32768.0
+        short = transcribe_short(self.model, samples, "en", None)
+        if short is not None:
+            return short.text
+        segments, _ = self.model.transcribe(samples, language="en")
+        return "".join(s.text for s in segments)
+
+
+def deciding_verdict(pcm: np.ndarray, judge: SmartTurn) -> float:
+    """Smart Turn's verdict at the first pause of ``pcm`` then silence, as live."""
+    verdicts: list[float] = []
+
+    def record(audio: np.ndarray) -> float:
+        verdicts.append(judge.probability(audio))
+        return verdicts[-1]
+
+    stream = VadStream(semantic_vad.SemanticVadParams(), judge=record)
+    audio = np.concatenate([pcm, np.zeros(RATE * 2, np.int16)])
+    frame = RATE // 50
+    for i in range(0, len(audio), frame):
+        stream.feed(audio[i : i + frame].tobytes())
+        if verdicts:
+            return verdicts[0]
+    return 0.0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--takes", type=int, default=4, help="Piper takes of every utterance")
+    p.add_argument("--words", default="0.1,0.2,0.3,0.4", help="words' verdicts to try")
+    p.add_argument("--show", action="store_true", help="print every utterance's verdicts")
+    args = p.parse_args()
+    levels = [float(v) for v in args.words.split(",")]
+    voice, judge, words, hear = piper_voice(), SmartTurn(), Words(), Hear()
+    threshold = semantic_vad.EAGERNESS["medium"].threshold
+    finished: list[tuple[float, float]] = []  # (audio verdict, words verdict)
+    paused: list[tuple[float, float]] = []
+    steps = len(PAUSED) - 1
+    for _ in range(args.takes):
+        for q in QUESTIONS + MORE_QUESTIONS:
+            pcm = say(voice, q)
+            text = hear(pcm)
+            finished.append((deciding_verdict(pcm, judge), words(text)))
+            if args.show:
+                print(f"finished {finished[-1][0]:.3f} {finished[-1][1]:.3f} {text!r}")
+        for i, (a, b) in enumerate(PAUSED):
+            pause_s = 0.6 + 0.2 * i / steps
+            pcm, resume = spliced(voice, a, b, pause_s)
+            before = pcm[: resume - round(pause_s * RATE)]
+            text = hear(before)
+            paused.append((deciding_verdict(pcm, judge), words(text)))
+            if args.show:
+                print(f"paused   {paused[-1][0]:.3f} {paused[-1][1]:.3f} {text!r}")
+    likely = semantic_vad.LIKELY
+
+    def ends(verdicts: tuple[float, float], level: float | None) -> bool:
+        audio, said = verdicts
+        return audio >= threshold or (level is not None and audio >= likely and said >= level)
+
+    print(f"{args.takes} takes; Smart Turn threshold {threshold}, likely >= {likely}")
+    print(f"{'rule':>14} {'finished ended at the check':>28} {'paused cut off':>15}")
+    for level in [None, *levels]:
+        name = "audio" if level is None else f"words >= {level:g}"
+        done = sum(ends(v, level) for v in finished)
+        cut = sum(ends(v, level) for v in paused)
+        print(f"{name:>14} {done:>20}/{len(finished):<7} {cut:>8}/{len(paused)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
