@@ -174,8 +174,9 @@ class AudioInput:
     def _judge_words(self, turn: UserTurn, silence_from: int) -> None:
         """The words up to this silence are on their way: have them judged (semantic_vad,
         once per silence)."""
-        semantic = isinstance(self._detection.vad if self._detection else None, SemanticVadParams)
-        if self._words is None or not semantic or self._words_for == silence_from:
+        vad = self._detection.vad if self._detection is not None else None
+        heeded = isinstance(vad, SemanticVadParams) and vad.eager.words_end is not None
+        if self._words is None or not heeded or self._words_for == silence_from:
             return
         assert self._spawn is not None and self._vad is not None
         self._words_for = silence_from
