@@ -472,7 +472,23 @@ class Level:
             "client_cpu_cores": self.client_cores,
             "load_avg_1m": self.load_avg,
             "errors": len(self.errors),
+            "slowest": self.slowest(),
         }
+
+    def slowest(self, share: float = 0.1) -> list[dict[str, float | None]]:
+        """The slowest ``share`` of the answers (the p90's tail): seconds from the end of
+        speech to each server event on the way, as ``breakdown`` has them."""
+        timed = [t for t in self.turns if t.first_audio_s is not None and t.end_of_speech]
+        timed.sort(key=lambda t: t.first_audio_s or 0.0, reverse=True)
+        out = []
+        for t in timed[: max(1, round(len(timed) * share))] if timed else []:
+            eos = t.end_of_speech or 0.0
+            steps = {a: getattr(t, a) for a in ("speech_stopped", "created", "first_text")}
+            out.append(
+                {k: None if v is None else round(v - eos, 3) for k, v in steps.items()}
+                | {"first_audio": t.first_audio_s}
+            )
+        return out
 
     def holds(self) -> bool:
         r = self.row()
@@ -702,6 +718,14 @@ def print_levels(rows: list[dict[str, Any]]) -> None:
             f"{r['turns_with_gaps']:>4} {r['stall_max_s']:>7.3f} s {r['server_cpu_cores']:>12.2f} "
             f"{r['client_cpu_cores']:>6.2f} {r['load_avg_1m']:>5.1f} "
             f"{r['errors'] + r['unanswered']:>6}"
+        )
+    for r in rows:
+        tail = "; ".join(
+            " ".join(f"{k.replace('_', ' ')} {fmt_s(v)}" for k, v in t.items())
+            for t in r["slowest"]
+        )
+        print(
+            f"  {r['sessions']} sessions, the slowest answers (s after the end of speech): {tail}"
         )
 
 
