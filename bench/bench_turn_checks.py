@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 from bench_realtime import QUESTIONS, RATE, piper_voice, say
-from bench_turns import MORE_QUESTIONS, PAUSED, spliced
+from bench_turns import MORE_QUESTIONS, paused_sentences
 
 import omnistage.audio.semantic_vad as semantic_vad
 from omnistage.audio.server_vad import SpeechStopped
@@ -57,8 +57,7 @@ def main() -> int:
     paused_n = 0
     for _ in range(args.takes):
         questions = [say(voice, q) for q in QUESTIONS + MORE_QUESTIONS]
-        steps = len(PAUSED) - 1
-        paused = [spliced(voice, a, b, 0.6 + 0.2 * i / steps) for i, (a, b) in enumerate(PAUSED)]
+        paused = [(pcm, resume) for pcm, _, resume in paused_sentences(voice)]
         paused_n += len(paused)
         for first, threshold in combos:
             # The default eagerness, asking first at this silence, ending at this verdict.

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import torch
 from bench_realtime import QUESTIONS, RATE, piper_voice, say
-from bench_turns import MORE_QUESTIONS, PAUSED, spliced
+from bench_turns import MORE_QUESTIONS, paused_sentences
 from faster_whisper import WhisperModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -32,6 +32,7 @@ from omnistage.audio.resample import resample
 from omnistage.audio.smart_turn import SmartTurn
 from omnistage.audio.vad import VadStream
 from omnistage.config.load import load_config
+from omnistage.engines.llm.prompts import chat_ids
 from omnistage.engines.llm.weights import local_model_dir
 from omnistage.engines.speech.asr import EMBEDDED_MODEL, resolve_model
 from omnistage.engines.speech.whisper_short import transcribe_short
@@ -59,10 +60,7 @@ class Words:
             {"role": "system", "content": self.system},
             {"role": "user", "content": normalized(words)},
         ]
-        ids = self.tok.apply_chat_template(
-            messages, add_generation_prompt=False, continue_final_message=True, return_tensors="pt"
-        )
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        ids = torch.tensor([chat_ids(self.tok, messages, open_end=True)])  # as the engine renders
         with torch.no_grad():
             logits = self.model(ids).logits[0, -1]
         return torch.softmax(logits, -1)[self.ends].sum().item()
@@ -112,7 +110,6 @@ def main() -> int:
     threshold = semantic_vad.EAGERNESS["medium"].threshold
     finished: list[tuple[float, float]] = []  # (audio verdict, words verdict)
     paused: list[tuple[float, float]] = []
-    steps = len(PAUSED) - 1
     for _ in range(args.takes):
         for q in QUESTIONS + MORE_QUESTIONS:
             pcm = say(voice, q)
@@ -120,10 +117,8 @@ def main() -> int:
             finished.append((deciding_verdict(pcm, judge), words(text)))
             if args.show:
                 print(f"finished {finished[-1][0]:.3f} {finished[-1][1]:.3f} {text!r}")
-        for i, (a, b) in enumerate(PAUSED):
-            pause_s = 0.6 + 0.2 * i / steps
-            pcm, resume = spliced(voice, a, b, pause_s)
-            before = pcm[: resume - round(pause_s * RATE)]
+        for pcm, pause_at, _ in paused_sentences(voice):
+            before = pcm[:pause_at]
             text = hear(before)
             paused.append((deciding_verdict(pcm, judge), words(text)))
             if args.show:

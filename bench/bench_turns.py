@@ -81,6 +81,18 @@ def spliced(voice: Any, first: str, rest: str, pause_s: float) -> tuple[np.ndarr
     return np.concatenate([whole[:cut], gap, whole[cut:]]), cut + len(gap)
 
 
+def paused_sentences(voice: Any, pairs: tuple[tuple[str, str], ...] = PAUSED) -> list[Any]:
+    """Each pair said as one sentence, paused 600 ms (the first) to 800 ms (the last)
+    where its first words end: ``(pcm, where the pause starts, where it resumes)``."""
+    steps = max(1, len(pairs) - 1)
+    out = []
+    for i, (first, rest) in enumerate(pairs):
+        pause_s = 0.6 + 0.2 * i / steps
+        pcm, resume = spliced(voice, first, rest, pause_s)
+        out.append((pcm, resume - round(pause_s * RATE), resume))
+    return out
+
+
 class Tapped:
     """The connection, with each ``speech_stopped``'s ``audio_end_ms`` noted as it passes."""
 
@@ -201,11 +213,10 @@ def main() -> int:
     pairs = PAUSED[:6] if args.quick else PAUSED
     texts = texts[:4] if args.quick else texts
     questions = [say(voice, q) for _ in range(args.takes) for q in texts]
-    steps = max(1, len(pairs) - 1)
     paused = [
-        spliced(voice, a, b, 0.6 + 0.2 * i / steps)
+        (pcm, resume)
         for _ in range(args.takes)
-        for i, (a, b) in enumerate(pairs)
+        for pcm, _, resume in paused_sentences(voice, pairs)
     ]
     del voice
     port = free_port()

@@ -205,14 +205,14 @@ class JobRunner:
         ``progress_every_s``: a short job on a fast machine still shows a poller that it
         is under way before it is done (a fixed tick first sent only after the tick)."""
         s = self.settings
+        every = min(s.lease_s / 3, RENEW_MAX_S)
         renewed = self._clock()
         sent = 0  # the claim just set the lease: nothing to send until progress moves
         while True:
-            renew_in = min(s.lease_s / 3, RENEW_MAX_S) - (self._clock() - renewed)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(progress.moved.wait(), max(0.0, renew_in))
+                await asyncio.wait_for(progress.moved.wait(), every - (self._clock() - renewed))
             now = self._clock()
-            if progress.value == sent and now - renewed < min(s.lease_s / 3, RENEW_MAX_S):
+            if progress.value == sent and now - renewed < every:
                 continue
             progress.moved.clear()
             sent = progress.value

@@ -23,7 +23,6 @@ asked again.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import re
@@ -32,6 +31,7 @@ from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, Prompt, TokenLogprob
 from omnistage.protocol.params import GenerationParams, StageParams
+from omnistage.realtime.conversation import new_id
 from omnistage.service import PipelineService
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ END_MARKS = frozenset({".", "?", "!"})
 # Alternatives asked for: an end mark likely enough to matter is among them.
 TOP = 20
 _NOT_SAID = re.compile(r"[^\w\s']")
-_ids = itertools.count()
 
 
 def normalized(words: str) -> str:
@@ -75,7 +74,7 @@ class WordsJudge:
             continue_final_message=True,
         )
         request = PipelineRequest(
-            f"words-{next(_ids)}",
+            f"realtime-words-{new_id('w')}",
             Prompt(messages=[ChatMessage("user", text)]),
             [self._thinker],
             stage_params={self._thinker: StageParams(text=params)},

@@ -26,7 +26,7 @@ from omnistage.engines.llm.prefix_labels import (
     template_default_turns,
     turn_labels,
 )
-from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
+from omnistage.engines.llm.prompts import chat_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import ToolPlan, chat_messages, plan_tools
 from omnistage.protocol.enums import Modality
@@ -185,32 +185,20 @@ class InputProcessor:
         """The prompt's token ids, and the turns its chat template rendered (-1: none).
         ``open_end``: the last message is left open (``continue_final_message``); its
         turn is not a prefix a later request shares."""
-        tok = self.tokenizer
-        if prompt.messages is not None:
-            messages = chat_messages(prompt.messages, plan, self._template_knows_tools)
-            if getattr(tok, "chat_template", None):
-                extra: dict[str, Any] = {}
-                if plan.offered and self._template_knows_tools:
-                    extra["tools"] = [t.spec() for t in plan.tools]
-                if open_end:
-                    return self.render(messages, open_end=True, **extra), -1
-                turns = rendered_turns(messages, self._default_turns or 0)
-                return self.render(messages, **extra), turns
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-            return list(tok.encode(text.rstrip("\n") if open_end else text + "assistant:")), -1
-        return list(tok.encode(prompt.text or "")), -1
+        if prompt.messages is None:
+            return list(self.tokenizer.encode(prompt.text or "")), -1
+        messages = chat_messages(prompt.messages, plan, self._template_knows_tools)
+        extra: dict[str, Any] = {}
+        if plan.offered and self._template_knows_tools:
+            extra["tools"] = [t.spec() for t in plan.tools]
+        templated = bool(getattr(self.tokenizer, "chat_template", None))
+        turns = rendered_turns(messages, self._default_turns or 0) if templated else -1
+        return self.render(messages, open_end, **extra), -1 if open_end else turns
 
     def render(
         self, messages: list[dict[str, Any]], open_end: bool = False, **extra: Any
     ) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=not open_end,
-            continue_final_message=open_end,
-            tokenize=True,
-            **extra,
-        )
-        return token_ids(out)
+        return chat_ids(self.tokenizer, messages, open_end, **extra)
 
     def _prefix_labels(self, ids: list[int], client: Prompt, turns: int) -> dict[int, int]:
         """Prefix end -> the prefix key of the client's messages it holds (the keys the

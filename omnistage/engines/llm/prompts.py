@@ -48,3 +48,24 @@ def token_ids(out: Any) -> list[int]:
     if out and isinstance(out[0], list):
         out = out[0]
     return [int(i) for i in out]
+
+
+def chat_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], open_end: bool = False, **extra: Any
+) -> list[int]:
+    """The messages' token ids through the tokenizer's chat template, the assistant's turn
+    started after them; without a template, as ``role: content`` lines then
+    ``assistant:``. ``open_end``: the last message is left open instead (vLLM's
+    ``continue_final_message``: no end of its turn, no assistant turn after it)."""
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=not open_end,
+            continue_final_message=open_end,
+            tokenize=True,
+            **extra,
+        )
+        return token_ids(out)
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    text = text.rstrip("\n") if open_end else text + "assistant:"
+    return [int(i) for i in tokenizer.encode(text)]

@@ -36,7 +36,7 @@ from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
 from omnistage.engines.llm import weights
 from omnistage.engines.llm.model_defaults import read_generation_defaults, under_model
-from omnistage.engines.llm.prompts import token_ids, with_heard, with_system
+from omnistage.engines.llm.prompts import chat_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import chat_messages, plan_tools
 from omnistage.protocol.enums import FinishReason, Modality
@@ -259,20 +259,10 @@ class VllmEngine(Engine):
 
     def _prompt_ids(self, prompt: Prompt, open_end: bool = False) -> list[int]:
         """``open_end``: the last message left open (``continue_final_message``)."""
-        tok = self.tokenizer
         if prompt.messages is None:
-            return [int(i) for i in tok.encode(prompt.text or "")]
+            return [int(i) for i in self.tokenizer.encode(prompt.text or "")]
         messages = chat_messages(prompt.messages, plan_tools(GenerationParams()), False)
-        if getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template(
-                messages,
-                add_generation_prompt=not open_end,
-                continue_final_message=open_end,
-                tokenize=True,
-            )
-            return token_ids(out)
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-        return [int(i) for i in tok.encode(text.rstrip("\n") if open_end else text + "assistant:")]
+        return chat_ids(self.tokenizer, messages, open_end)
 
     async def shutdown(self) -> None:
         if self._watch is not None:
