@@ -179,6 +179,11 @@ class ReplicaRuntime:
         are not connected to is let go."""
         if not self.opts.rejoin or self._stopping.is_set():
             return  # a local replica serves only the head that runs it
+        if self._moving or (source and source not in self._others):
+            # Leaving our id (the new one's session learns the heads again), or a link
+            # already let go: a link made now would register under the id being left
+            # and hold it at that head for good, refusing its rightful owner.
+            return
         if not source:
             self._first_head = heads[0] if heads else self._first_head
             for master in [m for m, link in self._others.items() if m not in heads]:

@@ -140,11 +140,12 @@ def test_two_heads_that_gave_out_the_same_id_merge_into_one_set_of_ids(tmp_path:
         assert [r["replica_id"] for r in a.up_replicas(0)] == [0]
         assert [r["replica_id"] for r in b.up_replicas(0)] == [0]
         c = fleet_head(tmp_path, "c", join=a, master_port=c_master)
+        c.wait_http()
         everyone = {url_of(h): "UP" for h in (a, b, c)}
         for head in (a, b, c):
             wait_for(lambda h=head: heads_of(h) == everyone, 20, what=f"{head.url} sees 3 heads")
         for head in (a, b, c):
-            wait_for(lambda h=head: len(h.up_replicas(0)) == 2, 30, what="both replicas UP")
+            wait_for(lambda h=head: len(h.up_replicas(0)) == 2, 30, what=f"both UP at {head.url}")
         wait_for(
             lambda: replicas_of(a) == replicas_of(b) == replicas_of(c), 20, what="one set of ids"
         )
