@@ -141,6 +141,13 @@ class Service(pipecat.OpenAIRealtimeLLMService):
         self.record.append(("response.created", evt.response.id))
         await super()._handle_evt_response_created(evt)
 
+    # Noted here, as it comes, not from the "on_conversation_item_created" event handler:
+    # Pipecat runs event handlers as tasks, which can note an item after the events that
+    # came after it (a tool's result after the answer's response.created).
+    async def _handle_evt_conversation_item_added(self, evt: Any) -> None:
+        self.record.append(("item", evt.item.type, evt.item.call_id))
+        await super()._handle_evt_conversation_item_added(evt)
+
     async def handle_evt_input_audio_transcription_completed(self, evt: Any) -> None:
         # (Pipecat pushes the transcript upstream, to its user aggregator, not to the sink.)
         self.record.append(("heard", evt.transcript))
@@ -226,7 +233,6 @@ class Conversation:
             settings=Service.Settings(model="voice", session_properties=self.first),
         )
         self.llm.register_function("get_weather", self.get_weather)
-        self.llm.add_event_handler("on_conversation_item_created", self.on_item)
         hello = [{"role": "user", "content": "Hello!"}]
         pair = LLMContextAggregatorPair(LLMContext(messages=hello), realtime_service_mode=True)
         self.mic, sink = Mic(self.record), Sink(self.record)
@@ -252,9 +258,6 @@ class Conversation:
         self.record.append(call)
         await self.llm.queue_frame(self.update(tool_choice="none"))
         await params.result_callback({"temperature_c": 21, "sky": "sunny"})
-
-    async def on_item(self, _service: Any, _item_id: str, item: Any) -> None:
-        self.record.append(("item", item.type, item.call_id))
 
     async def until(self, what: str, found: Callable[[], Any]) -> Any:
         return await until(self.record, what, found)
