@@ -55,9 +55,10 @@ class SessionContext:
     speakers: tuple[int, ...] = ()
     # Whether the process has cores to spare for guessed transcriptions (user_turn).
     guess: Callable[[], bool] = lambda: False
-    # The probability that a turn's words so far end it (``words_turn.WordsJudge``; None
-    # from it: no verdict). None: semantic_vad hears how, not what, the user said.
-    words: Callable[[str], Awaitable[float | None]] | None = None
+    # The probability that a turn's words so far end it, read as a reply to the
+    # assistant's last words (``words_turn.WordsJudge``; None from it: no verdict).
+    # None: semantic_vad hears how, not what, the user said.
+    words: Callable[[str, str], Awaitable[float | None]] | None = None
 
 
 class Playback(Protocol):

@@ -254,6 +254,14 @@ class Conversation:
     def delete(self, item_id: str) -> None:
         self._items.remove(self.get(item_id))
 
+    def last_said(self) -> str:
+        """What the assistant said last, if the conversation's last message is its: the
+        words a new user turn replies to ("" otherwise)."""
+        for item in reversed(self._items):
+            if item.type == "message":
+                return words_of(item) if item.json["role"] == "assistant" else ""
+        return ""
+
     def previous_id(self, item: Item) -> str | None:
         at = self._items.index(item)
         return self._items[at - 1].id if at else None

@@ -55,8 +55,9 @@ class RealtimeSession:
         self.answers = Answers(self)
         self.turns = TurnTaking(self, self.answers)
         self._tasks: set[asyncio.Task[Any]] = set()
+        words = self._judge_words if ctx.words is not None else None
         self.audio = AudioInput(
-            self.turns, self.turns.new_turn, ctx.vad, self.spawn, ctx.guess, ctx.words
+            self.turns, self.turns.new_turn, ctx.vad, self.spawn, ctx.guess, words
         )
         self.audio.configure(config.input_format, config.turn_detection)
         self._created = time.time()
@@ -121,6 +122,11 @@ class RealtimeSession:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, self.turns.close(), return_exceptions=True)
+
+    async def _judge_words(self, words: str) -> float | None:
+        """Whether a turn's words so far end it, read as a reply to the last answer."""
+        assert self.ctx.words is not None
+        return await self.ctx.words(words, self.conversation.last_said())
 
     # --------------------------------------------------------------------- events in
 

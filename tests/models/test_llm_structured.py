@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from omnistage.audio.semantic_vad import WORDS_END
+from omnistage.audio.semantic_vad import WORDS_END, WORDS_END_EAGER
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput
 from omnistage.engines.llm.engine import LlmEngine
@@ -102,6 +102,18 @@ def _request(
     return EngineRequest(rid, prompt, P.text(params), _no_inputs(), resume_text, resume_tokens)
 
 
+BOOK = "Would you like me to book it?"
+
+
+def _reply(words: str, said: str) -> EngineRequest:
+    """``words`` left open after the assistant said ``said`` (as words_turn asks)."""
+    request = _request(words, max_tokens=1, logprobs=True, top_logprobs=20, **OPEN, **GREEDY)
+    if said:
+        assert request.prompt.messages is not None
+        request.prompt.messages.insert(0, ChatMessage("assistant", said))
+    return request
+
+
 async def _started(**engine_args: object) -> LlmEngine:
     engine = LlmEngine(
         StageConfig(stage_id=0, name="thinker", engine="llm", engine_args=engine_args)
@@ -186,6 +198,16 @@ def _first_pass() -> dict[str, EngineRequest]:
                 ("open_finished", "what is the capital of france", OPEN),
                 ("open_cut", "what is the best way", OPEN),
                 ("closed_finished", "what is the capital of france", {}),
+            )
+        },
+        # A short reply, with and without the question it answers (words_turn shows the
+        # assistant's last words), and a reply cut short after it.
+        **{
+            name: _reply(words, said)
+            for name, words, said in (
+                ("reply_finished", "yes please", BOOK),
+                ("reply_alone", "yes please", ""),
+                ("reply_cut", "yes but", BOOK),
             )
         },
         "min_tokens": _request(SHORT_QUESTION, max_tokens=40, min_tokens=20, **GREEDY),
@@ -358,6 +380,11 @@ def test_an_open_user_message_is_continued_and_says_whether_the_words_end_it(
     assert ends("open_finished") >= WORDS_END
     assert ends("open_cut") < 0.01
     assert ends("closed_finished") < 0.01
+    # Read as a reply to the question it answers, a short reply ends a turn far more
+    # surely than alone; one cut short still does not.
+    assert ends("reply_finished") >= WORDS_END_EAGER > ends("reply_alone")
+    assert ends("reply_finished") > 3 * ends("reply_alone")
+    assert ends("reply_cut") < 0.01
 
 
 # -- min_tokens, ignore_eos -------------------------------------------------------------

@@ -156,6 +156,21 @@ def test_check_item_names_fields_under_the_given_path() -> None:
 # ------------------------------------------------------------------------ truncation
 
 
+def test_last_said_is_the_assistants_words_when_its_message_is_last() -> None:
+    conv = Conversation()
+    assert conv.last_said() == ""
+    conv.add(user("Book me a table."))
+    assert conv.last_said() == ""  # the user spoke last: a new turn goes on, not replies
+    said = [{"type": "output_audio", "transcript": "Sure. For how many people?"}]
+    conv.add(message_item("assistant", said))
+    assert conv.last_said() == "Sure. For how many people?"
+    call = {"type": "function_call", "call_id": "c1", "name": "book", "arguments": "{}"}
+    conv.add(check_item(call))  # a tool call after the answer: the answer is still what was said
+    assert conv.last_said() == "Sure. For how many people?"
+    conv.add(user("Four."))
+    assert conv.last_said() == ""
+
+
 def spoken_answer(*sentences: tuple[str, float]) -> Item:
     item = message_item("assistant", [{"type": "output_audio", "transcript": ""}])
     item.spoken = [Spoken(text, ms) for text, ms in sentences]

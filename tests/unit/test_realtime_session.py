@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -82,6 +83,7 @@ class Harness:
         hears: bool = False,
         policy: BackchannelPolicy | None = None,
         guess: bool = False,
+        words: Callable[[str, str], Awaitable[float | None]] | None = None,
     ) -> None:
         self.transcripts = list(transcripts)
         self.listened: list[PipelineRequest] = []
@@ -117,6 +119,7 @@ class Harness:
             rate_limits=lambda: [{"name": "requests", "limit": 4, "remaining": 3}],
             hears=hears,
             guess=lambda: guess,
+            words=words,
         )
         self.session = RealtimeSession(ctx, SessionConfig(model="voice"), self._sent)
         # Words are awaited however long they take, unless a test says otherwise: whether
@@ -284,6 +287,26 @@ async def test_a_thinker_that_hears_hears_a_created_items_audio() -> None:
     part["audio"] = "not base64!"
     await h.send("conversation.item.create", item=item)
     assert h.errors()[-1]["param"] == "item.content[0].audio"
+
+
+async def test_a_turns_words_are_judged_as_a_reply_to_the_last_answer() -> None:
+    asked: list[tuple[str, str]] = []
+
+    async def judge(words: str, said: str) -> float | None:
+        asked.append((words, said))
+        return 0.5
+
+    h = Harness(words=judge)
+    judged = h.session.audio._words  # what the audio input asks at a silence
+    assert judged is not None and await judged("hello") == 0.5
+    said = {"type": "output_text", "text": "Which city?"}
+    await h.send(
+        "conversation.item.create",
+        item={"type": "message", "role": "assistant", "content": [said]},
+    )
+    await judged("paris")
+    assert asked == [("hello", ""), ("paris", "Which city?")]
+    assert Harness().session.audio._words is None  # no judge: semantic_vad hears only
 
 
 async def test_speech_during_an_answer_cancels_it_and_no_audio_follows() -> None:

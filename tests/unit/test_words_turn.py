@@ -10,7 +10,14 @@ import msgspec
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.front import PipelineRequest
 from omnistage.protocol.messages import ChatMessage, TokenLogprob, TopLogprob
-from omnistage.realtime.words_turn import TOP, WordsJudge, end_probability, normalized
+from omnistage.realtime.words_turn import (
+    SAID_CHARS,
+    TOP,
+    WordsJudge,
+    end_probability,
+    normalized,
+    said_tail,
+)
 from tests.unit.fakes import FakeService, ScriptedStream, chunk
 
 THINKER = 3
@@ -53,6 +60,20 @@ async def test_the_thinker_is_asked_the_open_words_for_one_tokens_alternatives()
     assert (params.max_tokens, params.temperature) == (1, 0.0)
     assert (params.logprobs, params.top_logprobs) == (True, TOP)
     assert await judge(" ... ") is None and len(asked) == 1  # no words: nothing asked
+    # A reply: the assistant's last words come before the open words.
+    assert await judge("Yes please", "Shall I book it?") == 0.6
+    assert asked[-1].prompt.messages == [
+        ChatMessage("assistant", "Shall I book it?"),
+        ChatMessage("user", "yes please"),
+    ]
+
+
+def test_only_the_end_of_a_long_answer_is_shown() -> None:
+    assert said_tail("  Shall I\n book it? ") == "Shall I book it?"
+    long = " ".join(f"word{i}" for i in range(200)) + " Shall I book it?"
+    tail = said_tail(long)
+    assert tail.endswith("Shall I book it?") and len(tail) <= SAID_CHARS
+    assert long.endswith(" " + tail)  # cut at a word boundary, not inside one
 
 
 async def test_a_thinker_that_refuses_is_not_asked_again_and_a_failure_gives_no_verdict() -> None:
