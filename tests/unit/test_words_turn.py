@@ -60,12 +60,15 @@ async def test_the_thinker_is_asked_the_open_words_for_one_tokens_alternatives()
     assert (params.max_tokens, params.temperature) == (1, 0.0)
     assert (params.logprobs, params.top_logprobs) == (True, TOP)
     assert await judge(" ... ") is None and len(asked) == 1  # no words: nothing asked
-    # A reply: the assistant's last words come before the open words.
-    assert await judge("Yes please", "Shall I book it?") == 0.6
+    # A reply to a question: the question comes before the open words.
+    assert await judge("Yes please", "Sure. Shall I book it? ") == 0.6
     assert asked[-1].prompt.messages == [
-        ChatMessage("assistant", "Shall I book it?"),
+        ChatMessage("assistant", "Sure. Shall I book it?"),
         ChatMessage("user", "yes please"),
     ]
+    # After a statement the words are a new turn, read alone.
+    assert await judge("How far is it?", "The capital of France is Paris.") == 0.6
+    assert asked[-1].prompt.messages == [ChatMessage("user", "how far is it")]
 
 
 def test_only_the_end_of_a_long_answer_is_shown() -> None:
