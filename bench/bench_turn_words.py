@@ -9,6 +9,10 @@ silence spliced in at a word boundary), each take synthesized afresh, this recor
   transformers in fp32, with the voice pipeline's system prompt) that the next token
   of the open user message ends the sentence.
 
+With ``--replies``, typed: short replies to an assistant's question, finished and cut,
+each scored alone and as the reply (the question before it), and the finished questions
+after a statement (which the judge does not show).
+
 Then, for each rule, how many finished questions end at the deciding check (not after
 the unsure wait) and how many paused sentences are cut off at their pause:
 ``audio``: Smart Turn alone (>= the threshold); ``words >= t``: also a likely verdict
@@ -36,7 +40,7 @@ from omnistage.engines.llm.prompts import chat_ids
 from omnistage.engines.llm.weights import local_model_dir
 from omnistage.engines.speech.asr import EMBEDDED_MODEL, resolve_model
 from omnistage.engines.speech.whisper_short import transcribe_short
-from omnistage.realtime.words_turn import END_MARKS, normalized
+from omnistage.realtime.words_turn import END_MARKS, asked_messages
 
 
 class Words:
@@ -55,11 +59,12 @@ class Words:
             if self.tok.convert_tokens_to_string([t]).strip() in END_MARKS
         ]
 
-    def __call__(self, words: str) -> float:
-        messages = [
-            {"role": "system", "content": self.system},
-            {"role": "user", "content": normalized(words)},
-        ]
+    def __call__(self, words: str, said: str = "") -> float:
+        asked = [{"role": m.role, "content": m.content} for m in asked_messages(words, said)]
+        messages = [{"role": "system", "content": self.system}, *asked]
+        return self.score(messages)
+
+    def score(self, messages: list[dict[str, str]]) -> float:
         ids = torch.tensor([chat_ids(self.tok, messages, open_end=True)])  # as the engine renders
         with torch.no_grad():
             logits = self.model(ids).logits[0, -1]
@@ -99,13 +104,65 @@ def deciding_verdict(pcm: np.ndarray, judge: SmartTurn) -> float:
     return 0.0
 
 
+# (the assistant's question, finished replies, replies cut short)
+REPLIES = (
+    (
+        "Which city would you like the weather for?",
+        ("London please", "Paris", "New York"),
+        ("for the city of", "in the"),
+    ),
+    (
+        "How many people will be joining you?",
+        ("four people", "three of us", "two"),
+        ("just me and my",),
+    ),
+    ("What time works best for you?", ("tomorrow at seven", "at noon", "seven pm"), ("around",)),
+    ("Would you like me to book it?", ("yes please", "no thanks", "yes"), ("yes but",)),
+    ("What is your name?", ("it is Anna", "John Smith"), ("my name is",)),
+)
+STATEMENT = "The capital of France is Paris."
+
+
+def replies(words: Words, levels: list[float]) -> None:
+    """Replies scored alone and as replies; questions after a statement, shown and not."""
+    rows: dict[str, list[float]] = {
+        "finished alone": [],
+        "finished reply": [],
+        "cut alone": [],
+        "cut reply": [],
+        "question alone": [],
+        "question after statement": [],
+    }
+    for asked, done, cut in REPLIES:
+        for kind, texts in (("finished", done), ("cut", cut)):
+            rows[f"{kind} alone"] += [words(t) for t in texts]
+            rows[f"{kind} reply"] += [words(t, asked) for t in texts]
+    for q in QUESTIONS + MORE_QUESTIONS:
+        rows["question alone"].append(words(q))
+        # What it would score were the statement shown (the judge shows questions only).
+        shown = [
+            {"role": "system", "content": words.system},
+            {"role": "assistant", "content": STATEMENT},
+            {"role": "user", "content": asked_messages(q)[0].content},
+        ]
+        rows["question after statement"].append(words.score(shown))
+    print(f"{'typed':>26} " + " ".join(f"{f'>= {v:g}':>8}" for v in levels))
+    for name, values in rows.items():
+        counts = " ".join(f"{sum(p >= v for p in values):>4}/{len(values):<3}" for v in levels)
+        print(f"{name:>26} {counts}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--takes", type=int, default=4, help="Piper takes of every utterance")
     p.add_argument("--words", default="0.1,0.2,0.3,0.4", help="words' verdicts to try")
     p.add_argument("--show", action="store_true", help="print every utterance's verdicts")
+    p.add_argument("--replies", action="store_true", help="typed replies only (no audio)")
     args = p.parse_args()
     levels = [float(v) for v in args.words.split(",")]
+    if args.replies:
+        replies(Words(), levels)
+        return 0
     voice, judge, words, hear = piper_voice(), SmartTurn(), Words(), Hear()
     threshold = semantic_vad.EAGERNESS["medium"].threshold
     finished: list[tuple[float, float]] = []  # (audio verdict, words verdict)

@@ -69,6 +69,17 @@ def said_tail(said: str) -> str:
     return tail.split(" ", 1)[1] if " " in tail else tail
 
 
+def asked_messages(words: str, said: str = "") -> list[ChatMessage]:
+    """What the thinker is shown (its open last message: the user's ``words``), after
+    ``said`` if it asks a question; [] when there are no words."""
+    text = normalized(words)
+    if not text:
+        return []
+    asked = said.rstrip().endswith("?")  # a reply to a question, not a new turn
+    before = [ChatMessage("assistant", said_tail(said))] if asked else []
+    return [*before, ChatMessage("user", text)]
+
+
 def end_probability(entry: TokenLogprob) -> float:
     """The probability that the token after the words ends the sentence."""
     return sum(math.exp(t.logprob) for t in entry.top_logprobs if t.token.strip() in END_MARKS)
@@ -85,8 +96,8 @@ class WordsJudge:
     async def __call__(self, words: str, said: str = "") -> float | None:
         """The probability that ``words`` end the user's turn (None: no verdict); ``said``:
         the assistant's words before them ("" when there are none), shown if a question."""
-        text = normalized(words)
-        if not text or self._refused:
+        messages = asked_messages(words, said)
+        if not messages or self._refused:
             return None
         params = GenerationParams(
             max_tokens=1,
@@ -95,11 +106,9 @@ class WordsJudge:
             top_logprobs=TOP,
             continue_final_message=True,
         )
-        asked = said.rstrip().endswith("?")  # a reply to a question, not a new turn
-        before = [ChatMessage("assistant", said_tail(said))] if asked else []
         request = PipelineRequest(
             f"realtime-words-{new_id('w')}",
-            Prompt(messages=[*before, ChatMessage("user", text)]),
+            Prompt(messages=messages),
             [self._thinker],
             stage_params={self._thinker: StageParams(text=params)},
             only=True,
