@@ -55,8 +55,9 @@ class SessionContext:
     speakers: tuple[int, ...] = ()
     # Whether the process has cores to spare for guessed transcriptions (user_turn).
     guess: Callable[[], bool] = lambda: False
-    # The probability that a turn's words so far end it, read as a reply to the
-    # assistant's last words (``words_turn.WordsJudge``; None from it: no verdict).
+    # The probability that a turn's words so far end it, given the assistant's last
+    # words (a question's reply is read as one: ``words_turn.WordsJudge``; None from it:
+    # no verdict).
     # None: semantic_vad hears how, not what, the user said.
     words: Callable[[str, str], Awaitable[float | None]] | None = None
 

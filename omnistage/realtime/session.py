@@ -124,7 +124,7 @@ class RealtimeSession:
         await asyncio.gather(*self._tasks, self.turns.close(), return_exceptions=True)
 
     async def _judge_words(self, words: str) -> float | None:
-        """Whether a turn's words so far end it, read as a reply to the last answer."""
+        """Whether a turn's words so far end it, given the last answer (``words_turn``)."""
         assert self.ctx.words is not None
         return await self.ctx.words(words, self.conversation.last_said())
 
