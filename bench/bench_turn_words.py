@@ -60,9 +60,12 @@ class Words:
         ]
 
     def __call__(self, words: str, said: str = "") -> float:
-        asked = [{"role": m.role, "content": m.content} for m in asked_messages(words, said)]
-        messages = [{"role": "system", "content": self.system}, *asked]
-        return self.score(messages)
+        return self.score([{"role": "system", "content": self.system}, *self.asked(words, said)])
+
+    @staticmethod
+    def asked(words: str, said: str = "") -> list[dict[str, str]]:
+        """What the judge shows the thinker (``asked_messages``), as template messages."""
+        return [{"role": m.role, "content": m.content} for m in asked_messages(words, said)]
 
     def score(self, messages: list[dict[str, str]]) -> float:
         ids = torch.tensor([chat_ids(self.tok, messages, open_end=True)])  # as the engine renders
@@ -140,11 +143,8 @@ def replies(words: Words, levels: list[float]) -> None:
     for q in QUESTIONS + MORE_QUESTIONS:
         rows["question alone"].append(words(q))
         # What it would score were the statement shown (the judge shows questions only).
-        shown = [
-            {"role": "system", "content": words.system},
-            {"role": "assistant", "content": STATEMENT},
-            {"role": "user", "content": asked_messages(q)[0].content},
-        ]
+        before = [{"role": "system", "content": words.system}]
+        shown = [*before, {"role": "assistant", "content": STATEMENT}, *words.asked(q)]
         rows["question after statement"].append(words.score(shown))
     print(f"{'typed':>26} " + " ".join(f"{f'>= {v:g}':>8}" for v in levels))
     for name, values in rows.items():

@@ -56,9 +56,8 @@ class SessionContext:
     # Whether the process has cores to spare for guessed transcriptions (user_turn).
     guess: Callable[[], bool] = lambda: False
     # The probability that a turn's words so far end it, given the assistant's last
-    # words (a question's reply is read as one: ``words_turn.WordsJudge``; None from it:
-    # no verdict).
-    # None: semantic_vad hears how, not what, the user said.
+    # words (``words_turn.WordsJudge``: a reply to a question is read as one; None from
+    # it: no verdict). None: semantic_vad hears how, not what, the user said.
     words: Callable[[str, str], Awaitable[float | None]] | None = None
 
 
