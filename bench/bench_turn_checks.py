@@ -10,11 +10,18 @@ threshold of that eagerness (``Eager.threshold``), on the same takes:
 - paused sentences (600-800 ms of silence spliced in at a word boundary): how many the
   detector cuts off (ends before the sentence resumes).
 
+And for each lead (``semantic_vad.LEAD_MS``: how long before its silence is due the model
+is asked, hearing the silence so far repeated to the length asked about) and each noise
+floor (white noise of this standard deviation in pcm16 under every take, silences
+included: Piper's silence is digital zeros, a microphone's never is).
+
     python bench/bench_turn_checks.py --takes 4 --first 192,128 --thresholds 0.97,0.98
+    python bench/bench_turn_checks.py --takes 5 --first 192 --leads 64,128,160 --noise 0,30,100
 """
 
 import argparse
 import dataclasses
+import itertools
 import statistics
 import sys
 
@@ -28,11 +35,12 @@ from omnistage.audio.smart_turn import SmartTurn
 from omnistage.audio.vad import VadStream
 
 
-def turn_ends_ms(pcm: np.ndarray, judge: SmartTurn) -> list[float]:
-    """Where the detector ends turns in ``pcm`` then 5 s of silence (ms of audio fed when
-    each ``speech_stopped`` came), fed as a microphone's 20 ms frames."""
+def turn_ends_ms(pcm: np.ndarray, judge: SmartTurn, noise: np.ndarray) -> list[float]:
+    """Where the detector ends turns in ``pcm`` then 5 s of silence, ``noise`` under it all
+    (ms of audio fed when each ``speech_stopped`` came), fed as a microphone's 20 ms frames."""
     stream = VadStream(semantic_vad.SemanticVadParams(), judge=judge.probability)
-    audio = np.concatenate([pcm, np.zeros(RATE * 5, np.int16)])
+    audio = np.concatenate([pcm, np.zeros(RATE * 5, np.int16)]).astype(np.float32)
+    audio = np.clip(audio + noise[: len(audio)], -32768, 32767).astype(np.int16)
     frame, ends = RATE // 50, []
     for i in range(0, len(audio), frame):
         for event in stream.feed(audio[i : i + frame].tobytes()):
@@ -46,12 +54,23 @@ def main() -> int:
     p.add_argument("--takes", type=int, default=4, help="Piper takes of every utterance")
     p.add_argument("--first", default="192,128", help="first-check silences, ms")
     p.add_argument("--thresholds", default="0.97", help="thresholds of the default eagerness")
+    p.add_argument("--leads", default=str(semantic_vad.LEAD_MS), help="leads, ms")
+    p.add_argument("--noise", default="0", help="noise floors (pcm16 standard deviation)")
     args = p.parse_args()
-    firsts = [int(v) for v in args.first.split(",")]
-    thresholds = [float(v) for v in args.thresholds.split(",")]
-    combos = [(f, t) for f in firsts for t in thresholds]
-    voice, judge = piper_voice(), SmartTurn()
-    ends: dict[tuple[int, float], list[float]] = {c: [] for c in combos}
+
+    def values(text: str, kind: type) -> list:
+        return [kind(v) for v in text.split(",")]
+
+    combos = list(
+        itertools.product(
+            values(args.first, int),
+            values(args.thresholds, float),
+            values(args.leads, int),
+            values(args.noise, float),
+        )
+    )
+    voice, judge, rng = piper_voice(), SmartTurn(), np.random.default_rng(0)
+    ends: dict[tuple, list[float]] = {c: [] for c in combos}
     cut = dict.fromkeys(combos, 0)
     medium = semantic_vad.EAGERNESS["medium"]
     paused_n = 0
@@ -59,26 +78,32 @@ def main() -> int:
         questions = [say(voice, q) for q in QUESTIONS + MORE_QUESTIONS]
         paused = [(pcm, resume) for pcm, _, resume in paused_sentences(voice)]
         paused_n += len(paused)
-        for first, threshold in combos:
+        # One noise per take, the same under every combination.
+        longest = max(len(pcm) for pcm in questions + [pcm for pcm, _ in paused]) + RATE * 5
+        hiss = rng.normal(0, 1, longest).astype(np.float32)
+        for combo in combos:
+            first, threshold, lead, sigma = combo
             # The default eagerness, asking first at this silence, ending at this verdict.
             semantic_vad.EAGERNESS["medium"] = dataclasses.replace(
                 medium, first_check_ms=first, threshold=threshold
             )
+            semantic_vad.LEAD_MS = lead
             for pcm in questions:
-                stopped = turn_ends_ms(pcm, judge)
-                ends[first, threshold].append(stopped[0] - len(pcm) * 1000 / RATE)
+                stopped = turn_ends_ms(pcm, judge, hiss * sigma)
+                ends[combo].append(stopped[0] - len(pcm) * 1000 / RATE)
             for pcm, resume in paused:
-                late = turn_ends_ms(pcm, judge)
-                cut[first, threshold] += any(t < resume * 1000 / RATE for t in late)
+                late = turn_ends_ms(pcm, judge, hiss * sigma)
+                cut[combo] += any(t < resume * 1000 / RATE for t in late)
     print(f"{args.takes} takes; deciding check at {semantic_vad.CHECK_MS} ms")
-    head = f"{'first check':>12} {'threshold':>10} {'end p50':>8} {'<= 300 ms':>10}"
-    print(f"{head} {'paused cut off':>15}")
-    for first, threshold in combos:
-        e = ends[first, threshold]
+    head = f"{'first check':>12} {'threshold':>10} {'lead':>6} {'noise':>6} {'end p50':>8}"
+    print(f"{head} {'<= 300 ms':>10} {'paused cut off':>15}")
+    for combo in combos:
+        first, threshold, lead, sigma = combo
+        e = ends[combo]
         within = sum(x <= 300 for x in e)
         print(
-            f"{first:>9} ms {threshold:>10.3f} {statistics.median(e):>6.0f} ms"
-            f" {within:>5}/{len(e):<4} {cut[first, threshold]:>8}/{paused_n}"
+            f"{first:>9} ms {threshold:>10.3f} {lead:>3} ms {sigma:>6.0f}"
+            f" {statistics.median(e):>5.0f} ms {within:>5}/{len(e):<4} {cut[combo]:>8}/{paused_n}"
         )
     return 0
 

@@ -74,13 +74,20 @@ CHECK_MS = 192
 # off; live (bench_turns.py, 2026-12-06) it cut off 10 of 48 against 2 of 24 asked at
 # 200 ms alone. So only "high", which trades cut-offs for speed, asks early.
 FIRST_CHECK_MS = 128
-# A question is asked this much before its silence is due (two Silero windows): the model
-# hears the silence so far with its last LEAD_MS repeated to the length it is asked about,
-# and its verdict (30-60 ms of CPU) is in by the time the real silence has that length.
-# The turn still ends only once the real silence lasts as long (speech in the meantime
-# makes the verdict stale), so the lead costs no cut-offs; it takes the model's own time
-# out of every turn's end.
-LEAD_MS = 64
+# A question is asked this much before its silence is due: the model hears the silence so
+# far repeated to the length it is asked about (``vad.VadStream``), and its verdict (30-60 ms
+# of CPU) is in long before the real silence has that length. The turn still ends only once
+# the real silence lasts as long (speech in the meantime makes the verdict stale), so the
+# lead costs no cut-offs of its own; it takes the model's time out of every turn's end, and
+# moves the model off the moment the answer starts. Asked at 128 ms of silence (64 ms
+# ahead, until 2026-12-06), the verdict ran just as the guess's words reached the thinker,
+# and on two cores the thinker's first token took 64 ms instead of 11-16 (docs/benchmarks.md,
+# "a traced turn"); asked at 64 ms of silence it runs beside the guess's transcription
+# (one thread) on the other core. Offline (bench_turn_checks.py's takes, the silence as
+# white noise at sigma 0, 30 and 100 of pcm16), a lead of 128 ms ended the finished
+# questions as 64 ms did and cut off 4, 4 and 8 of 60 paused sentences against 4, 5 and 6;
+# 160 ms (asked on the first silent window) 4, 5 and 9.
+LEAD_MS = 128
 # Speech onset, prefix padding and hysteresis, as server VAD's defaults.
 SPEECH = ServerVadParams()
 
@@ -171,10 +178,6 @@ class SemanticVadParams:
         return SPEECH.prefix_padding_ms
 
 
-# (turn's audio start ms, audio end ms) -> probability that the turn is finished.
-Judge = Callable[[int, int], float]
-
-
 @dataclass(frozen=True, slots=True)
 class Question:
     """What the model is to hear: the turn's audio ``[start_ms, end_ms)``; ``token`` names
@@ -183,7 +186,12 @@ class Question:
     token: int
     start_ms: int
     end_ms: int
+    silence_ms: int  # where the silence it asks about began (what the model hears of it)
     final: bool = True  # its verdict decides; else only a sure one counts
+
+
+# A question -> the probability that the turn it asks about is finished.
+Judge = Callable[[Question], float]
 
 
 class SemanticTurnDetector:
@@ -263,12 +271,13 @@ class SemanticTurnDetector:
 
     def _ask(self, end_ms: int, final: bool) -> None:
         self._tokens += 1
-        question = Question(self._tokens, self._turn_start, end_ms, final)
+        assert self._silence_from is not None
+        question = Question(self._tokens, self._turn_start, end_ms, self._silence_from, final)
         self._question, self._judged, self._next_check = question, False, None
         if self._judge is None:
             self._untaken = question
         else:
-            self._judge_now(question, self._judge(question.start_ms, question.end_ms))
+            self._judge_now(question, self._judge(question))
 
     def verdict(self, token: int, probability: float) -> VadEvent | None:
         """The model's verdict on question ``token``; the event it completes, if any (none
@@ -278,6 +287,20 @@ class SemanticTurnDetector:
         assert self._question is not None
         self._judge_now(self._question, probability)
         return self._ended()
+
+    def words_wanted(self, silence_from: int) -> bool | None:
+        """Whether the words' verdict on the silence from ``silence_from`` could still change
+        when the turn ends: only while the model's deciding verdict leaves it likely but not
+        surely finished (None: that verdict is not in yet). A sure verdict ends the turn
+        and one below ``LIKELY`` waits the longest whatever the words say, so their verdict
+        (a request to the thinker, just as the answer starts there) is not worth asking."""
+        if not self.speaking or self._silence_from != silence_from:
+            return False  # that silence is over
+        if self.params.eager.words_end is None:
+            return False
+        if self._deciding is None:
+            return None
+        return LIKELY <= self._deciding < self.params.threshold
 
     def words(self, silence_from: int, probability: float) -> VadEvent | None:
         """The words' verdict (``realtime.words_turn``) on the turn as it was when the

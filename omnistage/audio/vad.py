@@ -196,24 +196,30 @@ class VadStream:
         if self._kept is not None:
             self._kept, self._kept_from = np.zeros(0, dtype=np.float32), 0
 
-    def _judge(self, start_ms: int, end_ms: int) -> float:
-        """The end-of-turn model on the kept audio of ``[start_ms, end_ms)``."""
-        return self._model(self._audio_of(start_ms, end_ms))
+    def _judge(self, question: Question) -> float:
+        """The end-of-turn model on the question's audio."""
+        return self._model(self._audio_of(question))
 
-    def _audio_of(self, start_ms: int, end_ms: int) -> np.ndarray:
+    def _audio_of(self, question: Question) -> np.ndarray:
+        """The kept audio of ``[start_ms, end_ms)``; asked ahead of the audio
+        (``semantic_vad.LEAD_MS``, inside a silence), the silence heard so far, repeated,
+        stands for what is not heard yet: the room's own noise, not the speech before it
+        (nor zeros, which no microphone sends)."""
         assert self._kept is not None
         per_ms = MODEL_RATE // 1000
-        lo = (start_ms - self._window_base_ms) * per_ms - self._kept_from
-        hi = (end_ms - self._window_base_ms) * per_ms - self._kept_from
+        lo, hi, silence = (
+            max(0, (ms - self._window_base_ms) * per_ms - self._kept_from)
+            for ms in (question.start_ms, question.end_ms, question.silence_ms)
+        )
         # A view of an array never written again: feeding builds a new one.
-        audio = self._kept[max(0, lo) : max(0, hi)]
-        ahead = max(0, hi) - max(0, lo) - len(audio)
+        audio = self._kept[lo:hi]
+        ahead = hi - lo - len(audio)
         if ahead <= 0:
             return audio
-        # Asked ahead of the audio (``semantic_vad.LEAD_MS``, inside a silence): the
-        # silence's latest samples stand for the ones not heard yet.
-        tail = audio[-ahead:] if len(audio) >= ahead else np.zeros(ahead, dtype=np.float32)
-        return np.concatenate([audio, tail])
+        heard = self._kept[max(lo, silence) : hi]
+        if len(heard) == 0:
+            heard = np.zeros(1, dtype=np.float32)
+        return np.concatenate([audio, np.resize(heard, ahead)])
 
     def verdicts(self) -> list[Coroutine[Any, Any, list[VadEvent]]]:
         """The questions for the end-of-turn model asked by the audio fed since the last
@@ -232,6 +238,13 @@ class VadStream:
             return []
         event = None if verdict is None else detector.verdict(question.token, verdict)
         return [] if event is None else [event]
+
+    def words_wanted(self, silence_from: int) -> bool | None:
+        """``SemanticTurnDetector.words_wanted`` (False under server VAD)."""
+        detector = self.detector
+        if not isinstance(detector, SemanticTurnDetector):
+            return False
+        return detector.words_wanted(silence_from)
 
     def words(self, silence_from: int, probability: float) -> list[VadEvent]:
         """The words' verdict on the turn at the silence from ``silence_from``
@@ -266,6 +279,6 @@ class VadStream:
             if self._pool is not None and isinstance(self.detector, SemanticTurnDetector):
                 question = self.detector.take_question()
                 if question is not None:
-                    audio = self._audio_of(question.start_ms, question.end_ms)
+                    audio = self._audio_of(question)
                     self._questions.append(self._verdict(question, audio))
         return events

@@ -13,9 +13,11 @@ tells it what it hears through ``Listener`` callbacks:
   (``user_turn``: the guess is void).
 
 With ``semantic_vad`` and a ``words`` judge, each silence's words (the guess's, or the
-paused phrase's) are judged too, once per silence, as soon as they are on their way:
-the detector weighs that verdict with the end-of-turn model's
-(``SemanticTurnDetector.words``).
+paused phrase's) are judged too, once per silence, when both they and the end-of-turn
+model's verdict are in and that verdict leaves the turn unsure
+(``SemanticTurnDetector.words_wanted``): the detector weighs the two
+(``SemanticTurnDetector.words``). A sure verdict, or one that calls the turn unfinished,
+spares the thinker the question, just as the answer's first token is due there.
 
 A ``semantic_vad`` turn may end after the audio that ended it was appended: the end-of-turn
 model's verdict is awaited off the event loop (``vad.VadStream.verdicts``), in a task of
@@ -71,6 +73,9 @@ class AudioInput:
         self._guess = guess  # whether to transcribe a phrase as its pause begins
         self._words = words  # judges whether a turn's words so far end it
         self._words_for: int | None = None  # the silence whose words were judged
+        # A silence's words, heard before the end-of-turn model's verdict on it: judged
+        # once that verdict leaves the turn unsure (VadStream.words_wanted).
+        self._unjudged: tuple[VadStream, int, str] | None = None
         self._spawn = spawn  # runs the session's background tasks (late VAD verdicts)
         self._new_turn = new_turn
         self._make_vad = vad
@@ -117,6 +122,7 @@ class AudioInput:
         if self.turn is not None and self.turn.in_phrase:
             self.turn.feed(pcm, ms)
         self._heard(self._vad.feed(pcm))
+        self._judge_held(self._vad)
         for verdict in self._vad.verdicts():
             assert self._spawn is not None, "a VAD with late verdicts needs a spawn"
             self._spawn(self._late(self._vad, verdict))
@@ -125,6 +131,17 @@ class AudioInput:
         events = await verdict
         if vad is self._vad:  # not replaced by a session.update meanwhile
             self._heard(events)
+            self._judge_held(vad)
+
+    def _judge_held(self, vad: VadStream) -> None:
+        """Words held for the end-of-turn model's verdict: judged once it is in."""
+        held = self._unjudged
+        if held is None or (held[0] is vad and vad.words_wanted(held[1]) is None):
+            return
+        self._unjudged = None
+        if held[0] is vad:  # else the VAD was replaced (session.update): the words are void
+            assert self._spawn is not None
+            self._spawn(self._judge(*held))
 
     def _heard(self, events: list[VadEvent]) -> None:
         for event in events:
@@ -180,15 +197,9 @@ class AudioInput:
             return
         assert self._spawn is not None and self._vad is not None
         self._words_for = silence_from
-        self._spawn(self._words_verdict(self._vad, self._words, turn, silence_from))
+        self._spawn(self._words_verdict(self._vad, turn, silence_from))
 
-    async def _words_verdict(
-        self,
-        vad: VadStream,
-        judge: Callable[[str], Awaitable[float | None]],
-        turn: UserTurn,
-        silence_from: int,
-    ) -> None:
+    async def _words_verdict(self, vad: VadStream, turn: UserTurn, silence_from: int) -> None:
         try:
             words = await turn.guessed_so_far()
         except asyncio.CancelledError:
@@ -198,7 +209,17 @@ class AudioInput:
             return  # the guess was void: the user went on
         except Exception:  # not heard: the turn waits as it would without words
             return
-        probability = await judge(words)
+        if vad.words_wanted(silence_from) is None:  # the model has not decided yet
+            self._unjudged = (vad, silence_from, words)
+        else:
+            await self._judge(vad, silence_from, words)
+
+    async def _judge(self, vad: VadStream, silence_from: int, words: str) -> None:
+        """The words' verdict on the silence from ``silence_from``, if it could still change
+        when the turn ends."""
+        if self._words is None or not vad.words_wanted(silence_from):
+            return
+        probability = await self._words(words)
         if probability is not None and vad is self._vad:  # not replaced meanwhile
             self._heard(vad.words(silence_from, probability))
 

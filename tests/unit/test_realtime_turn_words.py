@@ -14,6 +14,7 @@ import numpy as np
 from omnistage.audio.formats import PCM
 from omnistage.audio.semantic_vad import EAGERNESS, SemanticVadParams
 from omnistage.audio.vad import VadParams, VadStream
+from omnistage.audio.verdicts import VerdictPool
 from omnistage.realtime.audio_input import AudioInput
 from omnistage.realtime.config import TurnDetection
 from omnistage.realtime.user_turn import UserTurn
@@ -53,10 +54,15 @@ class Heard:
 
 
 async def _silence_heard(
-    words_verdict: float | None, smart_turn: float, guess: bool, eagerness: str = "auto"
+    words_verdict: float | None,
+    smart_turn: float,
+    guess: bool,
+    eagerness: str = "auto",
+    pool: VerdictPool | None = None,
 ) -> tuple[float, list[str]]:
     """A second of tone then silence, fed at 20 ms a chunk: the silence heard when the
-    turn ended, and the words the judge was asked."""
+    turn ended, and the words the judge was asked (Smart Turn's verdict given at once,
+    or with a ``pool``, as the session has it, on a worker thread, late)."""
     asked: list[str] = []
 
     async def judge(words: str) -> float | None:
@@ -64,7 +70,7 @@ async def _silence_heard(
         return words_verdict
 
     def vad(params: VadParams) -> VadStream:
-        return VadStream(params, vad=LoudScorer(), judge=lambda audio: smart_turn)
+        return VadStream(params, vad=LoudScorer(), judge=lambda audio: smart_turn, verdicts=pool)
 
     def new_turn(item_id: str, start_ms: float) -> UserTurn:
         return UserTurn(item_id, start_ms, lambda: Phrase())  # type: ignore[arg-type,return-value]
@@ -86,6 +92,8 @@ async def _silence_heard(
         audio.append(base64.b64encode(data[i : i + step]).decode())
         for _ in range(5):  # the words come back within a frame, as a quick thinker's
             await asyncio.sleep(0)
+        if pool is not None:  # the verdict's thread, within the frame too
+            await asyncio.sleep(0.01)
         if heard.stopped:
             break
     for task in tasks:
@@ -108,7 +116,24 @@ async def test_words_that_end_a_sentence_end_a_likely_finished_turn_at_the_check
 
 async def test_without_a_words_verdict_or_a_likely_one_the_wait_stands() -> None:
     for words_verdict, smart_turn, wait in ((None, 0.7, 1000), (0.9, 0.3, 4000)):
-        silence_ms, _ = await _silence_heard(words_verdict, smart_turn, True)
+        silence_ms, asked = await _silence_heard(words_verdict, smart_turn, True)
         assert silence_ms >= wait, (words_verdict, smart_turn)
+    assert asked == []  # below LIKELY the words change nothing: the thinker is not asked
     silence_ms, asked = await _silence_heard(0.9, 0.7, True, eagerness="low")
     assert silence_ms >= EAGERNESS["low"].unsure_wait_ms and asked == []  # not heard
+
+
+async def test_a_sure_verdict_spares_the_thinker_the_words() -> None:
+    # The guess's words are in (first silent window) before Smart Turn is asked (64 ms):
+    # they wait for its verdict, which is sure: the turn ends at the check, unasked.
+    for guess in (True, False):
+        silence_ms, asked = await _silence_heard(0.9, 0.99, guess)
+        assert asked == [] and silence_ms < 300, guess
+
+
+async def test_words_in_before_a_late_verdict_are_judged_once_it_leaves_the_turn_unsure() -> None:
+    pool = VerdictPool()
+    silence_ms, asked = await _silence_heard(0.6, 0.7, True, pool=pool)
+    assert asked == [WORDS] and silence_ms < 300
+    silence_ms, asked = await _silence_heard(0.6, 0.99, True, pool=pool)
+    assert asked == [] and silence_ms < 300

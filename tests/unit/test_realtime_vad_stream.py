@@ -184,15 +184,18 @@ def test_a_question_asked_ahead_hears_the_silence_so_far_repeated_to_its_length(
     # At 16 kHz, as the model hears it (no resampler holding samples back).
     stream = VadStream(SemanticVadParams(), 16_000, vad=LoudScorer(), judge=model)
     # A tone, then a low hum (silence to the scorer, from the window at 2016 ms), fed until
-    # the window that is LEAD_MS short of CHECK_MS into it is complete (2144 ms): the model
-    # is asked then, about audio up to 2016 + CHECK_MS, of which 2160 ms is here.
+    # the window that is LEAD_MS short of CHECK_MS into it is complete (2080 ms): the model
+    # is asked then, about audio up to 2016 + CHECK_MS, of which 2080 ms is here.
     hum = 0.01
-    stream.feed(pcm(16_000, (1, 0), (1, 0.5), (0.16, hum)))
-    assert 2016 + CHECK_MS - LEAD_MS == 2144
+    stream.feed(pcm(16_000, (1, 0), (1, 0.5), (0.08, hum)))
+    assert 2016 + CHECK_MS - LEAD_MS == 2080
     (audio,) = heard
-    ahead = (2016 + CHECK_MS - 2160) * 16
-    # Its length is the question's, and what was not heard yet is the silence's own
-    # latest samples again, not zeros.
+    # Its length is the question's...
     assert len(audio) == (2016 + CHECK_MS - 692) * 16
-    assert np.allclose(audio[-ahead:], audio[-2 * ahead : -ahead])
-    assert np.abs(audio[-ahead:]).max() > hum / 2
+    # ... and what was not heard yet is the silence heard so far (64 ms of hum), again and
+    # again: not zeros, and not the tone before it, however far ahead it was asked.
+    silence = audio[(2016 - 692) * 16 : (2080 - 692) * 16]
+    ahead = audio[(2080 - 692) * 16 :]
+    assert len(ahead) == (CHECK_MS - 64) * 16 == 2 * len(silence)
+    assert np.array_equal(ahead, np.tile(silence, 2))
+    assert hum / 2 < np.abs(ahead).max() <= hum * 1.01

@@ -11,6 +11,7 @@ from omnistage.audio.semantic_vad import (
     LEAD_MS,
     WORDS_END,
     WORDS_END_EAGER,
+    Question,
     SemanticTurnDetector,
     SemanticVadParams,
     SpeechStarted,
@@ -28,8 +29,8 @@ class Model:
         self.verdicts = list(verdicts)
         self.asked: list[tuple[int, int]] = []
 
-    def __call__(self, start_ms: int, end_ms: int) -> float:
-        self.asked.append((start_ms, end_ms))
+    def __call__(self, question: Question) -> float:
+        self.asked.append((question.start_ms, question.end_ms))
         return self.verdicts.pop(0)
 
 
@@ -124,7 +125,7 @@ def test_speech_dips_inside_the_hysteresis_band_neither_start_a_silence_nor_a_ve
 
 def test_reset_forgets_the_turn_and_a_bad_eagerness_is_refused() -> None:
     d = SemanticTurnDetector(SemanticVadParams(), Model())
-    run(d, speech(320) + quiet(96))
+    run(d, speech(320) + quiet(CHECK_MS - LEAD_MS - W))  # a silence, not yet asked about
     assert d.speaking and d.silence_from == 320
     d.reset()
     assert not d.speaking and d.silence_from is None
@@ -223,10 +224,10 @@ def test_high_eagerness_asks_early_and_an_unsure_early_verdict_waits_for_the_dec
 
 def test_the_model_is_asked_ahead_and_the_turn_ends_only_when_the_silence_gets_there() -> None:
     d = SemanticTurnDetector(SemanticVadParams())
-    assert CHECK_MS - LEAD_MS == 4 * W
+    assert CHECK_MS - LEAD_MS == 2 * W
     run(d, speech(320) + quiet(CHECK_MS - LEAD_MS))
     question = d.take_question()
-    # Asked with 128 ms of silence heard, about the silence at CHECK_MS.
+    # Asked with 64 ms of silence heard, about the silence at CHECK_MS.
     assert question is not None and question.end_ms == 320 + CHECK_MS
     # A sure verdict in before the silence gets there waits for it...
     assert d.verdict(question.token, 0.99) is None and d.speaking
@@ -303,3 +304,29 @@ def test_high_eagerness_takes_less_sure_words() -> None:
             run(d, quiet(64), at=at)
             at += 64
         assert (d.words(320, WORDS_END_EAGER) is not None) == ended, eagerness
+
+
+def test_the_words_are_wanted_only_while_the_deciding_verdict_is_unsure() -> None:
+    for verdict, wanted in ((0.7, True), (0.99, False), (0.3, False)):
+        d = SemanticTurnDetector(SemanticVadParams())
+        run(d, speech(320) + quiet(W))
+        assert d.words_wanted(320) is None  # silent, not yet judged
+        run(d, quiet(CHECK_MS - LEAD_MS - W), at=320 + W)
+        question = d.take_question()
+        assert question is not None and d.words_wanted(320) is None  # asked, no verdict
+        d.verdict(question.token, verdict)
+        assert d.words_wanted(320) is wanted, verdict
+        assert d.words_wanted(288) is False  # another silence's words: stale
+    d.push(0.9, 320 + CHECK_MS, 320 + CHECK_MS + W)  # the user went on
+    assert d.words_wanted(320) is False
+    # "high"'s first question, not sure: the deciding one is still to come.
+    d = SemanticTurnDetector(SemanticVadParams("high"))
+    run(d, speech(320) + quiet(W))
+    question = d.take_question()
+    assert question is not None and not question.final
+    d.verdict(question.token, 0.7)
+    assert d.words_wanted(320) is None
+    # "low" does not hear words.
+    d = SemanticTurnDetector(SemanticVadParams("low"), Model(0.7))
+    run(d, speech(320) + quiet(CHECK_MS))
+    assert d.speaking and d.words_wanted(320) is False
