@@ -77,16 +77,21 @@ FIRST_CHECK_MS = 128
 # A question is asked this much before its silence is due: the model hears the silence so
 # far repeated to the length it is asked about (``vad.VadStream``), and its verdict (30-60 ms
 # of CPU) is in long before the real silence has that length. The turn still ends only once
-# the real silence lasts as long (speech in the meantime makes the verdict stale), so the
-# lead costs no cut-offs of its own; it takes the model's time out of every turn's end, and
-# moves the model off the moment the answer starts. Asked at 128 ms of silence (64 ms
-# ahead, until 2026-12-06), the verdict ran just as the guess's words reached the thinker,
-# and on two cores the thinker's first token took 64 ms instead of 11-16 (docs/benchmarks.md,
-# "a traced turn"); asked at 64 ms of silence it runs beside the guess's transcription
-# (one thread) on the other core. Offline (bench_turn_checks.py's takes, the silence as
-# white noise at sigma 0, 30 and 100 of pcm16), a lead of 128 ms ended the finished
-# questions as 64 ms did and cut off 4, 4 and 8 of 60 paused sentences against 4, 5 and 6;
-# 160 ms (asked on the first silent window) 4, 5 and 9.
+# the real silence lasts as long (speech in the meantime makes the verdict stale), so no
+# turn ends sooner for the lead; only the copied silence differs from the real one (under
+# noise it tips a few more paused sentences over, below). It takes the model's time out of
+# every turn's end, and moves the model off the moment the answer starts. Asked at 128 ms
+# of silence (64 ms ahead, until 2026-12-06), the verdict ran just as the guess's words
+# reached the thinker, and on two cores the thinker's first token took 64 ms instead of
+# 11-16 (docs/benchmarks.md, "a traced turn"); asked at 64 ms of silence it runs beside
+# the guess's transcription (one thread) on the other core, and is mostly in before the
+# words are (which wait for it: see ``words_wanted``). Offline (bench_turn_checks.py
+# --leads 64,128,160 --noise 0,30,100, 5 takes of 12 paused sentences, 2026-12-06): the
+# finished questions ended as soon at every lead (p50 244-248 ms); paused sentences cut
+# off, leads 64/128/160 ms, on digital silence 1/1/1 of 60, under white noise of sigma 30
+# (about -60 dBFS) 6/5/6, of sigma 100 (-50 dBFS, a noisy room) 8/11/8; an earlier run of
+# the same, 5/4/5 and 6/8/9. A noisy room costs a few more cut-offs at any lead; live
+# (bench_turns.py) this lead cut off 0, 1 and 2 of 24.
 LEAD_MS = 128
 # Speech onset, prefix padding and hysteresis, as server VAD's defaults.
 SPEECH = ServerVadParams()
