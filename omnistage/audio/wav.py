@@ -177,20 +177,25 @@ _PHRASE_BREAKS = frozenset({
     "who", "whose", "when", "where", "while", "with", "for",
 })
 # fmt: on
-_WHOLE_WORD = re.compile(r"\S+(?=\s)")
+_WORD = re.compile(r"\S+")
 
 
 def split_first_phrase(buffer: str, min_words: int = 3) -> tuple[str | None, str]:
     """The opening of ``buffer`` worth speaking before its sentence is finished: its
     first clause (``split_first_clause``), else the words before the first phrase
-    boundary with at least ``min_words`` words before it since any clause mark, once
-    that boundary's word is complete. The first audio of an answer then waits for a few words, not a
-    sentence."""
+    boundary with at least ``min_words`` words before it since any clause mark. The
+    first audio of an answer then waits for a few words, not a sentence.
+
+    The boundary word may still be being written: "is" may go on to "isn't" or, rarely
+    (a tokenizer writes common words whole), "island". The cut is made as soon as the
+    boundary word appears, since the words before it are complete either way and a cut
+    before an unfinished word is still a cut between words; waiting for the word to end
+    cost a decode step on every answer's first audio."""
     clause, rest = split_first_clause(buffer)
     if clause is not None:
         return clause, rest
     run = 0  # words since the last clause mark: "Hello there, this | is" is no phrase
-    for word in _WHOLE_WORD.finditer(buffer):
+    for word in _WORD.finditer(buffer):
         text = word.group()
         if run >= min_words and text.lower() in _PHRASE_BREAKS:
             return buffer[: word.start()].strip(), buffer[word.start() :]

@@ -278,6 +278,27 @@ def test_an_emptied_batch_keeps_its_cache_and_rows_get_the_same_bits(
         assert used.cache_bytes() == 0
 
 
+def test_a_row_growing_past_the_capacity_keeps_the_slots_the_rows_need(engine: LlmEngine) -> None:
+    # A conversation grows one row past a capacity chunk per ~256 tokens: the cache
+    # must grow in positions only, not copy itself into more slots each time.
+    fast = FastLlama(weights.local_model_dir("smollm2"))
+    short = _chat_ids(engine, [{"role": "user", "content": QUESTIONS[0]}])
+    long = _chat_ids(engine, [{"role": "user", "content": " ".join(QUESTIONS * 12)}])
+    assert slot_batch._CHUNK < len(long) < 2 * slot_batch._CHUNK
+    with torch.inference_mode():
+        batch = SlotBatch(fast, 8)
+        batch.prefill(short)
+        batch.admit(0)
+        batch.keep([])
+        batch.prefill(long)
+        assert batch._keys[0].shape[0] == 1  # slots
+        assert batch._keys[0].shape[2] == 2 * slot_batch._CHUNK  # positions
+        batch.admit(0)
+        batch.prefill(short)  # a second row: now two slots
+        batch.admit(0)
+        assert batch._keys[0].shape[0] == 2
+
+
 def test_the_step_loop_runs_on_the_thread_that_loaded_the_model() -> None:
     import threading
 

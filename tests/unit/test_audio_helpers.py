@@ -170,15 +170,19 @@ def test_first_clause_is_split_once_long_enough() -> None:
     assert split_first_clause("the value is 3,14 and more") == (None, "the value is 3,14 and more")
 
 
-def test_split_first_phrase_cuts_before_a_boundary_word_once_it_is_complete() -> None:
+def test_split_first_phrase_cuts_before_a_boundary_word_as_soon_as_it_appears() -> None:
     from omnistage.audio.wav import split_first_phrase
 
     assert split_first_phrase("The capital of France is Paris.") == (
         "The capital of France",
         "is Paris.",
     )
-    # "is" may still be the start of "island": no cut until the word is complete.
-    assert split_first_phrase("The capital of France is") == (None, "The capital of France is")
+    # The boundary word just written (it may go on to "isn't"): the words before it are
+    # complete, so the opening goes now, not a token later.
+    assert split_first_phrase("The capital of France is") == ("The capital of France", "is")
+    # A word that only starts like one is no boundary.
+    assert split_first_phrase("The capital of France i") == (None, "The capital of France i")
+    assert split_first_phrase("The capital of France isl") == (None, "The capital of France isl")
     # Fewer than three words before the boundary: keep waiting.
     assert split_first_phrase("Paris is the capital of ") == (None, "Paris is the capital of ")
     # A complete opening clause still comes first.

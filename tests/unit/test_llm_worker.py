@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from omnistage.engines.base import EngineChunk
+from omnistage.engines.llm import stream_pace
 from omnistage.engines.llm.detok import Detokenizer
 from omnistage.engines.llm.sampling import Sampler, SamplingParams
 from omnistage.engines.llm.stream_pace import StreamPace
@@ -346,6 +347,12 @@ def test_stop_ends_the_loop_and_frees_the_thread(thread: TorchThread) -> None:
 STEP_S = 0.004  # the fake clock: every step (prefill or decode) takes 4 ms
 
 
+@pytest.fixture
+def one_token_opening(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pacing from the second token on, as before answers' openings went unpaced."""
+    monkeypatch.setattr(stream_pace, "OPENING", 1)
+
+
 def _paced_worker(batch: CountingBatch) -> LlmWorker:
     """A worker whose clock is its step count times STEP_S: what is held is known."""
     rows: list[int] = []
@@ -355,7 +362,7 @@ def _paced_worker(batch: CountingBatch) -> LlmWorker:
 
 
 def test_paced_text_goes_out_once_per_interval_with_the_first_and_last_at_once(
-    thread: TorchThread,
+    thread: TorchThread, one_token_opening: None
 ) -> None:
     batch = CountingBatch()
     worker = _paced_worker(batch)
@@ -373,7 +380,7 @@ def test_paced_text_goes_out_once_per_interval_with_the_first_and_last_at_once(
 
 
 def test_held_text_goes_out_before_another_prefill_and_with_the_finish(
-    thread: TorchThread,
+    thread: TorchThread, one_token_opening: None
 ) -> None:
     order: list[tuple[str, str]] = []
     late = _seq("late", [12], pace=StreamPace(1.0))
@@ -415,7 +422,7 @@ def test_held_text_goes_out_before_another_prefill_and_with_the_finish(
     assert [c.text for c in sinks["late"].chunks] == ["n", "o"]
 
 
-def test_held_text_goes_out_before_a_failure(thread: TorchThread) -> None:
+def test_held_text_goes_out_before_a_failure(thread: TorchThread, one_token_opening: None) -> None:
     class Batch(CountingBatch):
         decodes = 0
 
@@ -437,8 +444,25 @@ def test_held_text_goes_out_before_a_failure(thread: TorchThread) -> None:
     assert str(out.error) == "the model broke"
 
 
+def test_an_answers_opening_tokens_go_out_as_they_come_and_then_are_paced(
+    thread: TorchThread,
+) -> None:
+    # A talker speaks the opening phrase as soon as it has its words: none waits.
+    batch = CountingBatch()
+    worker = _paced_worker(batch)
+    seq = _seq("a", [1], pace=StreamPace(1.0))  # c .. o, then the end
+    worker.submit(seq)
+    worker.start(thread)
+    _wait(seq)
+    worker.stop()
+    opening = [chr(ord("c") + i) for i in range(stream_pace.OPENING)]
+    assert stream_pace.OPENING == 8
+    assert [c.text for c in _out(seq).chunks] == [*opening, "klmno"]
+    assert _out(seq).last.finished
+
+
 def test_stream_pace_merges_text_usage_and_logprobs() -> None:
-    pace = StreamPace(0.010)
+    pace = StreamPace(0.010, offered=stream_pace.OPENING - 1)  # past the opening
     first = TokenLogprob(token="a", logprob=-0.1, bytes=None, top_logprobs=[])
     second = TokenLogprob(token="b", logprob=-0.2, bytes=None, top_logprobs=[])
     chunk = EngineChunk(Modality.TEXT, text="a", usage=Usage(completion_tokens=1), logprobs=[first])
