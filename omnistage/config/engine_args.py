@@ -112,8 +112,8 @@ class LlmArgs(_Args):
     int4_kernel: str = Field(default="auto", pattern="^(auto|omnistage|torch|avx512-vnni|avx2)$")
     torch_threads: int | None = Field(default=None, ge=1)
     # Streamed text leaves at most once per this many milliseconds (what the decode
-    # steps made meanwhile goes out together; the first and last token at once): a
-    # fast step stops paying a message per token. 0: every token as it comes.
+    # steps made meanwhile goes out together; an answer's first 8 tokens and its last
+    # at once): a fast step stops paying a message per token. 0: every token as it comes.
     stream_interval_ms: float = Field(default=10.0, ge=0.0, le=1000.0)
     cache_dir: str | None = None
     # fast backend: keep the packed int4 weights in cache_dir, so a restart maps them
