@@ -184,7 +184,8 @@ class SlotBatch:
         # (~380 MB at 1024 positions: a 160 ms prefill in the middle of a voice turn).
         if slots > self._slots:
             slots = min(self._max_rows, max(slots, 2 * self._slots))
-        slots = max(slots, self._slots)
+        else:
+            slots = self._slots
         capacity = max(self._capacity, -(-positions // _CHUNK) * _CHUNK)
         size = (slots, shape.kv_heads, capacity, shape.head_dim)
         keys, values = [], []

@@ -9,9 +9,10 @@ at once, and so does the last (with the finish); a held piece waits at most one 
 step. A step slower than the interval (a busy batch) delivers every token as before.
 
 Why the opening goes unpaced: a talker speaks an answer's opening phrase (three words
-or more and the word after: ~6 tokens) as soon as it has them, and the listener is
-waiting for that audio. A held token there delayed the phrase by a whole decode step
-(~7 ms on a busy voice turn) for a saving of a few messages per answer.
+or more, cut when the boundary word after them appears: ~5 tokens) as soon as it has
+them, and the listener is waiting for that audio. A held token there delayed the phrase
+by a whole decode step (~7 ms on a busy voice turn) for a saving of a few messages per
+answer.
 
 Pure state: the worker passes the time.
 """
