@@ -167,6 +167,10 @@ class TtsArgs(_Args):
     # Streamed text: speak an answer's opening phrase ("The capital of France") before
     # its first sentence is complete, not only an opening clause ending in a comma.
     first_phrase: bool = True
+    # An answer's first piece: send its first 0.28 s of audio as soon as they are decoded,
+    # the voice's graph cut at its decoder (engines/speech/piper_stages.py), and the rest
+    # after. False: each piece whole, as Piper makes it.
+    first_part: bool = True
     # Scheduling priority (nice, added to the process's) of the threads that synthesize
     # an answer's later sentences, so that a first sentence, which a listener waits for,
     # gets the cores first. 0: all syntheses alike.

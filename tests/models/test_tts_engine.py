@@ -17,6 +17,7 @@ from omnistage.audio.wav import pcm_duration_s, wav_bytes
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
 from omnistage.engines.speech.piper_sessions import VoiceSessions
+from omnistage.engines.speech.piper_stages import FIRST_FRAMES
 from omnistage.engines.speech.tts import TtsArgs, TtsEngine
 from omnistage.engines.speech.voices import VoiceCatalog, discover_voices
 from omnistage.protocol.chunk_meta import AudioMeta
@@ -73,6 +74,14 @@ async def collect(engine: TtsEngine, request: EngineRequest) -> list[EngineChunk
 
 def pcm_of(chunks: list[EngineChunk]) -> bytes:
     return b"".join(chunk.data for chunk in chunks)
+
+
+def said(chunks: list[EngineChunk]) -> list[str]:
+    """The chunks' texts, less the text-less first part of an answer's opening."""
+    return [c.text for c in chunks if c.text]
+
+
+FIRST_PART = FIRST_FRAMES * 256 * 2  # bytes of an opening's first part (Joe's hop: 256)
 
 
 def joe_sample_rate() -> int:
@@ -141,9 +150,10 @@ async def test_longer_text_gives_longer_valid_wav(engine: TtsEngine):
             durations.append(w.getnframes() / rate)
     assert 1.0 < durations[0] < 8.0
     assert durations[1] > 2.0 * durations[0]
-    # One chunk per sentence, each carrying its sentence's text and audio.
-    assert len(long) == 3
-    assert [c.text for c in long] == [
+    # One chunk per sentence, each carrying its sentence's text and audio, the first
+    # sentence's first part ahead of it, as soon as it is made (piper_stages).
+    assert len(long) == 4 and long[0].text == "" and len(long[0].data) == FIRST_PART
+    assert said(long) == [
         "The quick brown fox jumps over the lazy dog.",
         "A second sentence follows, about as long as the first one.",
         "And a third sentence closes this little paragraph for good.",
@@ -207,13 +217,14 @@ async def test_streamed_input_is_spoken_sentence_by_sentence(engine: TtsEngine):
     await asyncio.wait_for(consume(), timeout=60)
     assert input_done
     assert [c.text for c in chunks] == [
+        "",  # the opening's first part, as soon as it was made
         "Hello there, this is the first sentence.",
         "And here comes the second one.",
         "Pi is 3.14 and that is all",
     ]
-    assert all(c.data for c in chunks)
-    assert [c.finished for c in chunks] == [False, False, True]
-    assert engine.progress - progress_before == 3
+    assert all(c.data for c in chunks) and len(chunks[0].data) == FIRST_PART
+    assert [c.finished for c in chunks] == [False, False, False, True]
+    assert engine.progress - progress_before == 4
 
 
 @pytest.mark.slow
@@ -242,8 +253,8 @@ async def test_on_busy_cores_the_opening_phrase_waits_for_the_next_piece(engine:
         return texts, early
 
     try:
-        assert await answer(slow=0.0) == (["The capital of France", "is Paris."], True)
-        # Synthesis at half real time: the opening goes out with the next piece.
+        assert await answer(slow=0.0) == (["", "The capital of France", "is Paris."], True)
+        # Synthesis at half real time: the opening goes out with the next piece, whole.
         assert await answer(slow=0.5) == (["The capital of France", "is Paris."], False)
     finally:
         engine.pace.ratio = 0.0
@@ -267,7 +278,7 @@ async def test_a_retry_speaks_only_the_sentences_not_spoken_before(
     monkeypatch.setattr(engine, "_synthesize", counted)
     chunks = await collect(engine, request)
     rest = ["A second sentence follows, about as long as the first one.", LONG.split(". ")[2]]
-    assert spoken == [c.text for c in chunks] == rest  # the first one not made again
+    assert spoken == said(chunks) == rest  # the first one not made again
     assert all(c.data for c in chunks) and chunks[-1].finished
 
 
@@ -381,8 +392,8 @@ async def test_other_voices_load_lazily_and_once(tmp_path: Path):
     results = await asyncio.gather(*(collect(engine, speak(LONG, voice="copy")) for _ in range(3)))
     assert list(engine._loads) == [JOE, "en_GB-copy-low"]
     for chunks in results:
-        # sentence_streaming=False: the whole text in one chunk.
-        assert len(chunks) == 1 and chunks[0].finished and chunks[0].text == LONG
+        # sentence_streaming=False: the whole text in one piece (its first part ahead).
+        assert [c.text for c in chunks] == ["", LONG] and chunks[-1].finished
         assert chunks[0].meta.voice == "en_GB-copy-low"
     await engine.shutdown()
 
@@ -463,8 +474,8 @@ async def test_chunks_with_seconds_of_audio_ahead_are_synthesized_at_a_lower_pri
     async def nices() -> list[int]:
         with Spy(voice) as spy:
             chunks = await collect(engine, speak(text))
-        assert len(chunks) == 4 and all(c.data for c in chunks)
-        assert [t for _, t, _ in spy.seen] == [c.text for c in chunks]
+        assert len(chunks) == 5 and all(c.data for c in chunks)
+        assert [t for _, t, _ in spy.seen] == said(chunks)
         return [n for *_, n in spy.seen]
 
     assert engine.args.later_nice == 10 and engine.args.scheduling == "deadline"
@@ -505,3 +516,49 @@ async def test_a_lone_answers_opening_runs_on_the_wide_session_and_the_rest_shar
         assert (await narrow._voice(narrow._catalog().default)).wide is None
     finally:
         await narrow.shutdown()
+
+
+@pytest.mark.slow
+@module_loop
+async def test_an_answers_first_part_goes_out_while_the_rest_is_made(engine: TtsEngine):
+    """The opening's first part is sent before its sentence's rest is decoded: the rest's
+    decoding waits until the first part has reached the client."""
+    import threading
+
+    voice = await engine._voice(engine._catalog().default)
+    sent, waited_out = threading.Event(), []
+    patched = [v for v in (voice.shared, voice.wide) if v is not None]
+    for staged in patched:
+        real = staged._decode
+
+        def decode(frames: Any, _real: Any = real, _calls: list[int] = []) -> Any:  # noqa: B006
+            _calls.append(1)
+            if len(_calls) > 1 and not sent.wait(timeout=10):  # the rest, after the first part
+                waited_out.append(True)
+            return _real(frames)
+
+        staged._decode = decode
+    try:
+        chunks = []
+        async for chunk in engine.generate(speak("Water boils at one hundred degrees.")):
+            if not chunks:
+                assert chunk.text == "" and len(chunk.data) == FIRST_PART
+                sent.set()
+            chunks.append(chunk)
+    finally:
+        for staged in patched:
+            del staged._decode
+    assert not waited_out  # the rest was decoded only once the first part was out
+    assert [c.text for c in chunks] == ["", "Water boils at one hundred degrees."]
+
+
+@pytest.mark.slow
+@module_loop
+async def test_first_part_false_speaks_each_piece_whole():
+    whole = TtsEngine(stage(first_part=False))
+    await whole.start()
+    try:
+        chunks = await collect(whole, speak(LONG))
+    finally:
+        await whole.shutdown()
+    assert [c.text for c in chunks] == said(chunks) and len(chunks) == 3

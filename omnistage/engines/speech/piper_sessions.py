@@ -9,20 +9,32 @@ runs on a second session of the same voice with more threads (``opening_threads`
 the cores by default). On the 2-core VM "The capital of France" took 52 ms on one thread
 and 33 ms on two (``bench/bench_turns.py`` measures what that gives the first audio). It
 costs a second copy of the voice's weights (~60 MB for a medium voice).
+
+Each session is the voice cut in two at its decoder where its graph allows
+(``piper_stages``): an answer's opening then gives its first part as soon as it is made
+(``synthesize_blocking``'s ``early``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
+from omnistage.engines.speech.piper_stages import StagedVoice, split
 from omnistage.engines.speech.voices import VoiceInfo
 from omnistage.protocol.errors import EngineError
 
 if TYPE_CHECKING:
     from piper import PiperVoice
+
+log = logging.getLogger(__name__)
+
+# A loaded voice: cut at its decoder (``piper_stages``) where its graph allows.
+Voice = Union["PiperVoice", StagedVoice]
 
 
 @dataclass(frozen=True)
@@ -30,10 +42,10 @@ class VoiceSessions:
     """One voice, loaded: ``shared`` for any synthesis, ``wide`` (None: not loaded, as
     where it would have no more threads) for an answer's opening run alone."""
 
-    shared: PiperVoice
-    wide: PiperVoice | None = None
+    shared: Voice
+    wide: Voice | None = None
 
-    def pick(self, alone: bool) -> PiperVoice:
+    def pick(self, alone: bool) -> Voice:
         return self.wide if alone and self.wide is not None else self.shared
 
 
@@ -46,8 +58,9 @@ def load_sessions(voice: VoiceInfo, threads: int, wide_threads: int) -> VoiceSes
     return VoiceSessions(shared, wide)
 
 
-def piper_voice(voice: VoiceInfo, threads: int) -> PiperVoice:
-    """Piper's voice, with an ONNX session whose threads sleep when idle.
+def piper_voice(voice: VoiceInfo, threads: int) -> Voice:
+    """Piper's voice, cut at its decoder where its graph allows, on ONNX sessions whose
+    threads sleep when idle.
 
     ``PiperVoice.load`` gives onnxruntime's defaults, whose worker threads spin after
     every sentence; the talker shares the cores with the thinker that feeds it, and a
@@ -63,19 +76,35 @@ def piper_voice(voice: VoiceInfo, threads: int) -> PiperVoice:
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     with open(voice.config_path, encoding="utf-8") as f:
         config = PiperConfig.from_dict(json.load(f))
-    session = onnxruntime.InferenceSession(
-        str(voice.model_path), sess_options=opts, providers=["CPUExecutionProvider"]
-    )
-    return PiperVoice(config=config, session=session)
+
+    def session(model: str | bytes) -> onnxruntime.InferenceSession:
+        return onnxruntime.InferenceSession(
+            model, sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+
+    try:
+        halves = split(str(voice.model_path))
+    except Exception as exc:  # an unreadable graph still runs whole, as Piper runs it
+        log.warning("voice %s is not cut at its decoder (%s): it runs whole", voice.id, exc)
+        halves = None
+    if halves is None:
+        return PiperVoice(config=config, session=session(str(voice.model_path)))
+    encoder, decoder = session(halves[0]), session(halves[1])
+    return StagedVoice(PiperVoice(config=config, session=encoder), encoder, decoder, halves[2])
 
 
 def synthesize_blocking(
-    voice: PiperVoice,
+    voice: Voice,
     text: str,
     length_scale: float,
     stop: threading.Event,
     noise: tuple[float | None, float | None] = (None, None),
+    early: Callable[[bytes], None] | None = None,
 ) -> bytes:
+    """``text``'s audio (pcm16), stopping at a sentence's end once ``stop`` is set. With
+    ``early`` (an answer's opening), on a voice cut at its decoder: a first part of its
+    first sentence may go to ``early`` as soon as it is made (``StagedVoice``), and the
+    rest is returned."""
     from piper import SynthesisConfig
 
     # Relative to the voice's own pace (its config's length_scale, usually 1).
@@ -84,10 +113,14 @@ def synthesize_blocking(
         noise_scale=noise[0],
         noise_w_scale=noise[1],
     )
+    parts: Iterable[bytes]
+    if isinstance(voice, StagedVoice):
+        parts = voice.synthesize(text, config, early)
+    else:  # Piper yields one AudioChunk per sentence espeak finds in the text
+        parts = (audio.audio_int16_bytes for audio in voice.synthesize(text, syn_config=config))
     pcm = bytearray()
-    # Piper yields one AudioChunk per sentence espeak finds in the text.
-    for audio in voice.synthesize(text, syn_config=config):
+    for part in parts:
         if stop.is_set():
             break
-        pcm += audio.audio_int16_bytes
+        pcm += part
     return bytes(pcm)

@@ -23,7 +23,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from omnistage.config.engine_args import TtsArgs
@@ -153,80 +153,50 @@ class TtsEngine(Engine):
         params = request.params.speaking
         voice = self._catalog().resolve(params.voice)
         scale = length_scale(params.speed, self.args.speed)
-        sessions = await self._voice(voice)
-        meta = AudioMeta(voice.sample_rate, voice=voice.id)
-        modality = self.stage.output_modality
-        words_in = 0
-
-        said = 0  # chunks synthesized: an answer's first go before others' later ones
-        playback = Playback()  # when the listener runs out of what was sent
-        before = SpokenBefore(request.resume_text)
-
-        async def speak(piece: str, finished: bool = False) -> EngineChunk:
-            nonlocal said
-            pcm = b""
-            if piece and before.skip(piece):
-                piece = ""  # spoken by a replica that failed
-            elif piece:
-                job = Piece(playback, said, len(piece))
-                pcm = await self._synthesize(sessions, piece, scale, job)
-                playback.sent(len(pcm) / 2 / voice.sample_rate, time.monotonic())
-                said += 1
-            self.progress += 1
-            chunk = EngineChunk(modality, text=before.new_text(piece), data=pcm, meta=meta)
-            if finished:
-                chunk.finished = True
-                chunk.finish_reason = FinishReason.STOP
-                chunk.usage = Usage(words_in)
-            return chunk
-
+        answer = _Answer(self, request, voice, await self._voice(voice), scale)
         if request.prompt is not None:
             text = prompt_text(request.prompt)
-            words_in = len(text.split())
+            answer.words_in = len(text.split())
             pieces = prompt_pieces(text, self.args.sentence_streaming)
             for piece in pieces[:-1]:
-                chunk = await speak(piece)
-                if chunk.data:
-                    yield chunk
-            yield await speak(pieces[-1] if pieces else "", finished=True)
+                async for chunk in answer.speak(piece):
+                    if chunk.data:
+                        yield chunk
+            async for chunk in answer.speak(pieces[-1] if pieces else "", finished=True):
+                yield chunk
             return
-
-        async for chunk in self._streamed(request, speak, playback):
+        async for chunk in self._streamed(request, answer):
             yield chunk
 
     async def _streamed(
-        self,
-        request: EngineRequest,
-        speak: Callable[..., Awaitable[EngineChunk]],
-        playback: Playback,
+        self, request: EngineRequest, answer: _Answer
     ) -> AsyncIterator[EngineChunk]:
-        """Streamed text spoken piece by piece as it comes (``speak``: one piece)."""
+        """Streamed text spoken piece by piece as it comes."""
         streamed = StreamedPieces(self.args.sentence_streaming, self.args.first_phrase)
         # Busy cores: the opening goes out with the next piece (SynthesisPace); no retry's.
         hold = not request.resume_text and not self.pace.opening_alone()
         held: EngineChunk | None = None
-        words_in = 0
         async for item in request.inputs:
             if not item.text or item.modality != Modality.TEXT:
                 continue  # a function call's arguments are not for speaking
-            words_in += len(item.text.split())
+            answer.words_in += len(item.text.split())
             pieces = streamed.add(item.text)
-            if not pieces and self._order.hurry(playback, streamed.pending):
+            if not pieces and self._order.hurry(answer.playback, streamed.pending):
                 pieces = streamed.phrase()
             for piece in pieces:
-                chunk = await speak(piece)
-                if hold and held is None and piece == streamed.opening:
-                    held = chunk
-                    continue
-                for out in (held, chunk):
-                    if out is not None and out.data:
-                        yield out
-                held = None
-        last = await speak(streamed.rest(), finished=True)
-        last.usage = Usage(words_in)
-        if held is not None and held.data:
-            yield held
-        yield last
+                holding = hold and held is None and piece == streamed.opening
+                async for chunk in answer.speak(piece, early=not holding):
+                    if holding:
+                        held = chunk
+                        continue
+                    for out in (held, chunk):
+                        if out is not None and out.data:
+                            yield out
+                    held = None
+        async for last in answer.speak(streamed.rest(), finished=True):
+            if last.finished and held is not None and held.data:
+                yield held
+            yield last  # (before the last: the first part of an answer said at its end)
 
     def _catalog(self) -> VoiceCatalog:
         if self.catalog is None:
@@ -245,14 +215,21 @@ class TtsEngine(Engine):
         return await asyncio.shield(load)
 
     async def _synthesize(
-        self, voice: VoiceSessions, text: str, length_scale: float, job: Piece | None = None
+        self,
+        voice: VoiceSessions,
+        text: str,
+        length_scale: float,
+        job: Piece | None = None,
+        early: asyncio.Future[bytes] | None = None,
     ) -> bytes:
         """PCM for ``text`` (``job``: which answer's chunk it is; None: warm-up),
         synthesized in a worker thread once the order gives it a free slot, niced if
         the order says it can yield the cores, on the voice's wide session if it is an
         answer's first piece and nothing else is being synthesized (``piper_sessions``).
+        With ``early``, a first part may be set there as soon as it is made
+        (``piper_stages``), and the rest is returned.
 
-        On cancellation the worker stops at its next sentence boundary; the slot stays
+        On cancellation the worker stops at its next sentence's end; the slot stays
         taken until it has, so at most ``max_concurrent`` syntheses ever run.
         """
         job = job or Piece(Playback(), 0, len(text))
@@ -264,6 +241,7 @@ class TtsEngine(Engine):
         stop = threading.Event()
         started, niced = time.monotonic(), self._order.niced(job)
         wide = job.index == 0 and not niced and not self._running and voice.wide is not None
+        given = _Given(early)
         self._running += 1
         try:
             work = asyncio.get_running_loop().run_in_executor(
@@ -274,6 +252,7 @@ class TtsEngine(Engine):
                 length_scale,
                 stop,
                 self._noise,
+                None if early is None else given,
             )
         except BaseException:
             self._running -= 1
@@ -290,7 +269,7 @@ class TtsEngine(Engine):
             # on a shared session's threads (a wide one runs only when the talker is idle)
             self._order.observe(len(text), took)
         if not wide:
-            self._paced(took, len(pcm) / 2 / voice.shared.config.sample_rate)
+            self._paced(took, (given.bytes + len(pcm)) / 2 / voice.shared.config.sample_rate)
         return pcm
 
     def _paced(self, wall_s: float, audio_s: float) -> None:
@@ -310,6 +289,89 @@ class TtsEngine(Engine):
         self._slots.release()
         if not work.cancelled() and work.exception() is not None:
             log.debug("synthesis failed", exc_info=work.exception())
+
+
+class _Answer:
+    """One request's speech: its pieces, synthesized in order, one chunk each; an
+    answer's first piece its first part first (``piper_stages``), without text."""
+
+    def __init__(
+        self,
+        engine: TtsEngine,
+        request: EngineRequest,
+        voice: VoiceInfo,
+        sessions: VoiceSessions,
+        scale: float,
+    ) -> None:
+        self._engine = engine
+        self._voice, self._sessions, self._scale = voice, sessions, scale
+        self._meta = AudioMeta(voice.sample_rate, voice=voice.id)
+        self._modality = engine.stage.output_modality
+        self.said = 0  # pieces synthesized: an answer's first go before others' later ones
+        self.playback = Playback()  # when the listener runs out of what was sent
+        self._before = SpokenBefore(request.resume_text)
+        self.words_in = 0
+
+    async def speak(
+        self, piece: str, finished: bool = False, early: bool = True
+    ) -> AsyncIterator[EngineChunk]:
+        """The piece's audio: one chunk, or, for an answer's first piece (``early``: unless
+        it is held back), its first part as soon as it is made and then the rest, which
+        carries the piece's text."""
+        pcm = b""
+        if piece and self._before.skip(piece):
+            piece = ""  # spoken by a replica that failed
+        elif piece:
+            job = Piece(self.playback, self.said, len(piece))
+            self.said += 1
+            engine = self._engine
+            early = early and not job.index and engine.args.first_part
+            first = asyncio.get_running_loop().create_future() if early else None
+            synthesis = asyncio.ensure_future(
+                engine._synthesize(self._sessions, piece, self._scale, job, first)
+            )
+            try:
+                if first is not None:
+                    await asyncio.wait((first, synthesis), return_when=asyncio.FIRST_COMPLETED)
+                    if first.done() and first.result():
+                        self._played(first.result())
+                        yield self._chunk(first.result())
+                pcm = await synthesis
+            finally:
+                synthesis.cancel()  # a closed stream stops its synthesis
+            self._played(pcm)
+        chunk = self._chunk(pcm, self._before.new_text(piece))
+        if finished:
+            chunk.finished = True
+            chunk.finish_reason = FinishReason.STOP
+            chunk.usage = Usage(self.words_in)
+        yield chunk
+
+    def _played(self, pcm: bytes) -> None:
+        self.playback.sent(len(pcm) / 2 / self._voice.sample_rate, time.monotonic())
+
+    def _chunk(self, pcm: bytes, text: str = "") -> EngineChunk:
+        self._engine.progress += 1
+        return EngineChunk(self._modality, text=text, data=pcm, meta=self._meta)
+
+
+class _Given:
+    """A synthesis's early part (``synthesize_blocking``'s ``early``), handed from its
+    worker thread to the event loop's future."""
+
+    def __init__(self, future: asyncio.Future[bytes] | None) -> None:
+        self._future = future
+        self._loop = asyncio.get_running_loop()
+        self.bytes = 0
+
+    def __call__(self, pcm: bytes) -> None:  # on the worker thread
+        self.bytes = len(pcm)
+        if self._future is not None:
+            self._loop.call_soon_threadsafe(self._settle, pcm)
+
+    def _settle(self, pcm: bytes) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.set_result(pcm)
 
 
 def length_scale(speed: float | None, default: float) -> float:
