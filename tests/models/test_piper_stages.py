@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from omnistage.engines.speech import piper_stages
 from omnistage.engines.speech.piper_sessions import piper_voice, synthesize_blocking
 from omnistage.engines.speech.piper_stages import FIRST_FRAMES, KNEE, StagedVoice
 from omnistage.engines.speech.voices import VoiceCatalog
@@ -14,6 +15,14 @@ from omnistage.engines.speech.voices import VoiceCatalog
 pytestmark = pytest.mark.slow
 
 QUIET = (0.0, 0.0)  # no noise: a text is said the same way every time
+DECODE_PER_ENCODE = piper_stages.DECODE_PER_ENCODE
+
+
+@pytest.fixture(autouse=True)
+def always_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An opening long enough is cut however fast this machine makes its frames: the
+    rule that reckons whether its rest is in time has a test of its own, below."""
+    monkeypatch.setattr(piper_stages, "DECODE_PER_ENCODE", 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +77,21 @@ def test_a_short_opening_is_not_cut(voices):
     staged, _ = voices
     head: list[bytes] = []
     assert len(said(staged, "Hi.", head.append)) > 0 and head == []
+
+
+def test_on_busy_cores_an_opening_is_not_cut_where_its_rest_would_come_late(
+    voices, monkeypatch: pytest.MonkeyPatch
+):
+    """The frames took long (a fake clock says 0.5 s): the rest's decoding would take
+    longer than the first part plays, so the sentence goes whole, with no gap in it."""
+    monkeypatch.setattr(piper_stages, "DECODE_PER_ENCODE", DECODE_PER_ENCODE)
+    staged, _ = voices
+    ticks = iter([0.0, 0.5])
+    slow = StagedVoice(
+        staged.piper, staged._encoder, staged._decoder, staged._frames, lambda: next(ticks)
+    )
+    head: list[bytes] = []
+    assert len(said(slow, "Water boils at one hundred degrees", head.append)) and head == []
+    # At the frames' usual speed the same sentence is cut; too short a one never is.
+    assert staged.in_time(192, 0.01) and not staged.in_time(192, 0.5)
+    assert not staged.in_time(48, 0.0)

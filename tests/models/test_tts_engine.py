@@ -16,6 +16,7 @@ import pytest_asyncio
 from omnistage.audio.wav import pcm_duration_s, wav_bytes
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import EngineChunk, EngineRequest, StageInput, stage_input
+from omnistage.engines.speech import piper_stages
 from omnistage.engines.speech.piper_sessions import VoiceSessions
 from omnistage.engines.speech.piper_stages import FIRST_FRAMES
 from omnistage.engines.speech.tts import TtsArgs, TtsEngine
@@ -41,6 +42,13 @@ def stage(**engine_args: Any) -> StageConfig:
     return StageConfig(
         stage_id=2, name="speaker", engine="tts", engine_args=engine_args, output_modality="audio"
     )
+
+
+@pytest.fixture(autouse=True)
+def always_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer's opening is cut however fast this machine makes its frames (whether its
+    rest would be in time is tested in test_piper_stages.py)."""
+    monkeypatch.setattr(piper_stages, "DECODE_PER_ENCODE", 0.0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -12,6 +12,11 @@ the audio decoded whole (measured: 127 dB apart at 16 frames of context, 67 dB a
 at 4). The opening phrase's first 0.28 s are then heard after about half of its
 synthesis instead of all of it; the rest is made while they play.
 
+The rest must be made before those 0.28 s have played, or the listener hears a gap
+where a whole opening had none. On busy cores it may not be: the cut is made only where
+the rest's decoding, reckoned from how long the frames just took (``DECODE_PER_ENCODE``),
+would take at most ``HEADROOM`` of the first part's audio.
+
 Piper scales each sentence to full scale by its peak (``SynthesisConfig.normalize_audio``,
 its default), which a first part cannot know yet. The first part is scaled by its own
 peak, and the rest of its sentence by the same gain, softly limited above ``KNEE`` where
@@ -25,6 +30,7 @@ trainer exports it, one speaker) is not cut: its voice runs whole.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +50,14 @@ FIRST_FRAMES = 24
 CONTEXT_FRAMES = 16
 # A sentence shorter than this is decoded whole: its first part would be most of it.
 SPLIT_FRAMES = 2 * FIRST_FRAMES + CONTEXT_FRAMES
+# The decoder's time per frame against the frames' own (encoder, duration predictor and
+# flow), from one sentence's: 62% against 38% in onnxruntime's profile of one (1.6); on
+# a Zen 3 VM, 5 openings, 1.9-2.4 on one thread, 1.3-2.0 on two. The larger, so that a
+# doubtful cut is not made.
+DECODE_PER_ENCODE = 2.3
+# The share of the first part's audio (0.28 s) within which the rest must be decoded to
+# cut: what is left (0.11 s) is for the event loop, the network and a busier moment.
+HEADROOM = 0.6
 # Above this, the rest of a sentence louder than its first part is softly limited.
 KNEE = 0.9
 PCM_MAX = 32767.0  # Piper's own int16 scale
@@ -84,12 +98,20 @@ class StagedVoice:
     """A Piper voice run as its two halves (``split``): what the talker needs of
     ``PiperVoice`` (``config``, ``synthesize``), with an opening in two parts."""
 
-    def __init__(self, piper: PiperVoice, encoder: Any, decoder: Any, frames: str) -> None:
+    def __init__(
+        self,
+        piper: PiperVoice,
+        encoder: Any,
+        decoder: Any,
+        frames: str,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.piper = piper
         self.config = piper.config
         self._encoder = encoder  # onnxruntime sessions
         self._decoder = decoder
         self._frames = frames
+        self._clock = clock
 
     def synthesize(
         self,
@@ -99,14 +121,17 @@ class StagedVoice:
     ) -> Iterator[bytes]:
         """``text``'s audio (pcm16), one part per sentence, as ``PiperVoice.synthesize``
         makes it. With ``early`` (an answer's opening), a first sentence of at least
-        ``SPLIT_FRAMES`` frames is made in two parts: its first ``FIRST_FRAMES`` frames'
-        audio goes to ``early`` as soon as it is made, and the rest is yielded."""
+        ``SPLIT_FRAMES`` frames is made in two parts, where the rest would be in time
+        (``in_time``): its first ``FIRST_FRAMES`` frames' audio goes to ``early`` as soon
+        as it is made, and the rest is yielded."""
         for phonemes in self.piper.phonemize(text):
             if not phonemes:
                 continue
+            started = self._clock()
             frames = self._encoder.run(None, self._inputs(phonemes, config))[0]
+            encoded_s = self._clock() - started
             give, early = early, None  # the first sentence only
-            if give is None or frames.shape[2] < SPLIT_FRAMES:
+            if give is None or not self.in_time(frames.shape[2], encoded_s):
                 yield _pcm(_normalized(self._decode(frames)))
                 continue
             hop, cut = self.config.hop_length, FIRST_FRAMES
@@ -116,6 +141,15 @@ class StagedVoice:
             give(_pcm(head * gain))
             tail = self._decode(frames[:, :, cut - CONTEXT_FRAMES :])[CONTEXT_FRAMES * hop :]
             yield _pcm(limited(tail * gain))
+
+    def in_time(self, frames: int, encoded_s: float) -> bool:
+        """Whether a sentence of ``frames`` frames, made in ``encoded_s``, is worth cutting:
+        long enough, and its rest decoded well before its first part has played."""
+        if frames < SPLIT_FRAMES:
+            return False
+        rest = (frames - FIRST_FRAMES + CONTEXT_FRAMES) / frames
+        first_s = FIRST_FRAMES * self.config.hop_length / self.config.sample_rate
+        return encoded_s * DECODE_PER_ENCODE * rest <= HEADROOM * first_s
 
     def _inputs(self, phonemes: list[str], config: SynthesisConfig) -> dict[str, np.ndarray]:
         own = self.config
