@@ -56,8 +56,11 @@ SPLIT_FRAMES = 2 * FIRST_FRAMES + CONTEXT_FRAMES
 # doubtful cut is not made.
 DECODE_PER_ENCODE = 2.3
 # The share of the first part's audio (0.28 s) within which the rest must be decoded to
-# cut: what is left (0.11 s) is for the event loop, the network and a busier moment.
-HEADROOM = 0.6
+# cut: what is left (56 ms, beside the reckoning's own margin) is for the event loop, the
+# network and a busier moment. At 0.6, on a Zen 3 VM 3-4x slower than the others here,
+# one session's openings (two threads, beside the thinker) went whole too often: first
+# audio p50 0.89 s (server_vad) against 0.70 s cut every time, 0.91 s never.
+HEADROOM = 0.8
 # Above this, the rest of a sentence louder than its first part is softly limited.
 KNEE = 0.9
 PCM_MAX = 32767.0  # Piper's own int16 scale
