@@ -324,7 +324,11 @@ async def test_speech_during_an_answer_cancels_it_at_once_and_is_answered(voice_
         assert cancelled.response.status == "cancelled", cancelled.response
         assert cancelled.response.status_details.reason == "turn_detected"
         second = await live.expect("response.done", where=lambda e: e.response.id != first)
-        assert second.response.status == "completed", second.response
+        # Answered: to its end, or to the token cap where the sampled answer rambled on.
+        capped = second.response.status_details and second.response.status_details.reason
+        assert second.response.status == "completed" or (
+            second.response.status == "incomplete" and capped == "max_output_tokens"
+        ), second.response
         late = [
             t - started_at
             for t, e in live.events
