@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from omnistage.engines.speech import piper_stages
-from omnistage.engines.speech.piper_sessions import piper_voice, synthesize_blocking
+from omnistage.engines.speech.piper_sessions import cut, piper_voice, synthesize_blocking
 from omnistage.engines.speech.piper_stages import StagedVoice
 from omnistage.engines.speech.voices import VoiceCatalog
 
@@ -49,7 +49,7 @@ def main() -> None:
     # The cut itself, on every opening: not whether this machine's speed would allow it.
     piper_stages.DECODE_PER_ENCODE = 0.0
     voice = VoiceCatalog.discover(None, None, None).default
-    staged = piper_voice(voice, args.threads)
+    staged = piper_voice(voice, args.threads, cut(voice))
     assert isinstance(staged, StagedVoice), "the voice's graph was not cut"
     whole = _whole(voice, args.threads)
     stop = threading.Event()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omnistage.engines.speech import piper_stages
-from omnistage.engines.speech.piper_sessions import piper_voice, synthesize_blocking
+from omnistage.engines.speech.piper_sessions import cut, piper_voice, synthesize_blocking
 from omnistage.engines.speech.piper_stages import FIRST_FRAMES, KNEE, StagedVoice
 from omnistage.engines.speech.voices import VoiceCatalog
 
@@ -31,7 +31,7 @@ def voices():
     from piper import PiperVoice
 
     info = VoiceCatalog.discover(None, None, None).default
-    staged = piper_voice(info, 1)
+    staged = piper_voice(info, 1, cut(info))
     whole = PiperVoice.load(str(info.model_path), str(info.config_path))
     return staged, whole
 

@@ -51,16 +51,26 @@ class VoiceSessions:
 
 def load_sessions(voice: VoiceInfo, threads: int, wide_threads: int) -> VoiceSessions:
     try:
-        shared = piper_voice(voice, threads)
-        wide = piper_voice(voice, wide_threads) if wide_threads > threads else None
+        halves = cut(voice)  # once: both sessions run the same two halves
+        shared = piper_voice(voice, threads, halves)
+        wide = piper_voice(voice, wide_threads, halves) if wide_threads > threads else None
     except Exception as exc:
         raise EngineError(f"could not load voice {voice.id} ({voice.model_path}): {exc}") from exc
     return VoiceSessions(shared, wide)
 
 
-def piper_voice(voice: VoiceInfo, threads: int) -> Voice:
-    """Piper's voice, cut at its decoder where its graph allows, on ONNX sessions whose
-    threads sleep when idle.
+def cut(voice: VoiceInfo) -> tuple[bytes, bytes, str] | None:
+    """The voice's graph cut at its decoder (``piper_stages.split``); None: it runs whole."""
+    try:
+        return split(str(voice.model_path))
+    except Exception as exc:  # an unreadable graph still runs whole, as Piper runs it
+        log.warning("voice %s is not cut at its decoder (%s): it runs whole", voice.id, exc)
+        return None
+
+
+def piper_voice(voice: VoiceInfo, threads: int, halves: tuple[bytes, bytes, str] | None) -> Voice:
+    """Piper's voice, run as the two ``halves`` of its graph (``cut``; None: whole), on
+    ONNX sessions whose threads sleep when idle.
 
     ``PiperVoice.load`` gives onnxruntime's defaults, whose worker threads spin after
     every sentence; the talker shares the cores with the thinker that feeds it, and a
@@ -82,11 +92,6 @@ def piper_voice(voice: VoiceInfo, threads: int) -> Voice:
             model, sess_options=opts, providers=["CPUExecutionProvider"]
         )
 
-    try:
-        halves = split(str(voice.model_path))
-    except Exception as exc:  # an unreadable graph still runs whole, as Piper runs it
-        log.warning("voice %s is not cut at its decoder (%s): it runs whole", voice.id, exc)
-        halves = None
     if halves is None:
         return PiperVoice(config=config, session=session(str(voice.model_path)))
     encoder, decoder = session(halves[0]), session(halves[1])
