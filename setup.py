@@ -67,7 +67,7 @@ def _kernels() -> list[Extension]:
         Extension(
             KERNEL,
             sources=list(_FLAGS),
-            depends=[f"{_DIR}/int4_kernel.h", f"{_DIR}/int4_kernel_team.h"],
+            depends=[f"{_DIR}/int4_kernel{h}.h" for h in ("", "_team", "_scalar")],
             # A failed compile is a warning, not a failed install.
             optional=True,
         )

@@ -252,12 +252,12 @@ def _run_rows(batch: SlotBatch, prompts: list[list[int]], steps: int) -> list[to
     return out
 
 
-@pytest.mark.parametrize("kernel", ["torch", "avx512-vnni"])
+@pytest.mark.parametrize("kernel", ["torch", "avx512-vnni", "avx2"])
 def test_an_emptied_batch_keeps_its_cache_and_rows_get_the_same_bits(
     engine: LlmEngine, kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The decode step on our kernels reads each row's own positions; torch's reads the
-    # whole length under a mask: stale K/V from earlier rows must count in neither.
+    # The decode step's attention on our kernels reads each row's own positions; torch's
+    # reads the whole length under a mask: stale K/V from earlier rows must count in neither.
     if kernel != "torch" and isinstance(int4_kernel.load_variant(kernel), str):
         pytest.skip(f"{kernel} does not run here")
     fast = FastLlama(weights.local_model_dir("smollm2"), int4_kernels.load(kernel))
@@ -276,6 +276,32 @@ def test_an_emptied_batch_keeps_its_cache_and_rows_get_the_same_bits(
         monkeypatch.setattr(slot_batch, "KEEP_BYTES", 0)
         used.keep([])
         assert used.cache_bytes() == 0
+
+
+@pytest.mark.parametrize("kernel", [k for k in int4_kernels.usable() if k != "torch"])
+def test_prefilled_tokens_give_the_bits_their_decode_steps_gave(
+    engine: LlmEngine, kernel: str
+) -> None:
+    # What a retry does with the tokens a failed replica delivered: prefill them after
+    # the prompt. On our kernels (a short chunk attends row by row) that is the same
+    # arithmetic as decoding them one at a time, beside other rows or alone, so the
+    # next token's logits are the same bits and a seeded draw cannot drift. Torch's
+    # attention promises no such thing (its prefill rounds differently: ~1e-3 here).
+    fast = FastLlama(weights.local_model_dir("smollm2"), int4_kernels.load(kernel))
+    prompt = _chat_ids(engine, [{"role": "user", "content": QUESTIONS[3]}])
+    other = _chat_ids(engine, [{"role": "user", "content": QUESTIONS[0]}])
+    with torch.inference_mode():
+        decoded = SlotBatch(fast, 2)
+        decoded.admit(int(decoded.prefill(other).argmax()))
+        tokens = [int(decoded.prefill(prompt).argmax())]
+        decoded.admit(tokens[0])
+        for _ in range(12):  # two rows decoding, the other one's first
+            logits = decoded.decode()
+            decoded.advance([int(row.argmax()) for row in logits])
+            tokens.append(int(logits[1].argmax()))
+        # The last step's logits followed every token but the one they chose.
+        resumed = SlotBatch(fast, 1).prefill([*prompt, *tokens[:-1]])
+    assert torch.equal(resumed, logits[1])
 
 
 def test_a_row_growing_past_the_capacity_keeps_the_slots_the_rows_need(engine: LlmEngine) -> None:

@@ -63,7 +63,13 @@ def _variant_or_skip(name: str) -> Any:
     return pytest.param(name, marks=pytest.mark.skipif(isinstance(why, str), reason=str(why)))
 
 
-@pytest.mark.parametrize("variant", [_variant_or_skip(v.name) for v in int4_kernel.VARIANTS])
+# A test each variant passes alike (skipped, saying why, for one that cannot run here).
+EACH_VARIANT = pytest.mark.parametrize(
+    "variant", [_variant_or_skip(v.name) for v in int4_kernel.VARIANTS]
+)
+
+
+@EACH_VARIANT
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (48, 64)])
 def test_the_matmul_matches_the_dequantized_weights(
@@ -130,70 +136,73 @@ def test_a_zero_row_and_a_constant_group_are_exact() -> None:
     assert torch.allclose(out[1], (x[1].double() @ exact.double().T).float(), atol=1e-5)
 
 
-@needs_kernel
-def test_int4_linear_on_our_kernel_matches_torchs_within_bfloat16() -> None:
-    assert not isinstance(_KERNEL, str)
+@EACH_VARIANT
+def test_int4_linear_on_our_kernel_matches_torchs_within_bfloat16(variant: str) -> None:
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
     w = torch.randn(960, 576) * 0.05
     x = torch.randn(4, 576)
-    ours, theirs = Int4Linear(w, _KERNEL)(x), Int4Linear(w)(x)
+    ours, theirs = Int4Linear(w, kernel)(x), Int4Linear(w)(x)
     # The same grid; theirs rounds activations (and scales) to bfloat16.
     assert _rel(ours, theirs) < 1e-2
 
 
-@needs_kernel
-def test_rms_norm_and_the_silu_gate_match_torch() -> None:
-    assert not isinstance(_KERNEL, str)
+@EACH_VARIANT
+def test_rms_norm_and_the_silu_gate_match_torch(variant: str) -> None:
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
     x, weight = torch.randn(3, 576) * 3, torch.rand(576) + 0.5
     expected = F.rms_norm(x, (576,), weight, 1e-5)
-    assert torch.allclose(_KERNEL.rms_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(kernel.rms_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-5)
     gate_up = torch.randn(3, 2 * 1536) * 6  # large |gate| too: e^-gate must not overflow
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate) * up
-    assert torch.allclose(_KERNEL.silu_mul(gate_up), expected, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(kernel.silu_mul(gate_up), expected, rtol=1e-5, atol=1e-5)
 
 
-@needs_kernel
+@EACH_VARIANT
 @pytest.mark.parametrize(("n", "k"), [(49152, 64), (1000, 1), (37, 37), (100, 17)])
-def test_topk_indices_are_torchs_set(n: int, k: int) -> None:
-    assert not isinstance(_KERNEL, str)
+def test_topk_indices_are_torchs_set(variant: str, n: int, k: int) -> None:
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
     x = torch.randn(5, n)  # no ties
-    got = _KERNEL.topk_indices(x, k)
+    got = kernel.topk_indices(x, k)
     want = torch.topk(x, k, dim=-1, sorted=False).indices
     assert got.shape == (5, k) and got.dtype == torch.int64
     assert [set(r) for r in got.tolist()] == [set(r) for r in want.tolist()]
 
 
-@needs_kernel
-def test_q8_dots_are_the_shortlists_float32_products_row_by_row() -> None:
-    assert not isinstance(_KERNEL, str)
+@EACH_VARIANT
+def test_q8_dots_are_the_shortlists_float32_products_row_by_row(variant: str) -> None:
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
     gen = torch.Generator().manual_seed(3)
     vocab, k, rows, per_row = 300, 96, 5, 7
     q = torch.randint(-127, 128, (vocab, k // 32, 32), dtype=torch.int8, generator=gen)
     scale = torch.rand(vocab, k // 32, 1, generator=gen) / 50
     x = torch.randn(rows, k, generator=gen)
     ids = torch.randint(0, vocab, (rows, per_row), generator=gen)
-    got = _KERNEL.q8_dots(q, scale, x, ids)
+    got = kernel.q8_dots(q, scale, x, ids)
     weights = (q.float() * scale).reshape(vocab, k)
     want = (weights[ids] @ x.unsqueeze(-1)).squeeze(-1)
     assert got.shape == (rows, per_row)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     # Each row on its own gives the same bits (a batch's rows do not change each other).
-    alone = torch.cat(
-        [_KERNEL.q8_dots(q, scale, x[i : i + 1], ids[i : i + 1]) for i in range(rows)]
-    )
+    alone = torch.cat([kernel.q8_dots(q, scale, x[i : i + 1], ids[i : i + 1]) for i in range(rows)])
     assert torch.equal(alone, got)
 
 
-@needs_kernel
-def test_topk_indices_skip_nan_and_refuse_a_k_out_of_range() -> None:
-    assert not isinstance(_KERNEL, str)
+@EACH_VARIANT
+def test_topk_indices_skip_nan_and_refuse_a_k_out_of_range(variant: str) -> None:
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
     x = torch.arange(40, dtype=torch.float32).repeat(2, 1)
     x[0, 39] = x[1, 0] = float("nan")  # the first value seeds the heap: NaN there too
-    got = [set(r) for r in _KERNEL.topk_indices(x, 3).tolist()]
+    got = [set(r) for r in kernel.topk_indices(x, 3).tolist()]
     assert got == [{36, 37, 38}, {37, 38, 39}]
     for k in (0, 41):
         with pytest.raises(ValueError, match="top-k"):
-            _KERNEL.topk_indices(x, k)
+            kernel.topk_indices(x, k)
 
 
 def _rotated(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
@@ -203,19 +212,29 @@ def _rotated(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
     return torch.stack([a * c - b * s, a * s + b * c], -1).reshape(x.shape)
 
 
-@needs_kernel
-@pytest.mark.parametrize("lengths", [[1], [37, 5, 130]])
-def test_decode_attention_writes_the_cache_and_matches_sdpa(lengths: list[int]) -> None:
-    assert not isinstance(_KERNEL, str)
-    heads, kv, hd, capacity = 9, 3, 64, 160
-    rows = len(lengths)
+def _attention_case(
+    rows: int, capacity: int, heads: int = 9, kv: int = 3, hd: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random caches [rows, kv, capacity, hd] (keys, values), a q/k/v projection per row
+    and a RoPE table [capacity, hd/2, 2]."""
     keys, values = torch.randn(rows, kv, capacity, hd), torch.randn(rows, kv, capacity, hd)
     angles = torch.rand(capacity, hd // 2) * 6
     rope = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).contiguous()
-    qkv = torch.randn(rows, (heads + 2 * kv) * hd)
+    return keys, values, torch.randn(rows, (heads + 2 * kv) * hd), rope
+
+
+@EACH_VARIANT
+@pytest.mark.parametrize("lengths", [[1], [37, 5, 130], [9, 16, 17]])
+def test_a_decode_steps_attention_writes_the_cache_and_matches_sdpa(
+    variant: str, lengths: list[int]
+) -> None:
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
+    heads, kv, hd, capacity = 9, 3, 64, 160
+    keys, values, qkv, rope = _attention_case(len(lengths), capacity, heads, kv, hd)
     positions = torch.tensor([n - 1 for n in lengths])
     old_k, old_v = keys.clone(), values.clone()
-    out = _KERNEL.decode_attention(qkv, positions, keys, values, heads, rope)
+    out = kernel.attention(qkv, positions, keys, values, heads, rope)
     for r, length in enumerate(lengths):
         p = length - 1
         q = _rotated(qkv[r, : heads * hd].reshape(heads, hd), rope[p])
@@ -232,6 +251,53 @@ def test_decode_attention_writes_the_cache_and_matches_sdpa(lengths: list[int]) 
         ).reshape(-1)
         assert torch.allclose(out[r], expected, atol=1e-5)
     assert torch.equal(keys, old_k) and torch.equal(values, old_v)
+
+
+@EACH_VARIANT
+def test_a_decode_rows_attention_is_the_same_bits_beside_other_rows(variant: str) -> None:
+    # Torch's attention gives a row other bits in a batch (its mask and longest length)
+    # than alone; a seeded sample would then depend on who else was decoding.
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
+    lengths = [3, 70, 12, 41]
+    keys, values, qkv, rope = _attention_case(len(lengths), 96)
+    positions = torch.tensor([n - 1 for n in lengths])
+    together = kernel.attention(qkv, positions, keys.clone(), values.clone(), 9, rope)
+    for r in range(len(lengths)):
+        alone = kernel.attention(
+            qkv[r : r + 1],
+            positions[r : r + 1],
+            keys[r : r + 1].clone(),
+            values[r : r + 1].clone(),
+            9,
+            rope,
+        )
+        assert torch.equal(together[r], alone[0])
+
+
+@pytest.mark.skipif("avx2" not in _runnable(), reason="this CPU cannot run the avx2 variant")
+@pytest.mark.parametrize(("start", "rows"), [(0, 1), (0, 23), (5, 9), (40, 30)])
+def test_a_prefill_chunks_attention_gives_each_row_the_decode_steps_bits(
+    start: int, rows: int
+) -> None:
+    # The AVX2 variant's prefill attends row by row in one slot: a row's output and the
+    # K/V it caches are what the decode step computing it alone gives, so a retry that
+    # prefills the tokens a first replica decoded goes on with the same bits.
+    kernel = _load("avx2")
+    assert not isinstance(kernel, str)
+    keys, values, qkv, rope = _attention_case(3, 96)
+    qkv = torch.randn(rows, qkv.shape[1])
+    slot = 1
+    positions = torch.arange(start, start + rows)
+    k_pre, v_pre = keys.clone(), values.clone()
+    out = kernel.attention(qkv, positions, k_pre, v_pre, 9, rope, slot)
+    k_dec, v_dec = keys[slot : slot + 1].clone(), values[slot : slot + 1].clone()
+    for i in range(rows):  # a decode step per token, in order
+        row = kernel.attention(qkv[i : i + 1], positions[i : i + 1], k_dec, v_dec, 9, rope)
+        assert torch.equal(out[i], row[0]), i
+    assert torch.equal(k_pre[slot], k_dec[0]) and torch.equal(v_pre[slot], v_dec[0])
+    # The other slots untouched.
+    assert torch.equal(k_pre[0], keys[0]) and torch.equal(v_pre[2], values[2])
 
 
 def test_the_engine_arg_picks_the_kernel(
@@ -282,7 +348,9 @@ def test_a_cpu_without_the_instructions_is_named(monkeypatch: pytest.MonkeyPatch
     )
 
 
-def test_a_cpu_with_avx2_only_gets_the_matmul_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cpu_with_avx2_only_gets_the_parts_not_the_one_call_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     if "avx2" not in _runnable():
         pytest.skip("this CPU cannot run the avx2 variant")
     monkeypatch.setattr(int4_kernel, "cpu_lacks", lambda v: "avx512vnni" if v.fused else "")
@@ -335,7 +403,7 @@ def test_a_library_built_from_other_sources_is_refused() -> None:
     int4_abi.check_abi(lib, path)  # the real one agrees
     for question, answer, named in [
         (1, 64, "OMNI_GROUP 64 (here 32)"),
-        (0, 99, "OMNI_ABI_VERSION 99 (here 1)"),
+        (0, 99, f"OMNI_ABI_VERSION 99 (here {int4_abi.ABI_VERSION})"),
         (6, 120, "sizeof(omni_layer) 120"),
         (10, 56, "offsetof(omni_layer, scale) 56"),
     ]:
@@ -446,7 +514,7 @@ def test_decode_layers_in_one_call_is_the_per_op_decode(rows: int, threads: int)
     for i, ((attn_norm, mlp_norm), (qkv, o, gate_up, down)) in enumerate(weights):
         x = _KERNEL.rms_norm(expected, attn_norm, shape.eps)
         qkv_out = _KERNEL.matmul(x, qkv, 128)
-        attn = _KERNEL.decode_attention(qkv_out, positions, k_ref[i], v_ref[i], 4, rope)
+        attn = _KERNEL.attention(qkv_out, positions, k_ref[i], v_ref[i], 4, rope)
         _KERNEL.matmul(attn, o, 64, into=expected)
         x = _KERNEL.rms_norm(expected, mlp_norm, shape.eps)
         _KERNEL.matmul(_KERNEL.silu_mul(_KERNEL.matmul(x, gate_up, 256)), down, 64, into=expected)

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from omnistage.engines.llm.attention import Attend, Attention, by_row
 from omnistage.engines.llm.int4_abi import GROUP
-from omnistage.engines.llm.int4_kernel import Int4Kernel, fits_attention, layer_table
+from omnistage.engines.llm.int4_kernel import Int4Kernel, layer_table
 from omnistage.engines.llm.int4_linear import Int4Linear, TiedTable
 from omnistage.engines.llm.packed_weights import State, Tensors, cache_file, load_or_pack
 from omnistage.engines.torch_threads import use_threads
@@ -82,14 +83,6 @@ def supported(config: dict) -> str | None:
     return None
 
 
-# A prefill chunk of n tokens from position p goes through our kernels' layers in one
-# call (each row as a decode step computes it) while n * (p + n) is at most this; a
-# bigger one through torch's attention, whose blocked products beat attending row by
-# row there. Short chunks (a chat turn) spent more in torch's ops between the matmuls,
-# and in waking the kernel's threads for each, than in the matmuls.
-FUSED_PREFILL_CELLS = 256 * 256
-
-
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
@@ -98,11 +91,6 @@ class _Layer:
     mlp_norm: torch.Tensor
     gate_up: Int4Linear
     down: Int4Linear
-
-
-# A layer's attention in ``_layers_by_ops``: (its q/k/v projection [n, width], the
-# layer's K and V caches) -> the attention's output [n, heads * head_dim].
-_Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _packed(directory: Path, s: LlamaShape, kernel: Int4Kernel | None) -> State:
@@ -183,10 +171,11 @@ class FastLlama:
         # Our kernels run a decode step's layers in one call (see ``_decode_fused``)
         # where the variant has them and the shape fits: then there is a layer table.
         self._kernel = kernel
-        self._rope_cs = torch.view_as_real(self.rope).contiguous()  # [positions, hd/2, 2]
+        self._attention = Attention(s, self.rope, kernel)
+        self._rope_cs = self._attention.rope_cs
         self._norm, self._gate = self._row_ops()
         self._layer_table = None
-        if kernel is not None and kernel.fused and fits_attention(s.head_dim, s.heads, s.kv_heads):
+        if kernel is not None and kernel.fused and self._attention.on_kernel:
             self._layer_table = layer_table(
                 [
                     (
@@ -202,6 +191,12 @@ class FastLlama:
     def fused_decode(self) -> bool:
         """Whether a decode step is one call into our kernels (``_decode_fused``)."""
         return self._layer_table is not None
+
+    @property
+    def rows_attend_alone(self) -> bool:
+        """Whether a decode step's attention is our kernel's, which reads each row's own
+        positions (``forward`` then needs no ``slots``, ``mask`` or ``length``)."""
+        return self._attention.on_kernel
 
     def use_threads(self, count: int) -> None:
         """Compute on ``count`` threads. With the decode step on our kernels they are
@@ -238,23 +233,22 @@ class FastLlama:
         i); ``slots`` [rows * kv_heads] says where their K/V go in a cache viewed as
         ``[-1, head_dim]`` (``cache_index``); attention reads each slot's first
         ``length`` positions, and ``mask`` [rows, 1, 1, length] (additive; None for one
-        row) hides a row's unused ones. Prefill: ``ids`` are one sequence's [n] tokens
+        row) hides a row's unused ones (none of the three is read where
+        ``rows_attend_alone``). Prefill: ``ids`` are one sequence's [n] tokens
         from position ``prefill_start`` (the slot ``prefill_slot`` holds the ones
         before), cached there; logits of the last one only.
         """
         if self.fused_decode and prefill_slot is None:
             return self._decode_fused(ids, positions, keys, values, head)
-        n = ids.shape[0]
-        if self.fused_decode and n * (prefill_start + n) <= FUSED_PREFILL_CELLS:
+        if self.fused_decode and by_row(ids.shape[0], prefill_start):
             assert prefill_slot is not None
             return self._prefill_fused(ids, positions, keys, values, prefill_slot, head)
         h = self.embed.rows(ids)  # [n, hidden] float32
         if prefill_slot is not None:
-            attention = self._prefill_attention(positions, prefill_slot, prefill_start)
+            attend = self._attention.prefill(positions, prefill_slot, prefill_start)
         else:
-            assert slots is not None
-            attention = self._decode_attention(positions, slots, mask, length)
-        self._layers_by_ops(h, keys, values, attention)
+            attend = self._attention.decode(positions, slots, mask, length)
+        self._layers_by_ops(h, keys, values, attend)
         if not head:
             return None
         last = h if prefill_slot is None else h[-1:]
@@ -265,64 +259,16 @@ class FastLlama:
         h: torch.Tensor,
         keys: Sequence[torch.Tensor],
         values: Sequence[torch.Tensor],
-        attention: _Attention,
+        attend: Attend,
     ) -> None:
         """The residual stream ``h`` [n, hidden] through every layer, in place, an op
-        at a time; ``attention`` caches a layer's K/V and attends."""
+        at a time; ``attend`` caches a layer's K/V and attends."""
         norm, gate = self._norm, self._gate
         for layer, layer_k, layer_v in zip(self.layers, keys, values, strict=True):
-            attn = attention(layer.qkv(norm(h, layer.attn_norm)), layer_k, layer_v)
+            attn = attend(layer.qkv(norm(h, layer.attn_norm)), layer_k, layer_v)
             layer.o(attn, into=h)  # the residual added in place
             x = norm(h, layer.mlp_norm)
             layer.down(gate(layer.gate_up(x)), into=h)
-
-    def _rotated(
-        self, qkv: torch.Tensor, rot: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [n, heads, hd] and k [n, kv_heads, hd] with RoPE (``rot`` [n, 1, hd/2]),
-        and v [n, kv_heads, hd], of the q/k/v projection ``qkv`` [n, width]."""
-        s, n = self.shape, qkv.shape[0]
-        qk_width = (s.heads + s.kv_heads) * s.head_dim
-        pairs = qkv[:, :qk_width].reshape(n, -1, s.head_dim // 2, 2)
-        qk = torch.view_as_real(torch.view_as_complex(pairs) * rot)
-        q = qk[:, : s.heads].reshape(n, s.heads, s.head_dim)
-        k = qk[:, s.heads :].reshape(n, s.kv_heads, s.head_dim)
-        return q, k, qkv[:, qk_width:].view(n, s.kv_heads, s.head_dim)
-
-    def _prefill_attention(self, positions: torch.Tensor, slot: int, start: int) -> _Attention:
-        """A prefill chunk's attention (see ``forward``) for ``_layers_by_ops``."""
-        n = positions.shape[0]
-        rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
-        mask = None
-        if start:
-            # Causal within the chunk, everything before it visible.
-            mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
-
-        def attend(qkv: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor) -> torch.Tensor:
-            q, k, v = self._rotated(qkv, rot)
-            return _prefill_attention(q, k, v, layer_k, layer_v, slot, start, mask)
-
-        return attend
-
-    def _decode_attention(
-        self, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None, length: int
-    ) -> _Attention:
-        """A decode step's attention (see ``forward``) for ``_layers_by_ops``."""
-        s, n = self.shape, positions.shape[0]
-        rot = self.rope[positions].unsqueeze(1)  # [n, 1, head_dim/2]
-
-        def attend(qkv: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor) -> torch.Tensor:
-            q, k, v = self._rotated(qkv, rot)
-            layer_k.view(-1, s.head_dim).index_copy_(0, slots, k.reshape(-1, s.head_dim))
-            layer_v.view(-1, s.head_dim).index_copy_(0, slots, v.reshape(-1, s.head_dim))
-            # One new token per row: the query heads sharing a KV head act as that
-            # head's queries, so attention needs no GQA expansion.
-            q = q.view(n, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
-            return F.scaled_dot_product_attention(
-                q, layer_k[:n, :, :length], layer_v[:n, :, :length], attn_mask=mask
-            ).reshape(n, -1)
-
-        return attend
 
     def _row_ops(
         self,
@@ -330,12 +276,12 @@ class FastLlama:
         Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         Callable[[torch.Tensor], torch.Tensor],
     ]:
-        """RMS norm and the SiLU gate for ``forward``'s per-op path (a prefill): our
-        kernel's where it has them, as the fused decode step uses, else torch's. Torch's
-        are several ops each on one thread here (``use_threads``); a 23-token prefill
-        spent ~5 ms of its ~47 in torch's RMS norms alone."""
+        """RMS norm and the SiLU gate for ``forward``'s per-op path: our kernel's (as the
+        fused decode step uses), else torch's. Torch's are several ops each, on one
+        thread beside the fused variant (``use_threads``); a 23-token prefill spent ~5 ms
+        of its ~47 in torch's RMS norms alone."""
         s, kernel = self.shape, self._kernel
-        if kernel is not None and kernel.fused:
+        if kernel is not None:
             return (lambda x, w: kernel.rms_norm(x, w, s.eps)), kernel.silu_mul
 
         def silu_gate(gate_up: torch.Tensor) -> torch.Tensor:
@@ -391,31 +337,3 @@ def cache_index(positions: torch.Tensor, shape: LlamaShape, capacity: int) -> to
     rows = torch.arange(positions.shape[0]).unsqueeze(1)
     heads = torch.arange(shape.kv_heads).unsqueeze(0)
     return ((rows * shape.kv_heads + heads) * capacity + positions.unsqueeze(1)).reshape(-1)
-
-
-def _prefill_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    layer_k: torch.Tensor,
-    layer_v: torch.Tensor,
-    slot: int,
-    start: int,
-    mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """Causal attention of one sequence's [n] tokens from position ``start`` over the
-    slot's cache, caching their K/V (``mask``: the chunk's [n, start + n] causal mask;
-    None from position 0)."""
-    n = q.shape[0]
-    end = start + n
-    layer_k[slot, :, start:end] = k.transpose(0, 1)
-    layer_v[slot, :, start:end] = v.transpose(0, 1)
-    attn = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        layer_k[slot : slot + 1, :, :end],
-        layer_v[slot : slot + 1, :, :end],
-        attn_mask=mask,
-        is_causal=mask is None,
-        enable_gqa=True,
-    )
-    return attn[0].transpose(0, 1).reshape(n, -1)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 # int4_kernel.h's OMNI_* constants and omni_layer (checked against the library at load).
-ABI_VERSION = 1
+ABI_VERSION = 2
 GROUP = 32  # weights per scale along the input dimension
 BLOCK = 16  # output columns the kernel computes together (one AVX512 register)
 MAX_HD = 128  # the attention's largest head dimension
@@ -31,7 +31,7 @@ class KernelAbiError(RuntimeError):
 class Variant:
     """One ISA's build of the kernels in the library: ``number`` is int4_kernel.h's, its
     functions are named ``prefix`` + what they do; ``fused``: it has the whole decode
-    step."""
+    step in one call (every variant has its parts)."""
 
     name: str  # as the ``int4_kernel`` engine arg names it
     number: int
@@ -53,6 +53,11 @@ VARIANTS = (
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _LAYERS = (_P, _P, _I, _I, _P, _P, _P, *(_I,) * 6, _F, _P, _P, _I)
 _MATMUL = (_P, _P, _I, _I, _P, _P, _P, _I, _P, _I, _I, _I)
+_ATTENTION = (_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _P)
+_RMS_NORM = (_P, _I, _I, _P, _F, _P)
+_SILU_MUL = (_P, _I, _I, _P)
+_TOPK = (_P, _I, _I, _I, _P)
+_Q8_DOTS = (_P, _P, _I, _P, _P, _I, _I, _P)
 # int4_kernel.h's functions: (result, arguments), pointers as void * (a test reads the
 # header and checks each against this).
 SIGNATURES: dict[str, tuple[Any, tuple[Any, ...]]] = {
@@ -61,14 +66,20 @@ SIGNATURES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "omni_ctx_new": (_P, ()),
     "omni_ctx_free": (None, (_P,)),
     "omni_avx512_matmul": (_I, _MATMUL),
-    "omni_avx512_rms_norm": (None, (_P, _I, _I, _P, _F, _P)),
-    "omni_avx512_silu_mul": (None, (_P, _I, _I, _P)),
-    "omni_avx512_topk": (_I, (_P, _I, _I, _I, _P)),
-    "omni_avx512_q8_dots": (None, (_P, _P, _I, _P, _P, _I, _I, _P)),
-    "omni_avx512_decode_attention": (_I, (_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _P)),
+    "omni_avx512_rms_norm": (None, _RMS_NORM),
+    "omni_avx512_silu_mul": (None, _SILU_MUL),
+    "omni_avx512_topk": (_I, _TOPK),
+    "omni_avx512_q8_dots": (None, _Q8_DOTS),
+    "omni_avx512_decode_attention": (_I, _ATTENTION),
     "omni_avx512_decode_layers": (_I, _LAYERS),
     "omni_avx512_prefill_layers": (_I, _LAYERS),
     "omni_avx2_matmul": (_I, _MATMUL),
+    "omni_avx2_rms_norm": (None, _RMS_NORM),
+    "omni_avx2_silu_mul": (None, _SILU_MUL),
+    "omni_avx2_topk": (_I, _TOPK),
+    "omni_avx2_q8_dots": (None, _Q8_DOTS),
+    "omni_avx2_decode_attention": (_I, _ATTENTION),
+    "omni_avx2_prefill_attention": (_I, _ATTENTION),
 }
 
 

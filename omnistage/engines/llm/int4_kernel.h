@@ -2,13 +2,15 @@
  *
  * One shared library (built by setup.py when the package is installed) holds every ISA
  * variant, each compiled from its own file with its own -m flags: the AVX512-VNNI one
- * (int4_kernel_avx512.c: the matmul and the whole decode step) and the AVX2 one
- * (int4_kernel_avx2.c: the matmul only). int4_kernel_team.c, compiled for the baseline
- * CPU, says which variants this CPU runs (omni_cpu_lacks) and holds what they share: a
- * context with the working buffers and the thread team. int4_kernel.py binds these
- * functions through ctypes and, at load, compares omni_abi's answers with its own
- * constants and its copy of omni_layer, refusing a library that disagrees. Change
- * anything here and bump OMNI_ABI_VERSION with int4_kernel.py's ABI_VERSION.
+ * (int4_kernel_avx512.c: the matmul, a decode step's parts and the whole step in one
+ * call on a team of threads) and the AVX2 one (int4_kernel_avx2.c: the matmul and the
+ * step's parts). int4_kernel_team.c, compiled for the baseline CPU, says which variants
+ * this CPU runs (omni_cpu_lacks) and holds what they share: a context with the working
+ * buffers and the thread team; int4_kernel_scalar.h, their scalar parts, is compiled
+ * into each. int4_kernel.py binds these functions through ctypes and, at load, compares
+ * omni_abi's answers with its own constants and its copy of omni_layer, refusing a
+ * library that disagrees. Change anything here and bump OMNI_ABI_VERSION with
+ * int4_kernel.py's ABI_VERSION.
  *
  * Weights: w = q * scale + lo, q in 0..15, a scale and a low per OMNI_GROUP inputs (the
  * Q4_1 grid), packed by int4_kernel.py's pack in blocks of OMNI_BLOCK output columns.
@@ -22,7 +24,7 @@
 /* What the library exports (setup.py builds with -fvisibility=hidden: nothing else). */
 #define OMNI_API __attribute__((visibility("default")))
 
-#define OMNI_ABI_VERSION 1
+#define OMNI_ABI_VERSION 2
 #define OMNI_GROUP 32    /* weights per scale along the input dimension */
 #define OMNI_BLOCK 16    /* output columns computed together (one AVX512 register) */
 #define OMNI_MAX_HD 128  /* the attention's largest head dimension */
@@ -93,10 +95,25 @@ OMNI_API int omni_avx512_prefill_layers(omni_ctx *ctx, float *h, int rows, int l
     int heads, int kv_heads, int hd, int inter, float eps, const float *rope,
     const int64_t *positions, int threads);
 
-/* ---- AVX2 (int4_kernel_avx2.c): the matmul only, on the caller's thread ---- */
+/* ---- AVX2 (int4_kernel_avx2.c): as the AVX512 ones, on the caller's thread ---- */
 
 OMNI_API int omni_avx2_matmul(omni_ctx *ctx, const float *x, int m_rows, int k,
     const uint8_t *w, const uint16_t *scale, const uint16_t *lo, int n, float *y,
     int accumulate, int two, int threads);
+OMNI_API void omni_avx2_rms_norm(const float *x, int rows, int hidden, const float *weight,
+    float eps, float *out);
+OMNI_API void omni_avx2_silu_mul(const float *gate_up, int rows, int width, float *out);
+OMNI_API int omni_avx2_topk(const float *x, int rows, int n, int k, int64_t *out);
+OMNI_API void omni_avx2_q8_dots(const int8_t *q, const float *scale, int k, const float *x,
+    const int64_t *ids, int rows, int per_row, float *out);
+OMNI_API int omni_avx2_decode_attention(omni_ctx *ctx, const float *qkv, int rows, int heads,
+    int kv_heads, int hd, const float *rope, const int64_t *positions, float *kcache,
+    float *vcache, int capacity, float *out);
+/* As decode_attention for a prefill chunk of one sequence: kslot, vslot are its slot's
+ * [kv_heads, capacity, hd]; each row attends to the slot's positions up to its own, with
+ * the bits the decode step computing it alone gives. */
+OMNI_API int omni_avx2_prefill_attention(omni_ctx *ctx, const float *qkv, int rows, int heads,
+    int kv_heads, int hd, const float *rope, const int64_t *positions, float *kslot,
+    float *vslot, int capacity, float *out);
 
 #endif

@@ -1,8 +1,9 @@
-"""The thinker's CPU kernels: the int4 matmul and, on AVX512-VNNI, the rest of a decode
-step's layer (RMS norm, SiLU-gate, RoPE + KV write + attention), the whole step on threads
-of its own, and the LM head's shortlist (top-k indices). C (``int4_kernel_*.c``, interface
-in ``int4_kernel.h``) built into one library when the package is installed (setup.py),
-called through ctypes (~3 us a call, against ~20 small torch ops a layer it replaces).
+"""The thinker's CPU kernels: the int4 matmul, the rest of a decode step's layer (RMS norm,
+SiLU-gate, RoPE + KV write + attention), the LM head's shortlist (top-k indices) and
+exact pass and, on AVX512-VNNI, the whole step in one call on threads of its own. C
+(``int4_kernel_*.c``, interface in ``int4_kernel.h``) built into one library when the
+package is installed (setup.py), called through ctypes (~3 us a call, against ~20 small
+torch ops a layer it replaces).
 
 Why not a torch C++ extension: compiling against torch's headers takes about a minute on
 two cores, these plain C files a few seconds. They use pthreads, not OpenMP: a second
@@ -40,8 +41,9 @@ from omnistage.engines.llm.int4_abi import (
 
 class Int4Kernel:
     """One variant of the loaded library, with a context of its own (working buffers
-    and thread team): ``pack`` weights once, then ``matmul`` per call; with ``fused``,
-    the decode step's other functions too (``decode_layers`` and its parts)."""
+    and thread team): ``pack`` weights once, then ``matmul`` and a decode step's other
+    parts per call; with ``fused``, the whole step in one (``decode_layers``,
+    ``prefill_layers``)."""
 
     def __init__(self, lib: ctypes.CDLL, variant: Variant) -> None:
         self.variant = variant.name
@@ -57,13 +59,15 @@ class Int4Kernel:
             raise MemoryError("int4 kernel: no memory for its context")
         fn = functools.partial(_call, lib, variant.prefix, self._ctx)
         self._matmul = fn("matmul")
-        if not variant.fused:
-            return
+        self._attention = fn("decode_attention")
         self._rms_norm = getattr(lib, variant.prefix + "rms_norm")
         self._silu_mul = getattr(lib, variant.prefix + "silu_mul")
         self._topk = getattr(lib, variant.prefix + "topk")
         self._q8_dots = getattr(lib, variant.prefix + "q8_dots")
-        self._attention = fn("decode_attention")
+        if not variant.fused:
+            # The fused variant's prefill chunks attend inside prefill_layers.
+            self._prefill_attention = fn("prefill_attention")
+            return
         self._layers = fn("decode_layers")
         self._prefill_layers = fn("prefill_layers")
 
@@ -161,7 +165,7 @@ class Int4Kernel:
         self._silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
         return out
 
-    def decode_attention(
+    def attention(
         self,
         qkv: torch.Tensor,
         positions: torch.Tensor,
@@ -169,31 +173,28 @@ class Int4Kernel:
         values: torch.Tensor,
         heads: int,
         rope: torch.Tensor,
+        slot: int | None = None,
     ) -> torch.Tensor:
-        """RoPE, this step's K/V into the cache, and attention, for one new token per
-        row (row r in slot r of ``keys``/``values`` [slots, kv_heads, capacity, hd], at
-        ``positions[r]``, an int64 tensor); ``rope`` [positions, hd/2, 2] (cos, sin)."""
+        """RoPE, the rows' K/V into the cache ``keys``/``values`` [slots, kv_heads,
+        capacity, hd], and attention; ``positions`` int64, ``rope`` [positions, hd/2, 2]
+        (cos, sin). A decode step's rows (``slot`` None): one new token per row, row r in
+        slot r at ``positions[r]``. A prefill chunk's (the non-fused variant's; the fused
+        one's attend inside ``prefill_layers``): one sequence's tokens at ``positions``
+        (ascending) in ``slot``, each attending to the slot's positions up to its own,
+        with the bits the decode step computing it alone would give."""
+        fn = self._attention
+        if slot is not None:
+            fn, keys, values = self._prefill_attention, keys[slot], values[slot]
         qkv = _floats(qkv)
         if not (keys.is_contiguous() and values.is_contiguous()):
-            raise ValueError("decode_attention needs contiguous caches")
-        kv_heads, capacity, hd = keys.shape[1], keys.shape[2], keys.shape[3]
-        rows = qkv.shape[0]
-        out = torch.empty(rows, heads * hd, dtype=torch.float32)
-        code = self._attention(
-            qkv.data_ptr(),
-            rows,
-            heads,
-            kv_heads,
-            hd,
-            rope.data_ptr(),
-            positions.data_ptr(),
-            keys.data_ptr(),
-            values.data_ptr(),
-            capacity,
-            out.data_ptr(),
-        )
-        if code != 0:
-            raise MemoryError("decode attention: no memory for its working buffers")
+            raise ValueError("the attention needs contiguous caches")
+        positions = positions.to(torch.int64).contiguous()
+        kv_heads, capacity, hd = keys.shape[-3], keys.shape[-2], keys.shape[-1]
+        out = torch.empty(qkv.shape[0], heads * hd, dtype=torch.float32)
+        args = (qkv.data_ptr(), qkv.shape[0], heads, kv_heads, hd, rope.data_ptr())
+        caches = (positions.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity)
+        if fn(*args, *caches, out.data_ptr()) != 0:
+            raise MemoryError("the attention: no memory for its working buffers")
         return out
 
     def decode_layers(
@@ -209,7 +210,7 @@ class Int4Kernel:
     ) -> None:
         """The residual stream ``h`` (float32 [rows, hidden], contiguous) through every
         layer of a decode step, in place, in one call: per layer the RMS norms, the four
-        matmuls, RoPE with the K/V write and attention (as ``decode_attention``), the
+        matmuls, RoPE with the K/V write and attention (as ``attention``), the
         SiLU gate and the residual adds. ``shape``: the model's ``LlamaShape``;
         ``threads`` (default ``self.threads``): the kernel's own threads split the
         matmuls' columns and the attention's rows (the caller's thread is one of them)."""
@@ -296,8 +297,8 @@ def layer_table(layers: list[LayerWeights]) -> ctypes.Array[OmniLayer]:
 
 
 def fits_attention(head_dim: int, heads: int, kv_heads: int) -> bool:
-    """Whether ``decode_attention`` takes this shape (MAX_HD and MAX_GROUP, and whole
-    AVX512 registers per head)."""
+    """Whether the attention takes this shape (MAX_HD and MAX_GROUP, and whole AVX512
+    registers per head)."""
     return (
         head_dim % 16 == 0
         and head_dim <= MAX_HD

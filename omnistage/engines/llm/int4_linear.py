@@ -123,7 +123,7 @@ class TiedTable:
         self._scale = torch.cat(scale)  # [rows, k/32, 1]
         self._k = k
         self._coarse = Int4Linear(weight, kernel, coarse=True)
-        self._kernel = kernel if kernel is not None and kernel.fused else None
+        self._kernel = kernel
 
     def state(self, prefix: str) -> dict[str, torch.Tensor]:
         out = {f"{prefix}q": self._q, f"{prefix}qscale": self._scale}
@@ -137,7 +137,7 @@ class TiedTable:
         self._q, self._scale = state[f"{prefix}q"], state[f"{prefix}qscale"]
         self._k = self._q.shape[1] * self._q.shape[2]
         self._coarse = Int4Linear.restore(state, f"{prefix}coarse.", kernel, coarse=True)
-        self._kernel = kernel if kernel is not None and kernel.fused else None
+        self._kernel = kernel
         return self
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

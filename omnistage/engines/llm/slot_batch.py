@@ -123,7 +123,7 @@ class SlotBatch:
         length = max(self.positions) + 1
         self._reserve(self.rows, length)
         positions = torch.tensor(self.positions)
-        if self._model.fused_decode:  # reads each row's own positions: no mask, no slots
+        if self._model.rows_attend_alone:  # each row's own positions: no mask, no slots
             return self._model.forward(
                 torch.tensor(self.last_tokens), positions, self._keys, self._values
             )
