@@ -92,26 +92,29 @@ def test_the_matmul_matches_the_dequantized_weights(
     assert _rel(into - before, reference) < 1e-4
 
 
-@needs_kernel
+@EACH_VARIANT
 @pytest.mark.parametrize("rows", [1, 3, 64])
 @pytest.mark.parametrize("n", [48, 960])
-def test_the_matmul_on_a_team_of_threads_gives_the_same_bits(rows: int, n: int) -> None:
-    assert not isinstance(_KERNEL, str)
+def test_the_matmul_on_a_team_of_threads_gives_the_same_bits(
+    variant: str, rows: int, n: int
+) -> None:
+    kernel = _load(variant)
+    assert not isinstance(kernel, str)
     q, scale, lo, _ = _quantized(n, 576)
-    packed = _KERNEL.pack(q, scale, lo)
+    packed = kernel.pack(q, scale, lo)
     x = torch.randn(rows, 576)
-    one = _KERNEL.matmul(x, packed, n)
+    one = kernel.matmul(x, packed, n)
     into = torch.randn(rows, n)
-    one_into = _KERNEL.matmul(x, packed, n, into=into.clone(), coarse=True)
+    one_into = kernel.matmul(x, packed, n, into=into.clone(), coarse=True)
     try:
         for threads in (2, 3, 5):  # 48 columns: fewer units than 5 threads
-            _KERNEL.threads = threads
-            assert torch.equal(_KERNEL.matmul(x, packed, n), one)
+            kernel.threads = threads
+            assert torch.equal(kernel.matmul(x, packed, n), one)
             assert torch.equal(
-                _KERNEL.matmul(x, packed, n, into=into.clone(), coarse=True), one_into
+                kernel.matmul(x, packed, n, into=into.clone(), coarse=True), one_into
             )
     finally:
-        _KERNEL.threads = 1
+        kernel.threads = 1
 
 
 def test_the_variants_agree_to_float_rounding() -> None:

@@ -199,15 +199,15 @@ class FastLlama:
         return self._attention.on_kernel
 
     def use_threads(self, count: int) -> None:
-        """Compute on ``count`` threads. With the decode step on our kernels they are
-        the kernel's own, and torch's few ops around it run on one thread: torch's
-        OpenMP helpers spin after each op (the llm engine wants that, see
-        ``engines.SPINNING_ENGINES``) and would take the core our second thread needs
-        (measured in the engine: a step's layers 5.6 ms on two threads beside a spinning
-        helper, 3.3 without it, 6.3 on one). Otherwise they are torch's."""
-        if self._layer_table is not None:
-            assert self._kernel is not None
-            self._kernel.threads = count  # its matmuls (prefill, LM head) too
+        """Compute on ``count`` threads. On our kernels they are the kernel's own (the
+        fused variant's whole step, any variant's matmuls), and torch's few ops around
+        them run on one thread: torch's OpenMP helpers spin after each op (the llm
+        engine wants that, see ``engines.SPINNING_ENGINES``) and would take the core our
+        second thread needs (measured in the engine: a step's layers 5.6 ms on two
+        threads beside a spinning helper, 3.3 without it, 6.3 on one). Otherwise they
+        are torch's."""
+        if self._kernel is not None:
+            self._kernel.threads = count
             use_threads(1)
         else:
             use_threads(count)

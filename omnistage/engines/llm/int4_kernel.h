@@ -95,7 +95,7 @@ OMNI_API int omni_avx512_prefill_layers(omni_ctx *ctx, float *h, int rows, int l
     int heads, int kv_heads, int hd, int inter, float eps, const float *rope,
     const int64_t *positions, int threads);
 
-/* ---- AVX2 (int4_kernel_avx2.c): as the AVX512 ones, on the caller's thread ---- */
+/* ---- AVX2 (int4_kernel_avx2.c): as the AVX512 ones; only the matmul on a team ---- */
 
 OMNI_API int omni_avx2_matmul(omni_ctx *ctx, const float *x, int m_rows, int k,
     const uint8_t *w, const uint16_t *scale, const uint16_t *lo, int n, float *y,

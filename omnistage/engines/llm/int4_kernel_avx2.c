@@ -3,8 +3,9 @@
  * activation, the same results to float rounding. And the rest of a decode step's
  * parts, each as int4_kernel_avx512.c computes it in 8 lanes instead of 16: RMS norm,
  * the SiLU gate, the attention with its RoPE and K/V write (for a decode step's rows and
- * for a prefill chunk's) and the LM head's shortlist and exact pass. Not the whole step
- * in one call on a team of threads: fast_llama calls the parts, a layer at a time.
+ * for a prefill chunk's) and the LM head's shortlist and exact pass. The matmul runs on
+ * the context's team of threads; the others on the caller's. Not the whole step in one
+ * call: fast_llama calls the parts, a layer at a time.
  *
  * Without VPDPBUSD, u8 x s8 products go through VPMADDUBSW (pairs summed to int16,
  * saturating) and VPMADDWD (int16 pairs to int32). A pair is at most 2 * 15 * 127 =
@@ -140,30 +141,55 @@ static void rows_half(int mr, int k, int n, int b, int half, const uint8_t *w,
 #undef TILE
 }
 
-/* As omni_avx512_matmul, on the caller's thread (``threads`` is ignored); x quantized
- * into the context's scratch. 0, or -1: no memory. */
+/* Column blocks [b_lo, b_hi) of y = x W^T (or y += x W^T), x quantized into ``mine``
+ * (every thread quantizes the whole x: cheaper than a barrier). */
+static void multiply(const float *x, int m_rows, int k, const uint8_t *w, const uint16_t *scale,
+                     const uint16_t *lo, int n, float *y, int accumulate, int two,
+                     const omni_scratch *mine, int b_lo, int b_hi) {
+    const int groups = k / GROUP;
+    int8_t *xq = mine->xq;
+    float *sx = mine->sx, *sumx = sx + (size_t)m_rows * groups;
+    quantize_rows(x, m_rows, k, two, xq, sx, sumx);
+    for (int b = b_lo; b < b_hi; b++)
+        for (int half = 0; half < 2; half++)
+            for (int m0 = 0; m0 < m_rows; m0 += MR) {
+                const int mr = m_rows - m0 < MR ? m_rows - m0 : MR;
+                rows_half(mr, k, n, b, half, w, scale, lo, xq + (size_t)m0 * 2 * k,
+                          sx + (size_t)m0 * groups, sumx + (size_t)m0 * groups,
+                          y + (size_t)m0 * n, accumulate, two);
+            }
+}
+
+/* One thread's share of the column blocks, then a barrier (nothing of *a is read after
+ * it: it is on the caller's stack). A block's bits do not depend on the thread count. */
+static void matmul_job(void *args, int tid) {
+    const omni_matmul_args *a = args;
+    omni_ctx *const ctx = a->ctx;
+    const int T = a->threads, blocks = a->n / NB;
+    multiply(a->x, a->m_rows, a->k, a->w, a->scale, a->lo, a->n, a->y, a->accumulate, a->two,
+             ctx->scratch + tid, (int)((long)blocks * tid / T), (int)((long)blocks * (tid + 1) / T));
+    omni_barrier(ctx, T);
+}
+
+/* As omni_avx512_matmul: on ``threads`` threads of the context's team, each a share of
+ * the column blocks (one decode row on one thread read the weights at ~half the
+ * memory's speed). 0, or -1: no memory. */
 int omni_avx2_matmul(omni_ctx *ctx, const float *x, int m_rows, int k, const uint8_t *w,
                      const uint16_t *scale, const uint16_t *lo, int n, float *y, int accumulate,
                      int two, int threads) {
-    (void)threads;
-    const int groups = k / GROUP;
+    if (threads > n / NB) threads = n / NB;
+    omni_take(ctx);
+    threads = threads > 1 ? omni_team(ctx, threads) : 1;
     omni_needs needs = {0};
     needs.xq = (size_t)m_rows * 2 * k;
-    needs.sx = sizeof(float) * (size_t)m_rows * groups * 2;
-    omni_take(ctx);
-    const int code = omni_reserve(ctx, 1, &needs);
-    if (code == 0) {
-        int8_t *xq = ctx->scratch[0].xq;
-        float *sx = ctx->scratch[0].sx, *sumx = sx + (size_t)m_rows * groups;
-        quantize_rows(x, m_rows, k, two, xq, sx, sumx);
-        for (int b = 0; b < n / NB; b++)
-            for (int half = 0; half < 2; half++)
-                for (int m0 = 0; m0 < m_rows; m0 += MR) {
-                    const int mr = m_rows - m0 < MR ? m_rows - m0 : MR;
-                    rows_half(mr, k, n, b, half, w, scale, lo, xq + (size_t)m0 * 2 * k,
-                              sx + (size_t)m0 * groups, sumx + (size_t)m0 * groups,
-                              y + (size_t)m0 * n, accumulate, two);
-                }
+    needs.sx = sizeof(float) * (size_t)m_rows * (k / GROUP) * 2;
+    const int code = omni_reserve(ctx, threads, &needs);
+    if (code == 0 && threads > 1) {
+        omni_matmul_args a = {ctx, x, m_rows, k, w, scale, lo, n, y, accumulate, two, threads};
+        omni_post(ctx, matmul_job, &a, threads);
+        matmul_job(&a, 0);
+    } else if (code == 0) {
+        multiply(x, m_rows, k, w, scale, lo, n, y, accumulate, two, ctx->scratch, 0, n / NB);
     }
     omni_give(ctx);
     return code;

@@ -562,21 +562,10 @@ int omni_avx512_prefill_layers(omni_ctx *ctx, float *h, int rows, int layers,
     return run_layers(&s, threads);
 }
 
-typedef struct {
-    omni_ctx *ctx;
-    const float *x;
-    int m_rows, k;
-    const uint8_t *w;
-    const uint16_t *scale, *lo;
-    int n;
-    float *y;
-    int accumulate, two, threads;
-} matmul_args;
-
 /* One thread's column blocks, then a barrier: as in step_part, nothing of *a is read
  * after it. */
 static void matmul_job(void *args, int tid) {
-    const matmul_args *a = args;
+    const omni_matmul_args *a = args;
     omni_ctx *const ctx = a->ctx;
     const int T = a->threads;
     matmul_share(a->x, a->m_rows, a->k, a->w, a->scale, a->lo, a->n, a->y, a->accumulate, a->two,
@@ -600,7 +589,7 @@ int omni_avx512_matmul(omni_ctx *ctx, const float *x, int m_rows, int k, const u
     matmul_needs(&needs, m_rows, k);
     const int code = omni_reserve(ctx, threads, &needs);
     if (code == 0 && threads > 1) {
-        matmul_args a = {ctx, x, m_rows, k, w, scale, lo, n, y, accumulate, two, threads};
+        omni_matmul_args a = {ctx, x, m_rows, k, w, scale, lo, n, y, accumulate, two, threads};
         omni_post(ctx, matmul_job, &a, threads);
         matmul_job(&a, 0);
     } else if (code == 0) {

@@ -51,6 +51,19 @@ struct omni_ctx {
     omni_scratch scratch[OMNI_MAX_TEAM];
 };
 
+/* A matmul's arguments as a job hands them to the team's threads (each variant's
+ * omni_*_matmul). */
+typedef struct {
+    omni_ctx *ctx;
+    const float *x;
+    int m_rows, k;
+    const uint8_t *w;
+    const uint16_t *scale, *lo;
+    int n;
+    float *y;
+    int accumulate, two, threads;
+} omni_matmul_args;
+
 /* Take the context for one call (after a fork, a fresh team first); then give it back. */
 void omni_take(omni_ctx *ctx);
 void omni_give(omni_ctx *ctx);
