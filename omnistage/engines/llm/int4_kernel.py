@@ -60,6 +60,7 @@ class Int4Kernel:
         fn = functools.partial(_call, lib, variant.prefix, self._ctx)
         self._matmul = fn("matmul")
         self._attention = fn("decode_attention")
+        self._prefill_attention: Any = None
         self._rms_norm = getattr(lib, variant.prefix + "rms_norm")
         self._silu_mul = getattr(lib, variant.prefix + "silu_mul")
         self._topk = getattr(lib, variant.prefix + "topk")
@@ -184,6 +185,8 @@ class Int4Kernel:
         with the bits the decode step computing it alone would give."""
         fn = self._attention
         if slot is not None:
+            if self._prefill_attention is None:
+                raise ValueError(f"{self.variant}: a prefill chunk attends in prefill_layers")
             fn, keys, values = self._prefill_attention, keys[slot], values[slot]
         qkv = _floats(qkv)
         if not (keys.is_contiguous() and values.is_contiguous()):
