@@ -185,6 +185,7 @@ async def run_mode(
         "speech_stopped_s": stopped,  # in the questions' order
         "paused": len(cut),
         "cut_off": sum(cut),
+        "cut_at": [i for i, c in enumerate(cut) if c],  # main names them
         "not_cut_share": 1 - sum(cut) / len(cut) if cut else None,
         "errors": mic.errors,
     }
@@ -228,7 +229,10 @@ def main() -> int:
         server.wait_ready(args.health_timeout)
         for mode in MODES:
             print(f"{mode}: {len(questions)} questions, {len(paused)} paused", flush=True)
-            rows.append(asyncio.run(run_mode(port, mode, questions, paused, args)))
+            row = asyncio.run(run_mode(port, mode, questions, paused, args))
+            # Which were cut, by their first words: the same ones run after run, or not.
+            row["cut_sentences"] = [pairs[i % len(pairs)][0] for i in row.pop("cut_at")]
+            rows.append(row)
     except Exception as exc:
         print(f"FAILED: {common.describe(exc)}{server.log_tail()}")
         return 1
@@ -242,6 +246,8 @@ def main() -> int:
             f"{fmt_s(r['speech_stopped_p50_s']):>13}"
             f"{r['paused'] - r['cut_off']:>8}/{r['paused']} {share:3.0f}%"
         )
+        if r["cut_sentences"] and r["mode"] != "server_vad":
+            print(f"  cut off: {'; '.join(r['cut_sentences'])}")
         for e in r["errors"][:3]:
             print(f"  error: {e}")
     sem = rows[-1]

@@ -95,16 +95,39 @@ class SynthesisPace:
     came late, and the player ran dry: in a chaos run at load 8-11, 54 of 57 stalls over
     1 s sat right after the opening. Slower than ``limit``, the opening is held and goes
     out with the next piece, as if it had not been cut (the pieces stay the same, so a
-    retry skips the same ones)."""
+    retry skips the same ones).
 
-    def __init__(self, limit: float = 0.1, weight: float = 0.2) -> None:
-        self.limit = limit
+    "Busy" is measured against this machine's own idle speed (the fastest synthesis seen,
+    ``best``), not a fixed one: ``slowdown`` times it, within ``floor`` and ``ceiling``.
+    Piper's joe voice runs ~40x real time on an AVX-512 VM (0.025: the limit is the floor,
+    0.1) but ~8x on an AVX2-only Zen 3 (0.11-0.13 idle), where a fixed 0.1 held the
+    opening of most answers on an idle machine, ~0.3-0.5 s of first audio each
+    (docs/benchmarks.md). The ceiling (4x real time) keeps the reason for holding: slower
+    than that, a next piece of 2-3 s of audio is not made while the opening plays."""
+
+    def __init__(
+        self,
+        floor: float = 0.1,
+        weight: float = 0.2,
+        slowdown: float = 4.0,
+        ceiling: float = 0.25,
+    ) -> None:
+        self.floor, self.slowdown, self.ceiling = floor, slowdown, ceiling
         self._weight = weight
-        self.ratio = 0.0  # idle: Piper synthesizes ~40x faster than real time
+        self.ratio = 0.0  # nothing measured yet: taken for idle
+        self.best: float | None = None  # the fastest synthesis seen: the idle speed
+
+    @property
+    def limit(self) -> float:
+        if self.best is None:
+            return self.floor
+        return min(self.ceiling, max(self.floor, self.slowdown * self.best))
 
     def record(self, wall_s: float, audio_s: float) -> None:
         if audio_s > 0:
-            self.ratio += self._weight * (wall_s / audio_s - self.ratio)
+            ratio = wall_s / audio_s
+            self.best = ratio if self.best is None else min(self.best, ratio)
+            self.ratio += self._weight * (ratio - self.ratio)
 
     def opening_alone(self) -> bool:
         return self.ratio <= self.limit
