@@ -84,20 +84,20 @@ def test_an_unfinished_sentence_is_cut_at_a_phrase_boundary_when_asked() -> None
 
 
 def test_busy_is_measured_against_the_machines_own_idle_speed() -> None:
-    fast = SynthesisPace(floor=0.1, slowdown=4.0, ceiling=0.25, weight=0.5)
-    fast.record(0.05, 2.0)  # 40x real time idle: 4x slower is the floor itself
+    fast = SynthesisPace(weight=0.5)  # the defaults: floor 0.1, 2x idle, ceiling 0.2
+    fast.record(0.05, 2.0)  # 40x real time idle: twice that is under the floor
     assert fast.limit == pytest.approx(0.1)
     for _ in range(3):
         fast.record(0.3, 2.0)  # 0.15 s/s: a busy fast machine holds the opening
     assert fast.ratio > 0.1 and not fast.opening_alone()
 
-    slow = SynthesisPace(floor=0.1, slowdown=4.0, ceiling=0.25, weight=0.5)
+    slow = SynthesisPace(weight=0.5)
     for _ in range(4):
         slow.record(0.24, 2.0)  # 8x real time idle (a slower CPU)
     assert slow.ratio == pytest.approx(0.12, abs=0.01)
-    assert slow.limit == pytest.approx(0.25)  # 4x its idle pace is 0.48: the ceiling
+    assert slow.limit == pytest.approx(0.2)  # twice its idle pace is 0.24: the ceiling
     assert slow.opening_alone()  # idle, though slower than a fixed 0.1
     for _ in range(4):
-        slow.record(0.8, 2.0)  # 2.5x real time: too slow for the next piece to be ready
+        slow.record(0.5, 2.0)  # 4x real time, half its idle speed: busy
     assert not slow.opening_alone()
     assert slow.best == pytest.approx(0.12)  # the idle speed is the fastest seen

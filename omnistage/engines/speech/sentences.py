@@ -100,17 +100,19 @@ class SynthesisPace:
     "Busy" is measured against this machine's own idle speed (the fastest synthesis seen,
     ``best``), not a fixed one: ``slowdown`` times it, within ``floor`` and ``ceiling``.
     Piper's joe voice runs ~40x real time on an AVX-512 VM (0.025: the limit is the floor,
-    0.1) but ~8x on an AVX2-only Zen 3 (0.11-0.13 idle), where a fixed 0.1 held the
-    opening of most answers on an idle machine, ~0.3-0.5 s of first audio each
-    (docs/benchmarks.md). The ceiling (4x real time) keeps the reason for holding: slower
-    than that, a next piece of 2-3 s of audio is not made while the opening plays."""
+    0.1, as before) but ~8x on an AVX2-only Zen 3 (0.11-0.13 idle), where a fixed 0.1 held
+    the opening of most answers on an idle machine, ~0.3-0.5 s of first audio each
+    (docs/benchmarks.md). There the limit is twice its idle pace, at most 0.2 (5x real
+    time): with 4x and 0.25, eight sessions at once (an overload there) kept sending
+    openings alone, each starting a playback clock the talker then served first, and
+    the other answers' first audio came twice as late (p90 7-8 s against 4-5 s)."""
 
     def __init__(
         self,
         floor: float = 0.1,
         weight: float = 0.2,
-        slowdown: float = 4.0,
-        ceiling: float = 0.25,
+        slowdown: float = 2.0,
+        ceiling: float = 0.2,
     ) -> None:
         self.floor, self.slowdown, self.ceiling = floor, slowdown, ceiling
         self._weight = weight
