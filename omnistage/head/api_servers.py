@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from omnistage.api.server import ApiServerOptions, encode_options
+from omnistage.api.server_options import ApiServerOptions, encode_options
 from omnistage.head.options import HeadOptions
 from omnistage.launch.local import die_with_parent
 from omnistage.launch.restart import RestartPolicy

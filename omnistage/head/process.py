@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import logging
 import secrets
 import signal
@@ -19,9 +20,6 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from omnistage.api.app import create_app
-from omnistage.api.media_parts import MediaFetch
-from omnistage.api.routes.realtime import RealtimeLimits
 from omnistage.control.coordinator import PrefixReport
 from omnistage.control.replica_table import Transition
 from omnistage.head import wiring
@@ -160,6 +158,10 @@ class Head:
         name = head_name(self.opts.port)
         runner = build_runner(self.persist, self.service, self.pools, name, self.opts.job_lease_s)
         self.local.start(loop)
+        # The HTTP API is imported once the replicas are starting, on a thread: it is
+        # most of the head's imports (~1 s of one core on a small VM), and this way it
+        # runs beside the replicas' own start while the loop takes their registrations.
+        await asyncio.to_thread(importlib.import_module, "omnistage.api.app")
         freeze_startup_objects()  # see omnistage.heap: full collections skip them
         server, server_task = self._serve_http(loop)
         helpers = [
@@ -196,7 +198,7 @@ class Head:
         """uvicorn in this process; or, with --api-server-count > 1, API server processes
         on the same socket in front of this orchestrator (then the task ends at stop)."""
         if self.frontends is None or self.api_servers is None:
-            server = _Server(self._http_config())
+            server = _Server(_http_config(self.opts, self.service, self.persist))
             return server, loop.create_task(server.serve([self._http_socket]), name="omni-http")
         self.frontends.start(loop)
         self.api_servers.start(loop)
@@ -208,29 +210,6 @@ class Head:
         await self._stop.wait()
         await servers.stop(self.opts.shutdown_grace_s)
         await frontends.stop()
-
-    def _http_config(self) -> uvicorn.Config:
-        opts = self.opts
-        limits = RealtimeLimits(
-            opts.realtime_max_sessions, opts.realtime_idle_timeout_s, opts.realtime_resume_ttl_s
-        )
-        fetch = MediaFetch(
-            opts.allowed_media_domains, opts.media_fetch_timeout_s, opts.media_fetch_max_bytes
-        )
-        app = create_app(
-            self.service, opts.api_key, opts.max_request_bytes, limits, self.persist, fetch
-        )
-        return uvicorn.Config(
-            app,
-            host=self.opts.host,
-            port=self.opts.port,
-            log_level=self.opts.log_level.lower(),
-            lifespan="off",
-            access_log=False,
-            # Nothing reads the client address (no access log): skip the layer that
-            # rewrites it from X-Forwarded-For on every request.
-            proxy_headers=False,
-        )
 
     async def _await_stages(self) -> None:
         """Report stages still waiting for replicas; give up after --init-timeout."""
@@ -316,3 +295,32 @@ class Head:
         if self.persist is not None:
             await self.persist.store.close()
         log.info("head stopped")
+
+
+def _http_config(
+    opts: HeadOptions, service: HeadService, persist: Persistence | None
+) -> uvicorn.Config:
+    """The head's own HTTP server (one API server: ``--api-server-count`` 1)."""
+    # Imported as the head runs, not with it (see ``Head.run``).
+    from omnistage.api.app import create_app
+    from omnistage.api.media_parts import MediaFetch
+    from omnistage.api.routes.realtime import RealtimeLimits
+
+    limits = RealtimeLimits(
+        opts.realtime_max_sessions, opts.realtime_idle_timeout_s, opts.realtime_resume_ttl_s
+    )
+    fetch = MediaFetch(
+        opts.allowed_media_domains, opts.media_fetch_timeout_s, opts.media_fetch_max_bytes
+    )
+    app = create_app(service, opts.api_key, opts.max_request_bytes, limits, persist, fetch)
+    return uvicorn.Config(
+        app,
+        host=opts.host,
+        port=opts.port,
+        log_level=opts.log_level.lower(),
+        lifespan="off",
+        access_log=False,
+        # Nothing reads the client address (no access log): skip the layer that
+        # rewrites it from X-Forwarded-For on every request.
+        proxy_headers=False,
+    )

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from omnistage import defaults
-from omnistage.api.server import ApiServerOptions, decode_options, encode_options
+from omnistage.api.server_options import ApiServerOptions, decode_options, encode_options
 from omnistage.cli.args import ChoiceError, UsageError, build_parser, validate
 from omnistage.cli.flags import SERVE_GROUPS
 from omnistage.cli.main import main
