@@ -158,10 +158,11 @@ class Head:
         name = head_name(self.opts.port)
         runner = build_runner(self.persist, self.service, self.pools, name, self.opts.job_lease_s)
         self.local.start(loop)
-        # The HTTP API is imported once the replicas are starting, on a thread: it is
-        # most of the head's imports (~1 s of one core on a small VM), and this way it
-        # runs beside the replicas' own start while the loop takes their registrations.
-        await asyncio.to_thread(importlib.import_module, "omnistage.api.app")
+        if self.api_servers is None:  # else API server processes serve it, not the head
+            # The HTTP API is imported once the replicas are starting, on a thread: it is
+            # most of the head's imports (~1 s of one core on a small VM), and this way it
+            # runs beside the replicas' own start while the loop takes registrations.
+            await asyncio.to_thread(importlib.import_module, "omnistage.api.app")
         freeze_startup_objects()  # see omnistage.heap: full collections skip them
         server, server_task = self._serve_http(loop)
         helpers = [
