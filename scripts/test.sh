@@ -53,5 +53,15 @@ fi
 cd "$ROOT"
 "$VENV/bin/ruff" check omnistage tests bench
 "$VENV/bin/ruff" format --check omnistage tests bench
-if [ "$#" -eq 0 ]; then set -- tests; fi
-exec "$VENV/bin/python" -m pytest "$@" -q -ra --durations=30
+if [ "$#" -gt 0 ]; then
+  exec "$VENV/bin/python" -m pytest "$@" -q -ra --durations=30
+fi
+# The whole suite, in two runs. The unit and integration tests mostly wait on processes
+# they start (heads, replicas, browsers): two workers cut their time by ~40%, each module on
+# one worker (tests/conftest.py). The model tests then run alone: they use every core,
+# and some measure how soon audio stops or starts.
+status=0
+"$VENV/bin/python" -m pytest tests/unit tests/integration -n 2 --dist loadgroup \
+  -q -ra --durations=20 || status=$?
+"$VENV/bin/python" -m pytest tests/models -q -ra --durations=30 || status=$?
+exit "$status"

@@ -16,6 +16,9 @@ import pytest
 
 from tests.integration.harness import HeadProc, wait_for
 
+# With test_ray_backend on one pytest-xdist worker: its ray case starts a Ray cluster.
+pytestmark = pytest.mark.xdist_group("ray")
+
 # One echo stage: a request streams 6 chunks 0.3 s apart (~1.8 s on a replica).
 CONFIG = """\
 pipeline: scaled

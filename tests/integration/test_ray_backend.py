@@ -23,6 +23,9 @@ from tests.integration.harness import HeadProc, SteadyLoad, headless, wait_for
 from tests.integration.ray_cluster import parent_pid, replica_host_pids, two_node_cluster
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+# Ray's tests run on one pytest-xdist worker, one after another: each starts a Ray
+# cluster, and replica_host_pids() counts every Ray actor on the machine.
+pytestmark = pytest.mark.xdist_group("ray")
 
 CONFIG = """
 pipeline: echo-ray
