@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import common
@@ -201,6 +202,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, help="s to wait for an answer")
     p.add_argument("--model", default="voice")
     p.add_argument("--serve-args", default="", help="extra arguments for omnistage serve")
+    p.add_argument(
+        "--server-log",
+        type=Path,
+        help="keep the server's output here (with --serve-args '--log-level DEBUG': why "
+        "each semantic_vad turn ended, its end-of-turn and words verdicts)",
+    )
     common.add_common_args(p, health_timeout=300.0, request_timeout=60.0)
     return p.parse_args()
 
@@ -223,7 +230,7 @@ def main() -> int:
     port = free_port()
     cmd = [sys.executable, "-m", "omnistage", "serve", "--host", HOST, "--port", str(port)]
     cmd += ["--log-level", "WARNING", *args.serve_args.split()]
-    server = ServerProcess("voice", cmd, port)
+    server = ServerProcess("voice", cmd, port, log_path=args.server_log)
     rows = []
     try:
         server.wait_ready(args.health_timeout)

@@ -247,7 +247,7 @@ def write_json(
         **sections,
     }
     with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
+        json.dump(doc, f, indent=2, default=str)  # paths among the settings
 
 
 def _spin() -> None:

@@ -46,6 +46,7 @@ ends the turn whether or not its verdict has come.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -59,6 +60,8 @@ from omnistage.audio.server_vad import (
     next_window,
 )
 from omnistage.protocol.errors import BadRequestError
+
+log = logging.getLogger(__name__)
 
 Eagerness = Literal["low", "medium", "high", "auto"]
 
@@ -341,6 +344,13 @@ class SemanticTurnDetector:
         wait_ms = self.params.max_wait_ms if self._wait_ms is None else self._wait_ms
         if silent < wait_ms:
             return None
+        # Why a turn ended, for whoever tunes these rules on their own users' speech.
+        log.debug(
+            "turn ended after %d ms of silence: end-of-turn %s, words %s",
+            silent,
+            "none" if self._deciding is None else f"{self._deciding:.3f}",
+            "none" if self._words is None else f"{self._words:.3f}",
+        )
         self.speaking = False
         end = self._silence_from
         self._end_silence(None)
