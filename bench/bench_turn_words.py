@@ -16,9 +16,11 @@ after a statement (which the judge does not show).
 Then, for each rule, how many finished questions end at the deciding check (not after
 the unsure wait) and how many paused sentences are cut off at their pause:
 ``audio``: Smart Turn alone (>= the threshold); ``words >= t``: also a likely verdict
-(>= ``LIKELY``) with words scoring at least ``t``.
+(>= ``LIKELY``) with words scoring at least ``t``; ``veto < v`` (``--vetoes``): the
+words at ``WORDS_END`` as live, and a sure verdict does not end the turn when its words
+score below ``v`` (words that plainly do not end a sentence: "could you explain").
 
-    python bench/bench_turn_words.py --takes 4 --words 0.1,0.2,0.3,0.4
+    python bench/bench_turn_words.py --takes 4 --words 0.1,0.2,0.3,0.4 --vetoes 0.02,0.05
 """
 
 import argparse
@@ -156,6 +158,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--takes", type=int, default=4, help="Piper takes of every utterance")
     p.add_argument("--words", default="0.1,0.2,0.3,0.4", help="words' verdicts to try")
+    p.add_argument("--vetoes", default="", help="words' verdicts that veto a sure one")
     p.add_argument("--show", action="store_true", help="print every utterance's verdicts")
     p.add_argument("--replies", action="store_true", help="typed replies only (no audio)")
     args = p.parse_args()
@@ -182,16 +185,21 @@ def main() -> int:
                 print(f"paused   {paused[-1][0]:.3f} {paused[-1][1]:.3f} {text!r}")
     likely = semantic_vad.LIKELY
 
-    def ends(verdicts: tuple[float, float], level: float | None) -> bool:
+    def ends(verdicts: tuple[float, float], level: float | None, veto: float = 0.0) -> bool:
         audio, said = verdicts
-        return audio >= threshold or (level is not None and audio >= likely and said >= level)
+        if audio >= threshold:
+            return said >= veto
+        return level is not None and audio >= likely and said >= level
 
+    vetoes = [float(v) for v in args.vetoes.split(",") if v]
+    rules: list[tuple[str, float | None, float]] = [("audio", None, 0.0)]
+    rules += [(f"words >= {level:g}", level, 0.0) for level in levels]
+    rules += [(f"veto < {veto:g}", semantic_vad.WORDS_END, veto) for veto in vetoes]
     print(f"{args.takes} takes; Smart Turn threshold {threshold}, likely >= {likely}")
     print(f"{'rule':>14} {'finished ended at the check':>28} {'paused cut off':>15}")
-    for level in [None, *levels]:
-        name = "audio" if level is None else f"words >= {level:g}"
-        done = sum(ends(v, level) for v in finished)
-        cut = sum(ends(v, level) for v in paused)
+    for name, level, veto in rules:
+        done = sum(ends(v, level, veto) for v in finished)
+        cut = sum(ends(v, level, veto) for v in paused)
         print(f"{name:>14} {done:>20}/{len(finished):<7} {cut:>8}/{len(paused)}")
     return 0
 

@@ -7,7 +7,10 @@ Two figures per mode, one session at a time on the default voice pipeline:
 - paused sentences: a sentence with 600-800 ms of silence spliced in at a word boundary
   (the quietest point near where its first words, said alone, end), as a speaker who stops
   to think; cut off if the server ends the turn (``speech_stopped`` with an
-  ``audio_end_ms``) before the sentence resumes.
+  ``audio_end_ms``) before the sentence resumes. And, for those not cut off, how long the
+  turn took to end after the whole sentence: from its last voiced frame to
+  ``speech_stopped``, p50 and p90 (a sentence said with a pause in it often does not
+  sound finished at its end, and waits longer than a question said in one go).
 
 Starts ``omnistage serve`` (voice) itself; the speech is the pipeline's own Piper voice
 (joe), said once (``--takes N``: N fresh takes of each) and sent to both modes. Clients
@@ -157,15 +160,18 @@ async def run_mode(
             for pcm in questions:
                 finished.append(await mic.ask(pcm, args.timeout))
             cut: list[bool] = []
+            ends: list[float] = []  # not cut off: the sentence's end -> speech_stopped
             for pcm, resume in paused:
                 assert not mic.queue
                 start_ms = mic.sent * args.frame_ms
                 before = len(conn.stops)
-                await mic.ask(pcm, args.timeout)
+                said = await mic.ask(pcm, args.timeout)
                 resume_ms = start_ms + resume * 1000 / RATE
                 cut.append(any(end < resume_ms for end in conn.stops[before:]))
                 if cut[-1]:  # the rest of the sentence is answered too: let it finish
                     await asyncio.sleep(PAUSE_AFTER_CUT_S)
+                elif said.speech_stopped is not None and said.end_of_speech is not None:
+                    ends.append(said.speech_stopped - said.end_of_speech)
         finally:
             for task in tasks:
                 task.cancel()
@@ -188,6 +194,9 @@ async def run_mode(
         "cut_off": sum(cut),
         "cut_at": [i for i, c in enumerate(cut) if c],  # main names them
         "not_cut_share": 1 - sum(cut) / len(cut) if cut else None,
+        "paused_end_p50_s": statistics.median(ends) if ends else None,
+        "paused_end_p90_s": common.pct(sorted(ends), 90) if ends else None,
+        "paused_end_s": ends,  # in the sentences' order, the cut ones left out
         "errors": mic.errors,
     }
 
@@ -201,6 +210,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--frame-ms", type=int, default=20, help="microphone frame, ms")
     p.add_argument("--timeout", type=float, default=60.0, help="s to wait for an answer")
     p.add_argument("--model", default="voice")
+    p.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
+    )
     p.add_argument("--serve-args", default="", help="extra arguments for omnistage serve")
     p.add_argument(
         "--server-log",
@@ -214,6 +226,11 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        print(f"--modes: unknown {unknown or 'none given'}; known: {', '.join(MODES)}")
+        return 2
     common.exit_on_sigterm()
     print(f"{common.machine()}; speaking the utterances with Piper (joe)", flush=True)
     voice = piper_voice()
@@ -234,7 +251,7 @@ def main() -> int:
     rows = []
     try:
         server.wait_ready(args.health_timeout)
-        for mode in MODES:
+        for mode in modes:
             print(f"{mode}: {len(questions)} questions, {len(paused)} paused", flush=True)
             row = asyncio.run(run_mode(port, mode, questions, paused, args))
             # Which were cut, by their first words: the same ones run after run, or not.
@@ -245,13 +262,17 @@ def main() -> int:
         return 1
     finally:
         server.stop()
-    print(f"\n{'mode':<14}{'first audio p50':>17}{'stopped p50':>13}{'not cut off':>14}")
+    print(
+        f"\n{'mode':<14}{'first audio p50':>17}{'stopped p50':>13}{'not cut off':>14}"
+        f"{'paused end p50/p90':>21}"
+    )
     for r in rows:
         share = (r["not_cut_share"] or 0) * 100
+        ends = f"{fmt_s(r['paused_end_p50_s'])} / {fmt_s(r['paused_end_p90_s'])}"
         print(
             f"{r['mode']:<14}{fmt_s(r['first_audio_p50_s']):>17}"
             f"{fmt_s(r['speech_stopped_p50_s']):>13}"
-            f"{r['paused'] - r['cut_off']:>8}/{r['paused']} {share:3.0f}%"
+            f"{r['paused'] - r['cut_off']:>8}/{r['paused']} {share:3.0f}%{ends:>21}"
         )
         if r["cut_sentences"] and r["mode"] != "server_vad":
             print(f"  cut off: {'; '.join(r['cut_sentences'])}")

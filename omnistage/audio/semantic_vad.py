@@ -20,9 +20,16 @@ server VAD); what a silence means is the model's call:
   ``max_wait_ms`` (the speaker is gone, or the model was wrong), so a session never hangs
   on an unfinished-sounding turn;
 - the turn's words, where a session has them (``words``: the thinker's verdict on the
-  words said so far, ``realtime.words_turn``), settle the likely band: a deciding verdict
-  of at least ``LIKELY`` on words that end a sentence (``Eager.words_end``) ends the turn
-  at once, whichever of the two verdicts comes last; words that do not leave it waiting.
+  words said so far, ``realtime.words_turn``), move each band down one step when they
+  end a sentence (``Eager.words_end``): a likely-finished turn ends at once, whichever
+  of the two verdicts comes last, and an unfinished-sounding one after ``unsure_wait_ms``
+  instead of ``max_wait_ms``. Words that do not end a sentence leave the wait as it is.
+  The second step is for the end of a sentence said with a pause in it, which Smart Turn
+  mostly hears as unfinished (0.01-0.44 on the Piper voice): it waited the longest
+  silence, 4 s, in 10 of 24 such sentences (docs/benchmarks.md, "Why each turn ended").
+  It cannot cut a pause for thought shorter than ``unsure_wait_ms`` (1 s for "medium"),
+  and the words of such a silence are asked only once it has lasted ``WORDS_LATE_MS``,
+  so a pause for breath costs the thinker nothing.
 
 The model is asked at most twice per silence: Smart Turn hears a longer trailing silence as
 more "finished", so asking again and again would end every pause that lasts long enough,
@@ -111,6 +118,11 @@ LIKELY = 0.5
 # threshold on words tells it from a finished one. "high" eagerness takes it.
 WORDS_END = 0.4
 WORDS_END_EAGER = 0.1
+# The silence after which the words are asked about a turn Smart Turn calls unfinished
+# (they can only move its end from ``max_wait_ms`` to ``unsure_wait_ms``): pauses for breath
+# and between clauses (100-300 ms) are left alone, and the thinker's one-token verdict
+# (tens of ms) is still in long before the unsure wait ends.
+WORDS_LATE_MS = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +186,13 @@ class SemanticVadParams:
         and the ``words``' verdict, if any (0: the silence so far)."""
         if verdict >= self.eager.threshold:
             return 0
-        if verdict < LIKELY:
-            return self.eager.max_wait_ms
         end = self.eager.words_end
-        if end is not None and words is not None and words >= end:
-            return 0  # the words end a sentence: likely finished is finished
-        return self.eager.unsure_wait_ms
+        sentence = end is not None and words is not None and words >= end
+        if verdict < LIKELY:
+            # Unfinished-sounding words that end a sentence: probably a sentence said with
+            # a pause in it, whose end Smart Turn does not hear as one.
+            return self.eager.unsure_wait_ms if sentence else self.eager.max_wait_ms
+        return 0 if sentence else self.eager.unsure_wait_ms  # likely finished is finished
 
     @property
     def prefix_padding_ms(self) -> int:
@@ -298,17 +311,22 @@ class SemanticTurnDetector:
 
     def words_wanted(self, silence_from: int) -> bool | None:
         """Whether the words' verdict on the silence from ``silence_from`` could still change
-        when the turn ends: only while the model's deciding verdict leaves it likely but not
-        surely finished (None: that verdict is not in yet). A sure verdict ends the turn
-        and one below ``LIKELY`` waits the longest whatever the words say, so their verdict
-        (a request to the thinker, just as the answer starts there) is not worth asking."""
+        when the turn ends: only while the model's deciding verdict leaves it not surely
+        finished (None: not yet known; ask again as the silence goes on). A sure verdict
+        ends the turn, so their verdict (a request to the thinker, just as the answer
+        starts there) is not worth asking; under ``LIKELY`` they are wanted only once the
+        silence has lasted ``WORDS_LATE_MS``."""
         if not self.speaking or self._silence_from != silence_from:
             return False  # that silence is over
         if self.params.eager.words_end is None:
             return False
         if self._deciding is None:
-            return None
-        return LIKELY <= self._deciding < self.params.threshold
+            return None  # the model's verdict is not in yet
+        if self._deciding >= self.params.threshold:
+            return False
+        if self._deciding < LIKELY and self._next_ms - silence_from < WORDS_LATE_MS:
+            return None  # maybe a pause for breath: asked if it lasts
+        return True
 
     def words(self, silence_from: int, probability: float) -> VadEvent | None:
         """The words' verdict (``realtime.words_turn``) on the turn as it was when the

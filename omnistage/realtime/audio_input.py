@@ -16,8 +16,10 @@ With ``semantic_vad`` and a ``words`` judge, each silence's words (the guess's, 
 paused phrase's) are judged too, once per silence, when both they and the end-of-turn
 model's verdict are in and that verdict leaves the turn unsure
 (``SemanticTurnDetector.words_wanted``): the detector weighs the two
-(``SemanticTurnDetector.words``). A sure verdict, or one that calls the turn unfinished,
-spares the thinker the question, just as the answer's first token is due there.
+(``SemanticTurnDetector.words``). A sure verdict spares the thinker the question, just as
+the answer's first token is due there; one that calls the turn unfinished has the words
+asked only if the silence lasts (``semantic_vad.WORDS_LATE_MS``): they are held until
+then, and dropped if the user goes on.
 
 A ``semantic_vad`` turn may end after the audio that ended it was appended: the end-of-turn
 model's verdict is awaited off the event loop (``vad.VadStream.verdicts``), in a task of
@@ -209,7 +211,7 @@ class AudioInput:
             return  # the guess was void: the user went on
         except Exception:  # not heard: the turn waits as it would without words
             return
-        if vad.words_wanted(silence_from) is None:  # the model has not decided yet
+        if vad.words_wanted(silence_from) is None:  # not yet known: held
             self._unjudged = (vad, silence_from, words)
         else:
             await self._judge(vad, silence_from, words)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from omnistage.audio.formats import PCM
-from omnistage.audio.semantic_vad import EAGERNESS, SemanticVadParams
+from omnistage.audio.semantic_vad import EAGERNESS, WORDS_LATE_MS, SemanticVadParams
 from omnistage.audio.vad import VadParams, VadStream
 from omnistage.audio.verdicts import VerdictPool
 from omnistage.realtime.audio_input import AudioInput
@@ -59,10 +59,13 @@ async def _silence_heard(
     guess: bool,
     eagerness: str = "auto",
     pool: VerdictPool | None = None,
+    pause_s: float | None = None,
 ) -> tuple[float, list[str]]:
     """A second of tone then silence, fed at 20 ms a chunk: the silence heard when the
     turn ended, and the words the judge was asked (Smart Turn's verdict given at once,
-    or with a ``pool``, as the session has it, on a worker thread, late)."""
+    or with a ``pool``, as the session has it, on a worker thread, late). With
+    ``pause_s``, the tone goes on after that much silence, and the silence is 0 where the
+    turn did not end in the pause."""
     asked: list[str] = []
 
     async def judge(words: str) -> float | None:
@@ -86,7 +89,8 @@ async def _silence_heard(
         words=judge,
     )
     audio.configure(PCM, TurnDetection(SemanticVadParams(eagerness)))  # type: ignore[arg-type]
-    data = pcm(RATE, (0.5, 0), (1, 0.5), (5, 0))
+    pause = () if pause_s is None else ((pause_s, 0), (0.5, 0.5))
+    data = pcm(RATE, (0.5, 0), (1, 0.5), *pause, (5, 0))
     step = FRAME * 2
     for i in range(0, len(data), step):
         audio.append(base64.b64encode(data[i : i + step]).decode())
@@ -94,10 +98,12 @@ async def _silence_heard(
             await asyncio.sleep(0)
         if pool is not None:  # the verdict's thread, within the frame too
             await asyncio.sleep(0.01)
-        if heard.stopped:
+        if heard.stopped or (pause_s is not None and i >= (1.75 + pause_s) * RATE * 2):
             break
     for task in tasks:
         task.cancel()
+    if pause_s is not None and not heard.stopped:
+        return 0.0, asked
     assert heard.stopped, "the turn never ended"
     end_ms, silence_ms = heard.stopped[0]
     assert np.isclose(end_ms, 1504, atol=32)  # where the tone stopped
@@ -114,13 +120,36 @@ async def test_words_that_end_a_sentence_end_a_likely_finished_turn_at_the_check
     assert asked == [WORDS] and silence_ms >= wait  # words of a fragment: the wait stands
 
 
-async def test_without_a_words_verdict_or_a_likely_one_the_wait_stands() -> None:
-    for words_verdict, smart_turn, wait in ((None, 0.7, 1000), (0.9, 0.3, 4000)):
-        silence_ms, asked = await _silence_heard(words_verdict, smart_turn, True)
+async def test_without_words_that_end_a_sentence_the_wait_stands() -> None:
+    medium = EAGERNESS["medium"]
+    for words_verdict, smart_turn, wait in ((None, 0.7, 1000), (0.05, 0.3, 4000)):
+        silence_ms, _ = await _silence_heard(words_verdict, smart_turn, True)
         assert silence_ms >= wait, (words_verdict, smart_turn)
-    assert asked == []  # below LIKELY the words change nothing: the thinker is not asked
     silence_ms, asked = await _silence_heard(0.9, 0.7, True, eagerness="low")
     assert silence_ms >= EAGERNESS["low"].unsure_wait_ms and asked == []  # not heard
+    assert medium.unsure_wait_ms == 1000 and medium.max_wait_ms == 4000
+
+
+async def test_words_that_end_a_sentence_end_an_unfinished_sounding_turn_after_a_second() -> None:
+    # A sentence said with a pause in it, at its end: Smart Turn hears it unfinished (0.3),
+    # its words end a sentence. The thinker is asked once the pause has lasted, and the
+    # turn ends after the unsure second, not the longest silence (4 s).
+    wait = EAGERNESS["medium"].unsure_wait_ms
+    for guess in (True, False):
+        silence_ms, asked = await _silence_heard(0.9, 0.3, guess)
+        assert asked == [WORDS], guess
+        assert wait <= silence_ms < wait + 100, guess
+
+
+async def test_a_short_unfinished_sounding_pause_costs_the_thinker_nothing() -> None:
+    # A 300 ms pause mid-sentence, heard as unfinished: the words are held for the
+    # pause to last WORDS_LATE_MS, it does not, and they are dropped unasked.
+    assert WORDS_LATE_MS > 300
+    silence_ms, asked = await _silence_heard(0.9, 0.3, True, pause_s=0.3)
+    assert silence_ms == 0 and asked == []  # not cut off, not asked
+    # A 700 ms pause for thought: asked, and still not cut off (the wait is a second).
+    silence_ms, asked = await _silence_heard(0.9, 0.3, True, pause_s=0.7)
+    assert silence_ms == 0 and asked == [WORDS]
 
 
 async def test_a_sure_verdict_spares_the_thinker_the_words() -> None:

@@ -7,10 +7,12 @@ import pytest
 
 from omnistage.audio.semantic_vad import (
     CHECK_MS,
+    EAGERNESS,
     FIRST_CHECK_MS,
     LEAD_MS,
     WORDS_END,
     WORDS_END_EAGER,
+    WORDS_LATE_MS,
     Question,
     SemanticTurnDetector,
     SemanticVadParams,
@@ -270,8 +272,8 @@ def test_words_that_end_a_sentence_end_a_likely_finished_turn_at_once() -> None:
     assert d.verdict(token, 0.7) == SpeechStopped(320)
 
 
-def test_words_that_do_not_end_a_sentence_or_an_unfinished_verdict_keep_the_wait() -> None:
-    for verdict, words, wait in ((0.7, WORDS_END / 2, 1000), (0.3, 0.9, 4000)):
+def test_words_that_do_not_end_a_sentence_keep_the_wait() -> None:
+    for verdict, words, wait in ((0.7, WORDS_END / 2, 1000), (0.3, WORDS_END / 2, 4000)):
         d = SemanticTurnDetector(SemanticVadParams())
         token = _likely_verdict(d)
         assert d.verdict(token, verdict) is None
@@ -279,6 +281,30 @@ def test_words_that_do_not_end_a_sentence_or_an_unfinished_verdict_keep_the_wait
         start, stopped = run(d, quiet(wait), at=640)[0]
         assert stopped == SpeechStopped(320)
         assert start + W - 320 == pytest.approx(wait, abs=W), (verdict, words)
+
+
+def test_words_that_end_a_sentence_shorten_an_unfinished_sounding_turns_wait() -> None:
+    # The end of a sentence said with a pause in it: Smart Turn hears it unfinished, the
+    # words end a sentence. It waits the unsure second, not the longest silence.
+    for eagerness in ("medium", "high"):
+        eager = EAGERNESS[eagerness]
+        d = SemanticTurnDetector(SemanticVadParams(eagerness))  # type: ignore[arg-type]
+        run(d, speech(320) + quiet(160))
+        at = 480
+        while (question := d.take_question()) is not None:  # "high" asks twice
+            assert d.verdict(question.token, 0.3) is None
+            run(d, quiet(64), at=at)
+            at += 64
+        assert d.words(320, eager.words_end or 0) is None
+        start, stopped = run(d, quiet(eager.max_wait_ms), at=at)[0]
+        assert stopped == SpeechStopped(320)
+        assert start + W - 320 == pytest.approx(eager.unsure_wait_ms, abs=W), eagerness
+    # "low" hears no words: the longest silence stands.
+    d = SemanticTurnDetector(SemanticVadParams("low"), Model(0.3))
+    run(d, speech(320) + quiet(CHECK_MS))
+    assert d.words(320, 0.99) is None
+    assert run(d, quiet(EAGERNESS["low"].unsure_wait_ms), at=320 + CHECK_MS) == []
+    assert d.speaking
 
 
 def test_words_of_a_silence_that_is_over_are_dropped_and_low_eagerness_ignores_words() -> None:
@@ -307,7 +333,7 @@ def test_high_eagerness_takes_less_sure_words() -> None:
 
 
 def test_the_words_are_wanted_only_while_the_deciding_verdict_is_unsure() -> None:
-    for verdict, wanted in ((0.7, True), (0.99, False), (0.3, False)):
+    for verdict, wanted in ((0.7, True), (0.99, False), (0.3, None)):
         d = SemanticTurnDetector(SemanticVadParams())
         run(d, speech(320) + quiet(W))
         assert d.words_wanted(320) is None  # silent, not yet judged
@@ -317,7 +343,13 @@ def test_the_words_are_wanted_only_while_the_deciding_verdict_is_unsure() -> Non
         d.verdict(question.token, verdict)
         assert d.words_wanted(320) is wanted, verdict
         assert d.words_wanted(288) is False  # another silence's words: stale
-    d.push(0.9, 320 + CHECK_MS, 320 + CHECK_MS + W)  # the user went on
+    # Unfinished-sounding (the last verdict, 0.3): wanted once the pause has lasted.
+    asked_at = 320 + CHECK_MS - LEAD_MS  # the audio so far
+    run(d, quiet(320 + WORDS_LATE_MS - W - asked_at), at=asked_at)
+    assert d.words_wanted(320) is None  # a pause for breath, maybe
+    run(d, quiet(W), at=320 + WORDS_LATE_MS - W)
+    assert d.words_wanted(320) is True
+    d.push(0.9, 320 + WORDS_LATE_MS, 320 + WORDS_LATE_MS + W)  # the user went on
     assert d.words_wanted(320) is False
     # "high"'s first question, not sure: the deciding one is still to come.
     d = SemanticTurnDetector(SemanticVadParams("high"))
