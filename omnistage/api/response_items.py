@@ -245,7 +245,7 @@ class ResponseShape:
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
             "tool_choice": body.tool_choice_setting(),
             "tools": [t.model_dump() for t in body.tools or []],
-            "truncation": "disabled",
+            "truncation": body.truncation,
         }
         return cls(response_id, int(time.time()), model, settings)
 

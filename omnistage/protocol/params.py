@@ -89,6 +89,9 @@ class GenerationParams(_Params, frozen=True):
     # asks this of the thinker to hear whether a user's words so far end their turn
     # (``realtime.words_turn``).
     continue_final_message: bool | None = None
+    # OpenAI's Realtime and Responses ``truncation``: "auto" drops a conversation's
+    # oldest exchanges when it no longer fits the context window (engines/llm/truncation).
+    truncation: Literal["auto", "disabled"] | None = None
 
 
 class SpeechParams(_Params, frozen=True):

@@ -45,7 +45,9 @@ class ResponseSettings:
         """Each stage's params: the thinker's generation, and the voice for the talker
         and the ``speakers`` before it (an omni talker speaks in its code-to-wave
         stage's voice)."""
-        gen: dict[str, Any] = {}
+        # The session's ``truncation: "auto"``: a conversation longer than the thinker's
+        # window loses its oldest exchanges, not the answer.
+        gen: dict[str, Any] = {"truncation": "auto"}
         if self.max_output_tokens is not None:
             gen["max_tokens"] = self.max_output_tokens
         if self.temperature is not None:

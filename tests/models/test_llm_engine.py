@@ -173,3 +173,43 @@ def test_prompt_longer_than_the_window_is_a_bad_request() -> None:
             await engine.shutdown()
 
     asyncio.run(main())
+
+
+def _long_conversation(exchanges: int, question: str) -> Prompt:
+    messages = []
+    for i in range(exchanges):
+        messages.append(ChatMessage("user", f"Tell me something about the number {i}, please."))
+        messages.append(ChatMessage("assistant", f"The number {i} comes after {i - 1}."))
+    messages.append(ChatMessage("user", question))
+    return Prompt(messages=messages)
+
+
+def test_truncation_auto_drops_the_oldest_exchanges_instead_of_refusing() -> None:
+    async def main() -> None:
+        engine = await _started(max_model_len=256)
+        try:
+            prompt = _long_conversation(40, "What is the capital of France?")
+            refused = EngineRequest("whole", prompt, P.text(GREEDY), _no_inputs())
+            with pytest.raises(BadRequestError, match="maximum context length is 256"):
+                await _run(engine, refused)
+            params = P.text({**GREEDY, "truncation": "auto", "max_tokens": 16})
+            chunks = await _run(engine, EngineRequest("cut", prompt, params, _no_inputs()))
+            usage = chunks[-1].usage
+            assert usage is not None and usage.prompt_tokens + 16 <= 256
+            assert "Paris" in _text(chunks)  # the newest turn is the one answered
+            # The conversation grows an exchange at a time: its head is mostly kept (the cut
+            # moves by a block, about three of these exchanges, now and then), and then
+            # read from the prefix cache.
+            cached = []
+            for exchanges in (41, 42):
+                longer = _long_conversation(exchanges, "What is the capital of France?")
+                rid = f"grown-{exchanges}"
+                again = await _run(engine, EngineRequest(rid, longer, params, _no_inputs()))
+                usage = again[-1].usage
+                assert usage is not None and usage.cached_tokens is not None
+                cached.append(usage.cached_tokens / usage.prompt_tokens)
+            assert max(cached) > 0.5, cached
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())

@@ -309,6 +309,27 @@ async def test_a_typed_turn_with_text_output_has_text_deltas_and_no_audio(voice_
     assert done.response.output[0].content[0].type == "output_text"
 
 
+async def test_a_conversation_longer_than_the_thinkers_window_is_truncated_not_failed(
+    voice_head,
+):
+    # The session says truncation "auto", as OpenAI's: some 80 exchanges (about 3,000
+    # tokens, where the thinker's window is 2,048) lose their oldest, and the newest
+    # turn is answered. Before, every answer of a long conversation failed.
+    async with session(voice_head, output_modalities=["text"]) as live:
+        assert live.since(0, "session.updated")[-1].session.truncation == "auto"
+        for i in range(80):
+            await typed(live, f"Tell me a fact about the number {i}.")
+            content = [{"type": "output_text", "text": f"The number {i} comes after {i - 1}."}]
+            await live.conn.conversation.item.create(
+                item={"type": "message", "role": "assistant", "content": content}
+            )
+        done = await ask(live, CAPITAL)
+    assert done.response.status == "completed", done.response.status_details
+    answer = done.response.output[0].content[0].text
+    assert answer.strip(), done.response
+    assert done.response.usage.input_tokens < 2048
+
+
 async def test_speech_during_an_answer_cancels_it_at_once_and_is_answered(voice_head, speak):
     update = STORY_OVER_VAD
     question = speak(CAPITAL)

@@ -154,3 +154,23 @@ def test_a_chained_turn_continues_the_stored_conversation_from_the_prefix_cache(
     assert cached >= first.input_tokens + first.output_tokens, (cached, first, second)
     # (Whether a 135M model then recalls the name is its own business; the echo tests
     # check the replayed conversation word for word.)
+
+
+def test_truncation_auto_answers_a_conversation_longer_than_the_window(
+    voice_head: HeadProc,
+) -> None:
+    # Some 80 exchanges: about 3,000 tokens, where the thinker's window is 2,048.
+    history: list[dict[str, str]] = []
+    for i in range(80):
+        history.append({"role": "user", "content": f"Tell me a fact about the number {i}."})
+        history.append({"role": "assistant", "content": f"The number {i} comes after {i - 1}."})
+    history.append({"role": "user", "content": QUESTION})
+    client = _client(voice_head)
+    ask = {"model": "voice", "temperature": 0, "max_output_tokens": 24, "store": False}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(input=history, **ask)  # type: ignore[arg-type]
+    assert refused.value.code == "context_length_exceeded"
+    out = client.responses.create(input=history, truncation="auto", **ask)  # type: ignore[arg-type]
+    assert out.truncation == "auto" and out.status in ("completed", "incomplete")
+    assert "Paris" in out.output_text  # the newest turn is kept and answered
+    assert out.usage is not None and out.usage.input_tokens < 2048

@@ -191,6 +191,9 @@ class ResponsesRequest(Body):
     previous_response_id: str | None = Field(default=None, max_length=200)
     background: bool = False
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    # "auto": a conversation (previous_response_id's chain included) too long for the
+    # model's window loses its oldest exchanges instead of failing, as OpenAI's.
+    truncation: Literal["auto", "disabled"] = "disabled"
     # omnistage extensions, as on /v1/chat/completions.
     stage_params: StageParamsField = None
     modalities: list[Literal["text", "audio"]] | None = None
@@ -227,7 +230,10 @@ class ResponsesRequest(Body):
 
     def sampling_params(self) -> StageParams:
         text = GenerationParams(
-            max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p
+            max_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            truncation="auto" if self.truncation == "auto" else None,
         )
         return StageParams(text=text)
 

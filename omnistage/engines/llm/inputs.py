@@ -29,6 +29,7 @@ from omnistage.engines.llm.prefix_labels import (
 from omnistage.engines.llm.prompts import chat_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import ToolPlan, chat_messages, plan_tools
+from omnistage.engines.llm.truncation import truncate_prompt
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, Prompt
@@ -132,14 +133,24 @@ class InputProcessor:
             prompt = with_system(prompt, self.args.system_prompt)
         params = request.params.generation
         sampling, plan, guide = self.setup(params)
-        ids, turns = self._prompt_ids(prompt, plan, bool(params.continue_final_message))
+        open_end = bool(params.continue_final_message)
         resume = self._resume(request.resume_text, request.resume_tokens)
+        dropped = 0
+        if params.truncation == "auto":
+            prompt, dropped = truncate_prompt(
+                prompt,
+                lambda trial: len(self._prompt_ids(trial, plan, open_end)[0]),
+                self.window,
+                sampling.max_tokens + len(resume.ids),
+            )
+        ids, turns = self._prompt_ids(prompt, plan, open_end)
         if guide is not None:
             guide.replay(resume.ids)
         room = self.window - len(ids) - len(resume.ids)
         if room < 1:
             raise context_length_error(self.window, len(ids) + len(resume.ids))
-        labels = self._prefix_labels(ids, client, turns)
+        # A truncated conversation is no longer the one whose prefixes the head keyed.
+        labels = {} if dropped else self._prefix_labels(ids, client, turns)
         # The answer's key needs the whole answer as the content the client sends back:
         # not so after a resume (this run writes the rest) or with tools (calls go back
         # as tool_calls).

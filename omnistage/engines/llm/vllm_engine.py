@@ -39,6 +39,7 @@ from omnistage.engines.llm.model_defaults import read_generation_defaults, under
 from omnistage.engines.llm.prompts import chat_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import chat_messages, plan_tools
+from omnistage.engines.llm.truncation import truncate_prompt
 from omnistage.protocol.enums import FinishReason, Modality
 from omnistage.protocol.errors import BadRequestError, EngineError
 from omnistage.protocol.messages import Prompt, TokenLogprob, TopLogprob, Usage
@@ -136,7 +137,15 @@ class VllmEngine(Engine):
         if self.args.system_prompt:
             prompt = with_system(prompt, self.args.system_prompt)
         params = self._sampling(request.params.generation)
-        ids = self._prompt_ids(prompt, bool(request.params.generation.continue_final_message))
+        open_end = bool(request.params.generation.continue_final_message)
+        if request.params.generation.truncation == "auto":
+            prompt, _ = truncate_prompt(
+                prompt,
+                lambda trial: len(self._prompt_ids(trial, open_end)),
+                self.max_model_len,
+                params.max_tokens or self.args.default_max_tokens,
+            )
+        ids = self._prompt_ids(prompt, open_end)
         prompt_tokens = len(ids)
         prior = self._encode(request.resume_text)
         # Tokens counted against max_tokens as the failed replica counted them.
