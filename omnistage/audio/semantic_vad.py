@@ -21,9 +21,10 @@ server VAD); what a silence means is the model's call:
   on an unfinished-sounding turn;
 - the turn's words, where a session has them (``words``: the thinker's verdict on the
   words said so far, ``realtime.words_turn``), move each band down one step when they
-  end a sentence (``Eager.words_end``): a likely-finished turn ends at once, whichever
-  of the two verdicts comes last, and an unfinished-sounding one after ``unsure_wait_ms``
-  instead of ``max_wait_ms``. Words that do not end a sentence leave the wait as it is.
+  end a sentence: a likely-finished turn ends at once (words >= ``Eager.words_end``),
+  whichever of the two verdicts comes last, and an unfinished-sounding one after
+  ``unsure_wait_ms`` instead of ``max_wait_ms`` (words >= ``WORDS_END_LATE``, or the
+  eagerness's own if lower). Words below leave the wait as it is.
   The second step is for the end of a sentence said with a pause in it, which Smart Turn
   mostly hears as unfinished (0.01-0.44 on the Piper voice): it waited the longest
   silence, 4 s, in 10 of 24 such sentences (docs/benchmarks.md, "Why each turn ended").
@@ -123,6 +124,15 @@ WORDS_END_EAGER = 0.1
 # and between clauses (100-300 ms) are left alone, and the thinker's one-token verdict
 # (tens of ms) is still in long before the unsure wait ends.
 WORDS_LATE_MS = 400
+# The words' verdict at which such a turn ends after the unsure wait: lower than
+# ``WORDS_END``, because that wait is already a long silence. In a traced run
+# (bench_turns.py, 2026-12-07), the paused sentences' ends that still waited the longest
+# silence were statements and requests ("... on the weekend is a long walk.") whose words
+# scored 0.06-0.20 on the default thinker; offline (bench_turn_words.py), the first halves
+# of those sentences scored 0.000-0.03 but for two that are sentences themselves ("I need
+# to buy some milk", 0.24-0.29). No 600-800 ms pause can be cut at this step whatever the
+# words say, since the wait is longer.
+WORDS_END_LATE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +197,14 @@ class SemanticVadParams:
         if verdict >= self.eager.threshold:
             return 0
         end = self.eager.words_end
-        sentence = end is not None and words is not None and words >= end
+        if end is None or words is None:
+            return self.eager.max_wait_ms if verdict < LIKELY else self.eager.unsure_wait_ms
         if verdict < LIKELY:
-            # Unfinished-sounding words that end a sentence: probably a sentence said with
-            # a pause in it, whose end Smart Turn does not hear as one.
-            return self.eager.unsure_wait_ms if sentence else self.eager.max_wait_ms
-        return 0 if sentence else self.eager.unsure_wait_ms  # likely finished is finished
+            # Unfinished-sounding words that may end a sentence: probably a sentence said
+            # with a pause in it, whose end Smart Turn does not hear as one.
+            late = words >= min(end, WORDS_END_LATE)
+            return self.eager.unsure_wait_ms if late else self.eager.max_wait_ms
+        return 0 if words >= end else self.eager.unsure_wait_ms  # likely finished is finished
 
     @property
     def prefix_padding_ms(self) -> int:

@@ -12,6 +12,7 @@ from omnistage.audio.semantic_vad import (
     LEAD_MS,
     WORDS_END,
     WORDS_END_EAGER,
+    WORDS_END_LATE,
     WORDS_LATE_MS,
     Question,
     SemanticTurnDetector,
@@ -273,7 +274,7 @@ def test_words_that_end_a_sentence_end_a_likely_finished_turn_at_once() -> None:
 
 
 def test_words_that_do_not_end_a_sentence_keep_the_wait() -> None:
-    for verdict, words, wait in ((0.7, WORDS_END / 2, 1000), (0.3, WORDS_END / 2, 4000)):
+    for verdict, words, wait in ((0.7, WORDS_END / 2, 1000), (0.3, WORDS_END_LATE / 2, 4000)):
         d = SemanticTurnDetector(SemanticVadParams())
         token = _likely_verdict(d)
         assert d.verdict(token, verdict) is None
@@ -285,7 +286,9 @@ def test_words_that_do_not_end_a_sentence_keep_the_wait() -> None:
 
 def test_words_that_end_a_sentence_shorten_an_unfinished_sounding_turns_wait() -> None:
     # The end of a sentence said with a pause in it: Smart Turn hears it unfinished, the
-    # words end a sentence. It waits the unsure second, not the longest silence.
+    # words may end a sentence (at least WORDS_END_LATE, below the WORDS_END that ends a
+    # likely one at once). It waits the unsure second, not the longest silence.
+    assert WORDS_END_LATE < WORDS_END
     for eagerness in ("medium", "high"):
         eager = EAGERNESS[eagerness]
         d = SemanticTurnDetector(SemanticVadParams(eagerness))  # type: ignore[arg-type]
@@ -295,7 +298,7 @@ def test_words_that_end_a_sentence_shorten_an_unfinished_sounding_turns_wait() -
             assert d.verdict(question.token, 0.3) is None
             run(d, quiet(64), at=at)
             at += 64
-        assert d.words(320, eager.words_end or 0) is None
+        assert d.words(320, min(eager.words_end or 0, WORDS_END_LATE)) is None
         start, stopped = run(d, quiet(eager.max_wait_ms), at=at)[0]
         assert stopped == SpeechStopped(320)
         assert start + W - 320 == pytest.approx(eager.unsure_wait_ms, abs=W), eagerness
