@@ -284,6 +284,19 @@ def test_words_that_do_not_end_a_sentence_keep_the_wait() -> None:
         assert start + W - 320 == pytest.approx(wait, abs=W), (verdict, words)
 
 
+def _every_question_judged(eagerness: str, verdict: float) -> tuple[SemanticTurnDetector, int]:
+    """A turn paused 320 ms in, every question on the pause ("high" asks twice) given
+    ``verdict`` and none ending it: the detector, and the ms of audio fed so far."""
+    d = SemanticTurnDetector(SemanticVadParams(eagerness))  # type: ignore[arg-type]
+    run(d, speech(320) + quiet(160))
+    at = 480
+    while (question := d.take_question()) is not None:
+        assert d.verdict(question.token, verdict) is None
+        run(d, quiet(64), at=at)
+        at += 64
+    return d, at
+
+
 def test_words_that_end_a_sentence_shorten_an_unfinished_sounding_turns_wait() -> None:
     # The end of a sentence said with a pause in it: Smart Turn hears it unfinished, the
     # words may end a sentence (at least WORDS_END_LATE, below the WORDS_END that ends a
@@ -291,13 +304,7 @@ def test_words_that_end_a_sentence_shorten_an_unfinished_sounding_turns_wait() -
     assert WORDS_END_LATE < WORDS_END
     for eagerness in ("medium", "high"):
         eager = EAGERNESS[eagerness]
-        d = SemanticTurnDetector(SemanticVadParams(eagerness))  # type: ignore[arg-type]
-        run(d, speech(320) + quiet(160))
-        at = 480
-        while (question := d.take_question()) is not None:  # "high" asks twice
-            assert d.verdict(question.token, 0.3) is None
-            run(d, quiet(64), at=at)
-            at += 64
+        d, at = _every_question_judged(eagerness, 0.3)
         assert d.words(320, min(eager.words_end or 0, WORDS_END_LATE)) is None
         start, stopped = run(d, quiet(eager.max_wait_ms), at=at)[0]
         assert stopped == SpeechStopped(320)
@@ -325,13 +332,7 @@ def test_words_of_a_silence_that_is_over_are_dropped_and_low_eagerness_ignores_w
 
 def test_high_eagerness_takes_less_sure_words() -> None:
     for eagerness, ended in (("medium", False), ("high", True)):
-        d = SemanticTurnDetector(SemanticVadParams(eagerness))  # type: ignore[arg-type]
-        run(d, speech(320) + quiet(160))
-        at = 480
-        while (question := d.take_question()) is not None:  # "high" asks twice
-            assert d.verdict(question.token, 0.6) is None
-            run(d, quiet(64), at=at)
-            at += 64
+        d, _ = _every_question_judged(eagerness, 0.6)
         assert (d.words(320, WORDS_END_EAGER) is not None) == ended, eagerness
 
 

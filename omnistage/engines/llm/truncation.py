@@ -45,12 +45,18 @@ def size(message: ChatMessage) -> int:
     return chars // CHARS_PER_TOKEN + 1
 
 
-def cuts(messages: Sequence[ChatMessage], block: int) -> list[int]:
-    """The indices a truncation may keep ``messages`` from, in order: the first exchange of
-    each block after the first, and the last exchange (the least a request can keep)."""
+def leading(messages: Sequence[ChatMessage]) -> int:
+    """How many system and developer messages lead ``messages`` (always kept)."""
     lead = 0
     while lead < len(messages) and messages[lead].role in LEADING:
         lead += 1
+    return lead
+
+
+def cuts(messages: Sequence[ChatMessage], block: int) -> list[int]:
+    """The indices a truncation may keep ``messages`` from, in order: the first exchange of
+    each block after the first, and the last exchange (the least a request can keep)."""
+    lead = leading(messages)
     starts = [i for i in range(lead + 1, len(messages)) if messages[i].role == "user"]
     out: list[int] = []
     position, seen, last_block = 0, lead, 0
@@ -76,9 +82,7 @@ def truncate(
     whole = list(messages)
     if fits(whole):
         return whole, 0
-    lead = 0
-    while lead < len(whole) and whole[lead].role in LEADING:
-        lead += 1
+    lead = leading(whole)
     options = cuts(whole, max(1, window // BLOCKS))
     if not options:
         return whole, 0
