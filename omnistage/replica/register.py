@@ -171,8 +171,8 @@ def register(link: MasterLink, req: RegisterRequest, timeout_s: float) -> Regist
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(tcp_url(link.host, link.port))
-        sock.send(codec.encode_register_request(wire_map(req), link.signer))
-        if not _poll(sock, timeout_s, link.cancel):
+        body = [codec.encode_register_request(wire_map(req), link.signer)]
+        if not _exchange(sock, body, timeout_s, link.cancel):
             raise RegistrationError(
                 f"no answer from the master at {link.host}:{link.port} within "
                 f"{timeout_s:g}s (raise --stage-init-timeout, or check -oma/-omp; with "
@@ -209,8 +209,8 @@ def handshake(
             sock.bind(reply.handshake_address)
         else:
             sock.connect(reply.handshake_address)
-        sock.send_multipart(codec.sign(codec.encode(hello(stage_id, reply)), link.signer))
-        if not _poll(sock, timeout_s, link.cancel):
+        frames = codec.sign(codec.encode(hello(stage_id, reply)), link.signer)
+        if not _exchange(sock, frames, timeout_s, link.cancel):
             raise HandshakeError(
                 f"no handshake answer from the head at {reply.handshake_address} within "
                 f"{timeout_s:g}s (raise --stage-init-timeout)"
@@ -254,14 +254,32 @@ def _dialable(msg: _Msg, host: str, fields: Iterable[str]) -> _Msg:
     )
 
 
-def _poll(sock: zmq.Socket, timeout_s: float, cancel: threading.Event | None) -> bool:
-    """Wait for a reply in short slices so a shutdown request is honoured quickly."""
+def _exchange(
+    sock: zmq.Socket, frames: list[bytes], timeout_s: float, cancel: threading.Event | None
+) -> bool:
+    """Send ``frames`` and wait for an answer, both within ``timeout_s``; False when
+    either did not happen in time. A DEALER with no peer blocks on send, and a CURVE
+    head drops a keyless replica's connection at its handshake: were that to happen
+    between connect and send (a busy host), a plain send would wait forever and no
+    --stage-init-timeout would fire."""
     deadline = time.monotonic() + timeout_s
+    if not _poll(sock, deadline, cancel, zmq.POLLOUT):
+        return False
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK)
+    except zmq.Again:  # the peer went between the poll and the send
+        return False
+    return _poll(sock, deadline, cancel, zmq.POLLIN)
+
+
+def _poll(sock: zmq.Socket, deadline: float, cancel: threading.Event | None, event: int) -> bool:
+    """Wait for ``event`` until ``deadline`` (monotonic) in short slices, so a shutdown
+    request is honoured quickly."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        if sock.poll(int(min(left, 0.1) * 1000) or 1):
+        if sock.poll(int(min(left, 0.1) * 1000) or 1, event):
             return True
         if cancel is not None and cancel.is_set():
             raise HandshakeError("cancelled by shutdown")

@@ -3,7 +3,9 @@ on the wire, the reply's addresses made dialable, refusals, timeouts and cancell
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import msgspec
@@ -180,6 +182,46 @@ def test_a_set_cancel_event_abandons_the_wait(ctx: zmq.Context) -> None:
             register(link, registration(_opts(), "h"), 30.0)
     finally:
         router.close()
+
+
+class _NoPeerSocket(zmq.Socket):
+    """A DEALER that queues nothing until a connection is up (ZMQ_IMMEDIATE), as one is
+    left once a CURVE head has refused its handshake: its send blocks for want of a
+    peer. (Whether libzmq drops a refused pipe depends on timing; this is the case
+    that hung a keyless replica in CI.)"""
+
+    def connect(self, addr: str) -> None:  # type: ignore[override]
+        self.setsockopt(zmq.IMMEDIATE, 1)
+        super().connect(addr)
+
+
+class _NoPeerContext(zmq.Context):
+    _socket_class = _NoPeerSocket
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("step", ["register", "handshake"])
+def test_a_send_with_no_peer_still_times_out_naming_the_flag(step: str) -> None:
+    ctx = _NoPeerContext()
+    port = _closed_port()
+    link = MasterLink(ctx, "127.0.0.1", port)
+    started = time.monotonic()
+    try:
+        if step == "register":
+            with pytest.raises(RegistrationError, match=r"within 0\.5s"):
+                register(link, registration(_opts(), "h"), 0.5)
+        else:
+            reply = _reply(handshake_address=f"tcp://127.0.0.1:{port}")
+            with pytest.raises(HandshakeError, match=r"within 0\.5s"):
+                handshake(link, reply, 1, 0.5)
+    finally:
+        ctx.destroy(linger=0)
+    assert time.monotonic() - started < 3
 
 
 def _init(error: str | None = None) -> HandshakeInit:
