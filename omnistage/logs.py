@@ -16,6 +16,21 @@ def setup_logging(level: str | None = None) -> None:
     logging.basicConfig(level=level, format=FORMAT, force=True)
     # Per-request access lines would drown the control-plane events operators need.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    frames = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, NoFrames) for f in frames.filters):
+        frames.addFilter(NoFrames())
+
+
+class NoFrames(logging.Filter):
+    """Drops the websockets library's line per frame ("> TEXT '{...}' [846 bytes]"),
+    logged at DEBUG through uvicorn's logger: at ``--log-level DEBUG`` a voice session
+    would write one per 20 ms of audio each way, drowning omnistage's own DEBUG lines
+    and slowing the session it traces."""
+
+    FRAME_LINES = frozenset({"< %s", "> %s"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.DEBUG and record.msg in self.FRAME_LINES)
 
 
 class Throttled:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
@@ -45,6 +46,8 @@ from omnistage.realtime.conversation import new_id
 from omnistage.realtime.input_buffer import BYTES_PER_MS, RATE, InputBuffer
 from omnistage.realtime.options import bad
 from omnistage.realtime.user_turn import PAUSE_MS, UserTurn
+
+log = logging.getLogger(__name__)
 
 # Push-to-talk audio held before a commit (OpenAI's buffer holds about this much).
 MAX_BUFFER_MS = 15 * 60 * 1000
@@ -208,8 +211,10 @@ class AudioInput:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # the session is closing
-            return  # the guess was void: the user went on
-        except Exception:  # not heard: the turn waits as it would without words
+            log.debug("words at %d ms: none, the guess was void (the user went on)", silence_from)
+            return
+        except Exception as exc:  # not heard: the turn waits as it would without words
+            log.debug("words at %d ms: none, not heard (%s)", silence_from, exc)
             return
         if vad.words_wanted(silence_from) is None:  # not yet known: held
             self._unjudged = (vad, silence_from, words)
@@ -219,10 +224,17 @@ class AudioInput:
     async def _judge(self, vad: VadStream, silence_from: int, words: str) -> None:
         """The words' verdict on the silence from ``silence_from``, if it could still change
         when the turn ends."""
+        # Each way out says why at DEBUG: a turn that waited its longest silence for words
+        # that never came is otherwise hard to tell from one whose words said "go on".
         if self._words is None or not vad.words_wanted(silence_from):
+            log.debug("words at %d ms: not asked, the verdict no longer needs them", silence_from)
             return
         probability = await self._words(words)
-        if probability is not None and vad is self._vad:  # not replaced meanwhile
+        if probability is None:
+            log.debug("words at %d ms: the thinker gave no verdict on %r", silence_from, words)
+        elif vad is not self._vad:
+            log.debug("words at %d ms: dropped, the turn detector was replaced", silence_from)
+        else:
             self._heard(vad.words(silence_from, probability))
 
     def take_turn(self) -> UserTurn:

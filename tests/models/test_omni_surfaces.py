@@ -221,6 +221,53 @@ def test_an_unknown_voice_is_a_400_on_responses(omni_head: HeadProc, model: str)
     assert "Chelsie" in r.json()["error"]["message"]
 
 
+# Longer alone than the tiny thinker's 1,024-position window.
+OVER_THE_WINDOW = "Tell me about the sea and the ships on it. " * 120
+
+
+def _text_chat(head: HeadProc, model: str, messages: list[dict[str, str]]) -> Any:
+    body = {"model": model, "messages": messages, "temperature": 0, "max_tokens": MAX_TOKENS}
+    return head.client.post("/v1/chat/completions", json=body, timeout=WAIT_S)
+
+
+def test_a_prompt_over_the_thinkers_window_is_context_length_exceeded(
+    omni_head: HeadProc, model: str
+) -> None:
+    r = _text_chat(omni_head, model, [{"role": "user", "content": OVER_THE_WINDOW}])
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded", error
+    assert "maximum context length is 1024 tokens" in error["message"]
+
+
+def test_truncation_auto_answers_from_the_newest_exchange_that_fits(
+    omni_head: HeadProc, model: str
+) -> None:
+    # Each old exchange is longer than the window alone: only the newest one can stay,
+    # so the greedy answer must be the answer to it asked alone.
+    newest = {"role": "user", "content": "Say something about the sea."}
+    history = [
+        {"role": "user", "content": OVER_THE_WINDOW},
+        {"role": "assistant", "content": "Ships."},
+        {"role": "user", "content": OVER_THE_WINDOW},
+        {"role": "assistant", "content": "More ships."},
+        newest,
+    ]
+    alone = _text_chat(omni_head, model, [newest])
+    assert alone.status_code == 200, alone.text
+    ask = {"model": model, "input": history, "temperature": 0, "max_output_tokens": MAX_TOKENS}
+    refused = omni_head.client.post("/v1/responses", json=ask, timeout=WAIT_S)
+    assert refused.status_code == 400 and "context_length_exceeded" in refused.text
+
+    r = omni_head.client.post("/v1/responses", json={**ask, "truncation": "auto"}, timeout=WAIT_S)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["truncation"] == "auto"
+    assert out["usage"]["input_tokens"] == alone.json()["usage"]["prompt_tokens"]
+    (message,) = out["output"]
+    assert message["content"][0]["text"] == alone.json()["choices"][0]["message"]["content"]
+
+
 class _Session:
     """One Realtime connection through the openai SDK, its events kept in order."""
 

@@ -29,7 +29,7 @@ from omnistage.engines.llm.prefix_labels import (
 from omnistage.engines.llm.prompts import chat_ids, with_heard, with_system
 from omnistage.engines.llm.sampling import SamplingParams
 from omnistage.engines.llm.tools import ToolPlan, chat_messages, plan_tools
-from omnistage.engines.llm.truncation import truncate_prompt
+from omnistage.engines.llm.truncation import context_length_error, truncate_prompt
 from omnistage.protocol.enums import Modality
 from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, Prompt
@@ -83,17 +83,6 @@ async def upstream_text(inputs: AsyncIterator[StageInput]) -> str:
     """Upstream text (a listener's transcript, another model's answer); none for a
     source stage, whose inputs end at once."""
     return "".join([i.text async for i in inputs if i.modality == Modality.TEXT])
-
-
-def context_length_error(window: int, tokens: int) -> BadRequestError:
-    # OpenAI's wording: LiteLLM and others classify the error by it.
-    return BadRequestError(
-        f"This model's maximum context length is {window} tokens. "
-        f"However, your messages resulted in {tokens} tokens. Please reduce the "
-        "length of the messages.",
-        "messages",
-        "context_length_exceeded",
-    )
 
 
 class InputProcessor:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
+from omnistage.protocol.errors import BadRequestError
 from omnistage.protocol.messages import ChatMessage, Prompt
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,17 @@ log = logging.getLogger(__name__)
 BLOCKS = 4  # blocks per window: the cut moves by about a quarter window at a time
 CHARS_PER_TOKEN = 4  # for grouping only: the fit is counted with the tokenizer
 LEADING = ("system", "developer")
+
+
+def context_length_error(window: int, tokens: int) -> BadRequestError:
+    # OpenAI's wording: LiteLLM and others classify the error by it.
+    return BadRequestError(
+        f"This model's maximum context length is {window} tokens. "
+        f"However, your messages resulted in {tokens} tokens. Please reduce the "
+        "length of the messages.",
+        "messages",
+        "context_length_exceeded",
+    )
 
 
 def size(message: ChatMessage) -> int:

@@ -22,6 +22,11 @@ The thinker runs transformers' own ``generate`` (greedy when the request's tempe
 tokens and tensors are exactly the monolithic model's. A replica takes many requests but
 generates for one at a time, in order (one worker thread): the model keeps per-request
 state (its rope deltas) between steps. Batching them is still to come.
+
+The model's window (``max_position_embeddings``) bounds prompt and answer together, as
+the ``llm`` engine's does: a longer prompt is refused (``context_length_exceeded``) or,
+with ``truncation: "auto"``, loses its oldest exchanges (``engines/llm/truncation.py``);
+the answer stops at the window's end.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 from omnistage.config.omni_args import OmniThinkerArgs
 from omnistage.config.schema import StageConfig
 from omnistage.engines.base import Engine, EngineChunk, EngineRequest
+from omnistage.engines.llm.truncation import context_length_error, truncate_prompt
 from omnistage.engines.omni import audio_in, video_audio, video_in, vision_in
 from omnistage.engines.omni.audio_in import AudioInput
 from omnistage.engines.omni.checkpoint import (
@@ -137,6 +143,7 @@ class OmniThinkerEngine(Engine):
         self.tokenizer: Any = None
         self.extractor: Any = None
         self.image_processor: Any = None
+        self.window = 0  # the model's context (positions), once loaded
 
     async def start(self) -> None:
         self.starting = f"loading the thinker of {self.args.model}"
@@ -154,8 +161,8 @@ class OmniThinkerEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         self.extractor = audio_in.load_extractor(directory)
         self.image_processor = vision_in.load_processor(directory)
-        context = self.thinker.config.text_config.max_position_embeddings
-        self.video_settings = video_in.VideoSettings.of(self.image_processor, context)
+        self.window = self.thinker.config.text_config.max_position_embeddings
+        self.video_settings = video_in.VideoSettings.of(self.image_processor, self.window)
         self._configure(model)
 
     def _configure(self, model: Any) -> None:
@@ -202,6 +209,22 @@ class OmniThinkerEngine(Engine):
         text = prompt.text if prompt is not None and prompt.text is not None else ""
         return list(self.tokenizer(text)["input_ids"])
 
+    def fitted_ids(
+        self, prompt: Prompt | None, given: Media, params: GenerationParams, answer: int
+    ) -> list[int]:
+        """The prompt's ids within the model's window: with ``truncation: "auto"`` (a
+        Realtime session's, a response's when asked) the oldest exchanges go first; a
+        prompt that still leaves no room for one new token is refused, as the llm
+        engine refuses it. The media's placeholders count: they are positions too."""
+        if params.truncation == "auto" and prompt is not None:
+            prompt, _ = truncate_prompt(
+                prompt, lambda trial: len(self.prompt_ids(trial, given)), self.window, answer
+            )
+        ids = self.prompt_ids(prompt, given)
+        if len(ids) >= self.window:
+            raise context_length_error(self.window, len(ids))
+        return ids
+
     def hear(self, prompt: Prompt) -> AudioInput:
         """The prompt's spoken input, prepared as the model's processor prepares it."""
         return audio_in.prepare(self.extractor, audio_in.samples(prompt))
@@ -233,9 +256,11 @@ class OmniThinkerEngine(Engine):
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         prompt = request.prompt
         given = self.media(prompt)
-        ids = self.prompt_ids(prompt, given)
         params = request.params.generation
         max_new = params.max_tokens or self.args.default_max_tokens
+        ids = self.fitted_ids(prompt, given, params, max_new)
+        # Past the window the rope positions are ones the model never saw: stop there.
+        max_new = min(max_new, self.window - len(ids))
         run = ThreadRun(asyncio.get_running_loop())
         text = AnswerText(self.tokenizer)
         tokens: list[int] = []
