@@ -22,15 +22,33 @@ def setup_logging(level: str | None = None) -> None:
 
 
 class NoFrames(logging.Filter):
-    """Drops the websockets library's line per frame ("> TEXT '{...}' [846 bytes]"),
-    logged at DEBUG through uvicorn's logger: at ``--log-level DEBUG`` a voice session
-    would write one per 20 ms of audio each way, drowning omnistage's own DEBUG lines
-    and slowing the session it traces."""
+    """The websockets library's DEBUG lines, as it logs them through uvicorn's logger:
+
+    - its line per frame ("> TEXT '{...}' [846 bytes]") is dropped: at ``--log-level
+      DEBUG`` a voice session would write one per 20 ms of audio each way, drowning
+      omnistage's own DEBUG lines and slowing the session it traces;
+    - its line per handshake header keeps the header's name but not the value of one
+      that carries a credential: the API key comes as ``authorization`` or, from a
+      browser, as the ``openai-insecure-api-key.<key>`` subprotocol, and a log is no
+      place for it.
+    """
 
     FRAME_LINES = frozenset({"< %s", "> %s"})
+    HEADER_LINES = frozenset({"< %s: %s", "> %s: %s"})
+    SECRET_HEADERS = frozenset(
+        {"authorization", "proxy-authorization", "cookie", "set-cookie", "sec-websocket-protocol"}
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.DEBUG and record.msg in self.FRAME_LINES)
+        if record.levelno != logging.DEBUG:
+            return True
+        if record.msg in self.FRAME_LINES:
+            return False
+        args = record.args
+        header = record.msg in self.HEADER_LINES and isinstance(args, tuple) and len(args) == 2
+        if header and str(args[0]).lower() in self.SECRET_HEADERS:  # type: ignore[index]
+            record.args = (args[0], "[redacted]")  # type: ignore[index]
+        return True
 
 
 class Throttled:

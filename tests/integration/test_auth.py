@@ -8,11 +8,12 @@ from pathlib import Path
 import httpx
 import msgspec
 import zmq
+from websockets.sync.client import connect
 
 from omnistage.protocol import codec
 from omnistage.protocol.auth import Signer
 from omnistage.protocol.messages import Heartbeat
-from tests.integration.harness import HeadProc, headless
+from tests.integration.harness import HeadProc, headless, wait_for
 
 TOKEN = "correct horse battery staple"
 
@@ -127,3 +128,31 @@ def test_the_event_stream_alone_takes_the_api_key_as_a_query_parameter(tmp_path:
         assert c.get("/health").status_code == 200
     finally:
         head.stop()
+
+
+def test_debug_logs_name_no_api_key_and_no_frames(tmp_path: Path) -> None:
+    # At --log-level DEBUG the websockets library logs each handshake header and each
+    # frame; the key must not reach the log by either way a client sends it.
+    key = "sk-not-for-logs"
+    head = HeadProc(tmp_path, "echo-1stage", "--api-key", key, "--log-level", "DEBUG")
+    url = head.url.replace("http://", "ws://") + "/v1/realtime"
+    try:
+        head.wait_healthy()
+        by_header = connect(url, additional_headers={"Authorization": f"Bearer {key}"})
+        by_subprotocol = connect(
+            url,
+            subprotocols=["realtime", f"openai-insecure-api-key.{key}"],  # type: ignore[list-item]
+        )
+        for ws in (by_header, by_subprotocol):
+            with ws:
+                created = msgspec.json.decode(ws.recv(timeout=10))
+                assert created["type"] == "session.created"
+                ws.send(msgspec.json.encode({"type": "session.update", "session": {}}).decode())
+                assert msgspec.json.decode(ws.recv(timeout=10))["type"] == "session.updated"
+        wait_for(lambda: "< authorization: [redacted]" in head.log().lower(), 10, what="header")
+        log = head.log()
+    finally:
+        head.stop()
+    assert key not in log
+    assert "sec-websocket-protocol: [redacted]" in log.lower()
+    assert "session.created" not in log  # no line per frame

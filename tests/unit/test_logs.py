@@ -29,7 +29,7 @@ class _Kept(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_debug_leaves_out_websocket_frames_and_keeps_the_rest(restored_root: None) -> None:
+def test_debug_leaves_out_websocket_frames_and_credentials(restored_root: None) -> None:
     setup_logging("DEBUG")
     setup_logging("DEBUG")  # a second set-up adds no second filter
     uvicorn = logging.getLogger("uvicorn.error")
@@ -43,7 +43,17 @@ def test_debug_leaves_out_websocket_frames_and_keeps_the_rest(restored_root: Non
         frames.debug("< %s", "BINARY 00 01 [2 bytes]")
         frames.debug("= connection is OPEN")
         frames.info("> %s", "not a frame line at INFO")
+        # The handshake's headers: a credential's value never reaches the log.
+        frames.debug("< %s: %s", "Authorization", "Bearer sk-secret")
+        frames.debug("< %s: %s", "sec-websocket-protocol", "openai-insecure-api-key.sk-secret")
+        frames.debug("< %s: %s", "upgrade", "websocket")
     finally:
         uvicorn.removeHandler(kept)
-    assert kept.lines == ["= connection is OPEN", "> not a frame line at INFO"]
+    assert kept.lines == [
+        "= connection is OPEN",
+        "> not a frame line at INFO",
+        "< Authorization: [redacted]",
+        "< sec-websocket-protocol: [redacted]",
+        "< upgrade: websocket",
+    ]
     assert len(uvicorn.filters) == 1
