@@ -43,6 +43,9 @@ from bench_realtime import (
 from common import HOST, ServerProcess, free_port
 from openai import AsyncOpenAI
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.splice
+from tests.splice import cut_point
+
 MORE_QUESTIONS = (
     "Can you tell me the weather tomorrow?",
     "What time does the museum open on Sundays?",
@@ -77,10 +80,7 @@ def spliced(voice: Any, first: str, rest: str, pause_s: float) -> tuple[np.ndarr
     """``first rest`` as one sentence with ``pause_s`` of silence where ``first`` ends;
     and the sample where the sentence resumes."""
     whole, alone = say(voice, f"{first} {rest}"), say(voice, first)
-    block = RATE // 100
-    lo, hi = max(0, len(alone) - 10 * block), min(len(whole) - block, len(alone) + 10 * block)
-    quiet = [np.abs(whole[i : i + block].astype(np.int32)).mean() for i in range(lo, hi, 60)]
-    cut = lo + int(np.argmin(quiet)) * 60 + block // 2
+    cut = cut_point(alone, whole, RATE)  # where ``first`` ends in ``whole`` (tests/splice.py)
     gap = np.zeros(round(pause_s * RATE), dtype=np.int16)
     return np.concatenate([whole[:cut], gap, whole[cut:]]), cut + len(gap)
 

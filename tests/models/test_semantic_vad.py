@@ -15,6 +15,7 @@ from omnistage.audio.semantic_vad import CHECK_MS, SemanticVadParams
 from omnistage.audio.server_vad import SpeechStarted, SpeechStopped
 from omnistage.audio.vad import VadStream
 from tests.models.test_vad import CHUNK, RATE, loud_span_ms, silence, speech
+from tests.splice import cut_point
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,10 +39,8 @@ def spliced(first: str, rest: str, pause_s: float) -> tuple[np.ndarray, np.ndarr
     """``first rest`` said as one sentence, cut where ``first`` ends: the two halves."""
     whole = speech(f"{first} {rest}")
     alone = speech(first)
-    end = np.flatnonzero(np.abs(alone) > 0.02)[-1]
-    block = RATE // 100
-    near = range(max(0, end - 10 * block), min(len(whole) - block, end + 10 * block), block // 2)
-    cut = min(near, key=lambda i: float(np.abs(whole[i : i + block]).mean())) + block // 2
+    loud = np.flatnonzero(np.abs(alone) > 0.02)
+    cut = cut_point(alone[loud[0] : loud[-1] + 1], whole, RATE)
     return whole[:cut], np.concatenate([silence(pause_s), whole[cut:]])
 
 
