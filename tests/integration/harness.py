@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,6 +22,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def dialled_port() -> int:
+    """A free port for a server that clients dial before it binds (a head others
+    announce to before it starts). Not one the kernel hands out as a client's source
+    port (``free_port``'s are): a client dialling such a port on 127.0.0.1 while nothing
+    listens can draw it as its own source port and connect to itself, TCP's
+    simultaneous open, and then hold it, so the server cannot bind. This took a head's
+    master port in a CI run."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(10_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between 10000 and {low}")
 
 
 def wait_for(

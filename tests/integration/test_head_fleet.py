@@ -20,7 +20,15 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.harness import HeadProc, Proc, SteadyLoad, free_port, headless, wait_for
+from tests.integration.harness import (
+    HeadProc,
+    Proc,
+    SteadyLoad,
+    dialled_port,
+    free_port,
+    headless,
+    wait_for,
+)
 
 TOKEN = ("--omni-auth-token", "fleet-secret")
 
@@ -128,7 +136,7 @@ def test_two_heads_that_gave_out_the_same_id_merge_into_one_set_of_ids(tmp_path:
     # Two fleets of one head each, each with a replica it named 0; then a third head
     # joins both (b has been announcing to c's address all along): every replica now
     # serves every head, and the two replicas holding 0 must not share it.
-    c_master = free_port()
+    c_master = dialled_port()  # b dials it before c binds it
     a = fleet_head(tmp_path, "a")
     b = fleet_head(tmp_path, "b", "--omni-join", f"127.0.0.1:{c_master}")
     c = r1 = r2 = None
