@@ -151,8 +151,12 @@ def test_load_step_scales_to_max_and_back_to_one_without_losing_a_request(
             what="every replica serving",
         )
         view = _stage(head)["autoscaling"]
-        assert view["decisions"]["up"] >= 1 and view["desired"] == 3
-        assert view["last_decision"]["direction"] == "up"
+        step = view["last_decision"]
+        # The step's own decision: 8 streams wanted 4 replicas, clamped to 3. (What the
+        # load asks for now may be less for a moment, between one stream's end and its
+        # next request: a CI run saw "desired" 2 here, the scale-up done.)
+        assert view["decisions"]["up"] >= 1 and step["direction"] == "up"
+        assert (step["from"], step["to"]) == (1, 3) and step["load"] >= 5, step
 
         # The load ends but for two streams: down one replica at a time, each drained
         # with the streams on it finishing; the last step removes a busy replica.
